@@ -1,0 +1,225 @@
+//! The backend seam: the three narrow traits every transport implements.
+//!
+//! Flow at a glance:
+//! - [`Backend::provision`] turns a [`SandboxSpec`] into a live [`Sandbox`],
+//!   creating it or re-attaching to the one that already carries the name.
+//! - [`Sandbox::spawn`] starts a [`Process`] inside it, with piped stdio.
+//! - Everything else (sessions, jobs, snapshots, tree kills) is built once in
+//!   core on top of `spawn`, `read_file` and `write_file`.
+//!
+//! Backends know nothing of sessions, policies or the store.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::error::Result;
+
+/// A boxed byte source: a process's stdout or stderr.
+pub type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
+/// A boxed byte sink: a process's stdin.
+pub type BoxWrite = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// Resource limits applied to a sandbox where the backend can enforce them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory ceiling in MiB.
+    pub memory_mb: Option<u64>,
+    /// CPU quota in thousandths of a core.
+    pub milli_cpu: Option<u64>,
+    /// Maximum number of processes.
+    pub pids: Option<u64>,
+}
+
+/// What a caller asks for when it wants a sandbox.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The sandbox's name, unique per backend. It is the handle for re-attaching.
+    pub name: String,
+    /// Image or template, where the backend has such a thing.
+    pub image: Option<String>,
+    /// Environment given to every process in the sandbox. Already filtered by
+    /// policy: nothing of berth's own environment reaches here unless allow-listed.
+    pub env: BTreeMap<String, String>,
+    /// Whether the sandbox may reach the network.
+    pub network: bool,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Backend-specific settings (for example `host` for ssh, `read_only` for docker).
+    pub options: BTreeMap<String, String>,
+}
+
+impl SandboxSpec {
+    /// A spec with just a name and default settings.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A backend option, if set.
+    pub fn option(&self, key: &str) -> Option<&str> {
+        self.options.get(key).map(String::as_str)
+    }
+}
+
+/// Where things live inside a sandbox, as paths the sandbox's own shell understands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// The workspace: the session's first cwd.
+    pub workdir: String,
+    /// berth's private directory inside the sandbox: snapshots, job logs, stdin files.
+    /// It must survive whatever the sandbox survives (a container recreation, a reconnect).
+    pub berth_dir: String,
+}
+
+/// The result of [`Backend::provision`].
+pub struct Provisioned {
+    /// The live sandbox.
+    pub sandbox: Arc<dyn Sandbox>,
+    /// True when nothing carried this name before.
+    pub created: bool,
+    /// Set when an existing sandbox had to be recreated, with the reason.
+    pub recreated: Option<String>,
+}
+
+/// One sandbox as [`Backend::list`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// The sandbox's name.
+    pub name: String,
+    /// The backend's own id (container id, host, directory).
+    pub id: String,
+    /// A short state word: running, exited, stopped, missing.
+    pub state: String,
+    /// Unix seconds when it was created, where known.
+    pub created_unix: Option<i64>,
+}
+
+/// Options for [`Backend::remove`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RemoveOpts {
+    /// Also delete durable data (volumes, workspaces).
+    pub volumes: bool,
+}
+
+/// A kind of sandbox transport: local, docker, ssh, modal, e2b.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// The backend's short name, as used on the command line.
+    fn kind(&self) -> &'static str;
+
+    /// Create the sandbox, or re-attach to the one with this name. Idempotent.
+    async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned>;
+
+    /// berth's sandboxes on this backend, found by their labels.
+    async fn list(&self) -> Result<Vec<SandboxInfo>>;
+
+    /// Tear down the named sandbox, whatever state it is in.
+    async fn remove(&self, name: &str, opts: RemoveOpts) -> Result<()>;
+}
+
+/// Options for [`Sandbox::spawn`].
+#[derive(Clone, Debug, Default)]
+pub struct SpawnOpts {
+    /// Extra environment for this process, on top of the sandbox's.
+    pub env: Vec<(String, String)>,
+    /// Working directory; the sandbox's workdir when `None`.
+    pub cwd: Option<String>,
+    /// Ask for a terminal. Backends without one ignore it.
+    pub tty: bool,
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// The exit code, when it exited normally.
+    pub code: Option<i32>,
+    /// The signal that killed it, when it was killed.
+    pub signal: Option<i32>,
+}
+
+impl ExitStatus {
+    /// The shell convention: the code, or 128 + the signal.
+    pub fn shell_code(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => -1,
+        }
+    }
+}
+
+/// A signal berth may send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Signal {
+    /// SIGINT
+    Int,
+    /// SIGTERM
+    Term,
+    /// SIGKILL
+    Kill,
+}
+
+impl Signal {
+    /// The Linux signal number.
+    pub fn number(self) -> i32 {
+        match self {
+            Signal::Int => 2,
+            Signal::Term => 15,
+            Signal::Kill => 9,
+        }
+    }
+
+    /// The name without the SIG prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Int => "INT",
+            Signal::Term => "TERM",
+            Signal::Kill => "KILL",
+        }
+    }
+}
+
+/// A process running inside a sandbox.
+#[async_trait]
+pub trait Process: Send {
+    /// Take the stdin pipe. Returns `None` after the first call.
+    fn take_stdin(&mut self) -> Option<BoxWrite>;
+    /// Take the stdout pipe. Returns `None` after the first call.
+    fn take_stdout(&mut self) -> Option<BoxRead>;
+    /// Take the stderr pipe. Returns `None` after the first call.
+    fn take_stderr(&mut self) -> Option<BoxRead>;
+    /// Wait for the process to end.
+    async fn wait(&mut self) -> Result<ExitStatus>;
+    /// Tear the process down from outside: the transport's own kill (a signal
+    /// locally, closing the exec or channel elsewhere). Used when a shell is replaced.
+    async fn terminate(&mut self) -> Result<()>;
+}
+
+/// A live sandbox.
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    /// The sandbox's name.
+    fn name(&self) -> &str;
+    /// The backend's short name.
+    fn kind(&self) -> &'static str;
+    /// Where the workspace and berth's private directory are.
+    fn layout(&self) -> &Layout;
+    /// Start `argv` inside the sandbox with piped stdio.
+    async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>>;
+    /// Read up to `limit` bytes of a file.
+    async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>>;
+    /// Create or replace a file, creating its parent directories.
+    async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<()>;
+    /// Whether the sandbox is still there and usable. Cheap; used to tell a dead
+    /// sandbox from a dead shell.
+    async fn alive(&self) -> Result<bool>;
+    /// Destroy the sandbox.
+    async fn destroy(&self) -> Result<()>;
+}

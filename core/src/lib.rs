@@ -1,0 +1,11 @@
+//! berth-core: the domain types, the backend traits, the session engine and the store.
+//!
+//! Flow at a glance: a caller asks the [`runtime::Runtime`] to run a command in a named
+//! sandbox; the runtime finds or provisions the sandbox through a [`backend::Backend`],
+//! drives its persistent [`session::Session`], and records the call in the [`store::Store`].
+
+pub mod backend;
+pub mod error;
+pub mod session;
+
+pub use error::{Error, Result};

@@ -1,0 +1,253 @@
+//! Bounded output capture: the first and last bytes of a command's output, exact
+//! counts of everything, and an optional spool of the whole for paging.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How much output to keep in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureLimits {
+    /// Bytes kept from the start.
+    pub head: usize,
+    /// Bytes kept from the end.
+    pub tail: usize,
+}
+
+impl Default for CaptureLimits {
+    fn default() -> Self {
+        Self {
+            head: 32 * 1024,
+            tail: 32 * 1024,
+        }
+    }
+}
+
+/// Collects a stream of output chunks within a fixed memory budget.
+pub struct Capture {
+    limits: CaptureLimits,
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    total: u64,
+    spool: Option<(PathBuf, std::io::BufWriter<std::fs::File>)>,
+}
+
+impl Capture {
+    /// A capture with the given limits, spooling everything to `spool` if set.
+    pub fn new(limits: CaptureLimits, spool: Option<PathBuf>) -> Result<Self> {
+        let spool = match spool {
+            Some(path) => {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| Error::io("creating spool directory", parent, e))?;
+                }
+                let f = std::fs::File::create(&path)
+                    .map_err(|e| Error::io("creating spool file", &path, e))?;
+                Some((path, std::io::BufWriter::with_capacity(64 * 1024, f)))
+            }
+            None => None,
+        };
+        Ok(Self {
+            limits,
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            total: 0,
+            spool,
+        })
+    }
+
+    /// Take one chunk of output.
+    pub fn push(&mut self, mut chunk: &[u8]) -> Result<()> {
+        self.total += chunk.len() as u64;
+        if let Some((path, w)) = &mut self.spool {
+            if let Err(e) = w.write_all(chunk) {
+                let path = path.clone();
+                self.spool = None;
+                return Err(Error::io("writing output spool", path, e));
+            }
+        }
+        let room = self.limits.head.saturating_sub(self.head.len());
+        if room > 0 {
+            let n = room.min(chunk.len());
+            self.head.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+        }
+        if self.limits.tail == 0 || chunk.is_empty() {
+            return Ok(());
+        }
+        if chunk.len() >= self.limits.tail {
+            self.tail.clear();
+            self.tail.extend(&chunk[chunk.len() - self.limits.tail..]);
+        } else {
+            let overflow = (self.tail.len() + chunk.len()).saturating_sub(self.limits.tail);
+            self.tail.drain(..overflow);
+            self.tail.extend(chunk);
+        }
+        Ok(())
+    }
+
+    /// Finish: flush the spool and return what was kept.
+    pub fn finish(mut self) -> Result<Output> {
+        let spool = match self.spool.take() {
+            Some((path, mut w)) => {
+                w.flush()
+                    .map_err(|e| Error::io("flushing output spool", &path, e))?;
+                Some(path)
+            }
+            None => None,
+        };
+        let tail: Vec<u8> = self.tail.into_iter().collect();
+        let kept = (self.head.len() + tail.len()) as u64;
+        Ok(Output {
+            head: self.head,
+            tail,
+            total_bytes: self.total,
+            omitted_bytes: self.total.saturating_sub(kept),
+            spool,
+        })
+    }
+}
+
+/// A command's output as captured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Output {
+    /// The first bytes.
+    pub head: Vec<u8>,
+    /// The last bytes (empty when everything fit in `head`).
+    pub tail: Vec<u8>,
+    /// Every byte the command wrote.
+    pub total_bytes: u64,
+    /// Bytes between head and tail that were not kept.
+    pub omitted_bytes: u64,
+    /// Where the whole output was spooled, if it was.
+    pub spool: Option<PathBuf>,
+}
+
+impl Output {
+    /// True when bytes were left out.
+    pub fn truncated(&self) -> bool {
+        self.omitted_bytes > 0
+    }
+
+    /// The kept bytes, with an elision marker where bytes were left out.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut out = self.head.clone();
+        if self.truncated() {
+            let marker = format!(
+                "\n[... berth: {} of {} bytes omitted ...]\n",
+                self.omitted_bytes, self.total_bytes
+            );
+            out.extend_from_slice(marker.as_bytes());
+        }
+        out.extend_from_slice(&self.tail);
+        out
+    }
+
+    /// The kept output for display: invalid UTF-8 replaced, elision marked.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+}
+
+/// Remove ANSI escape sequences (CSI, OSC and two-byte escapes), for text shown to a model.
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek() {
+            Some('[') => {
+                chars.next();
+                // CSI: parameters and intermediates, then one final byte in @..~
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            Some(']') => {
+                chars.next();
+                // OSC: ends with BEL or ST (ESC \)
+                while let Some(c) = chars.next() {
+                    if c == '\u{7}' {
+                        break;
+                    }
+                    if c == '\u{1b}' && chars.peek() == Some(&'\\') {
+                        chars.next();
+                        break;
+                    }
+                }
+            }
+            Some(_) => {
+                chars.next();
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_head_and_tail_with_exact_counts() -> Result<()> {
+        let mut c = Capture::new(CaptureLimits { head: 4, tail: 3 }, None)?;
+        c.push(b"abcdefg")?;
+        c.push(b"hij")?;
+        let out = c.finish()?;
+        assert_eq!(out.head, b"abcd");
+        assert_eq!(out.tail, b"hij");
+        assert_eq!(out.total_bytes, 10);
+        assert_eq!(out.omitted_bytes, 3);
+        assert!(out.text().contains("3 of 10 bytes omitted"));
+        Ok(())
+    }
+
+    #[test]
+    fn small_output_is_whole() -> Result<()> {
+        let mut c = Capture::new(CaptureLimits { head: 8, tail: 8 }, None)?;
+        c.push(b"hi\n")?;
+        let out = c.finish()?;
+        assert!(!out.truncated());
+        assert_eq!(out.text(), "hi\n");
+        Ok(())
+    }
+
+    #[test]
+    fn tail_spans_many_small_chunks() -> Result<()> {
+        let mut c = Capture::new(CaptureLimits { head: 2, tail: 5 }, None)?;
+        for b in b"0123456789" {
+            c.push(&[*b])?;
+        }
+        let out = c.finish()?;
+        assert_eq!(out.head, b"01");
+        assert_eq!(out.tail, b"56789");
+        assert_eq!(out.omitted_bytes, 3);
+        Ok(())
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_for_display_only() -> Result<()> {
+        let mut c = Capture::new(CaptureLimits::default(), None)?;
+        c.push(&[0xff, b'a'])?;
+        let out = c.finish()?;
+        assert_eq!(out.bytes(), vec![0xff, b'a']);
+        assert_eq!(out.text(), "\u{fffd}a");
+        Ok(())
+    }
+
+    #[test]
+    fn strips_ansi() {
+        assert_eq!(strip_ansi("\u{1b}[31mred\u{1b}[0m ok"), "red ok");
+        assert_eq!(strip_ansi("\u{1b}]0;title\u{7}x"), "x");
+    }
+}

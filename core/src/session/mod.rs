@@ -1,0 +1,814 @@
+//! The session engine: one persistent bash per session, driven over any [`Process`].
+//!
+//! Flow at a glance:
+//! - `open` spawns `bash --noprofile --norc` through the sandbox, sends the helper
+//!   functions, learns the shell's pid and session id, and restores the last
+//!   snapshot found in the sandbox (cwd, exported env, functions, aliases).
+//! - `exec` frames the command (see [`script`]), streams output into a bounded
+//!   [`Capture`] until the nonce-bearing end marker arrives, and returns exit code
+//!   and cwd. The shell writes a snapshot before every marker.
+//! - A timeout or interrupt signals the command's process tree (INT, TERM, KILL)
+//!   through a second spawn, so the shell survives with its state. If no marker
+//!   arrives even then, the shell is killed and replaced, never trusted again; the
+//!   next command gets a new shell restored from the snapshot.
+
+pub mod capture;
+pub mod script;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::backend::{BoxWrite, Process, Sandbox, SpawnOpts};
+use crate::error::{Error, Result};
+pub use capture::{Capture, CaptureLimits, Output};
+
+/// How long a new shell may take to answer its handshake and restore.
+const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+/// How much of the shell's own stderr is kept for diagnostics.
+const STDERR_KEEP: usize = 4096;
+/// The largest snapshot berth will read back.
+const SNAPSHOT_LIMIT: u64 = 8 * 1024 * 1024;
+
+/// Settings for a session.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// The session's name, used in errors and logs.
+    pub name: String,
+    /// The pause between INT, TERM and KILL when a command is stopped.
+    pub grace: Duration,
+    /// Environment for the shell, on top of the sandbox's own.
+    pub env: Vec<(String, String)>,
+}
+
+impl SessionConfig {
+    /// Defaults for a session with this name.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            grace: Duration::from_millis(1000),
+            env: vec![
+                ("PAGER".into(), "cat".into()),
+                ("GIT_PAGER".into(), "cat".into()),
+            ],
+        }
+    }
+}
+
+/// Options for one command.
+#[derive(Clone, Debug, Default)]
+pub struct ExecOpts {
+    /// Stop the command after this long.
+    pub timeout: Option<Duration>,
+    /// Bytes to feed the command's stdin; `/dev/null` when `None`.
+    pub stdin: Option<Vec<u8>>,
+    /// How much output to keep in memory.
+    pub limits: CaptureLimits,
+    /// Spool the whole output to this local file.
+    pub spool: Option<PathBuf>,
+    /// Interrupt the command when this is cancelled.
+    pub cancel: Option<CancellationToken>,
+}
+
+/// What a command did.
+#[derive(Clone, Debug)]
+pub struct ExecResult {
+    /// The exit code; 124 after a timeout, 130 after an interrupt.
+    pub exit_code: i32,
+    /// The captured output (stdout and stderr interleaved as written).
+    pub output: Output,
+    /// The shell's cwd after the command, when the shell survived.
+    pub cwd: Option<String>,
+    /// Wall time.
+    pub duration: Duration,
+    /// The command hit its timeout.
+    pub timed_out: bool,
+    /// The command was interrupted by the caller.
+    pub interrupted: bool,
+    /// Things the caller should know: a restore, a discarded snapshot, a replaced shell.
+    pub notices: Vec<String>,
+}
+
+/// Facts about the running shell.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShellInfo {
+    /// The shell's pid inside the sandbox.
+    pub pid: u32,
+    /// The shell's session id inside the sandbox.
+    pub sid: u32,
+    /// The snapshot sequence it was restored from, if any.
+    pub restored_seq: Option<u64>,
+}
+
+enum Chunk {
+    Data(Bytes),
+    Eof,
+    Failed(std::io::Error),
+}
+
+struct Shell {
+    process: Box<dyn Process>,
+    stdin: BoxWrite,
+    rx: mpsc::Receiver<Chunk>,
+    /// Bytes read but not yet attributed to a command.
+    pending: Vec<u8>,
+    stderr_tail: Arc<Mutex<Vec<u8>>>,
+    info: ShellInfo,
+}
+
+/// How a framed command ended.
+enum Ending {
+    Marker {
+        code: i32,
+        cwd: String,
+    },
+    /// The shell closed its stdout: it exited or died.
+    Eof,
+}
+
+/// A persistent shell in a sandbox.
+pub struct Session {
+    sandbox: Arc<dyn Sandbox>,
+    cfg: SessionConfig,
+    shell: Option<Shell>,
+    notices: Vec<String>,
+}
+
+impl Session {
+    /// Start the session's shell and restore its last snapshot.
+    pub async fn open(sandbox: Arc<dyn Sandbox>, cfg: SessionConfig) -> Result<Session> {
+        let mut s = Session {
+            sandbox,
+            cfg,
+            shell: None,
+            notices: Vec::new(),
+        };
+        s.ensure_shell().await?;
+        Ok(s)
+    }
+
+    /// The sandbox this session runs in.
+    pub fn sandbox(&self) -> &Arc<dyn Sandbox> {
+        &self.sandbox
+    }
+
+    /// Facts about the live shell, if one is running.
+    pub fn shell_info(&self) -> Option<&ShellInfo> {
+        self.shell.as_ref().map(|s| &s.info)
+    }
+
+    /// Notices gathered since the last command (restores, discarded snapshots).
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// Run one command in the persistent shell.
+    pub async fn exec(&mut self, command: &str, opts: ExecOpts) -> Result<ExecResult> {
+        if command.contains('\0') {
+            return Err(Error::InvalidInput(
+                "the command contains a NUL byte, which no shell command can hold; remove it"
+                    .into(),
+            ));
+        }
+        self.ensure_shell().await?;
+        let stdin_path = match &opts.stdin {
+            Some(data) => {
+                let path = format!("{}/stdin", self.sandbox.layout().berth_dir);
+                self.sandbox.write_file(&path, data, 0o600).await?;
+                Some(path)
+            }
+            None => None,
+        };
+        let started = Instant::now();
+        let mut capture = Capture::new(opts.limits, opts.spool.clone())?;
+        let outcome = self
+            .run_framed(
+                command,
+                stdin_path.as_deref(),
+                true,
+                &mut capture,
+                opts.timeout,
+                opts.cancel.clone(),
+            )
+            .await;
+        let output = capture.finish()?;
+        let (ending, stopped) = outcome?;
+        let mut notices = self.take_notices();
+        let timed_out = stopped == Some(Stop::Timeout);
+        let interrupted = stopped == Some(Stop::Interrupt);
+        let (exit_code, cwd) = match ending {
+            Some(Ending::Marker { code, cwd }) => (code, Some(cwd)),
+            Some(Ending::Eof) => {
+                let status = self.reap_dead_shell().await;
+                if !self.sandbox.alive().await.unwrap_or(false) {
+                    return Err(Error::SandboxGone {
+                        sandbox: self.sandbox.name().to_string(),
+                        backend: self.sandbox.kind(),
+                        reason: "the sandbox went away while the command ran".into(),
+                        hint: "run the command again: berth recreates the sandbox and restores the session from its last snapshot".into(),
+                    });
+                }
+                notices.push(format!(
+                    "the shell exited ({}); the next command starts a new shell restored from the last snapshot",
+                    status
+                ));
+                let code = status
+                    .strip_prefix("exit code ")
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(-1);
+                (code, None)
+            }
+            None => {
+                notices.push(
+                    "the command did not stop after INT, TERM and KILL; its shell was replaced and the next command restores the last snapshot"
+                        .into(),
+                );
+                (-1, None)
+            }
+        };
+        let exit_code = if timed_out {
+            124
+        } else if interrupted {
+            130
+        } else {
+            exit_code
+        };
+        Ok(ExecResult {
+            exit_code,
+            output,
+            cwd,
+            duration: started.elapsed(),
+            timed_out,
+            interrupted,
+            notices,
+        })
+    }
+
+    /// Stop the shell.
+    pub async fn close(mut self) {
+        if let Some(mut shell) = self.shell.take() {
+            let _ = shell.stdin.write_all(b"exit 0\n").await;
+            let _ = shell.stdin.shutdown().await;
+            if tokio::time::timeout(Duration::from_secs(2), shell.process.wait())
+                .await
+                .is_err()
+            {
+                let _ = shell.process.terminate().await;
+            }
+        }
+    }
+
+    async fn ensure_shell(&mut self) -> Result<()> {
+        if self.shell.is_some() {
+            return Ok(());
+        }
+        let layout = self.sandbox.layout().clone();
+        let argv: Vec<String> = ["bash", "--noprofile", "--norc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut process = self
+            .sandbox
+            .spawn(
+                &argv,
+                SpawnOpts {
+                    env: self.cfg.env.clone(),
+                    cwd: Some(layout.workdir.clone()),
+                    tty: false,
+                },
+            )
+            .await?;
+        let (stdin, stdout, stderr) = match (
+            process.take_stdin(),
+            process.take_stdout(),
+            process.take_stderr(),
+        ) {
+            (Some(i), Some(o), e) => (i, o, e),
+            _ => {
+                let _ = process.terminate().await;
+                return Err(self.session_error("the backend gave the shell no stdin or stdout"));
+            }
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(pump(stdout, tx));
+        let stderr_tail = Arc::new(Mutex::new(Vec::new()));
+        if let Some(err) = stderr {
+            tokio::spawn(keep_tail(err, stderr_tail.clone(), self.cfg.name.clone()));
+        }
+        let mut shell = Shell {
+            process,
+            stdin,
+            rx,
+            pending: Vec::new(),
+            stderr_tail,
+            info: ShellInfo {
+                pid: 0,
+                sid: 0,
+                restored_seq: None,
+            },
+        };
+        let boot = script::bootstrap(&layout.berth_dir, &layout.workdir);
+        if let Err(e) = shell.stdin.write_all(boot.as_bytes()).await {
+            return Err(self.session_error(&format!("could not start the shell: {e}")));
+        }
+        self.shell = Some(shell);
+
+        let hello = self.internal(script::HELLO, false).await?;
+        let mut parts = hello.split_whitespace().map(str::parse::<u32>);
+        let (pid, sid) = match (parts.next(), parts.next()) {
+            (Some(Ok(p)), Some(Ok(s))) => (p, s),
+            _ => {
+                self.drop_shell().await;
+                return Err(
+                    self.session_error(&format!("the shell's handshake was garbled ({hello:?})"))
+                );
+            }
+        };
+        if let Some(sh) = self.shell.as_mut() {
+            sh.info.pid = pid;
+            sh.info.sid = sid;
+        }
+        if pid != sid {
+            debug!(session = %self.cfg.name, pid, sid, "shell is not a session leader; tree kills use descent only");
+        }
+        self.restore().await
+    }
+
+    /// Find the newest intact snapshot and replay it into the new shell.
+    async fn restore(&mut self) -> Result<()> {
+        let dir = self.sandbox.layout().berth_dir.clone();
+        let mut best: Option<(u64, String)> = None;
+        for slot in 0..2 {
+            let path = format!("{dir}/snap.{slot}");
+            let data = match self.sandbox.read_file(&path, SNAPSHOT_LIMIT).await {
+                Ok(d) => d,
+                Err(Error::NotFound { .. }) => continue,
+                Err(e) => {
+                    warn!(session = %self.cfg.name, %path, error = %e, "cannot read snapshot");
+                    self.notices
+                        .push(format!("snapshot {path} could not be read ({e}); ignored"));
+                    continue;
+                }
+            };
+            match parse_snapshot(&data) {
+                Some((seq, text)) => {
+                    if best.as_ref().is_none_or(|(s, _)| seq > *s) {
+                        best = Some((seq, text));
+                    }
+                }
+                None => {
+                    warn!(session = %self.cfg.name, %path, "discarding corrupt snapshot");
+                    self.notices.push(format!(
+                        "snapshot {path} is corrupt or incomplete and was discarded"
+                    ));
+                }
+            }
+        }
+        let Some((seq, text)) = best else {
+            return Ok(());
+        };
+        let replay = format!("{text}\n{}", script::FUNCTIONS);
+        let out = self.internal(&replay, true).await?;
+        debug!(session = %self.cfg.name, seq, output = %out, "restored snapshot");
+        if let Some(sh) = self.shell.as_mut() {
+            sh.info.restored_seq = Some(seq);
+        }
+        self.notices
+            .push(format!("session restored from snapshot {seq}"));
+        Ok(())
+    }
+
+    /// Run berth's own command in the shell and return its output as text.
+    async fn internal(&mut self, text: &str, snapshot: bool) -> Result<String> {
+        let mut capture = Capture::new(
+            CaptureLimits {
+                head: 64 * 1024,
+                tail: 0,
+            },
+            None,
+        )?;
+        let (ending, _) = self
+            .run_framed(
+                text,
+                None,
+                snapshot,
+                &mut capture,
+                Some(STARTUP_DEADLINE),
+                None,
+            )
+            .await?;
+        let out = capture.finish()?.text();
+        match ending {
+            Some(Ending::Marker { .. }) => Ok(out),
+            _ => {
+                let stderr = self.stderr_text();
+                self.drop_shell().await;
+                Err(self.session_error(&format!(
+                    "the shell died while starting{}",
+                    if stderr.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {stderr}")
+                    }
+                )))
+            }
+        }
+    }
+
+    /// Send one framed command and read until its marker, the shell's end, or the
+    /// end of the stop sequence. Returns `None` as the ending when the shell had to
+    /// be replaced.
+    async fn run_framed(
+        &mut self,
+        text: &str,
+        stdin_path: Option<&str>,
+        snapshot: bool,
+        capture: &mut Capture,
+        timeout: Option<Duration>,
+        cancel: Option<CancellationToken>,
+    ) -> Result<(Option<Ending>, Option<Stop>)> {
+        let nonce = new_nonce();
+        let mut frame = Vec::with_capacity(text.len() + 128);
+        frame.extend_from_slice(script::READ_LINE.as_bytes());
+        frame.extend_from_slice(text.as_bytes());
+        frame.push(0);
+        frame.extend_from_slice(script::run_line(&nonce, stdin_path, snapshot).as_bytes());
+
+        let start_pat = format!("\u{1e}{nonce}:").into_bytes();
+        let end_pat = format!(":{nonce}\u{1e}").into_bytes();
+        let cancel = cancel.unwrap_or_default();
+        let mut deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut stop: Option<Stop> = None;
+        let mut stage = 0usize;
+
+        let Some(shell) = self.shell.as_mut() else {
+            return Err(self.session_error("no shell"));
+        };
+        // The shell is idle at its `read`, so the frame drains promptly; a shell that
+        // does not take it within the deadline is wedged and gets replaced.
+        let write = async {
+            shell.stdin.write_all(&frame).await?;
+            shell.stdin.flush().await
+        };
+        match tokio::time::timeout(STARTUP_DEADLINE, write).await {
+            Ok(Ok(())) => {}
+            // A closed stdin means the shell is gone; its stdout ends too and the
+            // loop below reports that.
+            Ok(Err(e)) => debug!(session = %self.cfg.name, error = %e, "shell stdin closed"),
+            Err(_) => {
+                self.replace_shell().await;
+                return Err(self.session_error(
+                    "the shell stopped reading its input; it was replaced, run the command again",
+                ));
+            }
+        }
+
+        loop {
+            // Attribute whatever is pending.
+            if let Some(shell) = self.shell.as_mut() {
+                if let Some(ending) = scan(&mut shell.pending, &start_pat, &end_pat, capture)? {
+                    return Ok((Some(ending), stop));
+                }
+            }
+            let Some(shell) = self.shell.as_mut() else {
+                return Ok((None, stop));
+            };
+            let sleep = async move {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                chunk = shell.rx.recv() => match chunk {
+                    Some(Chunk::Data(b)) => shell.pending.extend_from_slice(&b),
+                    Some(Chunk::Failed(e)) => {
+                        debug!(session = %self.cfg.name, error = %e, "shell stdout failed");
+                        capture.push(&std::mem::take(&mut shell.pending))?;
+                        return Ok((Some(Ending::Eof), stop));
+                    }
+                    Some(Chunk::Eof) | None => {
+                        capture.push(&std::mem::take(&mut shell.pending))?;
+                        return Ok((Some(Ending::Eof), stop));
+                    }
+                },
+                _ = sleep => {
+                    let why = stop.unwrap_or(Stop::Timeout);
+                    stop = Some(why);
+                    if !self.escalate(stage).await {
+                        return Ok((None, stop));
+                    }
+                    stage += 1;
+                    deadline = Some(tokio::time::Instant::now() + self.cfg.grace);
+                }
+                _ = cancel.cancelled(), if stop.is_none() => {
+                    stop = Some(Stop::Interrupt);
+                    if !self.escalate(stage).await {
+                        return Ok((None, stop));
+                    }
+                    stage += 1;
+                    deadline = Some(tokio::time::Instant::now() + self.cfg.grace);
+                }
+            }
+        }
+    }
+
+    /// One step of the stop sequence. Returns false once the shell was replaced.
+    async fn escalate(&mut self, stage: usize) -> bool {
+        let sig = match stage {
+            0 => "INT",
+            1 => "TERM",
+            2 => "KILL",
+            _ => {
+                self.replace_shell().await;
+                return false;
+            }
+        };
+        if let Err(e) = self.kill_tree(sig).await {
+            warn!(session = %self.cfg.name, error = %e, "could not signal the command's processes");
+        }
+        true
+    }
+
+    /// Signal the running command's process tree through a second spawn.
+    async fn kill_tree(&self, sig: &str) -> Result<()> {
+        let Some(shell) = self.shell.as_ref() else {
+            return Ok(());
+        };
+        let start_file = format!("{}/cmd.start", self.sandbox.layout().berth_dir);
+        let argv = vec![
+            "bash".to_string(),
+            "-c".to_string(),
+            script::KILL_TREE.to_string(),
+            "berth-kill".to_string(),
+            shell.info.pid.to_string(),
+            shell.info.sid.to_string(),
+            start_file,
+            sig.to_string(),
+        ];
+        self.run_helper(&argv).await.map(|out| {
+            debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
+        })
+    }
+
+    /// Run a short helper process in the sandbox and return its stdout.
+    async fn run_helper(&self, argv: &[String]) -> Result<String> {
+        let mut p = self.sandbox.spawn(argv, SpawnOpts::default()).await?;
+        drop(p.take_stdin());
+        let mut out = String::new();
+        let fut = async {
+            if let Some(mut o) = p.take_stdout() {
+                let _ = o.read_to_string(&mut out).await;
+            }
+            p.wait().await
+        };
+        match tokio::time::timeout(Duration::from_secs(10), fut).await {
+            Ok(r) => {
+                r?;
+                Ok(out)
+            }
+            Err(_) => {
+                Err(self.session_error("a helper process in the sandbox did not finish within 10s"))
+            }
+        }
+    }
+
+    /// Kill the shell itself and forget it.
+    async fn replace_shell(&mut self) {
+        if let Some(shell) = self.shell.as_ref() {
+            let argv = vec![
+                "kill".to_string(),
+                "-KILL".to_string(),
+                shell.info.pid.to_string(),
+            ];
+            if let Err(e) = self.run_helper(&argv).await {
+                debug!(session = %self.cfg.name, error = %e, "could not kill the shell in-band");
+            }
+        }
+        self.drop_shell().await;
+    }
+
+    async fn drop_shell(&mut self) {
+        if let Some(mut shell) = self.shell.take() {
+            let _ = shell.process.terminate().await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), shell.process.wait()).await;
+        }
+    }
+
+    /// The shell's stdout ended: collect how it ended and forget it.
+    async fn reap_dead_shell(&mut self) -> String {
+        let Some(mut shell) = self.shell.take() else {
+            return "unknown status".into();
+        };
+        let status = match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await
+        {
+            Ok(Ok(st)) => match (st.code, st.signal) {
+                (Some(c), _) => format!("exit code {c}"),
+                (None, Some(s)) => format!("killed by signal {s}"),
+                _ => "unknown status".into(),
+            },
+            Ok(Err(e)) => format!("status unknown: {e}"),
+            Err(_) => {
+                let _ = shell.process.terminate().await;
+                "did not exit after closing its output".into()
+            }
+        };
+        status
+    }
+
+    fn stderr_text(&self) -> String {
+        self.shell
+            .as_ref()
+            .and_then(|s| {
+                s.stderr_tail
+                    .lock()
+                    .ok()
+                    .map(|t| String::from_utf8_lossy(&t).trim().to_string())
+            })
+            .unwrap_or_default()
+    }
+
+    fn session_error(&self, detail: &str) -> Error {
+        Error::Session {
+            session: self.cfg.name.clone(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
+/// Why a command was stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Timeout,
+    Interrupt,
+}
+
+/// Move output out of `pending` into `capture` until the marker; return the
+/// ending once the whole marker is there.
+fn scan(
+    pending: &mut Vec<u8>,
+    start_pat: &[u8],
+    end_pat: &[u8],
+    capture: &mut Capture,
+) -> Result<Option<Ending>> {
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    match memchr::memmem::find(pending, start_pat) {
+        Some(i) => {
+            if i > 0 {
+                capture.push(&pending[..i])?;
+                pending.drain(..i);
+            }
+            let body_start = start_pat.len();
+            if let Some(j) = memchr::memmem::find(&pending[body_start..], end_pat) {
+                let body =
+                    String::from_utf8_lossy(&pending[body_start..body_start + j]).into_owned();
+                pending.drain(..body_start + j + end_pat.len());
+                let (code, cwd) = body.split_once(':').unwrap_or((body.as_str(), ""));
+                return Ok(Some(Ending::Marker {
+                    code: code.parse().unwrap_or(-1),
+                    cwd: cwd.to_string(),
+                }));
+            }
+            Ok(None)
+        }
+        None => {
+            let keep = start_pat.len() - 1;
+            if pending.len() > keep {
+                let cut = pending.len() - keep;
+                capture.push(&pending[..cut])?;
+                pending.drain(..cut);
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Check a snapshot's header and trailer; return its sequence and text.
+fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
+    let text = std::str::from_utf8(data).ok()?;
+    let first = text.lines().next()?;
+    let seq: u64 = first
+        .strip_prefix("# berth snapshot v1 seq=")?
+        .parse()
+        .ok()?;
+    let trailer = format!("# berth snapshot end seq={seq}");
+    let body = text.trim_end_matches('\n');
+    if !body.ends_with(&trailer) {
+        return None;
+    }
+    Some((seq, text.to_string()))
+}
+
+fn new_nonce() -> String {
+    let n: u128 = rand::random();
+    format!("{n:032x}")
+}
+
+async fn pump(mut out: crate::backend::BoxRead, tx: mpsc::Sender<Chunk>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match out.read(&mut buf).await {
+            Ok(0) => {
+                let _ = tx.send(Chunk::Eof).await;
+                return;
+            }
+            Ok(n) => {
+                if tx
+                    .send(Chunk::Data(Bytes::copy_from_slice(&buf[..n])))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Chunk::Failed(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn keep_tail(mut err: crate::backend::BoxRead, tail: Arc<Mutex<Vec<u8>>>, name: String) {
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match err.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                debug!(session = %name, stderr = %String::from_utf8_lossy(&buf[..n]), "shell stderr");
+                if let Ok(mut t) = tail.lock() {
+                    t.extend_from_slice(&buf[..n]);
+                    let len = t.len();
+                    if len > STDERR_KEEP {
+                        t.drain(..len - STDERR_KEEP);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap() -> Capture {
+        match Capture::new(CaptureLimits::default(), None) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn scan_finds_marker_split_across_chunks() -> Result<()> {
+        let start = b"\x1eabc:".to_vec();
+        let end = b":abc\x1e".to_vec();
+        let mut c = cap();
+        let mut pending = b"hello \x1eab".to_vec();
+        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
+        pending.extend_from_slice(b"c:0:/tm");
+        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
+        pending.extend_from_slice(b"p:abc\x1eleft");
+        match scan(&mut pending, &start, &end, &mut c)? {
+            Some(Ending::Marker { code, cwd }) => {
+                assert_eq!(code, 0);
+                assert_eq!(cwd, "/tmp");
+            }
+            _ => panic!("no marker"),
+        }
+        assert_eq!(pending, b"left");
+        assert_eq!(c.finish()?.text(), "hello ");
+        Ok(())
+    }
+
+    #[test]
+    fn a_marker_with_another_nonce_is_output() -> Result<()> {
+        let mut c = cap();
+        let mut pending = b"\x1exyz:0:/:xyz\x1e".to_vec();
+        assert!(scan(&mut pending, b"\x1eabc:", b":abc\x1e", &mut c)?.is_none());
+        pending.clear();
+        let out = c.finish()?;
+        assert!(out.text().contains("xyz:0"));
+        Ok(())
+    }
+
+    #[test]
+    fn snapshot_needs_its_trailer() {
+        let good = b"# berth snapshot v1 seq=7\nexport A=1\n# berth snapshot end seq=7\n";
+        assert_eq!(parse_snapshot(good).map(|s| s.0), Some(7));
+        let cut = b"# berth snapshot v1 seq=7\nexport A=1\n";
+        assert!(parse_snapshot(cut).is_none());
+        let wrong = b"# berth snapshot v1 seq=7\n# berth snapshot end seq=6\n";
+        assert!(parse_snapshot(wrong).is_none());
+        assert!(parse_snapshot(b"\xff\xfe").is_none());
+    }
+}

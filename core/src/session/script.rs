@@ -1,0 +1,136 @@
+//! The bash text the engine feeds a session's shell.
+//!
+//! Wire format, per command (all written to the shell's stdin):
+//! ```text
+//! IFS= read -r -d '' __berth_c\n      <- a line bash parses and runs
+//! <command text>\0                     <- consumed by that `read`, never parsed as script
+//! __berth_pre; eval "$__berth_c" <IN 2>&1; __berth_post $? <nonce>\n
+//! ```
+//! A NUL can never occur inside bash text (bash strings cannot hold one), so it is
+//! a perfect terminator: unlike `read -N <len>`, it does not depend on the locale's
+//! idea of a character. Because the command only ever lives in a variable and runs
+//! through `eval` at top level, unbalanced quotes or a stray heredoc cannot break
+//! the framing, and `cd`, `export`, `declare` and functions act on the shell itself.
+//!
+//! `__berth_post` writes the snapshot (alternating between two files, each closed by
+//! a trailer, so a shell killed mid-write leaves the other one intact) and then the
+//! end marker `\x1e<nonce>:<exit>:<cwd>:<nonce>\x1e` on stdout.
+
+/// Shell-quote a string with single quotes.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// The definitions sent once to every new shell, before any command.
+///
+/// `berth_dir` is berth's private directory inside the sandbox, `workdir` the first cwd.
+pub fn bootstrap(berth_dir: &str, workdir: &str) -> String {
+    let dir = quote(berth_dir);
+    let work = quote(workdir);
+    format!(
+        r#"set +o history 2>/dev/null
+shopt -s expand_aliases 2>/dev/null
+__berth_dir={dir}
+__berth_work={work}
+cd -- "$__berth_work" 2>/dev/null
+__berth_seq=${{__berth_seq:-0}}
+mkdir -p -- "$__berth_dir" 2>/dev/null
+{functions}
+"#,
+        functions = FUNCTIONS
+    )
+}
+
+/// The helper functions. They are re-sent after a restore, so a snapshot taken
+/// by an older berth cannot leave stale versions behind.
+pub const FUNCTIONS: &str = r#"__berth_pre() {
+  local __u
+  IFS=' ' read -r __u _ < /proc/uptime 2>/dev/null || __u=0
+  printf '%s\n' "$__u" > "$__berth_dir/cmd.start" 2>/dev/null
+}
+__berth_snap() {
+  __berth_seq=$((__berth_seq + 1))
+  {
+    printf '# berth snapshot v1 seq=%s\n' "$__berth_seq"
+    printf '__berth_seq=%s\n' "$__berth_seq"
+    export -p
+    declare -f
+    alias -p
+    printf 'cd -- %q 2>/dev/null || cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
+    printf '# berth snapshot end seq=%s\n' "$__berth_seq"
+  } > "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null
+}
+__berth_post() {
+  [ "$3" = 0 ] || __berth_snap
+  printf '\036%s:%s:%s:%s\036' "$2" "$1" "$PWD" "$2"
+}
+"#;
+
+/// The line that runs the command just read into `__berth_c`.
+/// With `snapshot` false the shell's state is not written (the handshake: a blank
+/// shell must never overwrite the snapshot it is about to be restored from).
+pub fn run_line(nonce: &str, stdin_path: Option<&str>, snapshot: bool) -> String {
+    let input = match stdin_path {
+        Some(p) => quote(p),
+        None => "/dev/null".to_string(),
+    };
+    format!(
+        "__berth_pre; eval \"$__berth_c\" <{input} 2>&1; __berth_post $? {nonce} {}\n",
+        u8::from(snapshot)
+    )
+}
+
+/// The line that reads the next command text up to its NUL.
+pub const READ_LINE: &str = "IFS= read -r -d '' __berth_c\n";
+
+/// The handshake command: prints the shell's pid and session id.
+pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__berth_stat##*) }; read -r -a __berth_f <<< "$__berth_stat"; printf '%s %s' "$$" "${__berth_f[3]}"; unset __berth_stat __berth_f"#;
+
+/// Kill a command's process tree, run through a second spawn inside the sandbox.
+///
+/// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the file holding the
+/// command's start (seconds of uptime as the shell read it), `$4` the signal name. It signals every
+/// process that started at or after the command and is either in the shell's session
+/// or descends from the shell, sparing the shell itself, this script and its parents.
+/// Processes of earlier commands started before, so they are spared too; berth's jobs
+/// call `setsid` and live in sessions of their own.
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$(<"$3") 2>/dev/null; sig=$4
+start=${start%%.*}${start#*.}; start=$((10#${start:-0}))
+declare -A parent
+me=$$; spare=" $shell $me "
+p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; l=$(</proc/$p/stat) 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
+victims=()
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  l=$(<"$d/stat") 2>/dev/null || continue
+  l=${l##*) }; read -r -a f <<< "$l"
+  parent[$p]=${f[1]}
+  case "$spare" in *" $p "*) continue;; esac
+  [ "${f[19]}" -ge "$start" ] 2>/dev/null || continue
+  if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
+  victims+=("?$p")
+done
+out=()
+for v in "${victims[@]}"; do
+  case "$v" in
+    \?*) p=${v#\?}; q=${parent[$p]}; n=0
+         while [ -n "$q" ] && [ "$q" -gt 1 ] && [ $n -lt 64 ]; do
+           if [ "$q" = "$shell" ]; then out+=("$p"); break; fi
+           q=${parent[$q]}; n=$((n+1))
+         done ;;
+    *) out+=("$v") ;;
+  esac
+done
+[ ${#out[@]} -gt 0 ] && kill -s "$sig" "${out[@]}" 2>/dev/null
+printf '%s\n' "${#out[@]}"
+"#;
