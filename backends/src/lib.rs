@@ -9,6 +9,8 @@ use std::sync::Arc;
 use berth_core::backend::Backend;
 use berth_core::error::{Error, Result};
 
+#[cfg(feature = "docker")]
+pub mod docker;
 #[cfg(feature = "local")]
 pub mod local;
 
@@ -27,6 +29,9 @@ pub fn available() -> Vec<&'static str> {
     if cfg!(feature = "local") {
         v.push("local");
     }
+    if cfg!(feature = "docker") {
+        v.push("docker");
+    }
     v
 }
 
@@ -41,6 +46,8 @@ pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> 
             }
             Ok(Arc::new(b))
         }
+        #[cfg(feature = "docker")]
+        "docker" => Ok(Arc::new(docker::DockerBackend::connect().await?)),
         other => Err(Error::InvalidInput(format!(
             "unknown backend `{other}`; this build has: {}",
             available().join(", ")
