@@ -48,7 +48,10 @@ impl std::fmt::Display for BenchReport {
 /// (provisioned if needed), then `n` times as a fresh exec in the same container.
 pub async fn run(backend: &DockerBackend, sandbox: &str, n: usize) -> Result<BenchReport> {
     let n = n.max(1);
-    let sb = backend.provision(&SandboxSpec::named(sandbox)).await?.sandbox;
+    let sb = backend
+        .provision(&SandboxSpec::named(sandbox))
+        .await?
+        .sandbox;
     let mut session = Session::open(sb, SessionConfig::named(format!("bench-{sandbox}"))).await?;
     for _ in 0..3 {
         session.exec("true", ExecOpts::default()).await?;
@@ -57,7 +60,10 @@ pub async fn run(backend: &DockerBackend, sandbox: &str, n: usize) -> Result<Ben
     for _ in 0..n {
         let r = session.exec("true", ExecOpts::default()).await?;
         if r.exit_code != 0 {
-            return Err(bench_error(format!("`true` exited {} in the session", r.exit_code)));
+            return Err(bench_error(format!(
+                "`true` exited {} in the session",
+                r.exit_code
+            )));
         }
     }
     let session_total = t.elapsed();

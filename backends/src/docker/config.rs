@@ -132,7 +132,11 @@ impl ContainerPlan {
 }
 
 /// The create body for the sandbox's container.
-pub fn container_body(spec: &SandboxSpec, plan: &ContainerPlan, image: &str) -> ContainerCreateBody {
+pub fn container_body(
+    spec: &SandboxSpec,
+    plan: &ContainerPlan,
+    image: &str,
+) -> ContainerCreateBody {
     let labels = HashMap::from([
         (LABEL_MANAGED.to_string(), "1".to_string()),
         (LABEL_SANDBOX.to_string(), spec.name.clone()),
@@ -211,7 +215,10 @@ pub fn check_name(name: &str) -> Result<()> {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
     if ok {
         Ok(())
     } else {
@@ -245,7 +252,8 @@ mod tests {
         spec.options.insert("bogus".into(), "1".into());
         assert!(ContainerPlan::from_spec(&spec).is_err());
         let mut spec = SandboxSpec::named("t");
-        spec.options.insert("cap_add".into(), "cap_chown, setuid".into());
+        spec.options
+            .insert("cap_add".into(), "cap_chown, setuid".into());
         spec.options.insert("read_only".into(), "true".into());
         let plan = ContainerPlan::from_spec(&spec);
         assert!(matches!(plan, Ok(ref p) if p.cap_add == ["CHOWN", "SETUID"] && p.read_only));

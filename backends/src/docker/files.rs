@@ -76,7 +76,12 @@ fn extract_first(tar: &[u8], path: &str, limit: u64) -> Result<Vec<u8>> {
     }
 }
 
-pub(crate) async fn write_file(sb: &DockerSandbox, path: &str, data: &[u8], mode: u32) -> Result<()> {
+pub(crate) async fn write_file(
+    sb: &DockerSandbox,
+    path: &str,
+    data: &[u8],
+    mode: u32,
+) -> Result<()> {
     let full = sb.resolve(path);
     let (dir, base) = match full.rsplit_once('/') {
         Some((d, b)) if !b.is_empty() => (if d.is_empty() { "/" } else { d }, b),
@@ -157,20 +162,19 @@ fn file_error(sb: &DockerSandbox, path: &str, doing: &str, e: bollard::errors::E
         return unreachable(&sb.host, &e);
     }
     match status_of(&e) {
-        Some(404) if e.to_string().contains("No such container") => {
-            super::gone(&sb.name, &format!("its container is gone ({doing} `{path}`)"))
-        }
+        Some(404) if e.to_string().contains("No such container") => super::gone(
+            &sb.name,
+            &format!("its container is gone ({doing} `{path}`)"),
+        ),
         Some(404) => Error::NotFound {
             what: "file",
             name: path.into(),
             hint: String::new(),
         },
-        Some(403) | Some(500) if e.to_string().contains("ermission denied") => {
-            Error::Backend {
-                backend: super::KIND,
-                detail: format!("sandbox `{}`: {doing} `{path}`: permission denied", sb.name),
-            }
-        }
+        Some(403) | Some(500) if e.to_string().contains("ermission denied") => Error::Backend {
+            backend: super::KIND,
+            detail: format!("sandbox `{}`: {doing} `{path}`: permission denied", sb.name),
+        },
         _ => Error::Backend {
             backend: super::KIND,
             detail: format!("sandbox `{}`: {doing} `{path}`: {e}", sb.name),

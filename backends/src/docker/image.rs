@@ -124,7 +124,13 @@ impl ImageRecipe {
     /// or the cache location).
     pub fn tag(&self) -> String {
         let mut h = Sha256::new();
-        for part in [RECIPE_FORMAT, &self.suite, &self.packages.join(","), &self.setup, &self.dockerfile] {
+        for part in [
+            RECIPE_FORMAT,
+            &self.suite,
+            &self.packages.join(","),
+            &self.setup,
+            &self.dockerfile,
+        ] {
             h.update((part.len() as u64).to_le_bytes());
             h.update(part.as_bytes());
         }
@@ -172,10 +178,20 @@ async fn exists(docker: &Docker, reference: &str) -> Result<bool> {
 }
 
 /// Make sure the recipe's image exists, building it if not. Returns its reference.
-pub async fn ensure(docker: &Docker, recipe: &ImageRecipe, progress: Option<&ProgressFn>) -> Result<String> {
+pub async fn ensure(
+    docker: &Docker,
+    recipe: &ImageRecipe,
+    progress: Option<&ProgressFn>,
+) -> Result<String> {
     let reference = recipe.reference();
     if exists(docker, &reference).await? {
-        emit(progress, BuildProgress::Done { reference: reference.clone(), reused: true });
+        emit(
+            progress,
+            BuildProgress::Done {
+                reference: reference.clone(),
+                reused: true,
+            },
+        );
         return Ok(reference);
     }
     std::fs::create_dir_all(&recipe.cache_dir)
@@ -184,18 +200,36 @@ pub async fn ensure(docker: &Docker, recipe: &ImageRecipe, progress: Option<&Pro
     // same image: take the cache's lock, then look again.
     let _lock = lock_file(recipe.cache_dir.join("build.lock")).await?;
     if exists(docker, &reference).await? {
-        emit(progress, BuildProgress::Done { reference: reference.clone(), reused: true });
+        emit(
+            progress,
+            BuildProgress::Done {
+                reference: reference.clone(),
+                reused: true,
+            },
+        );
         return Ok(reference);
     }
     info!(%reference, "building the sandbox image");
     let tarball = recipe.rootfs_tar();
     if tarball.is_file() {
-        emit(progress, BuildProgress::Stage(format!("reusing cached root filesystem {}", tarball.display())));
+        emit(
+            progress,
+            BuildProgress::Stage(format!(
+                "reusing cached root filesystem {}",
+                tarball.display()
+            )),
+        );
     } else {
         bootstrap(recipe, &tarball, progress).await?;
     }
     import(docker, recipe, &tarball, progress).await?;
-    emit(progress, BuildProgress::Done { reference: reference.clone(), reused: false });
+    emit(
+        progress,
+        BuildProgress::Done {
+            reference: reference.clone(),
+            reused: false,
+        },
+    );
     Ok(reference)
 }
 
@@ -212,7 +246,11 @@ async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
         // SAFETY: flock on a file descriptor we own and keep open; it touches no memory.
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
         if rc != 0 {
-            return Err(Error::io("locking the image build lock", &path, std::io::Error::last_os_error()));
+            return Err(Error::io(
+                "locking the image build lock",
+                &path,
+                std::io::Error::last_os_error(),
+            ));
         }
         Ok(f)
     })
@@ -228,13 +266,19 @@ async fn run_tool(
     stdin: Option<&str>,
     mut on_line: impl FnMut(&str),
 ) -> Result<()> {
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
     let mut child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            build_error(format!("`{what}` is not installed; install it (`apt-get install {what}`) and retry"))
+            build_error(format!(
+                "`{what}` is not installed; install it (`apt-get install {what}`) and retry"
+            ))
         } else {
             build_error(format!("cannot run {what}: {e}"))
         }
@@ -264,16 +308,26 @@ async fn run_tool(
             }
         }
     }
-    let status = child.wait().await.map_err(|e| build_error(format!("{what}: {e}")))?;
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| build_error(format!("{what}: {e}")))?;
     if status.success() {
         Ok(())
     } else {
-        Err(build_error(format!("{what} failed ({status}):\n{}", tail.join("\n"))))
+        Err(build_error(format!(
+            "{what} failed ({status}):\n{}",
+            tail.join("\n")
+        )))
     }
 }
 
 /// debootstrap, setup, pack: produce the root filesystem tarball.
-async fn bootstrap(recipe: &ImageRecipe, tarball: &Path, progress: Option<&ProgressFn>) -> Result<()> {
+async fn bootstrap(
+    recipe: &ImageRecipe,
+    tarball: &Path,
+    progress: Option<&ProgressFn>,
+) -> Result<()> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Err(build_error(
@@ -285,16 +339,21 @@ async fn bootstrap(recipe: &ImageRecipe, tarball: &Path, progress: Option<&Progr
     let debs = recipe.cache_dir.join("debs");
     if root.exists() {
         // A half-finished bootstrap from an interrupted build.
-        std::fs::remove_dir_all(&root).map_err(|e| Error::io("removing a stale root filesystem", &root, e))?;
+        std::fs::remove_dir_all(&root)
+            .map_err(|e| Error::io("removing a stale root filesystem", &root, e))?;
     }
-    std::fs::create_dir_all(&debs).map_err(|e| Error::io("creating the package cache", &debs, e))?;
+    std::fs::create_dir_all(&debs)
+        .map_err(|e| Error::io("creating the package cache", &debs, e))?;
 
-    emit(progress, BuildProgress::Stage(format!(
-        "bootstrapping Debian {} with {} (downloads are cached in {})",
-        recipe.suite,
-        recipe.packages.join(", "),
-        debs.display()
-    )));
+    emit(
+        progress,
+        BuildProgress::Stage(format!(
+            "bootstrapping Debian {} with {} (downloads are cached in {})",
+            recipe.suite,
+            recipe.packages.join(", "),
+            debs.display()
+        )),
+    );
     let mut cmd = Command::new("debootstrap");
     cmd.arg("--variant=minbase")
         .arg(format!("--include={}", recipe.packages.join(",")))
@@ -307,7 +366,13 @@ async fn bootstrap(recipe: &ImageRecipe, tarball: &Path, progress: Option<&Progr
         if let Some(pkg) = line.strip_prefix("I: Retrieving ") {
             if pkg != "Release" && pkg != "Release.gpg" && pkg != "Packages" && pkg != "InRelease" {
                 count += 1;
-                emit(progress, BuildProgress::Package { name: pkg.to_string(), count });
+                emit(
+                    progress,
+                    BuildProgress::Package {
+                        name: pkg.to_string(),
+                        count,
+                    },
+                );
             }
         } else if line.starts_with("I: Installing")
             || line.starts_with("I: Unpacking the")
@@ -317,34 +382,64 @@ async fn bootstrap(recipe: &ImageRecipe, tarball: &Path, progress: Option<&Progr
             || line.starts_with("E:")
             || line.starts_with("W:")
         {
-            emit(progress, BuildProgress::Stage(line.trim_start_matches("I: ").to_string()));
+            emit(
+                progress,
+                BuildProgress::Stage(line.trim_start_matches("I: ").to_string()),
+            );
         }
     })
     .await?;
 
-    emit(progress, BuildProgress::Stage("finishing the root filesystem (images/setup.sh)".into()));
+    emit(
+        progress,
+        BuildProgress::Stage("finishing the root filesystem (images/setup.sh)".into()),
+    );
     let mut cmd = Command::new("chroot");
-    cmd.arg(&root).args(["/bin/sh", "-s"]).env_clear().env("PATH", super::SANDBOX_PATH);
-    run_tool(cmd, "chroot", Some(&recipe.setup), |line| debug!(line, "setup.sh")).await?;
+    cmd.arg(&root)
+        .args(["/bin/sh", "-s"])
+        .env_clear()
+        .env("PATH", super::SANDBOX_PATH);
+    run_tool(cmd, "chroot", Some(&recipe.setup), |line| {
+        debug!(line, "setup.sh")
+    })
+    .await?;
 
-    emit(progress, BuildProgress::Stage(format!("packing the root filesystem into {}", tarball.display())));
+    emit(
+        progress,
+        BuildProgress::Stage(format!(
+            "packing the root filesystem into {}",
+            tarball.display()
+        )),
+    );
     let partial = tarball.with_extension("tar.partial");
     let mut cmd = Command::new("tar");
     cmd.arg("--numeric-owner")
         .arg("--xattrs")
         .arg("-C")
         .arg(&root)
-        .args(["--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "-cf"])
+        .args([
+            "--exclude=./dev/*",
+            "--exclude=./proc/*",
+            "--exclude=./sys/*",
+            "-cf",
+        ])
         .arg(&partial)
         .arg(".");
     run_tool(cmd, "tar", None, |line| debug!(line, "tar")).await?;
-    std::fs::rename(&partial, tarball).map_err(|e| Error::io("saving the root filesystem", tarball, e))?;
-    std::fs::remove_dir_all(&root).map_err(|e| Error::io("removing the unpacked root filesystem", &root, e))?;
+    std::fs::rename(&partial, tarball)
+        .map_err(|e| Error::io("saving the root filesystem", tarball, e))?;
+    std::fs::remove_dir_all(&root)
+        .map_err(|e| Error::io("removing the unpacked root filesystem", &root, e))?;
     Ok(())
 }
 
 /// Import the tarball as `repo:tag` and tag it `latest`.
-async fn import(docker: &Docker, recipe: &ImageRecipe, tarball: &Path, progress: Option<&ProgressFn>) -> Result<()> {
+async fn import(
+    docker: &Docker,
+    recipe: &ImageRecipe,
+    tarball: &Path,
+    progress: Option<&ProgressFn>,
+) -> Result<()> {
     let file = tokio::fs::File::open(tarball)
         .await
         .map_err(|e| Error::io("opening the root filesystem", tarball, e))?;
@@ -353,7 +448,13 @@ async fn import(docker: &Docker, recipe: &ImageRecipe, tarball: &Path, progress:
         .await
         .map(|m| m.len())
         .map_err(|e| Error::io("reading the size of", tarball, e))?;
-    emit(progress, BuildProgress::Stage(format!("importing {} MiB into the Docker engine", total / (1024 * 1024))));
+    emit(
+        progress,
+        BuildProgress::Stage(format!(
+            "importing {} MiB into the Docker engine",
+            total / (1024 * 1024)
+        )),
+    );
     let sent = Arc::new(AtomicU64::new(0));
     let reported = Arc::new(AtomicU64::new(0));
     let step = (total / 20).max(1);

@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::backend::{
-    Backend, Provisioned, RemoveOpts, SandboxInfo, SandboxSpec,
-};
+use berth_core::backend::{Backend, Provisioned, RemoveOpts, SandboxInfo, SandboxSpec};
 use berth_core::error::{Error, Result};
 use bollard::Docker;
 use bollard::models::VolumeCreateRequest;
@@ -126,12 +124,21 @@ impl DockerBackend {
             }
             // Another provision of the same name won the race; use its container.
             Err(e) if status_of(&e) == Some(409) => Ok(()),
-            Err(e) => Err(api_error(&self.host, &spec.name, "creating its container", e)),
+            Err(e) => Err(api_error(
+                &self.host,
+                &spec.name,
+                "creating its container",
+                e,
+            )),
         }
     }
 
     async fn start(&self, name: &str) -> Result<()> {
-        match self.docker.start_container(&container_name(name), None).await {
+        match self
+            .docker
+            .start_container(&container_name(name), None)
+            .await
+        {
             Ok(()) => Ok(()),
             // Already running.
             Err(e) if status_of(&e) == Some(304) => Ok(()),
@@ -194,19 +201,16 @@ impl DockerBackend {
             )])),
             ..Default::default()
         };
-        self.docker
-            .list_containers(Some(opts))
-            .await
-            .map_err(|e| {
-                if super::is_connection_error(&e) {
-                    unreachable(&self.host, &e)
-                } else {
-                    Error::Backend {
-                        backend: KIND,
-                        detail: format!("listing containers: {e}"),
-                    }
+        self.docker.list_containers(Some(opts)).await.map_err(|e| {
+            if super::is_connection_error(&e) {
+                unreachable(&self.host, &e)
+            } else {
+                Error::Backend {
+                    backend: KIND,
+                    detail: format!("listing containers: {e}"),
                 }
-            })
+            }
+        })
     }
 }
 
@@ -284,7 +288,14 @@ impl Backend for DockerBackend {
         let mut found = remove_container(&self.docker, &self.host, name).await?;
         if opts.volumes {
             for volume in [workspace_volume(name), state_volume(name)] {
-                match self.docker.remove_volume(&volume, None::<bollard::query_parameters::RemoveVolumeOptions>).await {
+                match self
+                    .docker
+                    .remove_volume(
+                        &volume,
+                        None::<bollard::query_parameters::RemoveVolumeOptions>,
+                    )
+                    .await
+                {
                     Ok(()) => found = true,
                     Err(e) if status_of(&e) == Some(404) => {}
                     Err(e) => return Err(api_error(&self.host, name, "removing its volume", e)),

@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts};
@@ -24,6 +24,7 @@ use berth_core::error::{Error, Result, SpawnFailure};
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::ContainerArchiveInfoOptions;
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -34,6 +35,10 @@ use super::{DockerSandbox, api_error, gone, status_of};
 
 /// Output chunks buffered per stream before the pump waits for the reader.
 const CHANNEL_CHUNKS: usize = 64;
+/// How long a process may outlive the end of its output stream before berth
+/// calls the stream cut. Normally the daemon marks the exec finished moments
+/// after it closes the stream.
+const STREAM_END_GRACE: Duration = Duration::from_secs(2);
 /// The size of the daemon-stream read buffer.
 const READ_CAPACITY: usize = 64 * 1024;
 
@@ -52,7 +57,13 @@ pub(crate) async fn spawn(
     let mut env = vec![format!("BERTH_SANDBOX={}", sb.name)];
     env.extend(sb.env.iter().map(|(k, v)| format!("{k}={v}")));
     env.extend(opts.env.iter().map(|(k, v)| format!("{k}={v}")));
-    let cwd = opts.cwd.clone().unwrap_or_else(|| sb.layout.workdir.clone());
+    let cwd = opts
+        .cwd
+        .clone()
+        .unwrap_or_else(|| sb.layout.workdir.clone());
+    if cwd != sb.layout.workdir {
+        check_cwd(sb, program, &cwd).await?;
+    }
     let config = CreateExecOptions {
         attach_stdin: Some(true),
         attach_stdout: Some(true),
@@ -103,6 +114,34 @@ pub(crate) async fn spawn(
     }))
 }
 
+/// A missing working directory would only show as exit code 126 once the exec
+/// runs; look first, so the caller gets a classified error.
+async fn check_cwd(sb: &DockerSandbox, program: &str, cwd: &str) -> Result<()> {
+    /// Go's `os.ModeDir` and `os.ModeSymlink`, as the daemon reports modes.
+    const MODE_DIR: u32 = 1 << 31;
+    const MODE_SYMLINK: u32 = 1 << 27;
+    let opts = ContainerArchiveInfoOptions {
+        path: cwd.to_string(),
+    };
+    let bad = |detail: String| Error::Spawn {
+        kind: SpawnFailure::BadCwd,
+        program: program.to_string(),
+        detail,
+    };
+    match sb
+        .docker
+        .get_container_archive_info(&sb.container, Some(opts))
+        .await
+    {
+        Ok(st) if st.file_mode & (MODE_DIR | MODE_SYMLINK) != 0 => Ok(()),
+        Ok(_) => Err(bad(format!("working directory {cwd} is not a directory"))),
+        Err(e) if status_of(&e) == Some(404) && !e.to_string().contains("No such container") => {
+            Err(bad(format!("working directory {cwd} does not exist")))
+        }
+        Err(e) => Err(sb.err("checking the working directory", e)),
+    }
+}
+
 /// Turn a failed exec start into an error the caller can act on.
 fn classify_start_error(
     sb: &DockerSandbox,
@@ -148,7 +187,9 @@ struct Done {
 /// whose stdout is all it wants) must not stall stdout, so when stderr's buffer
 /// is full its excess is dropped and logged.
 async fn pump(
-    mut output: Pin<Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+    mut output: Pin<
+        Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+    >,
     out: mpsc::Sender<io::Result<Bytes>>,
     err: mpsc::Sender<io::Result<Bytes>>,
     done: Arc<Done>,
@@ -254,6 +295,7 @@ impl Process for DockerProcess {
     /// the exec's own state decides.
     async fn wait(&mut self) -> Result<ExitStatus> {
         let mut pause = Duration::from_millis(2);
+        let mut ended: Option<Instant> = None;
         loop {
             let info = match self.docker.inspect_exec(&self.exec_id).await {
                 Ok(i) => i,
@@ -292,6 +334,19 @@ impl Process for DockerProcess {
                 let _ = tokio::time::timeout(pause, notified).await;
                 pause = (pause * 2).min(Duration::from_millis(250));
             } else {
+                let since = *ended.get_or_insert_with(Instant::now);
+                if since.elapsed() > STREAM_END_GRACE {
+                    return Err(Error::stream(
+                        "waiting for a process in the docker sandbox",
+                        io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            format!(
+                                "the exec's stream ended (cut?) but its process in sandbox `{}` is still running",
+                                self.sandbox
+                            ),
+                        ),
+                    ));
+                }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
