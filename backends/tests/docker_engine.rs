@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use berth_core::backend::{Sandbox, SpawnOpts};
+use berth_core::backend::SpawnOpts;
 use berth_core::session::{CaptureLimits, ExecOpts, Session, SessionConfig};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

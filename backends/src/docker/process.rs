@@ -24,7 +24,7 @@ use berth_core::error::{Error, Result, SpawnFailure};
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::query_parameters::ContainerArchiveInfoOptions;
+use bollard::query_parameters::{ContainerArchiveInfoOptions, WaitContainerOptions};
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -105,6 +105,7 @@ pub(crate) async fn spawn(
         docker: sb.docker.clone(),
         host: sb.host.clone(),
         sandbox: sb.name.clone(),
+        container: sb.container.clone(),
         exec_id: exec.id,
         stdin: Some(input),
         stdout: Some(Box::pin(ChanReader::new(out_rx))),
@@ -268,12 +269,31 @@ struct DockerProcess {
     docker: Docker,
     host: String,
     sandbox: String,
+    container: String,
     exec_id: String,
     stdin: Option<BoxWrite>,
     stdout: Option<BoxRead>,
     stderr: Option<BoxRead>,
     pump: tokio::task::JoinHandle<()>,
     done: Arc<Done>,
+}
+
+/// How long to watch a container after one of its execs was killed.
+const CONTAINER_STOP_WATCH: Duration = Duration::from_millis(500);
+
+/// Whether the container stops within a moment (it was killed or stopped from
+/// outside, taking an exec with it).
+async fn container_stopping(docker: Docker, container: String) -> bool {
+    let opts = WaitContainerOptions {
+        condition: "not-running".to_string(),
+    };
+    let mut stream = docker.wait_container(&container, Some(opts));
+    // Any answer (an exit code, the error bollard makes of a non-zero one, or
+    // "no such container") means it stopped; silence means it runs on.
+    matches!(
+        tokio::time::timeout(CONTAINER_STOP_WATCH, stream.next()).await,
+        Ok(Some(_))
+    )
 }
 
 #[async_trait]
@@ -316,6 +336,19 @@ impl Process for DockerProcess {
             };
             if info.running != Some(true) {
                 return match info.exit_code {
+                    // Killed: maybe with its whole container, which the daemon
+                    // notices a moment after the exec. Tell the two apart, so the
+                    // caller sees a gone sandbox rather than a dead process.
+                    Some(code @ (137 | 143))
+                        if container_stopping(self.docker.clone(), self.container.clone())
+                            .await =>
+                    {
+                        debug!(sandbox = %self.sandbox, code, "exec died with its container");
+                        Err(gone(
+                            &self.sandbox,
+                            "its container was stopped or killed while the process ran",
+                        ))
+                    }
                     Some(code) => Ok(ExitStatus {
                         code: Some(code as i32),
                         signal: None,
