@@ -67,6 +67,30 @@ pub enum BuildProgress {
     },
 }
 
+impl std::fmt::Display for BuildProgress {
+    /// One line for a progress display, as `berth image build` prints it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildProgress::Stage(s) => write!(f, "{s}"),
+            BuildProgress::Package { name, count } => {
+                write!(f, "downloaded package {count}: {name}")
+            }
+            BuildProgress::Import { sent, total } => write!(
+                f,
+                "importing: {} / {} MiB ({}%)",
+                sent >> 20,
+                total >> 20,
+                sent.saturating_mul(100) / (*total).max(1)
+            ),
+            BuildProgress::Done {
+                reference,
+                reused: true,
+            } => write!(f, "image {reference} is up to date"),
+            BuildProgress::Done { reference, .. } => write!(f, "built image {reference}"),
+        }
+    }
+}
+
 /// Where build progress goes.
 pub type ProgressFn = Arc<dyn Fn(BuildProgress) + Send + Sync>;
 

@@ -285,23 +285,7 @@ impl Backend for DockerBackend {
 
     async fn remove(&self, name: &str, opts: RemoveOpts) -> Result<()> {
         config::check_name(name)?;
-        let mut found = remove_container(&self.docker, &self.host, name).await?;
-        if opts.volumes {
-            for volume in [workspace_volume(name), state_volume(name)] {
-                match self
-                    .docker
-                    .remove_volume(
-                        &volume,
-                        None::<bollard::query_parameters::RemoveVolumeOptions>,
-                    )
-                    .await
-                {
-                    Ok(()) => found = true,
-                    Err(e) if status_of(&e) == Some(404) => {}
-                    Err(e) => return Err(api_error(&self.host, name, "removing its volume", e)),
-                }
-            }
-        }
+        let found = remove_sandbox(&self.docker, &self.host, name, opts.volumes).await?;
         if found {
             Ok(())
         } else {
@@ -319,6 +303,33 @@ fn force_remove() -> RemoveContainerOptions {
         force: true,
         ..Default::default()
     }
+}
+
+/// Remove the sandbox's container and, with `volumes`, its volumes. Returns
+/// whether anything existed.
+pub(crate) async fn remove_sandbox(
+    docker: &Docker,
+    host: &str,
+    name: &str,
+    volumes: bool,
+) -> Result<bool> {
+    let mut found = remove_container(docker, host, name).await?;
+    if volumes {
+        for volume in [workspace_volume(name), state_volume(name)] {
+            match docker
+                .remove_volume(
+                    &volume,
+                    None::<bollard::query_parameters::RemoveVolumeOptions>,
+                )
+                .await
+            {
+                Ok(()) => found = true,
+                Err(e) if status_of(&e) == Some(404) => {}
+                Err(e) => return Err(api_error(host, name, "removing its volume", e)),
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Remove the sandbox's container, whatever its state. Returns whether it existed.

@@ -293,8 +293,10 @@ impl Sandbox for DockerSandbox {
         }
     }
 
+    /// Remove the container and its volumes, like the local backend removes its
+    /// directory. `Backend::remove` without volumes keeps the workspace instead.
     async fn destroy(&self) -> Result<()> {
-        lifecycle::remove_container(&self.docker, &self.host, &self.name).await?;
+        lifecycle::remove_sandbox(&self.docker, &self.host, &self.name, true).await?;
         Ok(())
     }
 }

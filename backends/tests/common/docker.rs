@@ -13,16 +13,7 @@ pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Progress of an image build, shown on the test's stderr.
 pub fn print_progress(p: BuildProgress) {
-    match p {
-        BuildProgress::Stage(s) => eprintln!("[image] {s}"),
-        BuildProgress::Package { name, count } => eprintln!("[image] retrieved #{count}: {name}"),
-        BuildProgress::Import { sent, total } => {
-            eprintln!("[image] import {}/{} MiB", sent >> 20, total >> 20)
-        }
-        BuildProgress::Done { reference, reused } => {
-            eprintln!("[image] {reference} ready (reused: {reused})")
-        }
-    }
+    eprintln!("[image] {p}");
 }
 
 /// The backend, from DOCKER_HOST or the local socket, with the image in place.
