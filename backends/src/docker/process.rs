@@ -8,8 +8,10 @@
 //! a session of its own. The session engine relies on that: it kills a
 //! command's whole tree by walking `/proc` for the shell's session id, in-band,
 //! through a second exec, because the exec API has no way to signal or kill a
-//! process. `-w` keeps setsid in place until the program ends, so the exec's
-//! exit code is the program's.
+//! process. An exec'd process already leads its process group, so setsid forks
+//! the program into a new session and, with `-w`, waits for it and exits with
+//! its exit code. A program killed by a signal is reported the way setsid
+//! reports it: its exit code is the signal's number.
 
 use std::io;
 use std::pin::Pin;
