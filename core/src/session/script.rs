@@ -15,12 +15,6 @@
 //! `__berth_post` writes the snapshot (alternating between two files, each closed by
 //! a trailer, so a shell killed mid-write leaves the other one intact) and then the
 //! end marker `\x1e<nonce>:<exit>:<cwd>:<nonce>\x1e` on stdout.
-//!
-//! berth's per-command files are overwritten in place (`1<>`), never truncated:
-//! on ext4, truncating a file that holds data and writing it again forces a flush
-//! (`auto_da_alloc`), measured at 2-3 ms per file, which made every command cost
-//! ~5 ms. A snapshot therefore ends at its trailer and may be followed by stale
-//! bytes, which the reader ignores; `cmd.start` is padded to a fixed width.
 
 /// Shell-quote a string with single quotes.
 pub fn quote(s: &str) -> String {
@@ -60,10 +54,9 @@ mkdir -p -- "$__berth_dir" 2>/dev/null
 /// The helper functions. They are re-sent after a restore, so a snapshot taken
 /// by an older berth cannot leave stale versions behind.
 pub const FUNCTIONS: &str = r#"__berth_pre() {
-  local __u __p
+  local __u
   IFS=' ' read -r __u _ < /proc/uptime 2>/dev/null || __u=0
-  IFS=' ' read -r _ _ _ _ __p < /proc/loadavg 2>/dev/null || __p=0
-  printf '%24s %12s\n' "$__u" "$__p" 1<> "$__berth_dir/cmd.start" 2>/dev/null
+  printf '%s\n' "$__u" > "$__berth_dir/cmd.start" 2>/dev/null
 }
 __berth_snap() {
   __berth_seq=$((__berth_seq + 1))
@@ -75,7 +68,7 @@ __berth_snap() {
     alias -p
     printf 'cd -- %q 2>/dev/null || cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
     printf '# berth snapshot end seq=%s\n' "$__berth_seq"
-  } 1<> "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null
+  } > "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null
 }
 __berth_post() {
   [ "$3" = 0 ] || __berth_snap
@@ -106,17 +99,13 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///
 /// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the file holding the
-/// command's start (seconds of uptime as the shell read it, then the last pid the
-/// kernel handed out, from `/proc/loadavg`), `$4` the signal name. It signals every
+/// command's start (seconds of uptime as the shell read it), `$4` the signal name. It signals every
 /// process that started at or after the command and is either in the shell's session
 /// or descends from the shell, sparing the shell itself, this script and its parents.
-/// Start times count in 10 ms clock ticks, so an earlier command's job can share the
-/// command's starting tick when commands follow each other quickly; within that
-/// tick only pids above the recorded last pid belong to the command.
 /// Processes of earlier commands started before, so they are spared too; berth's jobs
 /// call `setsid` and live in sessions of their own.
-pub const KILL_TREE: &str = r#"shell=$1; sid=$2; read -r start lastpid 2>/dev/null <"$3" || start=0; sig=$4
-start=${start%%.*}${start#*.}; start=$((10#${start:-0})); lastpid=$((10#${lastpid:-0}))
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$(<"$3") 2>/dev/null; sig=$4
+start=${start%%.*}${start#*.}; start=$((10#${start:-0}))
 declare -A parent
 me=$$; spare=" $shell $me "
 p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; l=$(</proc/$p/stat) 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
@@ -128,7 +117,6 @@ for d in /proc/[0-9]*; do
   parent[$p]=${f[1]}
   case "$spare" in *" $p "*) continue;; esac
   [ "${f[19]}" -ge "$start" ] 2>/dev/null || continue
-  [ "${f[19]}" -eq "$start" ] && [ "$p" -le "$lastpid" ] && continue
   if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
   victims+=("?$p")
 done
