@@ -166,6 +166,17 @@ async fn provision_restarts_recreates_and_remove_cleans_up() -> TestResult {
         "the old handle follows the container by name"
     );
 
+    // Paused from outside: not alive; provision unpauses it.
+    b.client().pause_container(&container_name(&name)).await?;
+    assert!(!sb.alive().await?);
+    let why = b
+        .provision(&spec)
+        .await?
+        .recreated
+        .ok_or("unpause not reported")?;
+    assert!(why.contains("unpaused"), "{why}");
+    assert!(sb.alive().await?);
+
     // Removed from outside: provision recreates it on the volumes.
     b.client()
         .remove_container(

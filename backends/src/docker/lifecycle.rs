@@ -37,6 +37,7 @@ pub struct GcReport {
 /// What `provision` found under the sandbox's name.
 enum Found {
     Running,
+    Paused,
     Stopped(String),
     Missing,
 }
@@ -56,7 +57,10 @@ impl DockerBackend {
                     )));
                 }
                 let state = c.state.unwrap_or_default();
-                if state.running == Some(true) && state.paused != Some(true) {
+                if state.paused == Some(true) {
+                    return Ok(Found::Paused);
+                }
+                if state.running == Some(true) {
                     return Ok(Found::Running);
                 }
                 let status = state
@@ -228,6 +232,13 @@ impl Backend for DockerBackend {
         let mut recreated = None;
         match self.find(name).await? {
             Found::Running => {}
+            Found::Paused => {
+                self.docker
+                    .unpause_container(&container_name(name))
+                    .await
+                    .map_err(|e| api_error(&self.host, name, "unpausing its container", e))?;
+                recreated = Some("its container was paused; it was unpaused".to_string());
+            }
             Found::Stopped(how) => {
                 info!(sandbox = %name, %how, "starting stopped container");
                 match self.start(name).await {

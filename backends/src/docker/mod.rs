@@ -287,7 +287,10 @@ impl Sandbox for DockerSandbox {
 
     async fn alive(&self) -> Result<bool> {
         match self.docker.inspect_container(&self.container, None).await {
-            Ok(c) => Ok(c.state.and_then(|s| s.running).unwrap_or(false)),
+            // A paused container cannot run anything: not alive.
+            Ok(c) => Ok(c
+                .state
+                .is_some_and(|s| s.running == Some(true) && s.paused != Some(true))),
             Err(e) if status_of(&e) == Some(404) => Ok(false),
             Err(e) => Err(self.err("inspecting the container", e)),
         }
