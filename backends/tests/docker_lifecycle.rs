@@ -272,3 +272,41 @@ async fn bad_specs_are_refused_clearly() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_and_network_follow_the_spec() -> TestResult {
+    let b = backend().await?;
+    let name = unique("limits");
+    let _g = Cleanup { name: name.clone() };
+    let mut spec = SandboxSpec::named(&name);
+    spec.network = true;
+    spec.limits.memory_mb = Some(256);
+    spec.limits.pids = Some(64);
+    spec.limits.milli_cpu = Some(500);
+    spec.options.insert("cap_add".into(), "CHOWN".into());
+    let sb = b.provision(&spec).await?.sandbox;
+    let c = b
+        .client()
+        .inspect_container(&container_name(&name), None)
+        .await?;
+    let hc = c.host_config.ok_or("no host config")?;
+    assert_eq!(hc.memory, Some(256 * 1024 * 1024));
+    assert_eq!(hc.pids_limit, Some(64));
+    assert_eq!(hc.nano_cpus, Some(500_000_000));
+    assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
+    assert_eq!(hc.cap_add, Some(vec!["CHOWN".to_string()]));
+    let (out, _) = sh(&*sb, "ls /sys/class/net | sort | tr '\\n' ' '").await?;
+    assert!(out.contains("eth0"), "{out}");
+    // The pids limit holds inside: a fork loop stops well short of 200.
+    let forks = "import os, signal, time\nkids = []\ntry:\n    while len(kids) < 200:\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(30)\n            os._exit(0)\n        kids.append(pid)\nexcept OSError:\n    pass\nprint(len(kids))\nfor k in kids:\n    os.kill(k, signal.SIGKILL)\n";
+    sb.write_file("/tmp/forks.py", forks.as_bytes(), 0o644)
+        .await?;
+    let (out, code) = sh(&*sb, "python3 /tmp/forks.py").await?;
+    assert_eq!(code, 0, "{out}");
+    let forked: u32 = out.trim().parse()?;
+    assert!(
+        forked < 64,
+        "{forked} processes forked under a pids limit of 64"
+    );
+    Ok(())
+}

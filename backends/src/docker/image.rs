@@ -36,6 +36,8 @@ const SETUP: &str = include_str!("../../../images/setup.sh");
 const DOCKERFILE: &str = include_str!("../../../images/Dockerfile");
 /// Bumped when the way the recipe is turned into an image changes.
 const RECIPE_FORMAT: &str = "berth-offline-image v1";
+/// How long an import may take.
+const IMPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 /// The label carrying the recipe hash on the image.
 pub const LABEL_INPUTS: &str = "berth.image.inputs";
 
@@ -174,9 +176,15 @@ impl ImageRecipe {
 }
 
 fn emit(progress: Option<&ProgressFn>, p: BuildProgress) {
-    debug!(?p, "image build");
-    if let Some(f) = progress {
-        f(p);
+    match progress {
+        Some(f) => f(p),
+        // Nobody displays progress: log the milestones.
+        None => match &p {
+            BuildProgress::Stage(_) | BuildProgress::Done { reused: false, .. } => {
+                info!("sandbox image: {p}")
+            }
+            _ => debug!("sandbox image: {p}"),
+        },
     }
 }
 
@@ -509,6 +517,9 @@ async fn import(
         ],
         ..Default::default()
     };
+    // The daemon answers only once it has read the whole tarball; allow a slow
+    // disk far more than bollard's default two minutes per request.
+    let docker = docker.clone().with_timeout(IMPORT_TIMEOUT);
     let mut stream = docker.create_image(Some(opts), Some(bollard::body_try_stream(body)), None);
     while let Some(item) = stream.next().await {
         if let Err(e) = item {
