@@ -6,6 +6,9 @@
 
 pub mod backend;
 pub mod error;
+pub mod jobs;
 pub mod session;
 
+pub mod runtime;
+pub mod store;
 pub use error::{Error, Result};

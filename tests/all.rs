@@ -1,0 +1,17 @@
+//! berth's end-to-end tests, compiled as one binary.
+//!
+//! - `conformance`: one set of assertions about the session engine, run against
+//!   every backend; a backend joins by adding one `conformance_suite!` line.
+//! - `jobs`: background jobs through the runtime, likewise per backend.
+//! - `cli`: the `berth` binary from the outside, on the local backend.
+
+mod support;
+
+mod cli;
+#[macro_use]
+mod conformance;
+#[macro_use]
+mod jobs;
+
+conformance_suite!(local, crate::support::local_harness);
+jobs_suite!(local_jobs, crate::support::local_harness);

@@ -1,0 +1,304 @@
+//! The `berth` binary from the outside, on the local backend.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::support::TestResult;
+
+fn berth(state: &Path, args: &[&str]) -> std::io::Result<Output> {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .env("BERTH_STATE_DIR", state)
+        .stdin(Stdio::null())
+        .output()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn state_persists_across_invocations() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = berth(
+        dir.path(),
+        &["exec", "--", "cd /tmp && export A=1 && f() { echo fn; }"],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = berth(dir.path(), &["exec", "--", "pwd; echo $A; f"])?;
+    assert_eq!(stdout(&o), "/tmp\n1\nfn\n", "{}", stderr(&o));
+    Ok(())
+}
+
+#[test]
+fn exit_code_is_the_commands() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = berth(
+        dir.path(),
+        &["exec", "--", "echo out; echo err >&2; (exit 7)"],
+    )?;
+    assert_eq!(o.status.code(), Some(7));
+    assert_eq!(stdout(&o), "out\nerr\n");
+    // Several words are joined like a shell line.
+    let o = berth(dir.path(), &["exec", "--", "echo", "a", "b"])?;
+    assert_eq!(stdout(&o), "a b\n");
+    Ok(())
+}
+
+#[test]
+fn json_output_has_the_documented_fields() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    berth(dir.path(), &["exec", "--", "cd /tmp"])?;
+    let o = berth(
+        dir.path(),
+        &["exec", "--json", "--", "cd /; printf abc; exit 3"],
+    )?;
+    assert_eq!(o.status.code(), Some(3));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["output"], "abc");
+    assert_eq!(v["truncated"], false);
+    assert_eq!(v["bytes"], 3);
+    assert_eq!(v["timed_out"], false);
+    assert!(v["duration_ms"].is_u64());
+    // `exit` ended the shell before its snapshot, so there is no cwd to report,
+    // and the next shell is back where the last completed command left it.
+    assert!(v["cwd"].is_null());
+    let o = berth(dir.path(), &["exec", "--json", "--", "pwd"])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["cwd"], "/tmp");
+    Ok(())
+}
+
+#[test]
+fn timeout_exits_124_with_a_message() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = berth(
+        dir.path(),
+        &["exec", "--timeout", "0.5", "--", "echo before; sleep 1005"],
+    )?;
+    assert_eq!(o.status.code(), Some(124));
+    assert_eq!(stdout(&o), "before\n");
+    assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
+    let o = berth(
+        dir.path(),
+        &["exec", "--json", "--timeout", "0.5", "--", "sleep 1005"],
+    )?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["timed_out"], true);
+    assert_eq!(v["exit_code"], 124);
+    Ok(())
+}
+
+#[test]
+fn bad_input_gets_clear_errors() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    for (args, needle) in [
+        (
+            vec!["exec", "--timeout", "0", "--", "true"],
+            "--timeout must be a positive",
+        ),
+        (
+            vec!["exec", "--timeout", "-3", "--", "true"],
+            "--timeout must be a positive",
+        ),
+        (vec!["exec", "--"], "empty command"),
+        (vec!["exec", "--", "   "], "empty command"),
+        (
+            vec!["exec", "--sandbox", "nope", "--", "true"],
+            "berth sandbox create nope",
+        ),
+        (
+            vec!["exec", "--backend", "warp", "--", "true"],
+            "unknown backend `warp`",
+        ),
+        (vec!["sandbox", "create", "../evil"], "invalid sandbox name"),
+        (vec!["sandbox", "rm", "ghost"], "not found"),
+        (
+            vec!["sandbox", "create", "x", "--env", "NOEQUALS"],
+            "KEY=VALUE",
+        ),
+    ] {
+        let o = berth(dir.path(), &args)?;
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn an_unwritable_state_dir_is_named() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x")?;
+    let state = file.join("state");
+    let o = berth(&state, &["exec", "--", "true"])?;
+    assert_eq!(o.status.code(), Some(125));
+    let e = stderr(&o);
+    assert!(e.contains("state dir") && e.contains("--state-dir"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn sandboxes_and_events() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = berth(dir.path(), &["sandbox", "create", "web", "--json"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["created"], true);
+    // Idempotent.
+    let o = berth(dir.path(), &["sandbox", "create", "web", "--json"])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["created"], false);
+    let o = berth(
+        dir.path(),
+        &["exec", "--sandbox", "web", "--", "echo hi > f.txt"],
+    )?;
+    assert_eq!(o.status.code(), Some(0));
+    let o = berth(dir.path(), &["sandbox", "ls", "--json"])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    let names: Vec<&str> = v
+        .as_array()
+        .ok_or("not a list")?
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["web"]);
+    assert_eq!(v[0]["state"], "ready");
+    let o = berth(dir.path(), &["events", "--json", "--kind", "exec.finished"])?;
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["exit_code"], 0);
+    assert_eq!(lines[0]["sandbox"], "web");
+    assert_eq!(lines[0]["command"], "echo hi > f.txt");
+    let o = berth(dir.path(), &["sandbox", "rm", "web"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = berth(dir.path(), &["exec", "--sandbox", "web", "--", "true"])?;
+    assert_eq!(
+        o.status.code(),
+        Some(125),
+        "a removed sandbox is unknown again"
+    );
+    Ok(())
+}
+
+#[test]
+fn stdin_flag_feeds_the_command() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["exec", "--stdin", "--", "tr a-z A-Z"])
+        .env("BERTH_STATE_DIR", dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::Write;
+        let mut i = child.stdin.take().ok_or("no stdin")?;
+        i.write_all(b"shout\n")?;
+    }
+    let o = child.wait_with_output()?;
+    assert_eq!(stdout(&o), "SHOUT\n");
+    Ok(())
+}
+
+#[test]
+fn a_job_outlives_a_kill_9_of_berth() -> TestResult {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir()?;
+    let o = berth(
+        dir.path(),
+        &[
+            "job",
+            "start",
+            "--name",
+            "survivor",
+            "--",
+            "for i in $(seq 1 40); do echo tick $i; sleep 0.1; done",
+        ],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    // A berth process following the job is killed with SIGKILL mid-stream.
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["job", "logs", "--follow", &id])
+        .env("BERTH_STATE_DIR", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut first = String::new();
+    std::io::BufReader::new(follower.stdout.take().ok_or("no stdout")?).read_line(&mut first)?;
+    assert_eq!(first, "tick 1\n");
+    follower.kill()?;
+    follower.wait()?;
+    let o = berth(dir.path(), &["job", "ls", "--json"])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v[0]["id"], id.as_str());
+    assert_eq!(v[0]["state"], "running", "{v}");
+    let o = berth(dir.path(), &["job", "wait", "survivor", "--timeout", "60"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = berth(dir.path(), &["job", "logs", &id])?;
+    let want: String = (1..=40).map(|i| format!("tick {i}\n")).collect();
+    assert_eq!(stdout(&o), want);
+    let o = berth(dir.path(), &["job", "kill", &id])?;
+    assert!(
+        stdout(&o).contains("already exited with code 0"),
+        "{}",
+        stdout(&o)
+    );
+    let o = berth(dir.path(), &["job", "logs", "j00000000"])?;
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        stderr(&o).contains("job `j00000000` not found"),
+        "{}",
+        stderr(&o)
+    );
+    Ok(())
+}
+
+#[test]
+fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let size: u64 = 300 * 1024 * 1024;
+    let o = berth(
+        dir.path(),
+        &["job", "start", "--", &format!("head -c {size} /dev/zero")],
+    )?;
+    let id = stdout(&o).trim().to_string();
+    let o = berth(dir.path(), &["job", "wait", &id, "--timeout", "120"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["job", "logs", &id])
+        .env("BERTH_STATE_DIR", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()?;
+    assert!(
+        stderr(&o).contains(&format!("next offset {size}")),
+        "{}",
+        stderr(&o)
+    );
+    // SAFETY: getrusage only writes into the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN covers the berth processes this test waited for.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    assert_eq!(rc, 0);
+    let max_rss_mib = ru.ru_maxrss / 1024;
+    assert!(
+        max_rss_mib < 64,
+        "a berth process peaked at {max_rss_mib} MiB while paging {} MiB",
+        size >> 20
+    );
+    Ok(())
+}
