@@ -67,7 +67,10 @@ pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> 
             let mut b = docker::DockerBackend::connect().await?;
             if let Some(sink) = ctx.progress.clone() {
                 b = b.with_progress(Arc::new(move |p: docker::BuildProgress| {
-                    sink(&p.to_string())
+                    // Only an actual build is news when a sandbox is provisioned.
+                    if !matches!(p, docker::BuildProgress::Done { reused: true, .. }) {
+                        sink(&p.to_string())
+                    }
                 }));
             }
             Ok(Arc::new(b))
