@@ -224,10 +224,14 @@ async fn gc_removes_exited_containers_only() -> TestResult {
     b.client()
         .stop_container(&container_name(stopped.name()), None)
         .await?;
+    // Only this test's sandboxes: other tests stop and restart theirs meanwhile.
+    let mine = [running.name().to_string(), stopped.name().to_string()];
+    let select = |n: &str| mine.iter().any(|m| m == n);
     // A long threshold keeps the freshly stopped one.
-    let r = b.gc(Duration::from_secs(3600)).await?;
+    let r = b.gc_where(Duration::from_secs(3600), select).await?;
     assert!(!r.removed.iter().any(|n| n == stopped.name()));
-    let r = b.gc(Duration::ZERO).await?;
+    assert_eq!(r.kept, 2);
+    let r = b.gc_where(Duration::ZERO, select).await?;
     assert!(r.removed.iter().any(|n| n == stopped.name()), "{r:?}");
     assert!(!r.removed.iter().any(|n| n == running.name()), "{r:?}");
     assert!(running.alive().await?);

@@ -154,11 +154,23 @@ impl DockerBackend {
     /// than `older_than` ago. Volumes are kept: `provision` brings the sandbox
     /// back on them, and `remove` with volumes deletes them for good.
     pub async fn gc(&self, older_than: Duration) -> Result<GcReport> {
+        self.gc_where(older_than, |_| true).await
+    }
+
+    /// [`gc`](Self::gc), limited to the sandboxes whose names pass `select`.
+    pub async fn gc_where(
+        &self,
+        older_than: Duration,
+        select: impl Fn(&str) -> bool + Send,
+    ) -> Result<GcReport> {
         let now = now_unix();
         let cutoff = now - older_than.as_secs().min(i64::MAX as u64) as i64;
         let mut report = GcReport::default();
         for c in self.berth_containers().await? {
             let name = label_name(&c.labels);
+            if !select(&name) {
+                continue;
+            }
             let id = c.id.clone().unwrap_or_default();
             let state = c.state.map(|s| s.to_string()).unwrap_or_default();
             if !matches!(state.as_str(), "exited" | "dead" | "created") {
