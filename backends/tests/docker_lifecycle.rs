@@ -129,6 +129,15 @@ async fn files_round_trip_through_the_archive_api() -> TestResult {
         Err(Error::InvalidInput(msg)) => assert!(msg.contains("directory"), "{msg}"),
         other => return Err(format!("a directory read gave {other:?}").into()),
     }
+    // Symlinks are followed, relative and absolute.
+    let os = sb.read_file("/etc/os-release", 4096).await?;
+    assert!(String::from_utf8_lossy(&os).contains("bookworm"));
+    sh(
+        &*sb,
+        "ln -s deep/er/blob.bin /workspace/link; ln -s /workspace/link /tmp/link2",
+    )
+    .await?;
+    assert_eq!(sb.read_file("/tmp/link2", 10).await?, &data[..10]);
     // The sandbox user cannot write where it has no permission.
     assert!(
         sb.write_file("/etc/forbidden/x", b"x", 0o644)

@@ -19,9 +19,42 @@ use berth_core::backend::{Sandbox, SpawnOpts};
 /// Room for tar headers (including PAX headers for long names) beyond the data.
 const HEADER_ROOM: u64 = 64 * 1024;
 
+/// How many symlinks a read follows before giving up.
+const MAX_LINKS: usize = 16;
+
 pub(crate) async fn read_file(sb: &DockerSandbox, path: &str, limit: u64) -> Result<Vec<u8>> {
-    let full = sb.resolve(path);
-    let opts = DownloadFromContainerOptions { path: full.clone() };
+    let mut full = sb.resolve(path);
+    // The archive API hands a symlink over as a link: follow it ourselves.
+    for _ in 0..MAX_LINKS {
+        match read_entry(sb, path, &full, limit).await? {
+            Entry::Data(d) => return Ok(d),
+            Entry::Link(target) => full = link_target(&full, &target),
+        }
+    }
+    Err(Error::InvalidInput(format!(
+        "`{path}`: more than {MAX_LINKS} levels of symbolic links"
+    )))
+}
+
+/// Where a symlink at `at` pointing to `target` leads.
+fn link_target(at: &str, target: &str) -> String {
+    if target.starts_with('/') {
+        return target.to_string();
+    }
+    let dir = at.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+    format!("{dir}/{target}")
+}
+
+/// What the archive held at a path.
+enum Entry {
+    Data(Vec<u8>),
+    Link(String),
+}
+
+async fn read_entry(sb: &DockerSandbox, path: &str, full: &str, limit: u64) -> Result<Entry> {
+    let opts = DownloadFromContainerOptions {
+        path: full.to_string(),
+    };
     let mut stream = sb.docker.download_from_container(&sb.container, Some(opts));
     let want = limit.saturating_add(HEADER_ROOM);
     let mut tar = Vec::new();
@@ -39,8 +72,9 @@ pub(crate) async fn read_file(sb: &DockerSandbox, path: &str, limit: u64) -> Res
     extract_first(&tar, path, limit)
 }
 
-/// The content of the archive's first entry, which must be a regular file.
-fn extract_first(tar: &[u8], path: &str, limit: u64) -> Result<Vec<u8>> {
+/// The content of the archive's first entry (a regular file), or where it
+/// links to (a symlink).
+fn extract_first(tar: &[u8], path: &str, limit: u64) -> Result<Entry> {
     let mut archive = tar::Archive::new(tar);
     let bad = |e: std::io::Error| Error::Backend {
         backend: super::KIND,
@@ -61,17 +95,25 @@ fn extract_first(tar: &[u8], path: &str, limit: u64) -> Result<Vec<u8>> {
             "`{path}` is a directory, not a file"
         )));
     }
+    if kind.is_symlink() {
+        let target = entry
+            .link_name()
+            .map_err(bad)?
+            .map(|t| t.to_string_lossy().into_owned())
+            .ok_or_else(|| bad(std::io::Error::other("a symlink without a target")))?;
+        return Ok(Entry::Link(target));
+    }
     if !kind.is_file() {
         return Err(Error::InvalidInput(format!(
-            "`{path}` is not a regular file (a symlink to one is read through its target path)"
+            "`{path}` is not a regular file"
         )));
     }
     let mut out = Vec::new();
     // A short read means the download stopped at `limit`, as intended.
     let mut limited = entry.take(limit);
     match limited.read_to_end(&mut out) {
-        Ok(_) => Ok(out),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(out),
+        Ok(_) => Ok(Entry::Data(out)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Entry::Data(out)),
         Err(e) => Err(bad(e)),
     }
 }
@@ -190,10 +232,25 @@ mod tests {
     fn tar_round_trip_and_limit() -> Result<()> {
         let tar = build_tar("f.bin", b"\x00\xffhello", 0o640, 1000, 1000)
             .map_err(|e| Error::stream("t", e))?;
-        assert_eq!(extract_first(&tar, "f", 100)?, b"\x00\xffhello");
-        assert_eq!(extract_first(&tar, "f", 3)?, b"\x00\xffh");
+        let data = |t: &[u8], limit| match extract_first(t, "f", limit) {
+            Ok(Entry::Data(d)) => Ok(d),
+            Ok(Entry::Link(l)) => Err(Error::InvalidInput(format!("a link to {l}"))),
+            Err(e) => Err(e),
+        };
+        assert_eq!(data(&tar, 100)?, b"\x00\xffhello");
+        assert_eq!(data(&tar, 3)?, b"\x00\xffh");
         // A download cut right after `limit` bytes still yields them.
-        assert_eq!(extract_first(&tar[..512 + 4], "f", 4)?, b"\x00\xffhe");
+        assert_eq!(data(&tar[..512 + 4], 4)?, b"\x00\xffhe");
         Ok(())
+    }
+
+    #[test]
+    fn links_resolve_against_their_directory() {
+        assert_eq!(
+            link_target("/etc/os-release", "../usr/lib/os-release"),
+            "/etc/../usr/lib/os-release"
+        );
+        assert_eq!(link_target("/a/b", "/abs"), "/abs");
+        assert_eq!(link_target("/a/b", "c"), "/a/c");
     }
 }
