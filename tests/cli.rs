@@ -302,3 +302,18 @@ fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn exec_background_starts_a_job_with_the_session_state() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    berth(dir.path(), &["exec", "--", "cd /tmp && export BG=yes"])?;
+    let o = berth(dir.path(), &["exec", "--background", "--", "echo $BG $PWD"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    assert!(id.starts_with('j'), "{id}");
+    let o = berth(dir.path(), &["job", "wait", &id, "--timeout", "60"])?;
+    assert_eq!(o.status.code(), Some(0));
+    let o = berth(dir.path(), &["job", "logs", &id])?;
+    assert_eq!(stdout(&o), "yes /tmp\n");
+    Ok(())
+}

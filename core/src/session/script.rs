@@ -4,7 +4,8 @@
 //! ```text
 //! __b\n                         <- runs `IFS= read -r -d '' __berth_c` and notes the start
 //! <command text>\0              <- consumed by that `read`, never parsed as script
-//! eval "$__berth_c" <IN 2>&1;__berth_post $? <nonce> <snapshot?>\n
+//! __berth_run <nonce> <snapshot?>\n   <- an alias for:
+//!        eval "$__berth_c" </dev/null 2>&1;__berth_post $? <nonce> <snapshot?>
 //! ```
 //! A NUL can never occur inside bash text (bash strings cannot hold one), so it is
 //! a perfect terminator: unlike `read -N <len>`, it does not depend on the locale's
@@ -81,20 +82,23 @@ __berth_post() {
   [ "$3" = 0 ] || __berth_snap
   printf '\036%s:%s:%s:%s\036' "$2" "$1" "$PWD" "$2"
 }
+alias __berth_run='eval "$__berth_c" </dev/null 2>&1;__berth_post $? '
+alias __berth_run_in='eval "$__berth_c" <"$__berth_dir/stdin" 2>&1;__berth_post $? '
 "#;
 
-/// The line that runs the command just read into `__berth_c`.
+/// The line that runs the command just read into `__berth_c`, its stdin
+/// `/dev/null` or the file `<berth_dir>/stdin`. It is an alias, expanded by the
+/// parser at top level (so `cd`, `declare` and friends act on the shell) while
+/// bash reads only a few bytes of it.
 /// With `snapshot` false the shell's state is not written (the handshake: a blank
 /// shell must never overwrite the snapshot it is about to be restored from).
-pub fn run_line(nonce: &str, stdin_path: Option<&str>, snapshot: bool) -> String {
-    let input = match stdin_path {
-        Some(p) => quote(p),
-        None => "/dev/null".to_string(),
+pub fn run_line(nonce: &str, stdin: bool, snapshot: bool) -> String {
+    let alias = if stdin {
+        "__berth_run_in"
+    } else {
+        "__berth_run"
     };
-    format!(
-        "eval \"$__berth_c\" <{input} 2>&1;__berth_post $? {nonce} {}\n",
-        u8::from(snapshot)
-    )
+    format!("{alias} {nonce} {}\n", u8::from(snapshot))
 }
 
 /// The line that reads the next command text up to its NUL and notes its start.
