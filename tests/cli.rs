@@ -269,7 +269,7 @@ fn a_job_outlives_a_kill_9_of_berth() -> TestResult {
 #[test]
 fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let size: u64 = 300 * 1024 * 1024;
+    let size: u64 = 1024 * 1024 * 1024;
     let o = berth(
         dir.path(),
         &["job", "start", "--", &format!("head -c {size} /dev/zero")],
