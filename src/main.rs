@@ -10,6 +10,7 @@ mod cmd_image;
 mod cmd_job;
 mod cmd_sandbox;
 mod context;
+mod mcp;
 mod shell;
 
 use std::path::PathBuf;
@@ -65,6 +66,8 @@ enum Command {
     Sandbox(cmd_sandbox::SandboxCmd),
     /// Show the event log: every call with its exit code, duration and output size.
     Events(cmd_events::EventsArgs),
+    /// Serve berth's tools (terminal, process, read_file, write_file) over MCP on stdio.
+    Mcp(mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
     /// The docker sandbox image.
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
             Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
             Command::Image(c) => cmd_image::run(c).await,
+            Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
         }
     });
     // Don't wait for detached readers of dead processes.

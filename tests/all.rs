@@ -8,6 +8,7 @@
 mod support;
 
 mod cli;
+mod mcp;
 #[macro_use]
 mod conformance;
 #[macro_use]

@@ -269,7 +269,7 @@ fn a_job_outlives_a_kill_9_of_berth() -> TestResult {
 #[test]
 fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let size: u64 = 300 * 1024 * 1024;
+    let size: u64 = 1024 * 1024 * 1024;
     let o = berth(
         dir.path(),
         &["job", "start", "--", &format!("head -c {size} /dev/zero")],
@@ -347,5 +347,20 @@ fn docker_sandbox_create_exec_ls_gc_rm() -> TestResult {
         "{}",
         stdout(&o)
     );
+    Ok(())
+}
+
+#[test]
+fn exec_background_starts_a_job_with_the_session_state() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    berth(dir.path(), &["exec", "--", "cd /tmp && export BG=yes"])?;
+    let o = berth(dir.path(), &["exec", "--background", "--", "echo $BG $PWD"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    assert!(id.starts_with('j'), "{id}");
+    let o = berth(dir.path(), &["job", "wait", &id, "--timeout", "60"])?;
+    assert_eq!(o.status.code(), Some(0));
+    let o = berth(dir.path(), &["job", "logs", &id])?;
+    assert_eq!(stdout(&o), "yes /tmp\n");
     Ok(())
 }
