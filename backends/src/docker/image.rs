@@ -395,8 +395,8 @@ async fn bootstrap(
         .arg(&recipe.mirror);
     let mut count = 0usize;
     run_tool(cmd, "debootstrap", None, |line| {
-        if let Some(pkg) = line.strip_prefix("I: Retrieving ") {
-            if pkg != "Release" && pkg != "Release.gpg" && pkg != "Packages" && pkg != "InRelease" {
+        if let Some(pkg) = line.strip_prefix("I: Retrieving ").map(str::trim) {
+            if !matches!(pkg, "Release" | "Release.gpg" | "Packages" | "InRelease") {
                 count += 1;
                 emit(
                     progress,
