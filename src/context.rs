@@ -45,6 +45,8 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     let store = Store::open(&dir)?;
     let ctx = BackendContext {
         state_dir: dir.clone(),
+        // A first docker sandbox builds its image: say what is happening.
+        progress: Some(Arc::new(|line: &str| eprintln!("berth: image: {line}"))),
         ..Default::default()
     };
     Ok(Runtime::new(

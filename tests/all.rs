@@ -15,4 +15,6 @@ mod conformance;
 mod jobs;
 
 conformance_suite!(local, crate::support::local_harness);
+conformance_suite!(docker, crate::support::docker_harness);
 jobs_suite!(local_jobs, crate::support::local_harness);
+jobs_suite!(docker_jobs, crate::support::docker_harness);
