@@ -226,13 +226,17 @@ async fn a_cut_exec_stream_is_reported_and_the_session_recovers() -> TestResult 
         "a cut stream cannot deliver the end marker"
     );
     assert!(!r.output.text().contains("finished"));
+    assert_eq!(r.exit_code, -1, "a cut command has no exit code");
     assert!(
-        r.notices.iter().any(|n| n.contains("new shell restored")),
+        r.notices
+            .iter()
+            .any(|n| n.contains("new shell restored") && n.contains("was cut")),
         "{:?}",
         r.notices
     );
     let r = s.exec("echo $CUT; pwd", ExecOpts::default()).await?;
     assert_eq!(r.output.text(), "survived\n/tmp\n");
+    assert!(r.restored_from.is_some());
     s.close().await;
     Ok(())
 }

@@ -101,7 +101,13 @@ pub(crate) async fn spawn(
     let (out_tx, out_rx) = mpsc::channel(CHANNEL_CHUNKS);
     let (err_tx, err_rx) = mpsc::channel(CHANNEL_CHUNKS);
     let done = Arc::new(Done::default());
-    let pump = tokio::spawn(pump(output, out_tx, err_tx, done.clone()));
+    let pump = tokio::spawn(pump(
+        output,
+        out_tx,
+        err_tx,
+        done.clone(),
+        (sb.docker.clone(), exec.id.clone()),
+    ));
     debug!(sandbox = %sb.name, exec = %exec.id, program = %program, "spawned exec");
     Ok(Box::new(DockerProcess {
         docker: sb.docker.clone(),
@@ -180,6 +186,8 @@ fn classify_start_error(
 #[derive(Default)]
 struct Done {
     flag: AtomicBool,
+    /// The stream ended while the exec still ran: the connection was cut.
+    cut: AtomicBool,
     notify: Notify,
 }
 
@@ -196,6 +204,7 @@ async fn pump(
     out: mpsc::Sender<io::Result<Bytes>>,
     err: mpsc::Sender<io::Result<Bytes>>,
     done: Arc<Done>,
+    exec: (Docker, String),
 ) {
     let mut dropped = 0usize;
     while let Some(item) = output.next().await {
@@ -225,6 +234,17 @@ async fn pump(
     if dropped > 0 {
         warn!(bytes = dropped, "dropped stderr nobody was reading");
     }
+    // The daemon records an exec's exit before it closes the exec's stream, so
+    // an exec still running now lost its stream: it was cut. Look before the
+    // readers see end-of-file, so `wait` already knows.
+    let (docker, id) = exec;
+    if let Ok(info) = docker.inspect_exec(&id).await
+        && info.running == Some(true)
+    {
+        debug!(exec = %id, "exec stream ended while the process runs: cut");
+        done.cut.store(true, Ordering::SeqCst);
+    }
+    drop((out, err));
     done.flag.store(true, Ordering::SeqCst);
     done.notify.notify_waiters();
 }
@@ -280,6 +300,20 @@ struct DockerProcess {
     done: Arc<Done>,
 }
 
+/// The exec's connection to the daemon broke while its process ran: how the
+/// process ends can no longer be seen.
+fn cut_error(sandbox: &str) -> Error {
+    Error::stream(
+        "waiting for a process in the docker sandbox",
+        io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            format!(
+                "the exec's stream from the Docker daemon was cut while its process in sandbox `{sandbox}` still ran; its exit status is unknown"
+            ),
+        ),
+    )
+}
+
 /// How long to watch a container after one of its execs was killed.
 const CONTAINER_STOP_WATCH: Duration = Duration::from_millis(500);
 
@@ -313,12 +347,16 @@ impl Process for DockerProcess {
     }
 
     /// Wait until the daemon reports the exec finished, and return its exit code.
-    /// The end of the output stream is only a hint (a cut stream ends too), so
-    /// the exec's own state decides.
+    /// The end of the output stream is only a hint, so the exec's own state
+    /// decides; a stream that ended while the exec still ran was cut, and its
+    /// status is reported as unknown (an error) rather than guessed.
     async fn wait(&mut self) -> Result<ExitStatus> {
         let mut pause = Duration::from_millis(2);
         let mut ended: Option<Instant> = None;
         loop {
+            if self.done.cut.load(Ordering::SeqCst) {
+                return Err(cut_error(&self.sandbox));
+            }
             let info = match self.docker.inspect_exec(&self.exec_id).await {
                 Ok(i) => i,
                 Err(e) if status_of(&e) == Some(404) => {
@@ -371,16 +409,7 @@ impl Process for DockerProcess {
             } else {
                 let since = *ended.get_or_insert_with(Instant::now);
                 if since.elapsed() > STREAM_END_GRACE {
-                    return Err(Error::stream(
-                        "waiting for a process in the docker sandbox",
-                        io::Error::new(
-                            io::ErrorKind::ConnectionAborted,
-                            format!(
-                                "the exec's stream ended (cut?) but its process in sandbox `{}` is still running",
-                                self.sandbox
-                            ),
-                        ),
-                    ));
+                    return Err(cut_error(&self.sandbox));
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
