@@ -34,6 +34,11 @@ const KIND: &str = "local";
 /// The PATH every local sandbox process starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// In a wrapper argv, replaced by the sandbox's directory at spawn time.
+pub const WRAPPER_SANDBOX_DIR: &str = "{sandbox_dir}";
+/// In a wrapper argv, replaced by the sandbox's name at spawn time.
+pub const WRAPPER_SANDBOX: &str = "{sandbox}";
+
 /// The local backend.
 pub struct LocalBackend {
     root: PathBuf,
@@ -285,11 +290,19 @@ impl Sandbox for LocalSandbox {
                 detail: format!("working directory {cwd} does not exist"),
             });
         }
-        let full: Vec<&String> = match &self.wrapper {
-            Some(w) => w.iter().chain(argv.iter()).collect(),
-            None => argv.iter().collect(),
+        // The wrapper may name the sandbox with `{sandbox}` and `{sandbox_dir}`.
+        let full: Vec<String> = match &self.wrapper {
+            Some(w) => w
+                .iter()
+                .map(|a| {
+                    a.replace(WRAPPER_SANDBOX_DIR, &self.dir.display().to_string())
+                        .replace(WRAPPER_SANDBOX, &self.name)
+                })
+                .chain(argv.iter().cloned())
+                .collect(),
+            None => argv.to_vec(),
         };
-        let mut cmd = Command::new(full[0]);
+        let mut cmd = Command::new(&full[0]);
         cmd.args(&full[1..])
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
