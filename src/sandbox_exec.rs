@@ -154,9 +154,7 @@ fn run(args: Vec<OsString>) -> Result<Never, Failure> {
         if let Some(dir) = pids_cgroup_dir(&args.name)
             && dir.exists()
         {
-            std::fs::remove_dir(&dir).map_err(|e| {
-                Failure::Setup(format!("removing pids cgroup {}: {e}", dir.display()))
-            })?;
+            remove_cgroup(&dir)?;
         }
         std::process::exit(0);
     }
@@ -310,6 +308,37 @@ fn pids_cgroup_dir(name: &str) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// Kill whatever still runs in the sandbox's cgroup, then remove it.
+fn remove_cgroup(dir: &Path) -> Result<(), Failure> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let pids: Vec<i32> = procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        for pid in &pids {
+            // SAFETY: kill takes plain integers; a pid that already exited gives ESRCH.
+            unsafe {
+                libc::kill(*pid, libc::SIGKILL);
+            }
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(Failure::Setup(format!(
+                    "removing pids cgroup {}: {e} (processes still in {}/cgroup.procs)",
+                    dir.display(),
+                    dir.display()
+                )));
+            }
+            // Killed processes leave the cgroup once reaped; try again shortly.
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
 }
 
 fn set_rlimits(profile: &SandboxProfile) -> Result<(), Failure> {

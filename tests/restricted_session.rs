@@ -1,0 +1,106 @@
+//! The persistent session engine over the local backend with every process
+//! run through `berth __sandbox-exec`: state persists, timeouts kill the tree,
+//! a new session restores from the snapshot, and the restrictions hold.
+//! Kernel-dependent like `sandbox_escape.rs`: on a kernel that cannot enforce
+//! the profile the wrapper refuses and this test fails with its message.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // in tests a panic is the failure report
+
+use std::time::Duration;
+
+use berth_backends::local::{LocalBackend, WRAPPER_SANDBOX, WRAPPER_SANDBOX_DIR};
+use berth_core::backend::{Backend, SandboxSpec};
+use berth_core::session::{ExecOpts, Session, SessionConfig};
+
+const BERTH: &str = env!("CARGO_BIN_EXE_berth");
+
+fn wrapped(state: &std::path::Path) -> LocalBackend {
+    let wrapper = [
+        BERTH,
+        "__sandbox-exec",
+        "--policy",
+        r#"{"rlimits":{"pids":256}}"#,
+        "--sandbox-dir",
+        WRAPPER_SANDBOX_DIR,
+        "--name",
+        WRAPPER_SANDBOX,
+        "--",
+    ];
+    LocalBackend::new(state).with_wrapper(wrapper.iter().map(|s| s.to_string()).collect())
+}
+
+#[tokio::test]
+async fn a_restricted_session_keeps_its_state_and_its_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("rs{}", std::process::id());
+    let backend = wrapped(dir.path());
+    let sb = backend
+        .provision(&SandboxSpec::named(&name))
+        .await
+        .unwrap()
+        .sandbox;
+    let mut s = Session::open(sb.clone(), SessionConfig::named("t"))
+        .await
+        .unwrap();
+    let r = s
+        .exec(
+            "mkdir -p sub && cd sub && export A=1; echo hi > f",
+            ExecOpts::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.output.text());
+    let r = s
+        .exec("pwd; echo $A; cat f", ExecOpts::default())
+        .await
+        .unwrap();
+    assert!(
+        r.output.text().ends_with("/work/sub\n1\nhi\n"),
+        "{}",
+        r.output.text()
+    );
+    let r = s
+        .exec(
+            "touch /tmp/berth-session-escape; echo rc=$?",
+            ExecOpts::default(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        r.output.text().contains("Permission denied"),
+        "{}",
+        r.output.text()
+    );
+    assert!(!std::path::Path::new("/tmp/berth-session-escape").exists());
+    let r = s
+        .exec(
+            "sleep 100 & sleep 100",
+            ExecOpts {
+                timeout: Some(Duration::from_millis(300)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(r.timed_out);
+    let r = s.exec("echo still $A", ExecOpts::default()).await.unwrap();
+    assert_eq!(r.output.text(), "still 1\n");
+    drop(s);
+    // A new session (as after a berth restart) restores cwd and env, still confined.
+    let mut s = Session::open(sb.clone(), SessionConfig::named("t"))
+        .await
+        .unwrap();
+    let r = s
+        .exec(
+            "pwd; echo $A; grep -c . /proc/self/status >/dev/null; grep Seccomp: /proc/self/status",
+            ExecOpts::default(),
+        )
+        .await
+        .unwrap();
+    let out = r.output.text();
+    assert!(out.contains("/work/sub\n1\n"), "{out} {:?}", r.notices);
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    drop(s);
+    let _ = std::process::Command::new(BERTH)
+        .args(["__sandbox-exec", "--name", &name, "--remove-cgroup"])
+        .status();
+}
