@@ -466,10 +466,10 @@ fn apply_landlock(profile: &SandboxProfile, abi_num: i64) -> Result<(), Failure>
             .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
             .map_err(ll)?;
     }
+    // Not Scope::Signal: the session engine stops a command's tree from a
+    // second spawn, which is a sibling domain and would be refused.
     if abi_num >= 6 {
-        ruleset = ruleset
-            .scope(Scope::Signal | Scope::AbstractUnixSocket)
-            .map_err(ll)?;
+        ruleset = ruleset.scope(Scope::AbstractUnixSocket).map_err(ll)?;
     }
     let present =
         |v: &Vec<PathBuf>| -> Vec<PathBuf> { v.iter().filter(|p| p.exists()).cloned().collect() };

@@ -73,7 +73,7 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
     assert!(!std::path::Path::new("/tmp/berth-session-escape").exists());
     let r = s
         .exec(
-            "sleep 100 & sleep 100",
+            "sleep 100 > /dev/null & sleep 100",
             ExecOpts {
                 timeout: Some(Duration::from_millis(300)),
                 ..Default::default()
