@@ -526,6 +526,21 @@ fn apply_seccomp(profile: &SandboxProfile) -> Result<(), Failure> {
         }
     }
     rules.insert(libc::SYS_socket, socket_rules);
+    // Landlock does not cover mode changes, so refuse setuid/setgid bits
+    // outright: nothing in a sandbox has a reason to plant them.
+    let mut chmods = vec![(libc::SYS_fchmod, 1u8), (libc::SYS_fchmodat, 2u8)];
+    #[cfg(target_arch = "x86_64")]
+    chmods.push((libc::SYS_chmod, 1u8));
+    for (nr, arg) in chmods {
+        let mut r = Vec::new();
+        for bits in [0o4000u64, 0o2000, 0o6000] {
+            r.push(
+                SeccompRule::new(vec![cond(arg, SeccompCmpOp::MaskedEq(0o6000), bits)?])
+                    .map_err(sc)?,
+            );
+        }
+        rules.insert(nr, r);
+    }
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| Failure::Unsupported(format!("seccomp on {}: {e}", std::env::consts::ARCH)))?;
     let filter = SeccompFilter::new(

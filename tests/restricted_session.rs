@@ -32,6 +32,7 @@ fn wrapped(state: &std::path::Path) -> LocalBackend {
 async fn a_restricted_session_keeps_its_state_and_its_limits() {
     let dir = tempfile::tempdir().unwrap();
     let name = format!("rs{}", std::process::id());
+    let _guard = CgroupGuard(name.clone());
     let backend = wrapped(dir.path());
     let sb = backend
         .provision(&SandboxSpec::named(&name))
@@ -60,7 +61,7 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
     );
     let r = s
         .exec(
-            "touch /tmp/berth-session-escape; echo rc=$?",
+            &format!("echo x > /tmp/berth-session-escape-{name}; echo rc=$?"),
             ExecOpts::default(),
         )
         .await
@@ -70,7 +71,7 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
         "{}",
         r.output.text()
     );
-    assert!(!std::path::Path::new("/tmp/berth-session-escape").exists());
+    assert!(!std::path::Path::new(&format!("/tmp/berth-session-escape-{name}")).exists());
     let r = s
         .exec(
             "sleep 100 > /dev/null & sleep 100",
@@ -99,8 +100,15 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
     let out = r.output.text();
     assert!(out.contains("/work/sub\n1\n"), "{out} {:?}", r.notices);
     assert!(out.contains("Seccomp:\t2"), "{out}");
-    drop(s);
-    let _ = std::process::Command::new(BERTH)
-        .args(["__sandbox-exec", "--name", &name, "--remove-cgroup"])
-        .status();
+}
+
+/// Removes the sandbox's pids cgroup even when the test fails.
+struct CgroupGuard(String);
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(BERTH)
+            .args(["__sandbox-exec", "--name", &self.0, "--remove-cgroup"])
+            .status();
+    }
 }

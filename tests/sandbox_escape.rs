@@ -347,6 +347,30 @@ fn ptrace_of_a_sibling_is_denied() {
 }
 
 #[test]
+fn setuid_bits_cannot_be_planted() {
+    let sb = Sandbox::new();
+    let o = sb.run("cp /bin/true t && chmod 755 t && echo MODE_OK; chmod u+s t && echo SUID; chmod g+s t && echo SGID; stat -c %a t");
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("MODE_OK") && out.ends_with("755\n"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        !out.contains("SUID") && !out.contains("SGID"),
+        "{}",
+        text(&o)
+    );
+    let o = sb.unrestricted("chmod u+s t && echo SUID");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("SUID"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn mount_and_namespaces_are_denied() {
     let sb = Sandbox::new();
     let o = sb.run(
