@@ -10,4 +10,6 @@ pub mod error;
 pub mod gate;
 pub mod session;
 
+pub mod runtime;
+pub mod store;
 pub use error::{Error, Result};
