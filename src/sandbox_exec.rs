@@ -23,6 +23,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use berth_backends::local_cgroup;
 use berth_policies::{LocalPolicy, SandboxProfile};
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
@@ -83,7 +84,7 @@ struct Args {
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Args, Failure> {
-    let usage = "usage: berth __sandbox-exec [--policy JSON] --sandbox-dir DIR --name NAME [--unrestricted] -- ARGV... | --name NAME --remove-cgroup";
+    let usage = "usage: berth __sandbox-exec [--policy JSON] --sandbox-dir DIR --name NAME [--unrestricted] -- ARGV... | --sandbox-dir DIR --name NAME --remove-cgroup";
     let mut policy = LocalPolicy::default();
     let mut sandbox_dir = None;
     let mut name = None;
@@ -122,15 +123,8 @@ fn parse_args(args: Vec<OsString>) -> Result<Args, Failure> {
     if argv.is_empty() && !remove_cgroup {
         return Err(Failure::Setup(format!("no program to run; {usage}")));
     }
-    let sandbox_dir = match sandbox_dir {
-        Some(d) => d,
-        None if remove_cgroup => PathBuf::new(),
-        None => {
-            return Err(Failure::Setup(format!(
-                "--sandbox-dir is required; {usage}"
-            )));
-        }
-    };
+    let sandbox_dir =
+        sandbox_dir.ok_or_else(|| Failure::Setup(format!("--sandbox-dir is required; {usage}")))?;
     let name = name.unwrap_or_else(|| {
         sandbox_dir
             .file_name()
@@ -150,11 +144,11 @@ fn parse_args(args: Vec<OsString>) -> Result<Args, Failure> {
 fn run(args: Vec<OsString>) -> Result<Never, Failure> {
     let args = parse_args(args)?;
     if args.remove_cgroup {
-        // `--name N --remove-cgroup`: called when a sandbox is removed.
-        if let Some(dir) = pids_cgroup_dir(&args.name)
-            && dir.exists()
-        {
-            remove_cgroup(&dir)?;
+        // `--sandbox-dir D --name N --remove-cgroup`: clean up after a sandbox.
+        if let Some(dir) = local_cgroup::dir_for(&args.name, &args.sandbox_dir) {
+            local_cgroup::remove(&dir).map_err(|e| {
+                Failure::Setup(format!("removing pids cgroup {}: {e}", dir.display()))
+            })?;
         }
         std::process::exit(0);
     }
@@ -171,7 +165,7 @@ fn run(args: Vec<OsString>) -> Result<Never, Failure> {
         .profile(&args.name, &args.sandbox_dir, |p: &Path| p.exists());
     let abi = landlock_abi();
     check_support(&profile, abi)?;
-    join_pids_cgroup(&profile)?;
+    join_pids_cgroup(&profile, &args.sandbox_dir)?;
     set_rlimits(&profile)?;
     drop_capabilities()?;
     set_no_new_privs()?;
@@ -227,18 +221,16 @@ fn check_support(profile: &SandboxProfile, abi: i64) -> Result<(), Failure> {
 
 /// Root is exempt from RLIMIT_NPROC, so for root the process bound comes from
 /// a pids cgroup shared by the whole sandbox. Without one, root is refused.
-fn join_pids_cgroup(profile: &SandboxProfile) -> Result<(), Failure> {
+fn join_pids_cgroup(profile: &SandboxProfile, sandbox_dir: &Path) -> Result<(), Failure> {
     let max = profile.rlimits.pids;
     if max == 0 {
         return Ok(());
     }
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    match pids_cgroup_dir(&profile.name) {
+    match local_cgroup::dir_for(&profile.name, sandbox_dir) {
         Some(dir) => {
-            let joined = std::fs::create_dir_all(&dir)
-                .and_then(|()| std::fs::write(dir.join("pids.max"), max.to_string()))
-                .and_then(|()| std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string()));
+            let joined = local_cgroup::join(&dir, max);
             match joined {
                 Ok(()) => Ok(()),
                 Err(e) if root => Err(Failure::Unsupported(format!(
@@ -252,92 +244,6 @@ fn join_pids_cgroup(profile: &SandboxProfile) -> Result<(), Failure> {
             "cannot bound processes for root: no writable pids cgroup controller is mounted, and RLIMIT_NPROC does not apply to root; run berth as a non-root user, mount the pids controller, or set `rlimits.pids = 0` under [local] to accept no bound".into(),
         )),
         None => Ok(()),
-    }
-}
-
-/// `<pids controller mount>/<our cgroup>/berth-<name>`, if a pids controller is mounted.
-fn pids_cgroup_dir(name: &str) -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let leaf = format!("berth-{name}");
-    // cgroup v1 with a pids hierarchy.
-    for line in mountinfo.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut post_f = post.split_whitespace();
-        let fstype = post_f.next()?;
-        let opts = post_f.nth(1).unwrap_or("");
-        let mount_point = pre.split_whitespace().nth(4)?;
-        if fstype == "cgroup" && opts.split(',').any(|o| o == "pids") {
-            let rel = cgroups
-                .lines()
-                .find_map(|l| {
-                    let mut f = l.splitn(3, ':');
-                    let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-                    ctrl.split(',')
-                        .any(|c| c == "pids")
-                        .then(|| path.to_string())
-                })
-                .unwrap_or_else(|| "/".into());
-            return Some(
-                Path::new(mount_point)
-                    .join(rel.trim_start_matches('/'))
-                    .join(leaf),
-            );
-        }
-    }
-    // cgroup v2 with the pids controller enabled for children.
-    for line in mountinfo.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        if post.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let mount_point = pre.split_whitespace().nth(4)?;
-        let rel = cgroups
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap_or("/");
-        let parent = Path::new(mount_point).join(rel.trim_start_matches('/'));
-        let control =
-            std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
-        if control.split_whitespace().any(|c| c == "pids") {
-            return Some(parent.join(leaf));
-        }
-    }
-    None
-}
-
-/// Kill whatever still runs in the sandbox's cgroup, then remove it.
-fn remove_cgroup(dir: &Path) -> Result<(), Failure> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        let pids: Vec<i32> = procs
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        for pid in &pids {
-            // SAFETY: kill takes plain integers; a pid that already exited gives ESRCH.
-            unsafe {
-                libc::kill(*pid, libc::SIGKILL);
-            }
-        }
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if std::time::Instant::now() >= deadline => {
-                return Err(Failure::Setup(format!(
-                    "removing pids cgroup {}: {e} (processes still in {}/cgroup.procs)",
-                    dir.display(),
-                    dir.display()
-                )));
-            }
-            // Killed processes leave the cgroup once reaped; try again shortly.
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-        }
     }
 }
 

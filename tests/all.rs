@@ -3,11 +3,16 @@
 //! - `conformance`: one set of assertions about the session engine, run against
 //!   every backend; a backend joins by adding one `conformance_suite!` line.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
+//! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
+//!   (kernel-dependent: they fail, naming the missing feature, on a kernel
+//!   without Landlock ABI >= 4, seccomp or, as root, a pids cgroup).
 
 mod support;
 
 mod cli;
 #[macro_use]
 mod conformance;
+mod restricted_session;
+mod sandbox_escape;
 
 conformance_suite!(local, crate::support::local_harness);

@@ -32,7 +32,10 @@ fn wrapped(state: &std::path::Path) -> LocalBackend {
 async fn a_restricted_session_keeps_its_state_and_its_limits() {
     let dir = tempfile::tempdir().unwrap();
     let name = format!("rs{}", std::process::id());
-    let _guard = CgroupGuard(name.clone());
+    let _guard = CgroupGuard(
+        dir.path().join("sandboxes").join("local").join(&name),
+        name.clone(),
+    );
     let backend = wrapped(dir.path());
     let sb = backend
         .provision(&SandboxSpec::named(&name))
@@ -102,13 +105,13 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
     assert!(out.contains("Seccomp:\t2"), "{out}");
 }
 
-/// Removes the sandbox's pids cgroup even when the test fails.
-struct CgroupGuard(String);
+/// Removes the sandbox (and so its pids cgroup) even when the test fails.
+struct CgroupGuard(std::path::PathBuf, String);
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        let _ = std::process::Command::new(BERTH)
-            .args(["__sandbox-exec", "--name", &self.0, "--remove-cgroup"])
-            .status();
+        if let Some(cg) = berth_backends::local_cgroup::dir_for(&self.1, &self.0) {
+            let _ = berth_backends::local_cgroup::remove(&cg);
+        }
     }
 }

@@ -25,7 +25,10 @@ struct Sandbox {
 impl Drop for Sandbox {
     fn drop(&mut self) {
         let _ = Command::new(BERTH)
-            .args(["__sandbox-exec", "--name", &self.name, "--remove-cgroup"])
+            .arg("__sandbox-exec")
+            .arg("--sandbox-dir")
+            .arg(&self.dir)
+            .args(["--name", &self.name, "--remove-cgroup"])
             .status();
     }
 }

@@ -11,6 +11,8 @@ use berth_core::error::{Error, Result};
 
 #[cfg(feature = "local")]
 pub mod local;
+#[cfg(feature = "local")]
+pub mod local_cgroup;
 
 /// What a backend needs to know to start.
 #[derive(Clone, Debug, Default)]

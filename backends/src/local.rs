@@ -197,6 +197,11 @@ impl Backend for LocalBackend {
                 hint: "list sandboxes with `berth sandbox ls --backend local`".into(),
             });
         }
+        if let Some(cg) = crate::local_cgroup::dir_for(name, &dir)
+            && let Err(e) = crate::local_cgroup::remove(&cg)
+        {
+            tracing::warn!(sandbox = name, cgroup = %cg.display(), error = %e, "could not remove the sandbox's pids cgroup");
+        }
         std::fs::remove_dir_all(&dir).map_err(|e| Error::io("removing sandbox", &dir, e))
     }
 }

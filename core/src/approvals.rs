@@ -6,6 +6,8 @@
 //! - [`create`] writes a pending approval (before anything waits on it, so a
 //!   crash leaves a visible pending row, never a lost one);
 //! - [`decide`] moves it from pending to approved or denied, once;
+//! - [`find_reusable`] lets an answer given after a restart count when the
+//!   same command is run again;
 //! - [`wait`] polls the row until it is decided or the deadline passes, then
 //!   [`expire`]s it (fail closed). Polling is what crosses processes: SQLite
 //!   has no notifications, and a row survives a restart of berth.
@@ -13,11 +15,13 @@
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::store::Store;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// The table, created if missing. Safe to run on every open.
+/// The table; migration 2 of the store.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS approvals (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -32,7 +36,8 @@ CREATE TABLE IF NOT EXISTS approvals (
     state        TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
     always       INTEGER NOT NULL DEFAULT 0,
     decided_unix INTEGER,
-    decided_by   TEXT
+    decided_by   TEXT,
+    used         INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS approvals_state ON approvals(state);
 ";
@@ -133,12 +138,6 @@ fn now_unix() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
-}
-
-/// Create the table if it is missing.
-pub fn migrate(conn: &Connection) -> Result<()> {
-    conn.execute_batch(SCHEMA)?;
-    Ok(())
 }
 
 /// Write a pending approval and return it.
@@ -259,23 +258,47 @@ pub fn expire(conn: &Connection, id: i64) -> Result<Approval> {
     get(conn, id)
 }
 
-/// Wait until approval `id` is decided or `timeout` passes (then it expires).
-/// `poll` is how often the row is read. Returns the decided row.
-pub async fn wait(
+/// An approval for exactly this command in this sandbox that can stand for a
+/// new ask: a pending one (its asker may have died with a restart of berth)
+/// or an approved one not yet used. Lets an answer given after a restart
+/// count when the command is run again.
+pub fn find_reusable(
     conn: &Connection,
-    id: i64,
-    timeout: Duration,
-    poll: Duration,
-) -> Result<Approval> {
+    sandbox: &str,
+    backend: &str,
+    command: &str,
+) -> Result<Option<Approval>> {
+    let id: Option<i64> = conn
+        .query_row(
+            "SELECT id FROM approvals
+             WHERE sandbox = ?1 AND backend = ?2 AND command = ?3 AND used = 0
+               AND state IN ('pending', 'approved')
+             ORDER BY id DESC LIMIT 1",
+            params![sandbox, backend, command],
+            |r| r.get(0),
+        )
+        .optional()?;
+    id.map(|id| get(conn, id)).transpose()
+}
+
+/// Mark an approved approval as spent, so it lets one run through, not many.
+pub fn mark_used(conn: &Connection, id: i64) -> Result<()> {
+    conn.execute("UPDATE approvals SET used = 1 WHERE id = ?1", params![id])?;
+    Ok(())
+}
+
+/// Wait until approval `id` is decided or `timeout` passes (then it expires).
+/// `poll` is how often the row is read; answers come from other processes.
+pub async fn wait(store: &Store, id: i64, timeout: Duration, poll: Duration) -> Result<Approval> {
     let deadline = Instant::now() + timeout;
     loop {
-        let a = get(conn, id)?;
+        let a = store.with_db(|c| get(c, id))?;
         if a.state != ApprovalState::Pending {
             return Ok(a);
         }
         let now = Instant::now();
         if now >= deadline {
-            return expire(conn, id);
+            return store.with_db(|c| expire(c, id));
         }
         tokio::time::sleep(poll.min(deadline - now)).await;
     }
@@ -299,43 +322,55 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn lifecycle_across_connections() {
+    async fn lifecycle_across_stores() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        let a = Connection::open(&path).unwrap();
-        migrate(&a).unwrap();
-        let p = create(&a, &ask()).unwrap();
+        let a = Store::open(dir.path()).unwrap();
+        let p = a.with_db(|c| create(c, &ask())).unwrap();
         assert_eq!(p.state, ApprovalState::Pending);
-        assert_eq!(list(&a, false).unwrap().len(), 1);
-        // Another connection (another process in real use) answers.
-        let b = Connection::open(&path).unwrap();
-        migrate(&b).unwrap();
+        assert_eq!(a.with_db(|c| list(c, false)).unwrap().len(), 1);
+        // Another store (another process in real use) answers.
+        let b = Store::open(dir.path()).unwrap();
         let waiter = wait(&a, p.id, Duration::from_secs(10), Duration::from_millis(10));
         let answer = async {
             tokio::task::yield_now().await;
-            decide(&b, p.id, true, true, "cli").unwrap()
+            b.with_db(|c| decide(c, p.id, true, true, "cli")).unwrap()
         };
         let (got, _) = tokio::join!(waiter, answer);
         let got = got.unwrap();
         assert_eq!(got.state, ApprovalState::Approved);
         assert!(got.always);
         assert_eq!(got.argv, ask().argv);
-        assert!(list(&a, false).unwrap().is_empty());
-        let again = decide(&b, p.id, false, false, "cli")
+        assert!(a.with_db(|c| list(c, false)).unwrap().is_empty());
+        let again = b
+            .with_db(|c| decide(c, p.id, false, false, "cli"))
             .unwrap_err()
             .to_string();
         assert!(again.contains("already approved"), "{again}");
-        let missing = decide(&b, 999, true, false, "cli").unwrap_err().to_string();
+        let missing = b
+            .with_db(|c| decide(c, 999, true, false, "cli"))
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("not found"), "{missing}");
+        // An approved, unused approval stands for the same command once.
+        let r = a
+            .with_db(|c| find_reusable(c, "s", "local", "git push -f"))
+            .unwrap();
+        assert_eq!(r.map(|r| r.id), Some(p.id));
+        a.with_db(|c| mark_used(c, p.id)).unwrap();
+        assert!(
+            a.with_db(|c| find_reusable(c, "s", "local", "git push -f"))
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[tokio::test]
     async fn unanswered_approvals_expire_denied() {
-        let conn = Connection::open_in_memory().unwrap();
-        migrate(&conn).unwrap();
-        let p = create(&conn, &ask()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let p = store.with_db(|c| create(c, &ask())).unwrap();
         let got = wait(
-            &conn,
+            &store,
             p.id,
             Duration::from_millis(30),
             Duration::from_millis(5),
@@ -345,6 +380,10 @@ mod tests {
         assert_eq!(got.state, ApprovalState::Expired);
         assert_eq!(got.decided_by.as_deref(), Some("timeout"));
         // A late answer cannot turn it into a yes.
-        assert!(decide(&conn, p.id, true, false, "cli").is_err());
+        assert!(
+            store
+                .with_db(|c| decide(c, p.id, true, false, "cli"))
+                .is_err()
+        );
     }
 }

@@ -114,6 +114,20 @@ pub enum Error {
     /// The state store failed.
     #[error("state store: {0}")]
     Store(String),
+
+    /// A policy refused the command (a deny rule, or an ask that was denied or
+    /// timed out).
+    #[error("policy refused `{part}`: {reason} (rule `{rule}`){}", hint_suffix(.hint))]
+    Denied {
+        /// The rule (or `approval`) that refused.
+        rule: String,
+        /// Why.
+        reason: String,
+        /// The part of the command that was refused.
+        part: String,
+        /// What to do next.
+        hint: String,
+    },
 }
 
 fn hint_suffix(hint: &str) -> String {

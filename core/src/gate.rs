@@ -6,10 +6,22 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
-use berth_policies::{Limits, Policy, Redactor, Verdict};
+use berth_policies::{Action, Limits, Policy, Redactor, Verdict};
+use serde_json::json;
 
+use crate::approvals::{self, Approval, ApprovalState, NewApproval};
 use crate::error::{Error, Result};
+use crate::session::{Output, Tee};
+use crate::store::{Event, Store};
+
+/// Called when a command starts waiting for an approval, to tell a person.
+pub type ApprovalNotice = Arc<dyn Fn(&Approval) + Send + Sync>;
+
+/// How often a waiting call re-reads its approval.
+const APPROVAL_POLL: Duration = Duration::from_millis(200);
 
 /// Policy decisions for one berth process.
 #[derive(Debug)]
@@ -105,6 +117,181 @@ impl Gate {
         }
         argv.push("--".into());
         Ok(argv)
+    }
+}
+
+/// Where a command stands after the gate.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    /// The rules' verdict.
+    pub verdict: Verdict,
+    /// The approval that let it through, if it was asked.
+    pub approval: Option<i64>,
+}
+
+impl Admission {
+    /// A one-line summary for the event log's verdict column.
+    pub fn summary(&self) -> String {
+        match self.approval {
+            Some(id) => format!("ask -> approved #{id} (rule {})", self.verdict.rule),
+            None => format!("{} (rule {})", self.verdict.action, self.verdict.rule),
+        }
+    }
+}
+
+impl Gate {
+    /// Decide whether `command` may run in `sandbox` on `backend`. Records
+    /// refusals and approvals in the event log under `call_id`; on an ask,
+    /// writes (or reuses) an approval, tells `notice`, and waits for an answer
+    /// from any process until the policy's approval timeout, then refuses.
+    pub async fn admit(
+        &self,
+        store: &Store,
+        call_id: &str,
+        backend: &str,
+        sandbox: &str,
+        command: &str,
+        notice: Option<&ApprovalNotice>,
+    ) -> Result<Admission> {
+        let verdict = self.check(command, backend);
+        let event = |kind: &str, detail: serde_json::Value| Event {
+            kind: kind.into(),
+            call_id: Some(call_id.into()),
+            backend: Some(backend.into()),
+            sandbox: Some(sandbox.into()),
+            command: Some(self.redact(command).into_owned()),
+            verdict: Some(format!("{} (rule {})", verdict.action, verdict.rule)),
+            detail: Some(self.redact(&detail.to_string()).into_owned()),
+            ..Default::default()
+        };
+        let why = json!({ "rule": verdict.rule, "reason": verdict.reason, "part": verdict.part });
+        match verdict.action {
+            Action::Allow => Ok(Admission {
+                verdict,
+                approval: None,
+            }),
+            Action::Deny => {
+                store.append(&event("exec.denied", why))?;
+                Err(Error::Denied {
+                    rule: verdict.rule.clone(),
+                    reason: verdict.reason.clone(),
+                    part: verdict.part.clone(),
+                    hint: format!(
+                        "`berth policy check --backend {backend} -- '…'` explains verdicts; a rule in the policy file can change this one"
+                    ),
+                })
+            }
+            Action::Ask => {
+                let existing =
+                    store.with_db(|c| approvals::find_reusable(c, sandbox, backend, command))?;
+                let pending = match existing {
+                    Some(a) if a.state == ApprovalState::Approved => a,
+                    Some(a) => {
+                        store.append(&event("approval.waiting", json!({ "approval": a.id })))?;
+                        a
+                    }
+                    None => {
+                        let a = store.with_db(|c| {
+                            approvals::create(
+                                c,
+                                &NewApproval {
+                                    sandbox: sandbox.into(),
+                                    backend: backend.into(),
+                                    command: command.into(),
+                                    part: verdict.part.clone(),
+                                    argv: verdict.argv.clone(),
+                                    rule: verdict.rule.clone(),
+                                    reason: verdict.reason.clone(),
+                                },
+                            )
+                        })?;
+                        store.append(&event(
+                            "approval.requested",
+                            json!({ "approval": a.id, "rule": verdict.rule, "reason": verdict.reason, "part": verdict.part }),
+                        ))?;
+                        a
+                    }
+                };
+                let decided = if pending.state == ApprovalState::Pending {
+                    if let Some(n) = notice {
+                        n(&pending);
+                    }
+                    let timeout = Duration::from_secs(self.policy.approvals.timeout_secs);
+                    approvals::wait(store, pending.id, timeout, APPROVAL_POLL).await?
+                } else {
+                    pending
+                };
+                let id = decided.id;
+                let by = decided
+                    .decided_by
+                    .clone()
+                    .unwrap_or_else(|| "unknown".into());
+                match decided.state {
+                    ApprovalState::Approved => {
+                        store.with_db(|c| approvals::mark_used(c, id))?;
+                        store.append(&event(
+                            "approval.granted",
+                            json!({ "approval": id, "by": by, "always": decided.always }),
+                        ))?;
+                        Ok(Admission {
+                            verdict,
+                            approval: Some(id),
+                        })
+                    }
+                    state => {
+                        let reason = if state == ApprovalState::Expired {
+                            format!(
+                                "nobody answered approval #{id} within {}s, so it was denied (berth fails closed)",
+                                self.policy.approvals.timeout_secs
+                            )
+                        } else {
+                            format!("approval #{id} was denied by {by}")
+                        };
+                        store.append(&event(
+                            "approval.refused",
+                            json!({ "approval": id, "state": state.to_string(), "by": by }),
+                        ))?;
+                        Err(Error::Denied {
+                            rule: verdict.rule.clone(),
+                            reason,
+                            part: verdict.part.clone(),
+                            hint: "run it again to ask again".into(),
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// Mask secrets in a command's captured output (and its spool file).
+    pub fn redact_output(&self, out: &mut Output) {
+        if out.omitted_bytes == 0 && !out.tail.is_empty() {
+            // Contiguous: redact as one, so a secret across the seam is caught.
+            let mut all = std::mem::take(&mut out.head);
+            all.extend_from_slice(&out.tail);
+            out.tail.clear();
+            out.head = self.redact_bytes(&all).into_owned();
+        } else {
+            if let Cow::Owned(h) = self.redact_bytes(&out.head) {
+                out.head = h;
+            }
+            if let Cow::Owned(t) = self.redact_bytes(&out.tail) {
+                out.tail = t;
+            }
+        }
+        if let Some(path) = &out.spool
+            && let Ok(data) = std::fs::read(path)
+            && let Cow::Owned(clean) = self.redact_bytes(&data)
+            && let Err(e) = std::fs::write(path, clean)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not redact the spooled output");
+        }
+    }
+
+    /// A tee that masks secrets in each chunk before passing it on.
+    pub fn redacting_tee(self: &Arc<Self>, inner: Tee) -> Tee {
+        let gate = self.clone();
+        Arc::new(move |chunk: &[u8]| inner(&gate.redact_bytes(chunk)))
     }
 }
 

@@ -55,6 +55,8 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX events_call ON events(call_id);
     "#,
+    // 2: approvals.
+    crate::approvals::SCHEMA,
 ];
 
 /// Milliseconds since the Unix epoch.
@@ -342,6 +344,12 @@ impl Store {
             out.push(r?);
         }
         Ok(out)
+    }
+
+    /// Like [`Store::with_conn`], for functions that return berth's own `Result`.
+    pub fn with_db<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.conn()?;
+        f(&conn)
     }
 
     /// Run `f` with the raw connection, for modules that own tables of their own

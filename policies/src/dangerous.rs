@@ -246,7 +246,10 @@ fn is_device(path: &str) -> bool {
         || rest.starts_with("fd/")
         || rest.starts_with("pts/")
         || rest.starts_with("shm/")
-        || rest.starts_with("mqueue/"))
+        || rest.starts_with("mqueue/")
+        // bash pseudo-devices, not files
+        || rest.starts_with("tcp/")
+        || rest.starts_with("udp/"))
 }
 
 fn device_write(prog: &str, args: &[String], cmd: &crate::shell::Command) -> Option<String> {

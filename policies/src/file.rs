@@ -24,7 +24,7 @@
 //! allow = ["MY_TOOL_*"]      # besides LANG, LC_*, TERM, TZ
 //!
 //! [limits]
-//! default_timeout_secs = 120
+//! default_timeout_secs = 600
 //! max_timeout_secs = 3600
 //! output_cap_bytes = 262144
 //! idle_lifetime_secs = 86400

@@ -23,7 +23,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            default_timeout_secs: 120,
+            default_timeout_secs: 600,
             max_timeout_secs: 3600,
             output_cap_bytes: 256 * 1024,
             idle_lifetime_secs: 24 * 3600,

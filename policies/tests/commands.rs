@@ -190,6 +190,7 @@ fn harmless_look_alikes_are_allowed() {
         "dd if=/dev/zero of=/tmp/disk.img bs=1M count=1",
         "dd if=/dev/urandom of=/dev/null count=1",
         "echo hi > /dev/null 2>&1",
+        "echo x > /dev/tcp/127.0.0.1/80",
         "cmd 2>/dev/stderr",
         "curl -s https://example.com -o out.html",
         "curl https://x | jq .",
