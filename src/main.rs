@@ -4,8 +4,10 @@
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
 mod bench;
+mod cmd_approvals;
 mod cmd_events;
 mod cmd_exec;
+mod cmd_policy;
 mod cmd_sandbox;
 mod context;
 mod sandbox_exec;
@@ -63,6 +65,16 @@ enum Command {
     Events(cmd_events::EventsArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
+    /// Check commands against the policy, and show the policy.
+    #[command(subcommand)]
+    Policy(cmd_policy::PolicyCmd),
+    /// List the commands waiting for a person's approval.
+    #[command(subcommand)]
+    Approvals(cmd_approvals::ApprovalsCmd),
+    /// Approve a waiting command (`--always`: and allow it from now on).
+    Approve(cmd_approvals::AnswerArgs),
+    /// Deny a waiting command.
+    Deny(cmd_approvals::AnswerArgs),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +102,10 @@ fn main() -> ExitCode {
             Command::Sandbox(c) => cmd_sandbox::run(cli.state_dir, c).await,
             Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
+            Command::Policy(c) => cmd_policy::run(c),
+            Command::Approvals(c) => cmd_approvals::ls(cli.state_dir, c),
+            Command::Approve(a) => cmd_approvals::answer(cli.state_dir, a, true),
+            Command::Deny(a) => cmd_approvals::answer(cli.state_dir, a, false),
         }
     });
     // Don't wait for detached readers of dead processes.

@@ -12,6 +12,7 @@ mod support;
 mod cli;
 #[macro_use]
 mod conformance;
+mod policy_cli;
 mod restricted_session;
 mod sandbox_escape;
 

@@ -139,6 +139,24 @@ fn hint_suffix(hint: &str) -> String {
 }
 
 impl Error {
+    /// The same error with secrets masked in what it shows.
+    pub fn redacted(self, gate: &crate::gate::Gate) -> Self {
+        match self {
+            Error::Denied {
+                rule,
+                reason,
+                part,
+                hint,
+            } => Error::Denied {
+                rule,
+                reason: gate.redact(&reason).into_owned(),
+                part: gate.redact(&part).into_owned(),
+                hint,
+            },
+            other => other,
+        }
+    }
+
     /// A stream I/O error with context.
     pub fn stream(context: &'static str, source: std::io::Error) -> Self {
         Error::Stream { context, source }

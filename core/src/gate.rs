@@ -179,7 +179,8 @@ impl Gate {
                     hint: format!(
                         "`berth policy check --backend {backend} -- '…'` explains verdicts; a rule in the policy file can change this one"
                     ),
-                })
+                }
+                .redacted(self))
             }
             Action::Ask => {
                 let existing =
@@ -214,7 +215,7 @@ impl Gate {
                 };
                 let decided = if pending.state == ApprovalState::Pending {
                     if let Some(n) = notice {
-                        n(&pending);
+                        n(&self.redact_approval(&pending));
                     }
                     let timeout = Duration::from_secs(self.policy.approvals.timeout_secs);
                     approvals::wait(store, pending.id, timeout, APPROVAL_POLL).await?
@@ -256,10 +257,22 @@ impl Gate {
                             reason,
                             part: verdict.part.clone(),
                             hint: "run it again to ask again".into(),
-                        })
+                        }
+                        .redacted(self))
                     }
                 }
             }
+        }
+    }
+
+    /// A copy of `a` with secrets masked, for showing to people.
+    pub fn redact_approval(&self, a: &Approval) -> Approval {
+        Approval {
+            command: self.redact(&a.command).into_owned(),
+            part: self.redact(&a.part).into_owned(),
+            reason: self.redact(&a.reason).into_owned(),
+            argv: a.argv.iter().map(|w| self.redact(w).into_owned()).collect(),
+            ..a.clone()
         }
     }
 

@@ -20,6 +20,12 @@
 //! action = "deny"
 //! pattern = "pipe-to-shell"  # a named dangerous form
 //!
+//! [[rules]]                  # what `berth approve --always` appends
+//! name = "approved-7"
+//! action = "allow"
+//! argv = ["git", "push", "origin"]
+//! answers_ask = true         # also lifts `ask` verdicts (never `deny`)
+//!
 //! [env]
 //! allow = ["MY_TOOL_*"]      # besides LANG, LC_*, TERM, TZ
 //!
@@ -96,6 +102,8 @@ struct RawRule {
     #[serde(default)]
     backends: Vec<String>,
     reason: Option<String>,
+    #[serde(default)]
+    answers_ask: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,6 +197,7 @@ impl Policy {
                                 .map_err(|e| invalid(format!("rule {n} (`{name}`): {e}")))?,
                             backends: r.backends.clone(),
                             reason: r.reason.clone(),
+                            answers_ask: r.answers_ask,
                         });
                     }
                     match ps.first() {
@@ -207,6 +216,7 @@ impl Policy {
                 matcher,
                 backends: r.backends,
                 reason: r.reason,
+                answers_ask: r.answers_ask,
             });
         }
         let limits = match raw.limits {
@@ -260,7 +270,7 @@ pub fn append_allow_rule(
         text.push('\n');
     }
     text.push_str(&format!(
-        "\n[[rules]]\nname = {}\naction = \"allow\"\nargv = [{}]\nreason = {}\n",
+        "\n[[rules]]\nname = {}\naction = \"allow\"\nargv = [{}]\nanswers_ask = true\nreason = {}\n",
         q(name),
         words.join(", "),
         q(reason)

@@ -152,6 +152,9 @@ pub struct Rule {
     pub backends: Vec<String>,
     /// Why, in words, for the verdict.
     pub reason: Option<String>,
+    /// For an allow rule: it also answers `ask` rules for the commands it
+    /// matches (what `berth approve --always` writes). Never lifts a deny.
+    pub answers_ask: bool,
 }
 
 impl Rule {
@@ -170,6 +173,7 @@ pub fn builtin_rules() -> Vec<Rule> {
             matcher: Matcher::Pattern(*p),
             backends: Vec::new(),
             reason: None,
+            answers_ask: false,
         })
         .collect()
 }
@@ -269,6 +273,7 @@ impl CommandRules {
         let inner = views.last().cloned().unwrap_or_default();
         let part = cmd.display();
         let mut best: Option<(Action, &Rule, String)> = None;
+        let mut answer: Option<(&Rule, String)> = None;
         let mut inner_matched = false;
         for rule in self.rules.iter().filter(|r| r.applies_to(backend)) {
             let hit = match &rule.matcher {
@@ -287,6 +292,9 @@ impl CommandRules {
                 }
             };
             let Some(why) = hit else { continue };
+            if rule.answers_ask && rule.action == Action::Allow && answer.is_none() {
+                answer = Some((rule, why.clone()));
+            }
             if matches!(rule.matcher, Matcher::Pattern(_)) {
                 inner_matched = true;
             }
@@ -305,6 +313,10 @@ impl CommandRules {
             part: part.clone(),
             argv: inner.clone(),
         });
+        // An approval given with --always answers the ask for this command.
+        if let (Some((Action::Ask, _, _)), Some((rule, why))) = (&best, &answer) {
+            best = Some((Action::Allow, rule, why.clone()));
+        }
         let matched = best.map(|(action, rule, why)| {
             let reason = match &rule.reason {
                 Some(r) => format!("{r}: {why}{via}"),

@@ -49,6 +49,8 @@ pub enum Via {
 /// A redirection such as `> file` or `2>> log`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Redirect {
+    /// The fd number written before the operator (`2` in `2>`), or empty.
+    pub fd: String,
     /// The operator without its fd number: `>`, `>>`, `<`, `&>`, `<<`, `<<<`, …
     pub op: String,
     /// The target word after quote removal.
@@ -79,7 +81,7 @@ impl Command {
     pub fn display(&self) -> String {
         let mut parts: Vec<String> = self.argv.iter().map(|w| quote_for_display(w)).collect();
         for r in &self.redirects {
-            parts.push(format!("{}{}", r.op, quote_for_display(&r.target)));
+            parts.push(format!("{}{}{}", r.fd, r.op, quote_for_display(&r.target)));
         }
         parts.join(" ")
     }
@@ -671,7 +673,7 @@ impl<'a> Parser<'a> {
                 }
                 _ => {}
             }
-            if let Some(op) = self.redirect_op() {
+            if let Some((fd, op)) = self.redirect_op() {
                 self.skip_blanks();
                 let quoted_start = self.i;
                 let target = self.word()?;
@@ -687,7 +689,7 @@ impl<'a> Parser<'a> {
                 }
                 self.sh.commands[idx]
                     .redirects
-                    .push(Redirect { op, target });
+                    .push(Redirect { fd, op, target });
                 continue;
             }
             self.split_word = false;
@@ -703,7 +705,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A redirection operator at the cursor (with an optional fd number), consumed.
-    fn redirect_op(&mut self) -> Option<String> {
+    fn redirect_op(&mut self) -> Option<(String, String)> {
         let start = self.i;
         let mut k = 0;
         while matches!(self.peek_at(k), Some(c) if c.is_ascii_digit()) {
@@ -726,7 +728,7 @@ impl<'a> Parser<'a> {
                     return None;
                 }
                 self.i = start + k + op.len();
-                return Some((*op).to_string());
+                return Some((self.text(start, start + k), (*op).to_string()));
             }
         }
         None

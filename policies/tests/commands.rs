@@ -352,4 +352,26 @@ fn always_rule_is_appended_and_takes_effect() {
         "{v}"
     );
     assert_eq!(p.rules.check("git push other", "local").action, Action::Ask);
+    // It answers an ask rule for the same command, but never lifts a deny.
+    let mut text = std::fs::read_to_string(&path).expect("read");
+    text.push_str("\n[[rules]]\nname = \"ask-push\"\naction = \"ask\"\nprefix = \"git push\"\n");
+    text.push_str(
+        "\n[[rules]]\nname = \"deny-tags\"\naction = \"deny\"\nprefix = \"git push * --tags\"\n",
+    );
+    std::fs::write(&path, text).expect("write");
+    let p = Policy::load(&path).expect("still valid");
+    let quoted = "git push \"it's \\\"quoted\\\"\"";
+    let v = p.rules.check(quoted, "local");
+    assert_eq!(
+        (v.action, v.rule.as_str()),
+        (Action::Allow, "approved-7"),
+        "{v}"
+    );
+    assert_eq!(p.rules.check("git push other", "local").rule, "ask-push");
+    let v = p.rules.check(&format!("{quoted} --tags"), "local");
+    assert_eq!(
+        (v.action, v.rule.as_str()),
+        (Action::Deny, "deny-tags"),
+        "{v}"
+    );
 }
