@@ -84,12 +84,13 @@ struct Args {
 }
 
 fn parse_args(args: Vec<OsString>) -> Result<Args, Failure> {
-    let usage = "usage: berth __sandbox-exec [--policy JSON] --sandbox-dir DIR --name NAME [--unrestricted] -- ARGV... | --sandbox-dir DIR --name NAME --remove-cgroup";
+    let usage = "usage: berth __sandbox-exec [--policy JSON] --sandbox-dir DIR --name NAME [--network on|off] [--unrestricted] -- ARGV... | --sandbox-dir DIR --name NAME --remove-cgroup";
     let mut policy = LocalPolicy::default();
     let mut sandbox_dir = None;
     let mut name = None;
     let mut unrestricted = false;
     let mut remove_cgroup = false;
+    let mut network_on = false;
     let mut it = args.into_iter();
     let mut argv = Vec::new();
     while let Some(a) = it.next() {
@@ -108,6 +109,15 @@ fn parse_args(args: Vec<OsString>) -> Result<Args, Failure> {
             "--sandbox-dir" => sandbox_dir = Some(PathBuf::from(value("--sandbox-dir")?)),
             "--name" => name = Some(value("--name")?.to_string_lossy().into_owned()),
             "--unrestricted" => unrestricted = true,
+            "--network" => match value("--network")?.to_string_lossy().as_ref() {
+                "on" => network_on = true,
+                "off" => {}
+                other => {
+                    return Err(Failure::Setup(format!(
+                        "--network takes `on` or `off`, not {other:?}"
+                    )));
+                }
+            },
             "--remove-cgroup" => remove_cgroup = true,
             "--" => {
                 argv = it.by_ref().collect();
@@ -119,6 +129,9 @@ fn parse_args(args: Vec<OsString>) -> Result<Args, Failure> {
                 )));
             }
         }
+    }
+    if network_on {
+        policy.network = true;
     }
     if argv.is_empty() && !remove_cgroup {
         return Err(Failure::Setup(format!("no program to run; {usage}")));

@@ -374,6 +374,26 @@ fn an_approval_survives_a_restart_of_berth() -> TestResult {
 }
 
 #[test]
+fn a_sandbox_created_with_network_can_connect_and_others_cannot() -> TestResult {
+    let env = Env::new("")?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED");
+    let o = env.run(&["exec", "--", &probe])?;
+    assert!(!text(&o).contains("CONNECTED"), "{}", text(&o));
+    let o = env.run(&["sandbox", "create", "net", "--network"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["exec", "--sandbox", "net", "--", &probe])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("CONNECTED"),
+        "{}",
+        text(&o)
+    );
+    let _ = env.run(&["sandbox", "rm", "net"]);
+    Ok(())
+}
+
+#[test]
 fn limits_bound_timeouts_and_output() -> TestResult {
     let env = Env::new(
         "[limits]\ndefault_timeout_secs = 1\nmax_timeout_secs = 5\noutput_cap_bytes = 1000\n",

@@ -115,3 +115,31 @@ impl Drop for CgroupGuard {
         }
     }
 }
+
+#[tokio::test]
+async fn a_refusing_wrapper_is_reported_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    // Stands in for a kernel without Landlock: the wrapper refuses, as
+    // `berth __sandbox-exec` does, with exit 125 and a reason on stderr.
+    let wrapper = vec![
+        "bash".to_string(),
+        "-c".into(),
+        "echo 'berth: refusing to run: Landlock is not available' >&2; exit 125".into(),
+        "wrapper".into(),
+    ];
+    let backend = LocalBackend::new(dir.path()).with_wrapper(wrapper);
+    let sb = backend
+        .provision(&SandboxSpec::named("r"))
+        .await
+        .unwrap()
+        .sandbox;
+    let err = match Session::open(sb, SessionConfig::named("t")).await {
+        Ok(mut s) => s.exec("echo hi", ExecOpts::default()).await.err(),
+        Err(e) => Some(e),
+    };
+    let msg = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        msg.contains("Landlock is not available"),
+        "the refusal was not reported: {msg:?}"
+    );
+}

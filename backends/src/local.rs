@@ -38,6 +38,8 @@ pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub const WRAPPER_SANDBOX_DIR: &str = "{sandbox_dir}";
 /// In a wrapper argv, replaced by the sandbox's name at spawn time.
 pub const WRAPPER_SANDBOX: &str = "{sandbox}";
+/// In a wrapper argv, replaced by `on` or `off`: whether the sandbox's spec asks for network.
+pub const WRAPPER_NETWORK: &str = "{network}";
 
 /// The local backend.
 pub struct LocalBackend {
@@ -143,12 +145,14 @@ impl Backend for LocalBackend {
                 .map_err(|e| Error::InvalidInput(format!("sandbox spec: {e}")))?;
             write_atomic(&record_path, &json)?;
         }
-        let sandbox = LocalSandbox::new(
-            spec.name.clone(),
-            dir,
-            record.spec.env.clone(),
-            self.wrapper.clone(),
-        );
+        // The sandbox's own network setting reaches the wrapper as `{network}`.
+        let network = if record.spec.network { "on" } else { "off" };
+        let wrapper = self.wrapper.as_ref().map(|w| {
+            w.iter()
+                .map(|a| a.replace(WRAPPER_NETWORK, network))
+                .collect()
+        });
+        let sandbox = LocalSandbox::new(spec.name.clone(), dir, record.spec.env.clone(), wrapper);
         Ok(Provisioned {
             sandbox: Arc::new(sandbox),
             created: !existed,

@@ -97,8 +97,8 @@ impl Gate {
     }
 
     /// The argv prefix that runs local sandbox processes through the kernel
-    /// restrictions (`berth __sandbox-exec …`); `{sandbox_dir}` and `{sandbox}`
-    /// are filled in by the local backend at spawn time.
+    /// restrictions (`berth __sandbox-exec …`); `{sandbox_dir}`, `{sandbox}` and
+    /// `{network}` are filled in by the local backend.
     pub fn local_wrapper(&self, berth_exe: &Path, unrestricted: bool) -> Result<Vec<String>> {
         let policy = serde_json::to_string(&self.policy.local)
             .map_err(|e| Error::InvalidInput(format!("local policy: {e}")))?;
@@ -111,6 +111,8 @@ impl Gate {
             "{sandbox_dir}".into(),
             "--name".into(),
             "{sandbox}".into(),
+            "--network".into(),
+            "{network}".into(),
         ];
         if unrestricted {
             argv.push("--unrestricted".into());
