@@ -18,6 +18,8 @@ pub enum SandboxCmd {
     Ls(LsArgs),
     /// Remove a sandbox.
     Rm(RmArgs),
+    /// Remove sandboxes idle longer than the policy's idle lifetime.
+    Gc(crate::cmd_gc::GcArgs),
 }
 
 #[derive(Args, Debug)]
@@ -160,6 +162,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
                 }
             }
         }
+        SandboxCmd::Gc(a) => return crate::cmd_gc::run(&rt, a).await,
         SandboxCmd::Rm(a) => {
             rt.remove_sandbox(&a.backend, &a.name, a.volumes).await?;
             if a.json {

@@ -7,6 +7,7 @@ mod bench;
 mod cmd_approvals;
 mod cmd_events;
 mod cmd_exec;
+mod cmd_gc;
 mod cmd_policy;
 mod cmd_sandbox;
 mod context;

@@ -394,6 +394,48 @@ fn a_sandbox_created_with_network_can_connect_and_others_cannot() -> TestResult 
 }
 
 #[test]
+fn idle_sandboxes_are_reaped_by_gc() -> TestResult {
+    let env = Env::new(
+        "[limits]\nidle_lifetime_secs = 3600\n[limits.sandbox.keep]\nidle_lifetime_secs = 0\n",
+    )?;
+    for name in ["old", "fresh", "keep"] {
+        let o = env.run(&["sandbox", "create", name])?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    // Make `old` and `keep` look unused for two hours.
+    let store = berth_core::store::Store::open(&env.state)?;
+    let past = berth_core::store::now_ms() - 2 * 3600 * 1000;
+    store.with_conn(|c| {
+        c.execute(
+            "UPDATE sandboxes SET last_used = ?1 WHERE name IN ('old', 'keep')",
+            [past],
+        )
+    })?;
+    drop(store);
+    let o = env.run(&["sandbox", "gc", "--dry-run"])?;
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("would remove: old (local)"), "{out}");
+    assert!(!out.contains("fresh") && !out.contains("keep"), "{out}");
+    assert!(env.state.join("sandboxes/local/old").exists());
+    let o = env.run(&["sandbox", "gc", "--json"])?;
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim())?;
+    assert_eq!(
+        (v["name"].as_str(), v["removed"].as_bool()),
+        (Some("old"), Some(true)),
+        "{}",
+        text(&o)
+    );
+    assert!(!env.state.join("sandboxes/local/old").exists());
+    assert!(env.state.join("sandboxes/local/fresh").exists());
+    assert!(env.state.join("sandboxes/local/keep").exists());
+    assert!(env.events()?.contains("\"kind\":\"sandbox.reaped\""));
+    for name in ["fresh", "keep"] {
+        let _ = env.run(&["sandbox", "rm", name]);
+    }
+    Ok(())
+}
+
+#[test]
 fn limits_bound_timeouts_and_output() -> TestResult {
     let env = Env::new(
         "[limits]\ndefault_timeout_secs = 1\nmax_timeout_secs = 5\noutput_cap_bytes = 1000\n",

@@ -10,6 +10,7 @@ pub mod error;
 pub mod gate;
 pub mod session;
 
+pub mod reaper;
 pub mod runtime;
 pub mod store;
 pub use error::{Error, Result};
