@@ -8,6 +8,7 @@ mod cmd_approvals;
 mod cmd_events;
 mod cmd_exec;
 mod cmd_gc;
+mod cmd_job;
 mod cmd_policy;
 mod cmd_sandbox;
 mod context;
@@ -59,6 +60,9 @@ enum Command {
     Exec(cmd_exec::ExecArgs),
     /// An interactive prompt over a sandbox's persistent session.
     Shell(shell::ShellArgs),
+    /// Background jobs: start, list, follow logs, wait, kill, send input.
+    #[command(subcommand)]
+    Job(cmd_job::JobCmd),
     /// Create, list and remove sandboxes.
     #[command(subcommand)]
     Sandbox(cmd_sandbox::SandboxCmd),
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
             Command::Exec(a) => cmd_exec::run(cli.state_dir, a).await,
             Command::Shell(a) => shell::run(cli.state_dir, a).await,
             Command::Sandbox(c) => cmd_sandbox::run(cli.state_dir, c).await,
+            Command::Job(c) => cmd_job::run(cli.state_dir, c).await,
             Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),

@@ -2,6 +2,7 @@
 //!
 //! - `conformance`: one set of assertions about the session engine, run against
 //!   every backend; a backend joins by adding one `conformance_suite!` line.
+//! - `jobs`: background jobs through the runtime, likewise per backend.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
 //! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
 //!   (kernel-dependent: they fail, naming the missing feature, on a kernel
@@ -12,8 +13,11 @@ mod support;
 mod cli;
 #[macro_use]
 mod conformance;
+#[macro_use]
+mod jobs;
 mod policy_cli;
 mod restricted_session;
 mod sandbox_escape;
 
 conformance_suite!(local, crate::support::local_harness);
+jobs_suite!(local_jobs, crate::support::local_harness);

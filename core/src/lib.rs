@@ -8,6 +8,7 @@ pub mod approvals;
 pub mod backend;
 pub mod error;
 pub mod gate;
+pub mod jobs;
 pub mod session;
 
 pub mod reaper;

@@ -578,24 +578,15 @@ impl Session {
 
     /// Run a short helper process in the sandbox and return its stdout.
     async fn run_helper(&self, argv: &[String]) -> Result<String> {
-        let mut p = self.sandbox.spawn(argv, SpawnOpts::default()).await?;
-        drop(p.take_stdin());
-        let mut out = String::new();
-        let fut = async {
-            if let Some(mut o) = p.take_stdout() {
-                let _ = o.read_to_string(&mut out).await;
-            }
-            p.wait().await
-        };
-        match tokio::time::timeout(Duration::from_secs(10), fut).await {
-            Ok(r) => {
-                r?;
-                Ok(out)
-            }
-            Err(_) => {
-                Err(self.session_error("a helper process in the sandbox did not finish within 10s"))
-            }
-        }
+        let c = crate::backend::run_to_end(
+            self.sandbox.as_ref(),
+            argv,
+            None,
+            64 * 1024,
+            Duration::from_secs(10),
+        )
+        .await?;
+        Ok(String::from_utf8_lossy(&c.stdout).into_owned())
     }
 
     /// Kill the shell itself and forget it.
