@@ -94,15 +94,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         stdin,
         cancel: Some(cancel),
         tee,
-        on_approval: Some(Arc::new(|ap: &berth_core::approvals::Approval| {
-            eprintln!(
-                "berth: waiting for approval #{id}: `{part}` needs a person's yes ({reason}).\n\
-                 berth: answer from another terminal: `berth approve {id}` (add --always to allow it from now on) or `berth deny {id}`",
-                id = ap.id,
-                part = ap.part,
-                reason = ap.reason
-            );
-        })),
+        ..Default::default()
     };
     let timeout = match (timeout, rt.gate()) {
         (Some(t), _) => t,

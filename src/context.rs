@@ -79,7 +79,16 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
         Arc::new(Backends { ctx }),
         RuntimeConfig::new(dir),
     )
-    .with_gate(gate))
+    .with_gate(gate)
+    .with_approval_notice(Arc::new(|ap: &berth_core::approvals::Approval| {
+        eprintln!(
+            "berth: waiting for approval #{id}: `{part}` needs a person's yes ({reason}).\n\
+             berth: answer from another terminal: `berth approve {id}` (add --always to allow it from now on) or `berth deny {id}`",
+            id = ap.id,
+            part = ap.part,
+            reason = ap.reason
+        );
+    })))
 }
 
 /// Print a value as one line of JSON.

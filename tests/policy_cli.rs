@@ -436,6 +436,39 @@ fn idle_sandboxes_are_reaped_by_gc() -> TestResult {
 }
 
 #[test]
+fn jobs_are_judged_by_their_command_and_their_logs_redacted() -> TestResult {
+    let env = Env::new("")?;
+    let o = env.run(&["job", "start", "--", "touch job-marker; rm -rf ~"])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("builtin:rm-recursive-root"),
+        "{}",
+        text(&o)
+    );
+    assert!(!env.work().join("job-marker").exists());
+    let cmd = format!("echo {OPENAI}; echo secret-line {CUSTOM}");
+    let o = env.run(&[
+        "job",
+        "start",
+        "--name",
+        "leaky",
+        "--watch",
+        "secret-line",
+        "--",
+        &cmd,
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["job", "wait", "leaky"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["job", "logs", "leaky"])?;
+    let out = text(&o);
+    assert!(out.contains("[REDACTED:OPENAI_API_KEY]"), "{out}");
+    assert_no_secret(&out);
+    assert_no_secret(&env.events()?);
+    Ok(())
+}
+
+#[test]
 fn limits_bound_timeouts_and_output() -> TestResult {
     let env = Env::new(
         "[limits]\ndefault_timeout_secs = 1\nmax_timeout_secs = 5\noutput_cap_bytes = 1000\n",

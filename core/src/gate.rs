@@ -295,11 +295,29 @@ impl Gate {
             }
         }
         if let Some(path) = &out.spool
-            && let Ok(data) = std::fs::read(path)
-            && let Cow::Owned(clean) = self.redact_bytes(&data)
-            && let Err(e) = std::fs::write(path, clean)
+            && let Err(e) = self.redact_file(path)
         {
             tracing::warn!(path = %path.display(), error = %e, "could not redact the spooled output");
+        }
+    }
+
+    /// Mask secrets in a file in place, in bounded memory (rewritten only if
+    /// something was masked).
+    pub fn redact_file(&self, path: &Path) -> std::io::Result<()> {
+        let input = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let tmp = path.with_extension("redacting");
+        let out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let changed = self
+            .redactor
+            .redact_stream(std::io::BufReader::new(input), out)?;
+        if changed {
+            std::fs::rename(&tmp, path)
+        } else {
+            std::fs::remove_file(&tmp)
         }
     }
 

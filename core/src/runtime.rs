@@ -81,8 +81,10 @@ pub struct ExecRequest {
     pub cancel: Option<CancellationToken>,
     /// A live copy of the output as it arrives.
     pub tee: Option<crate::session::Tee>,
-    /// Told when the command waits for an approval.
+    /// Told when the command waits for an approval (else the runtime's notice).
     pub on_approval: Option<ApprovalNotice>,
+    /// Already admitted by the gate: berth's own launcher for an admitted job.
+    pub admitted: bool,
 }
 
 /// What `exec` returns.
@@ -125,6 +127,7 @@ pub struct Runtime {
     backends: Mutex<HashMap<String, Arc<dyn Backend>>>,
     sessions: Mutex<HashMap<SessionKey, Arc<Mutex<Session>>>>,
     gate: Option<Arc<Gate>>,
+    approval_notice: Option<ApprovalNotice>,
 }
 
 impl Runtime {
@@ -137,7 +140,37 @@ impl Runtime {
             backends: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             gate: None,
+            approval_notice: None,
         }
+    }
+
+    /// Tell `notice` whenever a command starts waiting for an approval.
+    pub fn with_approval_notice(mut self, notice: ApprovalNotice) -> Self {
+        self.approval_notice = Some(notice);
+        self
+    }
+
+    /// Check a command that is about to run (for paths other than `exec`, such
+    /// as jobs); records refusals and waits on approvals like `exec` does.
+    pub async fn admit(
+        &self,
+        call_id: &str,
+        backend: &str,
+        sandbox: &str,
+        command: &str,
+    ) -> Result<()> {
+        if let Some(g) = &self.gate {
+            g.admit(
+                &self.store,
+                call_id,
+                backend,
+                sandbox,
+                command,
+                self.approval_notice.as_ref(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// Check every command against `gate`, give sandboxes only its allowed
@@ -152,7 +185,8 @@ impl Runtime {
         self.gate.as_ref()
     }
 
-    fn redact(&self, text: &str) -> String {
+    /// `text` with secrets masked (unchanged without a gate).
+    pub fn redact(&self, text: &str) -> String {
         match &self.gate {
             Some(g) => g.redact(text).into_owned(),
             None => text.to_string(),
@@ -378,7 +412,7 @@ impl Runtime {
         let call_id = new_call_id();
         let mut req = req;
         let mut verdict = None;
-        if let Some(g) = &self.gate {
+        if let Some(g) = self.gate.as_ref().filter(|_| !req.admitted) {
             req.timeout = Some(
                 g.limits(&req.sandbox)
                     .timeout(req.timeout)
@@ -391,10 +425,12 @@ impl Runtime {
                     &req.backend,
                     &req.sandbox,
                     &req.command,
-                    req.on_approval.as_ref(),
+                    req.on_approval.as_ref().or(self.approval_notice.as_ref()),
                 )
                 .await?;
             verdict = Some(admission.summary());
+        }
+        if let Some(g) = &self.gate {
             req.tee = req.tee.take().map(|t| g.redacting_tee(t));
         }
         let command_text = self.redact(&req.command);

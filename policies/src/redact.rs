@@ -32,6 +32,10 @@ const NOT_SECRET_SUFFIXES: &[&str] = &[
     "_SOCK", "_PATH", "_FILE", "_DIR", "_HOST", "_PORT", "_REGION",
 ];
 
+/// Bytes [`Redactor::redact_stream`] holds back between reads, so a secret
+/// split across two reads is still caught.
+pub const STREAM_OVERLAP: usize = 64 * 1024;
+
 /// Values shorter than this are not treated as secrets (too many false hits).
 pub const MIN_SECRET_LEN: usize = 8;
 
@@ -211,6 +215,63 @@ impl Redactor {
         Cow::Owned(out)
     }
 
+    /// Copy `r` to `w` with every secret masked, in bounded memory (about
+    /// 1 MiB plus [`STREAM_OVERLAP`]). A secret is caught across read
+    /// boundaries as long as it is shorter than the overlap. Returns whether
+    /// anything was masked.
+    pub fn redact_stream(
+        &self,
+        mut r: impl std::io::Read,
+        mut w: impl std::io::Write,
+    ) -> std::io::Result<bool> {
+        const CHUNK: usize = 1 << 20;
+        let mut buf: Vec<u8> = Vec::with_capacity(CHUNK + STREAM_OVERLAP);
+        let mut changed = false;
+        let mut eof = false;
+        while !eof {
+            let start = buf.len();
+            buf.resize(start + CHUNK, 0);
+            let mut filled = start;
+            while filled < buf.len() {
+                let n = r.read(&mut buf[filled..])?;
+                if n == 0 {
+                    eof = true;
+                    break;
+                }
+                filled += n;
+            }
+            buf.truncate(filled);
+            // Hold back the tail, where a secret may continue in the next read.
+            let limit = if eof {
+                buf.len()
+            } else {
+                buf.len().saturating_sub(STREAM_OVERLAP)
+            };
+            let mut pos = 0;
+            for (s, e, label) in self.ranges(&buf) {
+                if s >= limit {
+                    break;
+                }
+                if e <= pos {
+                    continue;
+                }
+                if s >= pos {
+                    w.write_all(&buf[pos..s])?;
+                    w.write_all(label.as_bytes())?;
+                }
+                changed = true;
+                pos = e;
+            }
+            if pos < limit {
+                w.write_all(&buf[pos..limit])?;
+                pos = limit;
+            }
+            buf.drain(..pos);
+        }
+        w.flush()?;
+        Ok(changed)
+    }
+
     /// `text` with every secret masked; borrowed when there was none.
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         match self.redact_bytes(text.as_bytes()) {
@@ -296,6 +357,39 @@ mod tests {
         let r = Redactor::from_env(env(&[("API_KEY", "s3cr3t-value-xyz")]));
         let text = "cargo build finished; sk-short; task-list; AKIA short";
         assert!(matches!(r.redact(text), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn streaming_catches_secrets_across_reads() {
+        let secret = "tok-0123456789-abcdef";
+        let r = Redactor::with_values(env(&[("DB_TOKEN", secret)]));
+        // Place a secret across every 1 MiB boundary, and more in between.
+        let mut text = Vec::new();
+        let mut expect = Vec::new();
+        while text.len() < 3 << 20 {
+            let pad = vec![b'a'; (1 << 20) - 7 - (text.len() % (1 << 20))];
+            text.extend_from_slice(&pad);
+            expect.extend_from_slice(&pad);
+            text.extend_from_slice(secret.as_bytes());
+            expect.extend_from_slice(b"[REDACTED:DB_TOKEN]");
+        }
+        // A reader that hands out odd-sized pieces.
+        struct Odd<'a>(&'a [u8]);
+        impl std::io::Read for Odd<'_> {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.len().min(out.len()).min(77_777);
+                out[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let mut out = Vec::new();
+        assert!(r.redact_stream(Odd(&text), &mut out).unwrap());
+        assert_eq!(out.len(), expect.len());
+        assert!(out == expect, "stream output differs");
+        let mut clean = Vec::new();
+        assert!(!r.redact_stream(&b"nothing here"[..], &mut clean).unwrap());
+        assert_eq!(clean, b"nothing here");
     }
 
     #[test]
