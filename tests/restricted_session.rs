@@ -28,6 +28,21 @@ fn wrapped(state: &std::path::Path) -> LocalBackend {
     LocalBackend::new(state).with_wrapper(wrapper.iter().map(|s| s.to_string()).collect())
 }
 
+/// Processes still running this test's marker sleep.
+fn sleepers() -> usize {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read(e.path().join("cmdline"))
+                        .map(|c| c == b"sleep\0101.17\0")
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 #[tokio::test]
 async fn a_restricted_session_keeps_its_state_and_its_limits() {
     let dir = tempfile::tempdir().unwrap();
@@ -77,7 +92,7 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
     assert!(!std::path::Path::new(&format!("/tmp/berth-session-escape-{name}")).exists());
     let r = s
         .exec(
-            "sleep 100 > /dev/null & sleep 100",
+            "sleep 101.17 | sleep 101.17",
             ExecOpts {
                 timeout: Some(Duration::from_millis(300)),
                 ..Default::default()
@@ -86,6 +101,15 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
         .await
         .unwrap();
     assert!(r.timed_out);
+    // The whole tree dies, though the killer is a separate confined spawn.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sleepers() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the timed-out command's tree survived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = s.exec("echo still $A", ExecOpts::default()).await.unwrap();
     assert_eq!(r.output.text(), "still 1\n");
     drop(s);
