@@ -73,6 +73,8 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     let ctx = BackendContext {
         state_dir: dir.clone(),
         local_wrapper: Some(gate.local_wrapper(&exe, unrestricted)?),
+        // A first docker sandbox builds its image: say what is happening.
+        progress: Some(Arc::new(|line: &str| eprintln!("berth: image: {line}"))),
     };
     Ok(Runtime::new(
         Arc::new(store),

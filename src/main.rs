@@ -7,11 +7,13 @@ mod bench;
 mod cmd_approvals;
 mod cmd_events;
 mod cmd_exec;
-mod cmd_gc;
+mod cmd_image;
 mod cmd_job;
 mod cmd_policy;
+mod cmd_reap;
 mod cmd_sandbox;
 mod context;
+mod mcp;
 mod sandbox_exec;
 mod shell;
 
@@ -68,6 +70,8 @@ enum Command {
     Sandbox(cmd_sandbox::SandboxCmd),
     /// Show the event log: every call with its exit code, duration and output size.
     Events(cmd_events::EventsArgs),
+    /// Serve berth's tools (terminal, process, read_file, write_file) over MCP on stdio.
+    Mcp(mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
     /// Check commands against the policy, and show the policy.
@@ -80,6 +84,9 @@ enum Command {
     Approve(cmd_approvals::AnswerArgs),
     /// Deny a waiting command.
     Deny(cmd_approvals::AnswerArgs),
+    /// The docker sandbox image.
+    #[command(subcommand)]
+    Image(cmd_image::ImageCmd),
 }
 
 fn main() -> ExitCode {
@@ -112,6 +119,8 @@ fn main() -> ExitCode {
             Command::Approvals(c) => cmd_approvals::ls(cli.state_dir, c),
             Command::Approve(a) => cmd_approvals::answer(cli.state_dir, a, true),
             Command::Deny(a) => cmd_approvals::answer(cli.state_dir, a, false),
+            Command::Image(c) => cmd_image::run(c).await,
+            Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
         }
     });
     // Don't wait for detached readers of dead processes.

@@ -11,6 +11,7 @@
 mod support;
 
 mod cli;
+mod mcp;
 #[macro_use]
 mod conformance;
 #[macro_use]
@@ -20,4 +21,6 @@ mod restricted_session;
 mod sandbox_escape;
 
 conformance_suite!(local, crate::support::local_harness);
+conformance_suite!(docker, crate::support::docker_harness);
 jobs_suite!(local_jobs, crate::support::local_harness);
+jobs_suite!(docker_jobs, crate::support::docker_harness);

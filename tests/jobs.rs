@@ -148,6 +148,15 @@ pub async fn a_job_runs_detached_with_the_session_state(h: &Harness) -> TestResu
     assert_eq!(job.out_bytes, 18);
     // The session is untouched by the job.
     assert_eq!(r.exec("echo $JV").await?, "42\n");
+    // Following a running job returns once it ends, with all of its output.
+    let id = r
+        .start("for i in 1 2 3 4 5; do echo f$i; sleep 0.1; done")
+        .await?;
+    let mut buf = Vec::new();
+    let mut sink = |b: &[u8]| buf.extend_from_slice(b);
+    let end = r.rt.job_logs(&id, 0, true, &mut sink).await?;
+    assert_eq!(String::from_utf8_lossy(&buf), "f1\nf2\nf3\nf4\nf5\n");
+    assert_eq!(end, 15);
     r.finish().await
 }
 

@@ -394,7 +394,7 @@ fn a_sandbox_created_with_network_can_connect_and_others_cannot() -> TestResult 
 }
 
 #[test]
-fn idle_sandboxes_are_reaped_by_gc() -> TestResult {
+fn idle_sandboxes_are_reaped() -> TestResult {
     let env = Env::new(
         "[limits]\nidle_lifetime_secs = 3600\n[limits.sandbox.keep]\nidle_lifetime_secs = 0\n",
     )?;
@@ -412,12 +412,12 @@ fn idle_sandboxes_are_reaped_by_gc() -> TestResult {
         )
     })?;
     drop(store);
-    let o = env.run(&["sandbox", "gc", "--dry-run"])?;
+    let o = env.run(&["sandbox", "reap", "--dry-run"])?;
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(out.contains("would remove: old (local)"), "{out}");
     assert!(!out.contains("fresh") && !out.contains("keep"), "{out}");
     assert!(env.state.join("sandboxes/local/old").exists());
-    let o = env.run(&["sandbox", "gc", "--json"])?;
+    let o = env.run(&["sandbox", "reap", "--json"])?;
     let v: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim())?;
     assert_eq!(
         (v["name"].as_str(), v["removed"].as_bool()),

@@ -35,7 +35,7 @@ fn sleepers() -> usize {
             d.flatten()
                 .filter(|e| {
                     std::fs::read(e.path().join("cmdline"))
-                        .map(|c| c == b"sleep\0101.17\0")
+                        .map(|c| c == b"sleep\x00101.17\x00")
                         .unwrap_or(false)
                 })
                 .count()

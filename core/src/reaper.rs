@@ -1,5 +1,5 @@
 //! Idle reaping: sandboxes unused for longer than their policy's idle lifetime
-//! are removed (`berth sandbox gc`). The store's `last_used` is the clock, so
+//! are removed (`berth sandbox reap`). The store's `last_used` is the clock, so
 //! this works the same after a restart and for every backend.
 
 use serde::Serialize;

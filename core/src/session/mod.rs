@@ -209,7 +209,7 @@ impl Session {
         let outcome = self
             .run_framed(
                 command,
-                stdin_path.as_deref(),
+                stdin_path.is_some(),
                 self.cfg.snapshot,
                 &mut capture,
                 opts.timeout,
@@ -429,7 +429,7 @@ impl Session {
         let (ending, _) = self
             .run_framed(
                 text,
-                None,
+                false,
                 snapshot,
                 &mut capture,
                 Some(STARTUP_DEADLINE),
@@ -465,7 +465,7 @@ impl Session {
     async fn run_framed(
         &mut self,
         text: &str,
-        stdin_path: Option<&str>,
+        with_stdin: bool,
         snapshot: bool,
         capture: &mut Capture,
         timeout: Option<Duration>,
@@ -476,7 +476,7 @@ impl Session {
         frame.extend_from_slice(script::READ_LINE.as_bytes());
         frame.extend_from_slice(text.as_bytes());
         frame.push(0);
-        frame.extend_from_slice(script::run_line(&nonce, stdin_path, snapshot).as_bytes());
+        frame.extend_from_slice(script::run_line(&nonce, with_stdin, snapshot).as_bytes());
 
         let start_pat = format!("\u{1e}{nonce}:").into_bytes();
         let end_pat = format!(":{nonce}\u{1e}").into_bytes();

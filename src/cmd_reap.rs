@@ -1,4 +1,4 @@
-//! `berth sandbox gc`: remove sandboxes idle longer than the policy allows.
+//! `berth sandbox reap`: remove sandboxes idle longer than the policy allows.
 
 use anyhow::Result;
 use berth_core::reaper;
@@ -11,9 +11,9 @@ use crate::context;
 #[command(
     after_help = "The idle lifetime is `idle_lifetime_secs` under [limits] in the policy file \
 (per sandbox under [limits.sandbox.NAME]); 0 keeps a sandbox forever.\n\n\
-Examples:\n  berth sandbox gc --dry-run\n  berth sandbox gc --json"
+Examples:\n  berth sandbox reap --dry-run\n  berth sandbox reap --json"
 )]
-pub struct GcArgs {
+pub struct ReapArgs {
     /// Only list what would be removed.
     #[arg(long)]
     pub dry_run: bool,
@@ -22,7 +22,7 @@ pub struct GcArgs {
     pub json: bool,
 }
 
-pub async fn run(rt: &Runtime, a: GcArgs) -> Result<u8> {
+pub async fn run(rt: &Runtime, a: ReapArgs) -> Result<u8> {
     let idle = reaper::reap_idle(rt, a.dry_run).await?;
     let mut failed = false;
     for i in &idle {
