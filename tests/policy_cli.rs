@@ -144,6 +144,51 @@ fn secrets_never_enter_a_local_sandbox() -> TestResult {
     Ok(())
 }
 
+/// The same on docker: nothing of berth's environment reaches the container,
+/// and what is echoed comes back redacted.
+#[test]
+fn secrets_never_enter_a_docker_sandbox() -> TestResult {
+    let env = Env::new("")?;
+    let name = format!("secret-dark-{}", std::process::id());
+    let o = env.run(&["sandbox", "create", &name, "--backend", "docker"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let probe = format!(
+        "env; echo ---; tr '\\0' '\\n' < /proc/self/environ; echo ---; \
+         for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done 2>/dev/null; echo {OPENAI} {CUSTOM}; echo done"
+    );
+    let o = env.run(&[
+        "exec",
+        "--backend",
+        "docker",
+        "--sandbox",
+        &name,
+        "--",
+        &probe,
+    ])?;
+    let out = text(&o);
+    let _ = env.run(&["sandbox", "rm", &name, "--backend", "docker", "--volumes"]);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("done") && out.contains("PATH="), "{out}");
+    assert_no_secret(&out);
+    assert!(
+        out.contains("[REDACTED:OPENAI_API_KEY] [REDACTED:DEPLOY_PASSPHRASE]"),
+        "{out}"
+    );
+    for name in [
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "DEPLOY_PASSPHRASE",
+        "BERTH_STATE_DIR",
+    ] {
+        assert!(
+            !out.contains(&format!("{name}=")),
+            "{name} reached the container:\n{out}"
+        );
+    }
+    assert_no_secret(&env.events()?);
+    Ok(())
+}
+
 #[test]
 fn secret_values_are_redacted_in_output_and_events() -> TestResult {
     let env = Env::new("")?;
