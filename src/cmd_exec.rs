@@ -14,13 +14,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{self, DEFAULT_BACKEND};
 
+/// Exit code when a policy refused the command.
+pub const EXIT_DENIED: u8 = 126;
+
 /// Default timeout: generous, but a hung command does not hang berth forever.
 const DEFAULT_TIMEOUT_SECS: f64 = 600.0;
 
 #[derive(Args, Debug)]
 #[command(
     after_help = "The command's output goes to stdout and berth exits with the command's exit code: \
-124 after a timeout, 130 after Ctrl-C, 125 when berth itself fails.\n\n\
+124 after a timeout, 130 after Ctrl-C, 125 when berth itself fails, 126 when a policy refused it.\n\n\
 Examples:\n  berth exec -- ls -la\n  berth exec -- 'cd /srv && export ENV=prod'\n  berth exec --timeout 5 -- sleep 60     # exits 124\n  echo hi | berth exec --stdin -- cat\n  berth exec --json -- make test | jq .exit_code"
 )]
 pub struct ExecArgs {
@@ -30,9 +33,10 @@ pub struct ExecArgs {
     /// Sandbox to run in; `default` is created on first use.
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
-    /// Stop the command (and every process it started) after SECS seconds.
-    #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true, default_value_t = DEFAULT_TIMEOUT_SECS)]
-    pub timeout: f64,
+    /// Stop the command (and every process it started) after SECS seconds
+    /// [default: the policy's `default_timeout_secs`, 600].
+    #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true)]
+    pub timeout: Option<f64>,
     /// Print one JSON object instead of the raw output.
     #[arg(long)]
     pub json: bool,
@@ -61,7 +65,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
     if command.trim().is_empty() {
         bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
     }
-    let timeout = timeout_from_secs(a.timeout)?;
+    let timeout = a.timeout.map(timeout_from_secs).transpose()?;
     if a.background {
         let rt = context::runtime(state_dir)?;
         let job = rt
@@ -105,15 +109,29 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         backend: a.backend.clone(),
         sandbox: a.sandbox.clone(),
         command,
-        timeout: Some(timeout),
+        timeout,
         stdin,
         cancel: Some(cancel),
         tee,
+        ..Default::default()
+    };
+    let timeout = match (timeout, rt.gate()) {
+        (Some(t), _) => t,
+        (None, Some(g)) => Duration::from_secs(g.limits(&a.sandbox).default_timeout_secs),
+        (None, None) => Duration::from_secs_f64(DEFAULT_TIMEOUT_SECS),
     };
     let outcome = rt.exec(req).await;
     rt.shutdown().await;
     let report = match outcome {
         Ok(r) => r,
+        Err(e @ berth_core::Error::Denied { .. }) => {
+            if a.json {
+                context::print_json(&json!({ "error": e.to_string(), "denied": true }));
+            } else {
+                eprintln!("berth: {e}");
+            }
+            return Ok(EXIT_DENIED);
+        }
         Err(e) if a.json => {
             context::print_json(&json!({ "error": e.to_string() }));
             return Err(e.into());

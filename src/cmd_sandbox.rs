@@ -18,6 +18,8 @@ pub enum SandboxCmd {
     Ls(LsArgs),
     /// Remove a sandbox.
     Rm(RmArgs),
+    /// Remove sandboxes idle longer than the policy's idle lifetime.
+    Reap(crate::cmd_reap::ReapArgs),
     /// Remove berth's exited or never-started containers (docker); their
     /// volumes stay, so `sandbox create` brings the sandbox back.
     Gc(GcArgs),
@@ -193,6 +195,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
                 }
             }
         }
+        SandboxCmd::Reap(a) => return crate::cmd_reap::run(&rt, a).await,
         SandboxCmd::Gc(a) => return gc(a).await,
         SandboxCmd::Rm(a) => {
             rt.remove_sandbox(&a.backend, &a.name, a.volumes).await?;

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use async_trait::async_trait;
 use berth_backends::BackendContext;
 use berth_core::backend::Backend;
+use berth_core::gate::Gate;
 use berth_core::runtime::{BackendSource, Runtime, RuntimeConfig};
 use berth_core::store::Store;
 
@@ -27,6 +28,26 @@ pub fn state_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".local/state/berth"))
 }
 
+/// The policy file: BERTH_POLICY, else $XDG_CONFIG_HOME/berth/policy.toml,
+/// else ~/.config/berth/policy.toml. It need not exist (built-in defaults).
+pub fn policy_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BERTH_POLICY").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("berth/policy.toml"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .context("neither BERTH_POLICY, XDG_CONFIG_HOME nor HOME is set; set BERTH_POLICY=FILE")?;
+    Ok(PathBuf::from(home).join(".config/berth/policy.toml"))
+}
+
+/// The gate: the policy file over the built-in defaults, and berth's environment.
+pub fn gate() -> Result<Gate> {
+    Ok(Gate::load(&policy_path()?, std::env::vars())?)
+}
+
 /// Opens backends through berth-backends.
 pub struct Backends {
     ctx: BackendContext,
@@ -43,17 +64,33 @@ impl BackendSource for Backends {
 pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     let dir = state_dir(flag)?;
     let store = Store::open(&dir)?;
+    let gate = Arc::new(gate()?);
+    // Every local sandbox process runs through the kernel restrictions;
+    // BERTH_UNRESTRICTED=1 runs them unconfined (and the wrapper says so).
+    let unrestricted = std::env::var_os("BERTH_UNRESTRICTED").is_some_and(|v| v == "1");
+    let exe = std::env::current_exe()
+        .context("cannot find berth's own executable for the local sandbox wrapper")?;
     let ctx = BackendContext {
         state_dir: dir.clone(),
+        local_wrapper: Some(gate.local_wrapper(&exe, unrestricted)?),
         // A first docker sandbox builds its image: say what is happening.
         progress: Some(Arc::new(|line: &str| eprintln!("berth: image: {line}"))),
-        ..Default::default()
     };
     Ok(Runtime::new(
         Arc::new(store),
         Arc::new(Backends { ctx }),
         RuntimeConfig::new(dir),
-    ))
+    )
+    .with_gate(gate)
+    .with_approval_notice(Arc::new(|ap: &berth_core::approvals::Approval| {
+        eprintln!(
+            "berth: waiting for approval #{id}: `{part}` needs a person's yes ({reason}).\n\
+             berth: answer from another terminal: `berth approve {id}` (add --always to allow it from now on) or `berth deny {id}`",
+            id = ap.id,
+            part = ap.part,
+            reason = ap.reason
+        );
+    })))
 }
 
 /// Print a value as one line of JSON.

@@ -4,13 +4,17 @@
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
 mod bench;
+mod cmd_approvals;
 mod cmd_events;
 mod cmd_exec;
 mod cmd_image;
 mod cmd_job;
+mod cmd_policy;
+mod cmd_reap;
 mod cmd_sandbox;
 mod context;
 mod mcp;
+mod sandbox_exec;
 mod shell;
 
 use std::path::PathBuf;
@@ -70,12 +74,26 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
+    /// Check commands against the policy, and show the policy.
+    #[command(subcommand)]
+    Policy(cmd_policy::PolicyCmd),
+    /// List the commands waiting for a person's approval.
+    #[command(subcommand)]
+    Approvals(cmd_approvals::ApprovalsCmd),
+    /// Approve a waiting command (`--always`: and allow it from now on).
+    Approve(cmd_approvals::AnswerArgs),
+    /// Deny a waiting command.
+    Deny(cmd_approvals::AnswerArgs),
     /// The docker sandbox image.
     #[command(subcommand)]
     Image(cmd_image::ImageCmd),
 }
 
 fn main() -> ExitCode {
+    // The local exec wrapper runs before anything else exists in the process.
+    if let Some(code) = sandbox_exec::dispatch() {
+        return code;
+    }
     let cli = Cli::parse();
     init_logging(&cli.log);
     // One thread: a round trip to the shell then wakes no other thread.
@@ -97,6 +115,10 @@ fn main() -> ExitCode {
             Command::Job(c) => cmd_job::run(cli.state_dir, c).await,
             Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
+            Command::Policy(c) => cmd_policy::run(c),
+            Command::Approvals(c) => cmd_approvals::ls(cli.state_dir, c),
+            Command::Approve(a) => cmd_approvals::answer(cli.state_dir, a, true),
+            Command::Deny(a) => cmd_approvals::answer(cli.state_dir, a, false),
             Command::Image(c) => cmd_image::run(c).await,
             Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
         }

@@ -4,6 +4,9 @@
 //!   every backend; a backend joins by adding one `conformance_suite!` line.
 //! - `jobs`: background jobs through the runtime, likewise per backend.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
+//! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
+//!   (kernel-dependent: they fail, naming the missing feature, on a kernel
+//!   without Landlock ABI >= 4, seccomp or, as root, a pids cgroup).
 
 mod support;
 
@@ -13,6 +16,9 @@ mod mcp;
 mod conformance;
 #[macro_use]
 mod jobs;
+mod policy_cli;
+mod restricted_session;
+mod sandbox_escape;
 
 conformance_suite!(local, crate::support::local_harness);
 conformance_suite!(docker, crate::support::docker_harness);

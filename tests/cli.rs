@@ -11,6 +11,8 @@ fn berth(state: &Path, args: &[&str]) -> std::io::Result<Output> {
     Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(args)
         .env("BERTH_STATE_DIR", state)
+        // Not the user's own policy file.
+        .env("BERTH_POLICY", state.join("policy.toml"))
         .stdin(Stdio::null())
         .output()
 }

@@ -13,6 +13,8 @@ use berth_core::error::{Error, Result};
 pub mod docker;
 #[cfg(feature = "local")]
 pub mod local;
+#[cfg(feature = "local")]
+pub mod local_cgroup;
 
 /// Where a backend reports long preparations (the docker image build), one
 /// human-readable line at a time, for a CLI to print.

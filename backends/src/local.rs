@@ -34,6 +34,13 @@ const KIND: &str = "local";
 /// The PATH every local sandbox process starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// In a wrapper argv, replaced by the sandbox's directory at spawn time.
+pub const WRAPPER_SANDBOX_DIR: &str = "{sandbox_dir}";
+/// In a wrapper argv, replaced by the sandbox's name at spawn time.
+pub const WRAPPER_SANDBOX: &str = "{sandbox}";
+/// In a wrapper argv, replaced by `on` or `off`: whether the sandbox's spec asks for network.
+pub const WRAPPER_NETWORK: &str = "{network}";
+
 /// The local backend.
 pub struct LocalBackend {
     root: PathBuf,
@@ -138,12 +145,14 @@ impl Backend for LocalBackend {
                 .map_err(|e| Error::InvalidInput(format!("sandbox spec: {e}")))?;
             write_atomic(&record_path, &json)?;
         }
-        let sandbox = LocalSandbox::new(
-            spec.name.clone(),
-            dir,
-            record.spec.env.clone(),
-            self.wrapper.clone(),
-        );
+        // The sandbox's own network setting reaches the wrapper as `{network}`.
+        let network = if record.spec.network { "on" } else { "off" };
+        let wrapper = self.wrapper.as_ref().map(|w| {
+            w.iter()
+                .map(|a| a.replace(WRAPPER_NETWORK, network))
+                .collect()
+        });
+        let sandbox = LocalSandbox::new(spec.name.clone(), dir, record.spec.env.clone(), wrapper);
         Ok(Provisioned {
             sandbox: Arc::new(sandbox),
             created: !existed,
@@ -191,6 +200,11 @@ impl Backend for LocalBackend {
                 name: name.into(),
                 hint: "list sandboxes with `berth sandbox ls --backend local`".into(),
             });
+        }
+        if let Some(cg) = crate::local_cgroup::dir_for(name, &dir)
+            && let Err(e) = crate::local_cgroup::remove(&cg)
+        {
+            tracing::warn!(sandbox = name, cgroup = %cg.display(), error = %e, "could not remove the sandbox's pids cgroup");
         }
         std::fs::remove_dir_all(&dir).map_err(|e| Error::io("removing sandbox", &dir, e))
     }
@@ -285,11 +299,19 @@ impl Sandbox for LocalSandbox {
                 detail: format!("working directory {cwd} does not exist"),
             });
         }
-        let full: Vec<&String> = match &self.wrapper {
-            Some(w) => w.iter().chain(argv.iter()).collect(),
-            None => argv.iter().collect(),
+        // The wrapper may name the sandbox with `{sandbox}` and `{sandbox_dir}`.
+        let full: Vec<String> = match &self.wrapper {
+            Some(w) => w
+                .iter()
+                .map(|a| {
+                    a.replace(WRAPPER_SANDBOX_DIR, &self.dir.display().to_string())
+                        .replace(WRAPPER_SANDBOX, &self.name)
+                })
+                .chain(argv.iter().cloned())
+                .collect(),
+            None => argv.to_vec(),
         };
-        let mut cmd = Command::new(full[0]);
+        let mut cmd = Command::new(&full[0]);
         cmd.args(&full[1..])
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))

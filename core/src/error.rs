@@ -114,6 +114,20 @@ pub enum Error {
     /// The state store failed.
     #[error("state store: {0}")]
     Store(String),
+
+    /// A policy refused the command (a deny rule, or an ask that was denied or
+    /// timed out).
+    #[error("policy refused `{part}`: {reason} (rule `{rule}`){}", hint_suffix(.hint))]
+    Denied {
+        /// The rule (or `approval`) that refused.
+        rule: String,
+        /// Why.
+        reason: String,
+        /// The part of the command that was refused.
+        part: String,
+        /// What to do next.
+        hint: String,
+    },
 }
 
 fn hint_suffix(hint: &str) -> String {
@@ -125,6 +139,24 @@ fn hint_suffix(hint: &str) -> String {
 }
 
 impl Error {
+    /// The same error with secrets masked in what it shows.
+    pub fn redacted(self, gate: &crate::gate::Gate) -> Self {
+        match self {
+            Error::Denied {
+                rule,
+                reason,
+                part,
+                hint,
+            } => Error::Denied {
+                rule,
+                reason: gate.redact(&reason).into_owned(),
+                part: gate.redact(&part).into_owned(),
+                hint,
+            },
+            other => other,
+        }
+    }
+
     /// A stream I/O error with context.
     pub fn stream(context: &'static str, source: std::io::Error) -> Self {
         Error::Stream { context, source }

@@ -4,11 +4,14 @@
 //! sandbox; the runtime finds or provisions the sandbox through a [`backend::Backend`],
 //! drives its persistent [`session::Session`], and records the call in the [`store::Store`].
 
+pub mod approvals;
 pub mod backend;
 pub mod error;
+pub mod gate;
 pub mod jobs;
 pub mod session;
 
+pub mod reaper;
 pub mod runtime;
 pub mod store;
 pub use error::{Error, Result};

@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use crate::backend::{Backend, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec};
 use crate::error::{Error, Result};
+use crate::gate::{ApprovalNotice, Gate};
 use crate::session::{CaptureLimits, ExecOpts, ExecResult, Session, SessionConfig};
 use crate::store::{Event, SandboxRow, Store};
 
@@ -80,6 +81,10 @@ pub struct ExecRequest {
     pub cancel: Option<CancellationToken>,
     /// A live copy of the output as it arrives.
     pub tee: Option<crate::session::Tee>,
+    /// Told when the command waits for an approval (else the runtime's notice).
+    pub on_approval: Option<ApprovalNotice>,
+    /// Already admitted by the gate: berth's own launcher for an admitted job.
+    pub admitted: bool,
 }
 
 /// What `exec` returns.
@@ -121,6 +126,8 @@ pub struct Runtime {
     cfg: RuntimeConfig,
     backends: Mutex<HashMap<String, Arc<dyn Backend>>>,
     sessions: Mutex<HashMap<SessionKey, Arc<Mutex<Session>>>>,
+    gate: Option<Arc<Gate>>,
+    approval_notice: Option<ApprovalNotice>,
 }
 
 impl Runtime {
@@ -132,6 +139,57 @@ impl Runtime {
             cfg,
             backends: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
+            gate: None,
+            approval_notice: None,
+        }
+    }
+
+    /// Tell `notice` whenever a command starts waiting for an approval.
+    pub fn with_approval_notice(mut self, notice: ApprovalNotice) -> Self {
+        self.approval_notice = Some(notice);
+        self
+    }
+
+    /// Check a command that is about to run (for paths other than `exec`, such
+    /// as jobs); records refusals and waits on approvals like `exec` does.
+    pub async fn admit(
+        &self,
+        call_id: &str,
+        backend: &str,
+        sandbox: &str,
+        command: &str,
+    ) -> Result<()> {
+        if let Some(g) = &self.gate {
+            g.admit(
+                &self.store,
+                call_id,
+                backend,
+                sandbox,
+                command,
+                self.approval_notice.as_ref(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Check every command against `gate`, give sandboxes only its allowed
+    /// environment, apply its limits and redact output and events with it.
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The gate, if there is one.
+    pub fn gate(&self) -> Option<&Arc<Gate>> {
+        self.gate.as_ref()
+    }
+
+    /// `text` with secrets masked (unchanged without a gate).
+    pub fn redact(&self, text: &str) -> String {
+        match &self.gate {
+            Some(g) => g.redact(text).into_owned(),
+            None => text.to_string(),
         }
     }
 
@@ -307,6 +365,11 @@ impl Runtime {
         }
         let mut cfg = SessionConfig::named(format!("{backend}/{sandbox}/{MAIN_SESSION}"));
         cfg.grace = self.cfg.grace;
+        if let Some(g) = &self.gate {
+            // Only what the policy allows of berth's own environment.
+            cfg.env
+                .extend(g.sandbox_env().iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
         let session = Session::open(p.sandbox, cfg).await?;
         let s = Arc::new(Mutex::new(session));
         map.insert(key, s.clone());
@@ -347,16 +410,44 @@ impl Runtime {
             ));
         }
         let call_id = new_call_id();
+        let mut req = req;
+        let mut verdict = None;
+        if let Some(g) = self.gate.as_ref().filter(|_| !req.admitted) {
+            req.timeout = Some(
+                g.limits(&req.sandbox)
+                    .timeout(req.timeout)
+                    .map_err(|e| Error::InvalidInput(e.to_string()))?,
+            );
+            let admission = g
+                .admit(
+                    &self.store,
+                    &call_id,
+                    &req.backend,
+                    &req.sandbox,
+                    &req.command,
+                    req.on_approval.as_ref().or(self.approval_notice.as_ref()),
+                )
+                .await?;
+            verdict = Some(admission.summary());
+        }
+        if let Some(g) = &self.gate {
+            req.tee = req.tee.take().map(|t| g.redacting_tee(t));
+        }
+        let command_text = self.redact(&req.command);
         self.store.append(&Event {
             kind: "exec.started".into(),
             call_id: Some(call_id.clone()),
             backend: Some(req.backend.clone()),
             sandbox: Some(req.sandbox.clone()),
             session: Some(MAIN_SESSION.into()),
-            command: Some(req.command.clone()),
+            command: Some(command_text.clone()),
+            verdict,
             ..Default::default()
         })?;
-        let outcome = self.exec_inner(&req, &call_id).await;
+        let mut outcome = self.exec_inner(&req, &call_id).await;
+        if let (Some(g), Ok(r)) = (&self.gate, &mut outcome) {
+            g.redact_output(&mut r.result.output);
+        }
         let finished = match &outcome {
             Ok(r) => Event {
                 kind: "exec.finished".into(),
@@ -382,11 +473,15 @@ impl Runtime {
             },
         };
         let finished = Event {
+            detail: finished.detail.map(|d| self.redact(&d)),
+            ..finished
+        };
+        let finished = Event {
             call_id: Some(call_id.clone()),
             backend: Some(req.backend.clone()),
             sandbox: Some(req.sandbox.clone()),
             session: Some(MAIN_SESSION.into()),
-            command: Some(req.command.clone()),
+            command: Some(command_text),
             ..finished
         };
         if let Err(e) = self.store.append(&finished) {
@@ -398,10 +493,20 @@ impl Runtime {
     async fn exec_inner(&self, req: &ExecRequest, call_id: &str) -> Result<ExecReport> {
         let (session, recreated) = self.session(&req.backend, &req.sandbox).await?;
         let mut session = session.lock().await;
+        let limits = match &self.gate {
+            Some(g) => {
+                let cap = g.limits(&req.sandbox).output_cap_bytes as usize;
+                CaptureLimits {
+                    head: cap / 2,
+                    tail: cap - cap / 2,
+                }
+            }
+            None => self.cfg.limits,
+        };
         let opts = ExecOpts {
             timeout: req.timeout,
             stdin: req.stdin.clone(),
-            limits: self.cfg.limits,
+            limits,
             spool: Some(self.spool_path(call_id)),
             cancel: req.cancel.clone(),
             tee: req.tee.clone(),

@@ -76,6 +76,8 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX jobs_name ON jobs(name);
     "#,
+    // 3: approvals.
+    crate::approvals::SCHEMA,
 ];
 
 /// Milliseconds since the Unix epoch.
@@ -155,7 +157,21 @@ impl Store {
             ))
         })?;
         conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Processes opening a new database at once race to switch it to WAL;
+        // the loser gets SQLITE_BUSY without a busy wait, so it tries again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match conn.pragma_update(None, "journal_mode", "WAL") {
+                Ok(()) => break,
+                Err(rusqlite::Error::SqliteFailure(f, _))
+                    if f.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         let store = Store {
@@ -363,6 +379,12 @@ impl Store {
             out.push(r?);
         }
         Ok(out)
+    }
+
+    /// Like [`Store::with_conn`], for functions that return berth's own `Result`.
+    pub fn with_db<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.conn()?;
+        f(&conn)
     }
 
     /// Run `f` with the raw connection, for modules that own tables of their own

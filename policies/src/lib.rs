@@ -1,1 +1,32 @@
-//! placeholder
+//! berth-policies: the pure decisions that make berth safe to hand to an agent.
+//!
+//! Flow at a glance:
+//! - [`Policy`] is read from a TOML file on top of built-in defaults ([`file`]).
+//! - [`CommandRules::check`] reads shell text with [`shell::parse`], judges
+//!   every simple command in it, and returns a [`Verdict`] (allow, ask or deny)
+//!   that names its rule and reason ([`rules`], [`dangerous`]).
+//! - [`EnvFilter`] decides which of berth's variables enter a sandbox ([`env`]).
+//! - [`Redactor`] masks secrets in output and event text ([`redact`]).
+//! - [`Limits`] holds timeouts, output caps and idle lifetimes ([`limits`]).
+//! - [`SandboxProfile`] is what the local exec wrapper enforces ([`profile`]).
+//!
+//! Nothing here runs commands or touches the kernel; enforcement lives at the
+//! seams that use these decisions.
+
+pub mod argv;
+pub mod dangerous;
+pub mod env;
+pub mod file;
+pub mod limits;
+pub mod profile;
+pub mod redact;
+pub mod rules;
+pub mod shell;
+
+pub use dangerous::Pattern;
+pub use env::EnvFilter;
+pub use file::{Approvals, Policy, PolicyError, append_allow_rule};
+pub use limits::{Limits, LimitsTable, TimeoutTooLong};
+pub use profile::{LocalPolicy, RLimits, SandboxProfile};
+pub use redact::Redactor;
+pub use rules::{Action, CommandRules, Matcher, Rule, Verdict};

@@ -258,8 +258,11 @@ impl Runtime {
                 Error::InvalidInput(format!("--watch {w:?} is not a valid regex: {e}"))
             })?;
         }
+        let id = new_job_id();
+        // The command the job will run is what the policy judges, not its launcher.
+        self.admit(&id, backend, sandbox, command).await?;
         let mut job = Job {
-            id: new_job_id(),
+            id,
             name,
             backend: backend.into(),
             sandbox: sandbox.into(),
@@ -314,6 +317,7 @@ impl Runtime {
                 sandbox: job.sandbox.clone(),
                 command: script::launch(&dir),
                 timeout: Some(Duration::from_secs(60)),
+                admitted: true,
                 ..Default::default()
             })
             .await?;
@@ -346,11 +350,11 @@ impl Runtime {
             call_id: Some(job.id.clone()),
             backend: Some(job.backend.clone()),
             sandbox: Some(job.sandbox.clone()),
-            command: Some(job.command.clone()),
+            command: Some(self.redact(&job.command)),
             exit_code: job.exit_code,
             duration_ms: job.ended_at.map(|e| e - job.created_at),
             bytes_out: Some(job.out_bytes),
-            detail: Some(d.to_string()),
+            detail: Some(self.redact(&d.to_string())),
             ..Default::default()
         })?;
         Ok(())
@@ -584,7 +588,10 @@ impl Runtime {
                 if n == 0 {
                     break;
                 }
-                sink(&buf[..n]);
+                match self.gate() {
+                    Some(g) => sink(&g.redact_bytes(&buf[..n])),
+                    None => sink(&buf[..n]),
+                }
                 pos += n as u64;
             }
         }
@@ -605,7 +612,10 @@ impl Runtime {
             HELPER_TIMEOUT,
         )
         .await?;
-        Ok(c.stdout)
+        Ok(match self.gate() {
+            Some(g) => g.redact_bytes(&c.stdout).into_owned(),
+            None => c.stdout,
+        })
     }
 
     /// Wait for a job to end, up to `timeout`. Returns the job as it then stands.

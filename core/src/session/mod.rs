@@ -133,6 +133,8 @@ struct Shell {
     /// Bytes read but not yet attributed to a command.
     pending: Vec<u8>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
+    /// The task collecting stderr; done once the shell's stderr is closed.
+    stderr_reader: Option<tokio::task::JoinHandle<()>>,
     info: ShellInfo,
 }
 
@@ -315,9 +317,8 @@ impl Session {
             }
         };
         let stderr_tail = Arc::new(Mutex::new(Vec::new()));
-        if let Some(err) = stderr {
-            tokio::spawn(keep_tail(err, stderr_tail.clone(), self.cfg.name.clone()));
-        }
+        let stderr_reader = stderr
+            .map(|err| tokio::spawn(keep_tail(err, stderr_tail.clone(), self.cfg.name.clone())));
         let mut shell = Shell {
             process,
             stdin,
@@ -325,6 +326,7 @@ impl Session {
             buf: vec![0u8; 64 * 1024],
             pending: Vec::new(),
             stderr_tail,
+            stderr_reader,
             info: ShellInfo {
                 pid: 0,
                 sid: 0,
@@ -333,7 +335,21 @@ impl Session {
         };
         let boot = script::bootstrap(&layout.berth_dir, &layout.workdir);
         if let Err(e) = shell.stdin.write_all(boot.as_bytes()).await {
-            return Err(self.session_error(&format!("could not start the shell: {e}")));
+            // It died at once: its stderr says why (say, the sandbox wrapper's refusal).
+            if let Some(reader) = shell.stderr_reader.take() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+            }
+            let said = shell
+                .stderr_tail
+                .lock()
+                .map(|t| String::from_utf8_lossy(&t).trim().to_string())
+                .unwrap_or_default();
+            let said = if said.is_empty() {
+                String::new()
+            } else {
+                format!(": {said}")
+            };
+            return Err(self.session_error(&format!("could not start the shell: {e}{said}")));
         }
         self.shell = Some(shell);
 
@@ -424,6 +440,11 @@ impl Session {
         match ending {
             Some(Ending::Marker { .. }) => Ok(out),
             _ => {
+                // Its last words (say, the sandbox wrapper's refusal) may still
+                // be in flight on stderr: give the reader a moment to finish.
+                if let Some(reader) = self.shell.as_mut().and_then(|s| s.stderr_reader.take()) {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+                }
                 let stderr = self.stderr_text();
                 self.drop_shell().await;
                 Err(self.session_error(&format!(

@@ -1,0 +1,356 @@
+//! The Gate: where the runtime meets the policies. Built once per berth
+//! process from the policy file and berth's own environment, it answers
+//! "may this run?", "what environment does a sandbox get?", "what must be
+//! hidden from this text?" and "what are this sandbox's limits?".
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_policies::{Action, Limits, Policy, Redactor, Verdict};
+use serde_json::json;
+
+use crate::approvals::{self, Approval, ApprovalState, NewApproval};
+use crate::error::{Error, Result};
+use crate::session::{Output, Tee};
+use crate::store::{Event, Store};
+
+/// Called when a command starts waiting for an approval, to tell a person.
+pub type ApprovalNotice = Arc<dyn Fn(&Approval) + Send + Sync>;
+
+/// How often a waiting call re-reads its approval.
+const APPROVAL_POLL: Duration = Duration::from_millis(200);
+
+/// Policy decisions for one berth process.
+#[derive(Debug)]
+pub struct Gate {
+    policy: Policy,
+    policy_path: Option<PathBuf>,
+    redactor: Redactor,
+    sandbox_env: BTreeMap<String, String>,
+}
+
+impl Gate {
+    /// A gate from the policy file at `path` (built-in defaults if it does not
+    /// exist) and berth's environment `env` (pass `std::env::vars()`).
+    pub fn load(path: &Path, env: impl IntoIterator<Item = (String, String)>) -> Result<Gate> {
+        let policy = Policy::load(path).map_err(|e| {
+            Error::InvalidInput(format!(
+                "{e}; fix the file or move it aside to use the defaults"
+            ))
+        })?;
+        Ok(Gate::new(policy, Some(path.to_path_buf()), env))
+    }
+
+    /// A gate from a policy already read.
+    pub fn new(
+        policy: Policy,
+        policy_path: Option<PathBuf>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Gate {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let redactor = Redactor::from_env(env.iter().cloned());
+        let sandbox_env = policy.env.filter(env);
+        Gate {
+            policy,
+            policy_path,
+            redactor,
+            sandbox_env,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The policy file this gate was loaded from (where `--always` rules go).
+    pub fn policy_path(&self) -> Option<&Path> {
+        self.policy_path.as_deref()
+    }
+
+    /// The verdict for running `command` on `backend`.
+    pub fn check(&self, command: &str, backend: &str) -> Verdict {
+        self.policy.rules.check(command, backend)
+    }
+
+    /// The part of berth's environment a sandbox may see.
+    pub fn sandbox_env(&self) -> &BTreeMap<String, String> {
+        &self.sandbox_env
+    }
+
+    /// `text` with secrets masked.
+    pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.redactor.redact(text)
+    }
+
+    /// `bytes` with secrets masked.
+    pub fn redact_bytes<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+        self.redactor.redact_bytes(bytes)
+    }
+
+    /// The limits of the named sandbox.
+    pub fn limits(&self, sandbox: &str) -> &Limits {
+        self.policy.limits.for_sandbox(sandbox)
+    }
+
+    /// The argv prefix that runs local sandbox processes through the kernel
+    /// restrictions (`berth __sandbox-exec …`); `{sandbox_dir}`, `{sandbox}` and
+    /// `{network}` are filled in by the local backend.
+    pub fn local_wrapper(&self, berth_exe: &Path, unrestricted: bool) -> Result<Vec<String>> {
+        let policy = serde_json::to_string(&self.policy.local)
+            .map_err(|e| Error::InvalidInput(format!("local policy: {e}")))?;
+        let mut argv = vec![
+            berth_exe.display().to_string(),
+            "__sandbox-exec".into(),
+            "--policy".into(),
+            policy,
+            "--sandbox-dir".into(),
+            "{sandbox_dir}".into(),
+            "--name".into(),
+            "{sandbox}".into(),
+            "--network".into(),
+            "{network}".into(),
+        ];
+        if unrestricted {
+            argv.push("--unrestricted".into());
+        }
+        argv.push("--".into());
+        Ok(argv)
+    }
+}
+
+/// Where a command stands after the gate.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    /// The rules' verdict.
+    pub verdict: Verdict,
+    /// The approval that let it through, if it was asked.
+    pub approval: Option<i64>,
+}
+
+impl Admission {
+    /// A one-line summary for the event log's verdict column.
+    pub fn summary(&self) -> String {
+        match self.approval {
+            Some(id) => format!("ask -> approved #{id} (rule {})", self.verdict.rule),
+            None => format!("{} (rule {})", self.verdict.action, self.verdict.rule),
+        }
+    }
+}
+
+impl Gate {
+    /// Decide whether `command` may run in `sandbox` on `backend`. Records
+    /// refusals and approvals in the event log under `call_id`; on an ask,
+    /// writes (or reuses) an approval, tells `notice`, and waits for an answer
+    /// from any process until the policy's approval timeout, then refuses.
+    pub async fn admit(
+        &self,
+        store: &Store,
+        call_id: &str,
+        backend: &str,
+        sandbox: &str,
+        command: &str,
+        notice: Option<&ApprovalNotice>,
+    ) -> Result<Admission> {
+        let verdict = self.check(command, backend);
+        let event = |kind: &str, detail: serde_json::Value| Event {
+            kind: kind.into(),
+            call_id: Some(call_id.into()),
+            backend: Some(backend.into()),
+            sandbox: Some(sandbox.into()),
+            command: Some(self.redact(command).into_owned()),
+            verdict: Some(format!("{} (rule {})", verdict.action, verdict.rule)),
+            detail: Some(self.redact(&detail.to_string()).into_owned()),
+            ..Default::default()
+        };
+        let why = json!({ "rule": verdict.rule, "reason": verdict.reason, "part": verdict.part });
+        match verdict.action {
+            Action::Allow => Ok(Admission {
+                verdict,
+                approval: None,
+            }),
+            Action::Deny => {
+                store.append(&event("exec.denied", why))?;
+                Err(Error::Denied {
+                    rule: verdict.rule.clone(),
+                    reason: verdict.reason.clone(),
+                    part: verdict.part.clone(),
+                    hint: format!(
+                        "`berth policy check --backend {backend} -- '…'` explains verdicts; a rule in the policy file can change this one"
+                    ),
+                }
+                .redacted(self))
+            }
+            Action::Ask => {
+                let existing =
+                    store.with_db(|c| approvals::find_reusable(c, sandbox, backend, command))?;
+                let pending = match existing {
+                    Some(a) if a.state == ApprovalState::Approved => a,
+                    Some(a) => {
+                        store.append(&event("approval.waiting", json!({ "approval": a.id })))?;
+                        a
+                    }
+                    None => {
+                        let a = store.with_db(|c| {
+                            approvals::create(
+                                c,
+                                &NewApproval {
+                                    sandbox: sandbox.into(),
+                                    backend: backend.into(),
+                                    command: command.into(),
+                                    part: verdict.part.clone(),
+                                    argv: verdict.argv.clone(),
+                                    rule: verdict.rule.clone(),
+                                    reason: verdict.reason.clone(),
+                                },
+                            )
+                        })?;
+                        store.append(&event(
+                            "approval.requested",
+                            json!({ "approval": a.id, "rule": verdict.rule, "reason": verdict.reason, "part": verdict.part }),
+                        ))?;
+                        a
+                    }
+                };
+                let decided = if pending.state == ApprovalState::Pending {
+                    if let Some(n) = notice {
+                        n(&self.redact_approval(&pending));
+                    }
+                    let timeout = Duration::from_secs(self.policy.approvals.timeout_secs);
+                    approvals::wait(store, pending.id, timeout, APPROVAL_POLL).await?
+                } else {
+                    pending
+                };
+                let id = decided.id;
+                let by = decided
+                    .decided_by
+                    .clone()
+                    .unwrap_or_else(|| "unknown".into());
+                match decided.state {
+                    ApprovalState::Approved => {
+                        store.with_db(|c| approvals::mark_used(c, id))?;
+                        store.append(&event(
+                            "approval.granted",
+                            json!({ "approval": id, "by": by, "always": decided.always }),
+                        ))?;
+                        Ok(Admission {
+                            verdict,
+                            approval: Some(id),
+                        })
+                    }
+                    state => {
+                        let reason = if state == ApprovalState::Expired {
+                            format!(
+                                "nobody answered approval #{id} within {}s, so it was denied (berth fails closed)",
+                                self.policy.approvals.timeout_secs
+                            )
+                        } else {
+                            format!("approval #{id} was denied by {by}")
+                        };
+                        store.append(&event(
+                            "approval.refused",
+                            json!({ "approval": id, "state": state.to_string(), "by": by }),
+                        ))?;
+                        Err(Error::Denied {
+                            rule: verdict.rule.clone(),
+                            reason,
+                            part: verdict.part.clone(),
+                            hint: "run it again to ask again".into(),
+                        }
+                        .redacted(self))
+                    }
+                }
+            }
+        }
+    }
+
+    /// A copy of `a` with secrets masked, for showing to people.
+    pub fn redact_approval(&self, a: &Approval) -> Approval {
+        Approval {
+            command: self.redact(&a.command).into_owned(),
+            part: self.redact(&a.part).into_owned(),
+            reason: self.redact(&a.reason).into_owned(),
+            argv: a.argv.iter().map(|w| self.redact(w).into_owned()).collect(),
+            ..a.clone()
+        }
+    }
+
+    /// Mask secrets in a command's captured output (and its spool file).
+    pub fn redact_output(&self, out: &mut Output) {
+        if out.omitted_bytes == 0 && !out.tail.is_empty() {
+            // Contiguous: redact as one, so a secret across the seam is caught.
+            let mut all = std::mem::take(&mut out.head);
+            all.extend_from_slice(&out.tail);
+            out.tail.clear();
+            out.head = self.redact_bytes(&all).into_owned();
+        } else {
+            if let Cow::Owned(h) = self.redact_bytes(&out.head) {
+                out.head = h;
+            }
+            if let Cow::Owned(t) = self.redact_bytes(&out.tail) {
+                out.tail = t;
+            }
+        }
+        if let Some(path) = &out.spool
+            && let Err(e) = self.redact_file(path)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not redact the spooled output");
+        }
+    }
+
+    /// Mask secrets in a file in place, in bounded memory (rewritten only if
+    /// something was masked).
+    pub fn redact_file(&self, path: &Path) -> std::io::Result<()> {
+        let input = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let tmp = path.with_extension("redacting");
+        let out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let changed = self
+            .redactor
+            .redact_stream(std::io::BufReader::new(input), out)?;
+        if changed {
+            std::fs::rename(&tmp, path)
+        } else {
+            std::fs::remove_file(&tmp)
+        }
+    }
+
+    /// A tee that masks secrets in each chunk before passing it on.
+    pub fn redacting_tee(self: &Arc<Self>, inner: Tee) -> Tee {
+        let gate = self.clone();
+        Arc::new(move |chunk: &[u8]| inner(&gate.redact_bytes(chunk)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn secret_dark_env_and_redaction() {
+        let env = vec![
+            (
+                "OPENAI_API_KEY".to_string(),
+                "sk-test-0123456789abcdefghij".to_string(),
+            ),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("PATH".into(), "/usr/bin".into()),
+        ];
+        let g = Gate::new(Policy::default(), None, env);
+        assert_eq!(g.sandbox_env().keys().collect::<Vec<_>>(), vec!["LANG"]);
+        assert_eq!(
+            g.redact("k=sk-test-0123456789abcdefghij"),
+            "k=[REDACTED:OPENAI_API_KEY]"
+        );
+        let w = g.local_wrapper(Path::new("/usr/bin/berth"), false).unwrap();
+        assert_eq!(w[1], "__sandbox-exec");
+        assert_eq!(w.last().map(String::as_str), Some("--"));
+    }
+}

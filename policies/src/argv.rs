@@ -1,0 +1,373 @@
+//! What an argv really runs: wrapper programs (`env`, `sudo`, `nohup`, …) and
+//! leading assignments are peeled off, program paths are reduced to their
+//! names, and strings handed to a shell (`bash -c`, `eval`, …) are found.
+
+/// `NAME=value` as (name, value), if `w` is an assignment word.
+pub fn assignment(w: &str) -> Option<(&str, &str)> {
+    let (k, v) = w.split_once('=')?;
+    let mut cs = k.chars();
+    let ok = matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && cs.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    ok.then_some((k, v))
+}
+
+/// A program word reduced to its name: `/usr/bin/rm` → `rm`.
+pub fn program_name(w: &str) -> &str {
+    w.rsplit('/').next().unwrap_or(w)
+}
+
+/// Shells whose `-c` string (or stdin) is code.
+pub const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "yash", "posh", "busybox",
+];
+
+/// Each layer an argv runs through, outermost first, with leading assignments
+/// dropped and the program reduced to its name. The last layer is the program
+/// that really runs. Empty when the argv runs no program (only assignments).
+pub fn views(argv: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut cur = normalize(argv);
+    let mut guard = 0;
+    while !cur.is_empty() && guard < 32 {
+        guard += 1;
+        let next = unwrap_once(&cur);
+        out.push(cur);
+        match next {
+            Some(n) => cur = normalize(&n),
+            None => break,
+        }
+    }
+    out
+}
+
+/// The program that really runs, after all wrappers.
+pub fn inner(argv: &[String]) -> Vec<String> {
+    views(argv).pop().unwrap_or_default()
+}
+
+fn normalize(argv: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = argv
+        .iter()
+        .skip_while(|w| assignment(w).is_some())
+        .cloned()
+        .collect();
+    if let Some(first) = v.first_mut() {
+        *first = program_name(first).to_string();
+    }
+    v
+}
+
+/// Options that take a separate value, per wrapper.
+fn takes_value(prog: &str, opt: &str) -> bool {
+    let set: &[&str] = match prog {
+        "sudo" => &[
+            "-u", "-g", "-h", "-p", "-C", "-D", "-R", "-T", "-U", "-r", "-t", "--user", "--group",
+            "--chdir", "--prompt",
+        ],
+        "doas" => &["-u", "-C"],
+        "env" => &["-u", "--unset", "-C", "--chdir"],
+        "exec" => &["-a"],
+        "nice" => &["-n", "--adjustment"],
+        "ionice" => &["-c", "-n", "-p", "-P", "-u", "--class", "--classdata"],
+        "timeout" => &["-s", "-k", "--signal", "--kill-after"],
+        "stdbuf" => &["-i", "-o", "-e", "--input", "--output", "--error"],
+        "xargs" => &[
+            "-I",
+            "-L",
+            "-n",
+            "-P",
+            "-d",
+            "-E",
+            "-s",
+            "-a",
+            "--arg-file",
+            "--delimiter",
+            "--max-args",
+            "--max-procs",
+            "--max-lines",
+            "--replace",
+        ],
+        "chrt" => &[],
+        "taskset" => &[],
+        "flock" => &["-w", "-E", "--timeout", "--conflict-exit-code"],
+        "watch" => &["-n", "-d", "--interval"],
+        "setpriv" => &[],
+        _ => &[],
+    };
+    set.contains(&opt)
+}
+
+/// If `argv` is a wrapper around another command, that command.
+fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
+    let prog = argv.first()?.as_str();
+    let rest = &argv[1..];
+    match prog {
+        "sudo" | "doas" | "env" | "command" | "builtin" | "exec" | "nohup" | "time" | "nice"
+        | "ionice" | "stdbuf" | "xargs" | "setsid" | "unbuffer" | "flock" | "timeout" | "watch"
+        | "chronic" | "caffeinate" | "systemd-run" | "runuser" | "chroot" | "taskset" | "chrt"
+        | "busybox" | "torsocks" | "proxychains" | "proxychains4" => {}
+        _ => return None,
+    }
+    let mut i = 0;
+    // Options.
+    while i < rest.len() {
+        let a = rest[i].as_str();
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        if prog == "env" && assignment(a).is_some() {
+            i += 1;
+            continue;
+        }
+        if !a.starts_with('-') || a == "-" {
+            break;
+        }
+        // `env -S 'cmd args'` is found by shell_strings; stop here.
+        if prog == "env" && (a == "-S" || a.starts_with("--split-string")) {
+            return None;
+        }
+        let opt = a.split_once('=').map(|(o, _)| o).unwrap_or(a);
+        if a.contains('=') || !takes_value(prog, opt) {
+            // `-n5` style clusters carry their value inline.
+            i += 1;
+        } else {
+            i += 2;
+        }
+    }
+    // Positional operands that come before the command.
+    match prog {
+        "timeout" | "flock" | "chroot" => i += 1,
+        "nice" if rest.get(i).is_some_and(|a| a.parse::<i32>().is_ok()) => i += 1,
+        "chrt" | "taskset" => {
+            while rest.get(i).is_some_and(|a| {
+                a.chars()
+                    .all(|c| c.is_ascii_hexdigit() || c == ',' || c == '-' || c == 'x')
+            }) {
+                i += 1;
+            }
+        }
+        "runuser" => {
+            // runuser USER [-c CMD]: the command form is found by shell_strings.
+            i += 1;
+        }
+        _ => {}
+    }
+    let inner: Vec<String> = rest.get(i..)?.to_vec();
+    if inner.is_empty() {
+        return None;
+    }
+    if prog == "env" && inner.iter().all(|w| assignment(w).is_some()) {
+        return None;
+    }
+    Some(inner)
+}
+
+/// Strings that `argv` (at any wrapper layer) runs as shell code.
+pub fn shell_strings(argv: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for view in views(argv) {
+        let Some(prog) = view.first().map(String::as_str) else {
+            continue;
+        };
+        let args = &view[1..];
+        match prog {
+            p if SHELLS.contains(&p) => {
+                let args = if p == "busybox" {
+                    match args.first().map(String::as_str) {
+                        Some(s) if SHELLS.contains(&s) => &args[1..],
+                        _ => continue,
+                    }
+                } else {
+                    args
+                };
+                if let Some(code) = dash_c(args) {
+                    out.push(code);
+                }
+            }
+            "eval" => out.push(args.join(" ")),
+            "su" | "runuser" => {
+                if let Some(k) = args.iter().position(|a| a == "-c" || a == "--command") {
+                    if let Some(code) = args.get(k + 1) {
+                        out.push(code.clone());
+                    }
+                } else if let Some(code) = args.iter().find_map(|a| a.strip_prefix("--command=")) {
+                    out.push(code.to_string());
+                }
+            }
+            "env" => {
+                if let Some(k) = args.iter().position(|a| a == "-S" || a == "--split-string") {
+                    out.push(args[k + 1..].join(" "));
+                } else if let Some(s) = args.iter().position(|a| a.starts_with("--split-string=")) {
+                    let first = args[s].trim_start_matches("--split-string=").to_string();
+                    let mut parts = vec![first];
+                    parts.extend(args[s + 1..].iter().cloned());
+                    out.push(parts.join(" "));
+                }
+            }
+            "alias" => {
+                for a in args {
+                    if let Some((_, v)) = a.split_once('=') {
+                        out.push(v.to_string());
+                    }
+                }
+            }
+            "trap" => {
+                if let Some(code) = args.first() {
+                    out.push(code.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether `argv` is a shell that reads its script from stdin (`sh`, `bash -s`,
+/// `sudo bash -e`): no `-c` string and no script file operand.
+pub fn reads_code_from_stdin(argv: &[String]) -> bool {
+    let inner = inner(argv);
+    let Some(prog) = inner.first().map(String::as_str) else {
+        return false;
+    };
+    let args = &inner[1..];
+    let args = if prog == "busybox" {
+        match args.first().map(String::as_str) {
+            Some(s) if SHELLS.contains(&s) => &args[1..],
+            _ => return false,
+        }
+    } else if SHELLS.contains(&prog) {
+        args
+    } else {
+        return false;
+    };
+    if dash_c(args).is_some() {
+        return false;
+    }
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "-s" {
+            return true;
+        }
+        if a == "-o" || a == "+o" || a == "-O" || a == "+O" {
+            i += 2;
+            continue;
+        }
+        if a.starts_with('-') || a.starts_with('+') {
+            i += 1;
+            continue;
+        }
+        return false;
+    }
+    true
+}
+
+/// The code string of a shell invoked with `-c`, if any.
+fn dash_c(args: &[String]) -> Option<String> {
+    let mut has_c = false;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        if a == "-o" || a == "+o" || a == "-O" || a == "+O" || a == "--rcfile" || a == "--init-file"
+        {
+            i += 2;
+            continue;
+        }
+        if a.starts_with("--") {
+            i += 1;
+            continue;
+        }
+        if (a.starts_with('-') || a.starts_with('+')) && a.len() > 1 {
+            if a[1..].contains('c') {
+                has_c = true;
+            }
+            i += 1;
+            continue;
+        }
+        break;
+    }
+    if has_c { args.get(i).cloned() } else { None }
+}
+
+/// Commands that `find … -exec CMD … ;` (and friends) run.
+pub fn exec_payloads(argv: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let inner = inner(argv);
+    if inner.first().map(String::as_str) != Some("find") {
+        return out;
+    }
+    let mut i = 1;
+    while i < inner.len() {
+        if matches!(inner[i].as_str(), "-exec" | "-execdir" | "-ok" | "-okdir") {
+            let start = i + 1;
+            let mut end = start;
+            while end < inner.len() && inner[end] != ";" && inner[end] != "+" {
+                end += 1;
+            }
+            if end > start {
+                out.push(inner[start..end].to_vec());
+            }
+            i = end + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn peels_wrappers() {
+        assert_eq!(
+            inner(&v("sudo -u root env FOO=1 nohup /bin/rm -rf /")),
+            v("rm -rf /")
+        );
+        assert_eq!(inner(&v("A=1 B=2 command -p rm x")), v("rm x"));
+        assert_eq!(
+            inner(&v("timeout -s KILL 10 nice -n 5 dd if=x")),
+            v("dd if=x")
+        );
+        assert_eq!(inner(&v("xargs -0 -I {} rm -rf")), v("rm -rf"));
+        assert_eq!(inner(&v("env -i -u X ls")), v("ls"));
+        assert_eq!(
+            inner(&v("exec -a foo /usr/sbin/mkfs.ext4 /dev/sda")),
+            v("mkfs.ext4 /dev/sda")
+        );
+        assert_eq!(views(&v("X=1")).len(), 0);
+    }
+
+    #[test]
+    fn finds_shell_strings() {
+        let a = vec!["bash".to_string(), "-lc".into(), "rm -rf /".into()];
+        assert_eq!(shell_strings(&a), vec!["rm -rf /".to_string()]);
+        let a = vec![
+            "sudo".to_string(),
+            "sh".into(),
+            "-e".into(),
+            "-c".into(),
+            "x".into(),
+        ];
+        assert_eq!(shell_strings(&a), vec!["x".to_string()]);
+        assert!(shell_strings(&v("bash script.sh -c")).is_empty());
+        assert_eq!(
+            shell_strings(&v("eval rm -rf /")),
+            vec!["rm -rf /".to_string()]
+        );
+        assert_eq!(
+            exec_payloads(&v("find / -exec rm -rf {} ;")),
+            vec![v("rm -rf {}")]
+        );
+    }
+}

@@ -1,0 +1,118 @@
+//! Per-sandbox limits: how long a command may run, how much output is kept,
+//! how long an idle sandbox lives.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Limits for one sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Timeout of a command that asks for none, in seconds.
+    pub default_timeout_secs: u64,
+    /// The longest timeout a command may ask for, in seconds.
+    pub max_timeout_secs: u64,
+    /// Bytes of output kept per command (head and tail).
+    pub output_cap_bytes: u64,
+    /// Seconds without use after which the sandbox is reaped; 0 keeps it forever.
+    pub idle_lifetime_secs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            default_timeout_secs: 600,
+            max_timeout_secs: 3600,
+            output_cap_bytes: 256 * 1024,
+            idle_lifetime_secs: 24 * 3600,
+        }
+    }
+}
+
+/// A requested timeout above the maximum.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "timeout of {requested}s is above this sandbox's maximum of {max}s; ask for at most {max}s or raise `max_timeout_secs` under [limits] in the policy file"
+)]
+pub struct TimeoutTooLong {
+    /// What was asked for, in seconds.
+    pub requested: u64,
+    /// The maximum, in seconds.
+    pub max: u64,
+}
+
+impl Limits {
+    /// The timeout to use for a command that asked for `requested`.
+    pub fn timeout(&self, requested: Option<Duration>) -> Result<Duration, TimeoutTooLong> {
+        match requested {
+            None => Ok(Duration::from_secs(
+                self.default_timeout_secs.min(self.max_timeout_secs),
+            )),
+            Some(d)
+                if d.as_secs() > self.max_timeout_secs
+                    || (d.as_secs() == self.max_timeout_secs && d.subsec_nanos() > 0) =>
+            {
+                Err(TimeoutTooLong {
+                    requested: d.as_secs_f64().ceil() as u64,
+                    max: self.max_timeout_secs,
+                })
+            }
+            Some(d) => Ok(d),
+        }
+    }
+
+    /// The idle lifetime, if the sandbox is to be reaped at all.
+    pub fn idle_lifetime(&self) -> Option<Duration> {
+        (self.idle_lifetime_secs > 0).then(|| Duration::from_secs(self.idle_lifetime_secs))
+    }
+}
+
+/// Limits for every sandbox, with per-sandbox overrides.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitsTable {
+    /// What every sandbox gets.
+    pub default: Limits,
+    /// Overrides by sandbox name.
+    pub sandboxes: BTreeMap<String, Limits>,
+}
+
+impl LimitsTable {
+    /// The limits of the named sandbox.
+    pub fn for_sandbox(&self, name: &str) -> &Limits {
+        self.sandboxes.get(name).unwrap_or(&self.default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts() {
+        let l = Limits {
+            default_timeout_secs: 10,
+            max_timeout_secs: 60,
+            ..Limits::default()
+        };
+        assert_eq!(l.timeout(None), Ok(Duration::from_secs(10)));
+        assert_eq!(
+            l.timeout(Some(Duration::from_secs(60))),
+            Ok(Duration::from_secs(60))
+        );
+        let e = l.timeout(Some(Duration::from_secs(61))).err();
+        assert_eq!(
+            e,
+            Some(TimeoutTooLong {
+                requested: 61,
+                max: 60
+            })
+        );
+        assert!(
+            e.map(|e| e.to_string())
+                .unwrap_or_default()
+                .contains("max_timeout_secs")
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! The kernel sandbox profile of a local sandbox: what Landlock grants, which
+//! syscalls seccomp refuses, which rlimits apply. Pure data, built here from the
+//! policy and enforced by `berth __sandbox-exec` in the child before exec.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Directories a shell needs to read and execute from, granted when present.
+pub const SYSTEM_READ_EXEC: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// Device files a shell reads and writes.
+pub const DEVICES_RW: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/tty",
+    "/dev/urandom",
+    "/dev/random",
+    "/dev/pts",
+    "/dev/ptmx",
+    "/dev/shm",
+    "/dev/fd",
+];
+
+/// Process limits applied with setrlimit (soft = hard).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RLimits {
+    /// Processes (RLIMIT_NPROC; per user, so not enforced for root: see `pids`).
+    pub nproc: u64,
+    /// Open files (RLIMIT_NOFILE).
+    pub nofile: u64,
+    /// Largest file written, bytes (RLIMIT_FSIZE).
+    pub fsize_bytes: u64,
+    /// Address space, bytes (RLIMIT_AS).
+    pub address_space_bytes: u64,
+    /// Processes in the sandbox's pids cgroup (enforced for root too).
+    pub pids: u64,
+}
+
+impl Default for RLimits {
+    fn default() -> Self {
+        Self {
+            nproc: 4096,
+            nofile: 4096,
+            fsize_bytes: 8 << 30,
+            address_space_bytes: 16 << 30,
+            pids: 512,
+        }
+    }
+}
+
+/// What the policy file says about local sandboxes (`[local]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalPolicy {
+    /// Whether local sandboxes are kernel-restricted at all.
+    pub restricted: bool,
+    /// Whether sandboxed processes may use the network (TCP and UDP).
+    pub network: bool,
+    /// Extra paths granted read and execute.
+    pub read: Vec<PathBuf>,
+    /// Extra paths granted read and write.
+    pub write: Vec<PathBuf>,
+    /// Process limits.
+    pub rlimits: RLimits,
+}
+
+impl Default for LocalPolicy {
+    fn default() -> Self {
+        Self {
+            restricted: true,
+            network: false,
+            read: Vec::new(),
+            write: Vec::new(),
+            rlimits: RLimits::default(),
+        }
+    }
+}
+
+/// Everything the exec wrapper enforces, serialised to JSON on its command line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxProfile {
+    /// The sandbox's name (names its pids cgroup).
+    pub name: String,
+    /// Paths granted read and execute.
+    pub read_exec: Vec<PathBuf>,
+    /// Paths granted read, write, create and remove.
+    pub read_write: Vec<PathBuf>,
+    /// Whether TCP/UDP networking is allowed.
+    pub network: bool,
+    /// Process limits.
+    pub rlimits: RLimits,
+}
+
+impl LocalPolicy {
+    /// The profile of the sandbox whose directory is `dir` (holding `work/`,
+    /// `tmp/` and `.berth/`). `exists` says which system paths are present.
+    pub fn profile(
+        &self,
+        name: &str,
+        dir: &Path,
+        exists: impl Fn(&Path) -> bool,
+    ) -> SandboxProfile {
+        let mut read_exec: Vec<PathBuf> = SYSTEM_READ_EXEC
+            .iter()
+            .map(PathBuf::from)
+            .chain(
+                ["/proc", "/sys/devices/system/cpu"]
+                    .iter()
+                    .map(PathBuf::from),
+            )
+            .chain(self.read.iter().cloned())
+            .filter(|p| exists(p))
+            .collect();
+        read_exec.dedup();
+        let mut read_write: Vec<PathBuf> = ["work", "tmp", ".berth"]
+            .iter()
+            .map(|s| dir.join(s))
+            .chain(DEVICES_RW.iter().map(PathBuf::from).filter(|p| exists(p)))
+            .chain(self.write.iter().cloned())
+            .collect();
+        read_write.dedup();
+        SandboxProfile {
+            name: name.to_string(),
+            read_exec,
+            read_write,
+            network: self.network,
+            rlimits: self.rlimits.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_workspace_and_present_system_dirs_only() {
+        let p = LocalPolicy::default().profile("s1", Path::new("/state/sandboxes/local/s1"), |p| {
+            p != Path::new("/lib32")
+        });
+        assert!(p.read_exec.contains(&PathBuf::from("/usr")));
+        assert!(!p.read_exec.contains(&PathBuf::from("/lib32")));
+        assert!(
+            !p.read_exec
+                .iter()
+                .any(|p| p.starts_with("/root") || p.starts_with("/home"))
+        );
+        assert_eq!(
+            p.read_write[0],
+            PathBuf::from("/state/sandboxes/local/s1/work")
+        );
+        assert!(
+            p.read_write
+                .iter()
+                .all(|w| !w.starts_with("/state/berth.db"))
+        );
+        assert!(!p.network);
+    }
+}

