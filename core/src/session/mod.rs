@@ -206,8 +206,11 @@ impl Session {
         let (exit_code, cwd) = match ending {
             Some(Ending::Marker { code, cwd }) => (code, Some(cwd)),
             Some(Ending::Eof) => {
-                let status = self.reap_dead_shell().await;
-                if !self.sandbox.alive().await.unwrap_or(false) {
+                // A transport that lost its link reports that as an error: the
+                // command's outcome is unknown, and must not read as an exit code.
+                let status = self.reap_dead_shell().await?;
+                // An unreachable host is not a vanished sandbox: report it as such.
+                if !self.sandbox.alive().await? {
                     return Err(Error::SandboxGone {
                         sandbox: self.sandbox.name().to_string(),
                         backend: self.sandbox.kind(),
@@ -603,9 +606,9 @@ impl Session {
     }
 
     /// The shell's stdout ended: collect how it ended and forget it.
-    async fn reap_dead_shell(&mut self) -> String {
+    async fn reap_dead_shell(&mut self) -> Result<String> {
         let Some(mut shell) = self.shell.take() else {
-            return "unknown status".into();
+            return Ok("unknown status".into());
         };
         let status = match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await
         {
@@ -614,13 +617,14 @@ impl Session {
                 (None, Some(s)) => format!("killed by signal {s}"),
                 _ => "unknown status".into(),
             },
+            Ok(Err(e @ Error::Unreachable { .. })) => return Err(e),
             Ok(Err(e)) => format!("status unknown: {e}"),
             Err(_) => {
                 let _ = shell.process.terminate().await;
                 "did not exit after closing its output".into()
             }
         };
-        status
+        Ok(status)
     }
 
     fn stderr_text(&self) -> String {
