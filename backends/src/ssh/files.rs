@@ -50,12 +50,26 @@ impl Files {
             } if *g == generation => return Ok(Some(session.clone())),
             _ => {}
         }
-        let (channel, generation) = conn.open_session().await?;
+        let (mut channel, generation) = conn.open_session().await?;
         let opened = async {
             channel
                 .request_subsystem(true, "sftp")
                 .await
                 .map_err(|e| e.to_string())?;
+            // Wait for the server's answer: without a subsystem it says no (or
+            // closes), and SFTP's own handshake would only time out.
+            loop {
+                match channel.wait().await {
+                    Some(russh::ChannelMsg::Success) => break,
+                    Some(russh::ChannelMsg::Failure) => {
+                        return Err("the server refused the sftp subsystem".to_string());
+                    }
+                    Some(russh::ChannelMsg::Close) | Some(russh::ChannelMsg::Eof) | None => {
+                        return Err("the server closed the sftp channel".to_string());
+                    }
+                    Some(_) => {}
+                }
+            }
             SftpSession::new(channel.into_stream())
                 .await
                 .map_err(|e| e.to_string())

@@ -697,18 +697,25 @@ fn scan(
 }
 
 /// Check a snapshot's header and trailer; return its sequence and text.
+///
+/// Snapshots are overwritten in place, so bytes of an older, longer one may follow
+/// the trailer; they are cut off. The header's random id must match the trailer's,
+/// so a torn write never pairs with a stale trailer.
 fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
-    let text = std::str::from_utf8(data).ok()?;
-    let first = text.lines().next()?;
-    let seq: u64 = first
-        .strip_prefix("# berth snapshot v1 seq=")?
-        .parse()
-        .ok()?;
-    let trailer = format!("# berth snapshot end seq={seq}");
-    let body = text.trim_end_matches('\n');
-    if !body.ends_with(&trailer) {
-        return None;
-    }
+    let nl = memchr::memchr(b'\n', data)?;
+    let first = std::str::from_utf8(&data[..nl]).ok()?;
+    let rest = first.strip_prefix("# berth snapshot v1 seq=")?;
+    let (seq, id) = match rest.split_once(" id=") {
+        Some((s, id)) => (s, Some(id)),
+        None => (rest, None),
+    };
+    let seq: u64 = seq.parse().ok()?;
+    let trailer = match id {
+        Some(id) => format!("\n# berth snapshot end seq={seq} id={id}\n"),
+        None => format!("\n# berth snapshot end seq={seq}\n"),
+    };
+    let end = memchr::memmem::find(data, trailer.as_bytes())? + trailer.len();
+    let text = std::str::from_utf8(&data[..end]).ok()?;
     Some((seq, text.to_string()))
 }
 
@@ -814,5 +821,21 @@ mod tests {
         let wrong = b"# berth snapshot v1 seq=7\n# berth snapshot end seq=6\n";
         assert!(parse_snapshot(wrong).is_none());
         assert!(parse_snapshot(b"\xff\xfe").is_none());
+        // Overwritten in place: an older, longer snapshot's tail is cut off, even
+        // where it splits a UTF-8 sequence.
+        let mut over =
+            b"# berth snapshot v1 seq=9 id=42\nexport A=2\n# berth snapshot end seq=9 id=42\n"
+                .to_vec();
+        over.extend_from_slice(b"\x9f\x98\x80export OLD=1\n# berth snapshot end seq=7 id=1\n");
+        let (seq, text) = parse_snapshot(&over).unwrap_or_default();
+        assert_eq!(seq, 9);
+        assert!(
+            text.ends_with("seq=9 id=42\n") && !text.contains("OLD"),
+            "{text}"
+        );
+        // A torn write over an older snapshot: the stale trailer has another id.
+        let torn =
+            b"# berth snapshot v1 seq=9 id=42\nexport A=2\n# berth snapshot end seq=9 id=41\n";
+        assert!(parse_snapshot(torn).is_none());
     }
 }
