@@ -106,8 +106,6 @@ async fn openssh_floor(opts: &SshOptions, t: &Target, n: usize) -> Result<Durati
         "-o".into(),
         format!("UserKnownHostsFile={}", t.known_hosts.display()),
         "-o".into(),
-        format!("HostKeyAlias={}", t.host_key_name),
-        "-o".into(),
         "ControlMaster=auto".into(),
         "-o".into(),
         format!("ControlPath={}", control.display()),
@@ -118,6 +116,10 @@ async fn openssh_floor(opts: &SshOptions, t: &Target, n: usize) -> Result<Durati
         "-l".into(),
         t.user.clone(),
     ];
+    if t.host_key_name != t.host {
+        args.push("-o".into());
+        args.push(format!("HostKeyAlias={}", t.host_key_name));
+    }
     for (p, _) in t.identity_files.iter().filter(|(p, _)| p.exists()) {
         args.push("-i".into());
         args.push(p.display().to_string());
