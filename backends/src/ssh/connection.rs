@@ -272,7 +272,12 @@ pub type SshHandle = Handle<HostKeyCheck>;
 
 /// Whether a failed attempt may be retried.
 enum Attempt {
+    /// Refused or reset: the server may be restarting; try again after a pause.
     Retry(Error),
+    /// No answer within the connect timeout: the host is unreachable now, and
+    /// more attempts would only multiply the wait. The next call tries again.
+    TimedOut(Error),
+    /// Host key or authentication refused: never retried.
     Final(Error),
 }
 
@@ -339,7 +344,7 @@ impl Connection {
                     st.connected_once = true;
                     return Ok((h, st.generation));
                 }
-                Err(Attempt::Final(e)) => return Err(e),
+                Err(Attempt::Final(e)) | Err(Attempt::TimedOut(e)) => return Err(e),
                 Err(Attempt::Retry(e)) => {
                     debug!(host = %self.target.label(), attempt = i + 1, error = %e, "connect failed");
                     last = Some(e);
@@ -463,7 +468,7 @@ impl Connection {
         };
         match tokio::time::timeout(t.connect_timeout, fut).await {
             Ok(r) => r,
-            Err(_) => Err(Attempt::Retry(self.unreachable(format!(
+            Err(_) => Err(Attempt::TimedOut(self.unreachable(format!(
                 "no complete SSH handshake within the connect timeout of {:?} (the server accepted nothing, or said nothing)",
                 t.connect_timeout
             )))),

@@ -207,6 +207,9 @@ impl Sshd {
         }
     }
 
+    /// `SetEnv SHLVL=1` stops bash from sourcing the user's `~/.bashrc` for each
+    /// command sshd runs (bash does that for a top-level shell started by sshd), so
+    /// the tests and the benchmark floor do not depend on this machine's rc files.
     fn write_config(&self) -> HarnessResult<PathBuf> {
         let sftp = if self.cfg.sftp {
             "Subsystem sftp internal-sftp\n"
@@ -217,7 +220,7 @@ impl Sshd {
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nAuthorizedKeysFile {ak}\n\
              StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
              PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nMaxSessions 200\nMaxStartups 100\n\
-             MaxAuthTries 20\nLogLevel VERBOSE\n{sftp}",
+             MaxAuthTries 20\nLogLevel VERBOSE\nSetEnv SHLVL=1\n{sftp}",
             port = self.port,
             hk = self.host_key().display(),
             pid = self.path("sshd.pid").display(),
