@@ -511,3 +511,42 @@ async fn config_aliases_resolve_like_ssh() -> TestResult {
     assert_eq!(names, vec!["alias"]);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_restarted_sshd_is_redialled_with_backoff_and_the_session_restored() -> TestResult {
+    let mut sshd = Sshd::start()?;
+    let port = sshd.port();
+    let (_b, sb) = provision(sshd.options(), "redial").await?;
+    let mut s = Session::open(sb, SessionConfig::named("redial")).await?;
+    s.exec("cd /tmp && export X=kept", ExecOpts::default())
+        .await?;
+    sshd.stop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s.shell_gone() {
+        assert!(
+            Instant::now() < deadline,
+            "the session never saw its link drop"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The port answers, but not with SSH: berth's first redial fails and backs
+    // off; sshd comes back as soon as that first attempt was seen.
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
+    let restarter = std::thread::spawn(move || -> Result<Sshd, String> {
+        let (sock, _) = listener.accept().map_err(|e| e.to_string())?;
+        drop(sock);
+        drop(listener);
+        sshd.restart()?;
+        Ok(sshd)
+    });
+    let r = s.exec("pwd; echo $X", ExecOpts::default()).await;
+    let _sshd = restarter.join().map_err(|_| "restarter panicked")??;
+    let r = r?;
+    assert_eq!(r.output.text(), "/tmp\nkept\n", "{:?}", r.notices);
+    assert!(
+        r.notices.iter().any(|n| n.contains("ended while idle")),
+        "{:?}",
+        r.notices
+    );
+    Ok(())
+}

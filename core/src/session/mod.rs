@@ -164,6 +164,23 @@ impl Session {
         self.shell.as_ref().map(|s| &s.info)
     }
 
+    /// Whether the shell's output has ended since the last command: it exited, was
+    /// killed, or the transport under it went away. Output that arrived while idle
+    /// is kept for the next command. Cheap and non-blocking.
+    pub fn shell_gone(&mut self) -> bool {
+        let Some(shell) = self.shell.as_mut() else {
+            return false;
+        };
+        loop {
+            match shell.rx.try_recv() {
+                Ok(Chunk::Data(b)) => shell.pending.extend_from_slice(&b),
+                Ok(Chunk::Eof) | Ok(Chunk::Failed(_)) => return true,
+                Err(mpsc::error::TryRecvError::Disconnected) => return true,
+                Err(mpsc::error::TryRecvError::Empty) => return false,
+            }
+        }
+    }
+
     /// Notices gathered since the last command (restores, discarded snapshots).
     pub fn take_notices(&mut self) -> Vec<String> {
         std::mem::take(&mut self.notices)
@@ -175,6 +192,17 @@ impl Session {
             return Err(Error::InvalidInput(
                 "the command contains a NUL byte, which no shell command can hold; remove it"
                     .into(),
+            ));
+        }
+        if self.shell_gone() {
+            // It died while idle (killed, or its transport dropped): replace it
+            // now rather than fail a command that never reached it.
+            let status = match self.reap_dead_shell().await {
+                Ok(s) => s,
+                Err(e) => e.to_string(),
+            };
+            self.notices.push(format!(
+                "the shell ended while idle ({status}); a new shell was started from the last snapshot"
             ));
         }
         self.ensure_shell().await?;
