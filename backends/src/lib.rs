@@ -68,12 +68,32 @@ impl SshOptions {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Self {
             home: var("HOME").map(PathBuf::from),
-            local_user: var("USER").or_else(|| var("LOGNAME")),
+            local_user: var("USER")
+                .or_else(|| var("LOGNAME"))
+                .or_else(current_user_from_passwd),
             agent_socket: var("SSH_AUTH_SOCK").map(PathBuf::from),
             passphrase: var("BERTH_SSH_PASSPHRASE"),
             ..Self::default()
         }
     }
+}
+
+/// This process's user name from /etc/passwd, for when `USER` is unset (cron,
+/// containers).
+fn current_user_from_passwd() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        (f.nth(1)? == uid).then(|| name.to_string())
+    })
 }
 
 impl std::fmt::Debug for SshOptions {

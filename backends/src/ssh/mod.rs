@@ -3,7 +3,8 @@
 //! Flow at a glance:
 //! - [`SshBackend`] keeps one [`Connection`] per `user@host:port`; every sandbox,
 //!   session shell, helper spawn and file transfer on that host shares it as
-//!   channels.
+//!   channels. Keepalives (interval x count, from the options or the config's
+//!   `ServerAliveInterval`/`ServerAliveCountMax`) declare a silent link dead.
 //! - A sandbox `NAME` is `~/.berth/sandboxes/NAME` on the host (the root can be
 //!   changed with [`SshOptions::sandbox_root`]):
 //!   ```text
@@ -12,12 +13,30 @@
 //!     .berth/                         snapshots, job logs
 //!   ```
 //! - Processes start through [`process::spawn`]: argv on the channel's exec
-//!   request, environment values over stdin, so no secret lands in argv.
+//!   request, environment values over stdin, so no secret lands in argv or in
+//!   sshd's log, whatever the server's `AcceptEnv` says. Each process is the
+//!   session leader sshd created. `SpawnOpts::tty` is ignored: a terminal would
+//!   echo the environment block.
 //! - Files move over SFTP or, without it, through exec ([`files`]).
 //!
+//! Safety and faults:
+//! - Host keys are checked against known_hosts, strictly: an unknown host is
+//!   refused with its fingerprint unless `accept_new` (then recorded); a changed
+//!   or revoked key is always refused, naming the file and line.
+//! - When the link drops, the running process's `wait` fails with
+//!   `Error::Unreachable` (never an exit code), the next use redials with backoff
+//!   (a timeout ends that call's attempts; host key and auth refusals are final),
+//!   and the session engine restores its shell from the remote snapshot.
+//!   [`Sandbox::alive`] answers `Ok(false)` when the host answers but the
+//!   workspace is gone, and `Err(Unreachable)` when the host does not answer.
+//!
+//! For the CLI: `--host` -> [`SshOptions::host`] (or the spec option `host`),
+//! `--accept-new`, `--ssh-config`, `--known-hosts`, `-i`; `SSH_AUTH_SOCK`,
+//! `HOME` and `BERTH_SSH_PASSPHRASE` via [`SshOptions::from_env`].
+//!
 //! Module map: `config` (~/.ssh/config), `known_hosts` (host keys), `auth`,
-//! `connection` (dial, pool entry, redial with backoff), `process` (a channel as
-//! a [`Process`]), `files`, `bench`.
+//! `connection` (dial, redial with backoff), `process` (a channel as a
+//! [`Process`]), `files`, `bench`, `testing` (a real sshd for tests).
 
 pub mod auth;
 pub mod bench;
