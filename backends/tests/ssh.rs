@@ -550,3 +550,32 @@ async fn a_restarted_sshd_is_redialled_with_backoff_and_the_session_restored() -
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn hashed_known_hosts_entries_verify() -> TestResult {
+    let sshd = Sshd::start()?;
+    run(
+        "ssh-keygen",
+        &["-H", "-f", &sshd.known_hosts().display().to_string()],
+    )?;
+    let hashed = std::fs::read_to_string(sshd.known_hosts())?;
+    assert!(hashed.starts_with("|1|"), "{hashed}");
+    let (_b, sb) = provision(sshd.options(), "hashed").await?;
+    assert!(sb.alive().await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_killing_signal_is_reported_as_a_signal() -> TestResult {
+    let sshd = Sshd::start()?;
+    let (_b, sb) = provision(sshd.options(), "sig").await?;
+    let argv: Vec<String> = ["bash", "-c", "kill -TERM $$"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut p = sb.spawn(&argv, SpawnOpts::default()).await?;
+    let st = p.wait().await?;
+    assert_eq!((st.code, st.signal), (None, Some(15)));
+    assert_eq!(st.shell_code(), 143);
+    Ok(())
+}

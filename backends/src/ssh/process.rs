@@ -253,7 +253,7 @@ async fn pump(
             ChannelMsg::ExitSignal { signal_name, .. } => {
                 status = Some(ExitStatus {
                     code: None,
-                    signal: Some(signal_number(&signal_name)),
+                    signal: signal_number(&signal_name),
                 });
             }
             ChannelMsg::Failure => refused = true,
@@ -317,8 +317,9 @@ fn memmem(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-fn signal_number(sig: &Sig) -> i32 {
-    match sig {
+/// The Linux number of a signal named in an `exit-signal` message.
+fn signal_number(sig: &Sig) -> Option<i32> {
+    Some(match sig {
         Sig::ABRT => 6,
         Sig::ALRM => 14,
         Sig::FPE => 8,
@@ -331,8 +332,28 @@ fn signal_number(sig: &Sig) -> i32 {
         Sig::SEGV => 11,
         Sig::TERM => 15,
         Sig::USR1 => 10,
-        Sig::Custom(_) => 0,
-    }
+        Sig::Custom(name) => match name.as_str() {
+            "BUS" => 7,
+            "USR2" => 12,
+            "STKFLT" => 16,
+            "CHLD" => 17,
+            "CONT" => 18,
+            "STOP" => 19,
+            "TSTP" => 20,
+            "TTIN" => 21,
+            "TTOU" => 22,
+            "URG" => 23,
+            "XCPU" => 24,
+            "XFSZ" => 25,
+            "VTALRM" => 26,
+            "PROF" => 27,
+            "WINCH" => 28,
+            "IO" => 29,
+            "PWR" => 30,
+            "SYS" => 31,
+            _ => return None,
+        },
+    })
 }
 
 /// A remote process.
