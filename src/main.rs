@@ -1,1 +1,109 @@
-fn main() {}
+//! `berth`: run an AI agent's commands in persistent sandbox sessions.
+//!
+//! The binary is thin: it parses the command line, opens the store and the
+//! runtime, and prints what core returns, as text for people or `--json` for scripts.
+
+mod bench;
+mod cmd_events;
+mod cmd_exec;
+mod cmd_sandbox;
+mod context;
+mod shell;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for berth's own failures (as opposed to the command's).
+pub const EXIT_BERTH_ERROR: u8 = 125;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "berth",
+    version,
+    about = "Run an AI agent's commands in persistent sandbox sessions (local, docker, ssh)",
+    long_about = "berth runs commands in sandboxes through one persistent shell per sandbox: \
+cwd, exported variables, functions and aliases survive from one command to the next, and \
+across restarts of berth itself (the shell snapshots its state inside the sandbox).\n\n\
+Examples:\n  berth exec -- uname -a\n  berth exec -- 'cd /tmp && export A=1'\n  berth exec -- 'pwd; echo $A'      # prints /tmp and 1\n  berth sandbox create web --backend local\n  berth exec --sandbox web --timeout 5 --json -- make test\n  berth events --limit 5",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Where berth keeps its state (database, local sandboxes, spooled output).
+    /// Defaults to $XDG_STATE_HOME/berth, i.e. ~/.local/state/berth.
+    #[arg(long, global = true, env = "BERTH_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+
+    /// Log filter for berth's own diagnostics on stderr (e.g. `debug`, `berth_core=trace`).
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_LOG",
+        default_value = "warn",
+        value_name = "FILTER"
+    )]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command in a sandbox's persistent session.
+    Exec(cmd_exec::ExecArgs),
+    /// An interactive prompt over a sandbox's persistent session.
+    Shell(shell::ShellArgs),
+    /// Create, list and remove sandboxes.
+    #[command(subcommand)]
+    Sandbox(cmd_sandbox::SandboxCmd),
+    /// Show the event log: every call with its exit code, duration and output size.
+    Events(cmd_events::EventsArgs),
+    /// Measure a persistent session against spawning a process per command.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    // One thread: a round trip to the shell then wakes no other thread.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("berth: error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_BERTH_ERROR);
+        }
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Exec(a) => cmd_exec::run(cli.state_dir, a).await,
+            Command::Shell(a) => shell::run(cli.state_dir, a).await,
+            Command::Sandbox(c) => cmd_sandbox::run(cli.state_dir, c).await,
+            Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
+            Command::Bench(a) => bench::run(cli.state_dir, a).await,
+        }
+    });
+    // Don't wait for detached readers of dead processes.
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("berth: error: {e:#}");
+            ExitCode::from(EXIT_BERTH_ERROR)
+        }
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -8,4 +8,6 @@ pub mod backend;
 pub mod error;
 pub mod session;
 
+pub mod runtime;
+pub mod store;
 pub use error::{Error, Result};

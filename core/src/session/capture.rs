@@ -27,9 +27,13 @@ impl Default for CaptureLimits {
     }
 }
 
+/// A live copy of output as it arrives (for a terminal), unbounded by the capture.
+pub type Tee = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
+
 /// Collects a stream of output chunks within a fixed memory budget.
 pub struct Capture {
     limits: CaptureLimits,
+    tee: Option<Tee>,
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
@@ -53,6 +57,7 @@ impl Capture {
         };
         Ok(Self {
             limits,
+            tee: None,
             head: Vec::new(),
             tail: VecDeque::new(),
             total: 0,
@@ -60,15 +65,27 @@ impl Capture {
         })
     }
 
+    /// Also hand every chunk to `tee` as it arrives.
+    pub fn with_tee(mut self, tee: Option<Tee>) -> Self {
+        self.tee = tee;
+        self
+    }
+
     /// Take one chunk of output.
     pub fn push(&mut self, mut chunk: &[u8]) -> Result<()> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        if let Some(tee) = &self.tee {
+            tee(chunk);
+        }
         self.total += chunk.len() as u64;
-        if let Some((path, w)) = &mut self.spool {
-            if let Err(e) = w.write_all(chunk) {
-                let path = path.clone();
-                self.spool = None;
-                return Err(Error::io("writing output spool", path, e));
-            }
+        if let Some((path, w)) = &mut self.spool
+            && let Err(e) = w.write_all(chunk)
+        {
+            let path = path.clone();
+            self.spool = None;
+            return Err(Error::io("writing output spool", path, e));
         }
         let room = self.limits.head.saturating_sub(self.head.len());
         if room > 0 {

@@ -19,16 +19,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::backend::{BoxWrite, Process, Sandbox, SpawnOpts};
 use crate::error::{Error, Result};
-pub use capture::{Capture, CaptureLimits, Output};
+pub use capture::{Capture, CaptureLimits, Output, Tee};
 
 /// How long a new shell may take to answer its handshake and restore.
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
@@ -46,6 +44,8 @@ pub struct SessionConfig {
     pub grace: Duration,
     /// Environment for the shell, on top of the sandbox's own.
     pub env: Vec<(String, String)>,
+    /// Write a snapshot after every command. Off only to measure what it costs.
+    pub snapshot: bool,
 }
 
 impl SessionConfig {
@@ -58,12 +58,13 @@ impl SessionConfig {
                 ("PAGER".into(), "cat".into()),
                 ("GIT_PAGER".into(), "cat".into()),
             ],
+            snapshot: true,
         }
     }
 }
 
 /// Options for one command.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct ExecOpts {
     /// Stop the command after this long.
     pub timeout: Option<Duration>,
@@ -75,6 +76,20 @@ pub struct ExecOpts {
     pub spool: Option<PathBuf>,
     /// Interrupt the command when this is cancelled.
     pub cancel: Option<CancellationToken>,
+    /// A live copy of the output as it arrives.
+    pub tee: Option<Tee>,
+}
+
+impl std::fmt::Debug for ExecOpts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecOpts")
+            .field("timeout", &self.timeout)
+            .field("stdin", &self.stdin.as_ref().map(Vec::len))
+            .field("limits", &self.limits)
+            .field("spool", &self.spool)
+            .field("tee", &self.tee.is_some())
+            .finish()
+    }
 }
 
 /// What a command did.
@@ -92,8 +107,10 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// The command was interrupted by the caller.
     pub interrupted: bool,
-    /// Things the caller should know: a restore, a discarded snapshot, a replaced shell.
+    /// Things the caller should know: a discarded snapshot, a replaced shell.
     pub notices: Vec<String>,
+    /// Set when this command ran in a new shell restored from this snapshot sequence.
+    pub restored_from: Option<u64>,
 }
 
 /// Facts about the running shell.
@@ -107,16 +124,12 @@ pub struct ShellInfo {
     pub restored_seq: Option<u64>,
 }
 
-enum Chunk {
-    Data(Bytes),
-    Eof,
-    Failed(std::io::Error),
-}
-
 struct Shell {
     process: Box<dyn Process>,
     stdin: BoxWrite,
-    rx: mpsc::Receiver<Chunk>,
+    stdout: crate::backend::BoxRead,
+    /// Read buffer, reused across commands.
+    buf: Vec<u8>,
     /// Bytes read but not yet attributed to a command.
     pending: Vec<u8>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
@@ -139,6 +152,8 @@ pub struct Session {
     cfg: SessionConfig,
     shell: Option<Shell>,
     notices: Vec<String>,
+    /// Set when a new shell was restored from a snapshot, until a command reports it.
+    restored: Option<u64>,
 }
 
 impl Session {
@@ -149,6 +164,7 @@ impl Session {
             cfg,
             shell: None,
             notices: Vec::new(),
+            restored: None,
         };
         s.ensure_shell().await?;
         Ok(s)
@@ -171,12 +187,22 @@ impl Session {
         let Some(shell) = self.shell.as_mut() else {
             return false;
         };
+        // Poll the reader once per chunk without waiting: a noop waker is fine,
+        // since nobody waits on this poll; the next exec reads normally.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         loop {
-            match shell.rx.try_recv() {
-                Ok(Chunk::Data(b)) => shell.pending.extend_from_slice(&b),
-                Ok(Chunk::Eof) | Ok(Chunk::Failed(_)) => return true,
-                Err(mpsc::error::TryRecvError::Disconnected) => return true,
-                Err(mpsc::error::TryRecvError::Empty) => return false,
+            if shell.buf.len() < 64 * 1024 {
+                shell.buf.resize(64 * 1024, 0);
+            }
+            let mut rb = tokio::io::ReadBuf::new(&mut shell.buf);
+            match shell.stdout.as_mut().poll_read(&mut cx, &mut rb) {
+                std::task::Poll::Ready(Ok(())) if rb.filled().is_empty() => return true,
+                std::task::Poll::Ready(Ok(())) => {
+                    let n = rb.filled().len();
+                    shell.pending.extend_from_slice(&shell.buf[..n]);
+                }
+                std::task::Poll::Ready(Err(_)) => return true,
+                std::task::Poll::Pending => return false,
             }
         }
     }
@@ -215,12 +241,12 @@ impl Session {
             None => None,
         };
         let started = Instant::now();
-        let mut capture = Capture::new(opts.limits, opts.spool.clone())?;
+        let mut capture = Capture::new(opts.limits, opts.spool.clone())?.with_tee(opts.tee.clone());
         let outcome = self
             .run_framed(
                 command,
                 stdin_path.as_deref(),
-                true,
+                self.cfg.snapshot,
                 &mut capture,
                 opts.timeout,
                 opts.cancel.clone(),
@@ -229,6 +255,7 @@ impl Session {
         let output = capture.finish()?;
         let (ending, stopped) = outcome?;
         let mut notices = self.take_notices();
+        let restored_from = self.restored.take();
         let timed_out = stopped == Some(Stop::Timeout);
         let interrupted = stopped == Some(Stop::Interrupt);
         let (exit_code, cwd) = match ending {
@@ -279,6 +306,7 @@ impl Session {
             timed_out,
             interrupted,
             notices,
+            restored_from,
         })
     }
 
@@ -327,8 +355,6 @@ impl Session {
                 return Err(self.session_error("the backend gave the shell no stdin or stdout"));
             }
         };
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(pump(stdout, tx));
         let stderr_tail = Arc::new(Mutex::new(Vec::new()));
         if let Some(err) = stderr {
             tokio::spawn(keep_tail(err, stderr_tail.clone(), self.cfg.name.clone()));
@@ -336,7 +362,8 @@ impl Session {
         let mut shell = Shell {
             process,
             stdin,
-            rx,
+            stdout,
+            buf: vec![0u8; 64 * 1024],
             pending: Vec::new(),
             stderr_tail,
             info: ShellInfo {
@@ -411,8 +438,7 @@ impl Session {
         if let Some(sh) = self.shell.as_mut() {
             sh.info.restored_seq = Some(seq);
         }
-        self.notices
-            .push(format!("session restored from snapshot {seq}"));
+        self.restored = Some(seq);
         Ok(())
     }
 
@@ -503,10 +529,10 @@ impl Session {
 
         loop {
             // Attribute whatever is pending.
-            if let Some(shell) = self.shell.as_mut() {
-                if let Some(ending) = scan(&mut shell.pending, &start_pat, &end_pat, capture)? {
-                    return Ok((Some(ending), stop));
-                }
+            if let Some(shell) = self.shell.as_mut()
+                && let Some(ending) = scan(&mut shell.pending, &start_pat, &end_pat, capture)?
+            {
+                return Ok((Some(ending), stop));
             }
             let Some(shell) = self.shell.as_mut() else {
                 return Ok((None, stop));
@@ -518,14 +544,16 @@ impl Session {
                 }
             };
             tokio::select! {
-                chunk = shell.rx.recv() => match chunk {
-                    Some(Chunk::Data(b)) => shell.pending.extend_from_slice(&b),
-                    Some(Chunk::Failed(e)) => {
-                        debug!(session = %self.cfg.name, error = %e, "shell stdout failed");
+                // Read in place rather than through a pump task: one fewer hop per
+                // round trip, and the pipe itself is the backpressure.
+                n = shell.stdout.read(&mut shell.buf) => match n {
+                    Ok(0) => {
                         capture.push(&std::mem::take(&mut shell.pending))?;
                         return Ok((Some(Ending::Eof), stop));
                     }
-                    Some(Chunk::Eof) | None => {
+                    Ok(n) => shell.pending.extend_from_slice(&shell.buf[..n]),
+                    Err(e) => {
+                        debug!(session = %self.cfg.name, error = %e, "shell stdout failed");
                         capture.push(&std::mem::take(&mut shell.pending))?;
                         return Ok((Some(Ending::Eof), stop));
                     }
@@ -638,21 +666,21 @@ impl Session {
         let Some(mut shell) = self.shell.take() else {
             return Ok("unknown status".into());
         };
-        let status = match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await
-        {
-            Ok(Ok(st)) => match (st.code, st.signal) {
-                (Some(c), _) => format!("exit code {c}"),
-                (None, Some(s)) => format!("killed by signal {s}"),
-                _ => "unknown status".into(),
+        Ok(
+            match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await {
+                Ok(Ok(st)) => match (st.code, st.signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (None, Some(s)) => format!("killed by signal {s}"),
+                    _ => "unknown status".into(),
+                },
+                Ok(Err(e @ Error::Unreachable { .. })) => return Err(e),
+                Ok(Err(e)) => format!("status unknown: {e}"),
+                Err(_) => {
+                    let _ = shell.process.terminate().await;
+                    "did not exit after closing its output".into()
+                }
             },
-            Ok(Err(e @ Error::Unreachable { .. })) => return Err(e),
-            Ok(Err(e)) => format!("status unknown: {e}"),
-            Err(_) => {
-                let _ = shell.process.terminate().await;
-                "did not exit after closing its output".into()
-            }
-        };
-        Ok(status)
+        )
     }
 
     fn stderr_text(&self) -> String {
@@ -713,9 +741,15 @@ fn scan(
             Ok(None)
         }
         None => {
-            let keep = start_pat.len() - 1;
-            if pending.len() > keep {
-                let cut = pending.len() - keep;
+            // Hold back only a suffix that could begin the marker, so output reaches
+            // a live tee as soon as it arrives. The marker's only 0x1e is its first
+            // byte, so the last 0x1e is the only candidate.
+            let window = pending.len().saturating_sub(start_pat.len() - 1);
+            let cut = match memchr::memrchr(0x1e, &pending[window..]) {
+                Some(k) if start_pat.starts_with(&pending[window + k..]) => window + k,
+                _ => pending.len(),
+            };
+            if cut > 0 {
                 capture.push(&pending[..cut])?;
                 pending.drain(..cut);
             }
@@ -724,57 +758,28 @@ fn scan(
     }
 }
 
-/// Check a snapshot's header and trailer; return its sequence and text.
-///
-/// Snapshots are overwritten in place, so bytes of an older, longer one may follow
-/// the trailer; they are cut off. The header's random id must match the trailer's,
-/// so a torn write never pairs with a stale trailer.
+/// Check a snapshot's header and trailer; return its sequence and text. Snapshots
+/// are rewritten in place, so bytes after the matching trailer are stale and ignored.
 fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
     let nl = memchr::memchr(b'\n', data)?;
     let first = std::str::from_utf8(&data[..nl]).ok()?;
-    let rest = first.strip_prefix("# berth snapshot v1 seq=")?;
-    let (seq, id) = match rest.split_once(" id=") {
-        Some((s, id)) => (s, Some(id)),
-        None => (rest, None),
-    };
-    let seq: u64 = seq.parse().ok()?;
-    let trailer = match id {
-        Some(id) => format!("\n# berth snapshot end seq={seq} id={id}\n"),
-        None => format!("\n# berth snapshot end seq={seq}\n"),
-    };
+    let seq: u64 = first
+        .strip_prefix("# berth snapshot v1 seq=")?
+        .parse()
+        .ok()?;
+    let trailer = format!("\n# berth snapshot end seq={seq}\n");
+    // Cut before decoding: the stale bytes past the trailer may split a UTF-8
+    // sequence of the older snapshot they came from.
     let end = memchr::memmem::find(data, trailer.as_bytes())? + trailer.len();
     let text = std::str::from_utf8(&data[..end]).ok()?;
     Some((seq, text.to_string()))
 }
 
+/// 64 random bits: unguessable for one command's lifetime, and short, since bash
+/// reads the frame a byte per syscall.
 fn new_nonce() -> String {
-    let n: u128 = rand::random();
-    format!("{n:032x}")
-}
-
-async fn pump(mut out: crate::backend::BoxRead, tx: mpsc::Sender<Chunk>) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match out.read(&mut buf).await {
-            Ok(0) => {
-                let _ = tx.send(Chunk::Eof).await;
-                return;
-            }
-            Ok(n) => {
-                if tx
-                    .send(Chunk::Data(Bytes::copy_from_slice(&buf[..n])))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            Err(e) => {
-                let _ = tx.send(Chunk::Failed(e)).await;
-                return;
-            }
-        }
-    }
+    let n: u64 = rand::random();
+    format!("{n:016x}")
 }
 
 async fn keep_tail(mut err: crate::backend::BoxRead, tail: Arc<Mutex<Vec<u8>>>, name: String) {
@@ -848,22 +853,15 @@ mod tests {
         assert!(parse_snapshot(cut).is_none());
         let wrong = b"# berth snapshot v1 seq=7\n# berth snapshot end seq=6\n";
         assert!(parse_snapshot(wrong).is_none());
-        assert!(parse_snapshot(b"\xff\xfe").is_none());
-        // Overwritten in place: an older, longer snapshot's tail is cut off, even
-        // where it splits a UTF-8 sequence.
-        let mut over =
-            b"# berth snapshot v1 seq=9 id=42\nexport A=2\n# berth snapshot end seq=9 id=42\n"
-                .to_vec();
-        over.extend_from_slice(b"\x9f\x98\x80export OLD=1\n# berth snapshot end seq=7 id=1\n");
-        let (seq, text) = parse_snapshot(&over).unwrap_or_default();
+        // Rewritten in place over a longer, older one: the stale tail is cut off.
+        let stale = b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\nexport OLD=1\n# berth snapshot end seq=7\n";
+        let (seq, text) = parse_snapshot(stale).unwrap_or_default();
         assert_eq!(seq, 9);
-        assert!(
-            text.ends_with("seq=9 id=42\n") && !text.contains("OLD"),
-            "{text}"
-        );
-        // A torn write over an older snapshot: the stale trailer has another id.
-        let torn =
-            b"# berth snapshot v1 seq=9 id=42\nexport A=2\n# berth snapshot end seq=9 id=41\n";
-        assert!(parse_snapshot(torn).is_none());
+        assert!(!text.contains("OLD"));
+        // ... even where the cut splits a UTF-8 sequence of the older one.
+        let split =
+            b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\n\x98\x80x\n";
+        assert_eq!(parse_snapshot(split).map(|s| s.0), Some(9));
+        assert!(parse_snapshot(b"\xff\xfe").is_none());
     }
 }

@@ -2,9 +2,9 @@
 //!
 //! Wire format, per command (all written to the shell's stdin):
 //! ```text
-//! IFS= read -r -d '' __berth_c\n      <- a line bash parses and runs
-//! <command text>\0                     <- consumed by that `read`, never parsed as script
-//! __berth_pre; eval "$__berth_c" <IN 2>&1; __berth_post $? <nonce>\n
+//! __b\n                         <- runs `IFS= read -r -d '' __berth_c` and notes the start
+//! <command text>\0              <- consumed by that `read`, never parsed as script
+//! eval "$__berth_c" <IN 2>&1;__berth_post $? <nonce> <snapshot?>\n
 //! ```
 //! A NUL can never occur inside bash text (bash strings cannot hold one), so it is
 //! a perfect terminator: unlike `read -N <len>`, it does not depend on the locale's
@@ -16,12 +16,10 @@
 //! a trailer, so a shell killed mid-write leaves the other one intact) and then the
 //! end marker `\x1e<nonce>:<exit>:<cwd>:<nonce>\x1e` on stdout.
 //!
-//! The per-command files are overwritten in place (`1<>`), never truncated: on ext4
-//! a truncate-and-rewrite forces a writeback flush at close (`auto_da_alloc`),
-//! which measured ~3 ms per file on berth's CI VM, ten times the whole round trip.
-//! So `cmd.start` is padded to a fixed width, and a snapshot's header and trailer
-//! carry a random id: the reader cuts at the trailer that matches the header, and
-//! whatever an older, longer snapshot left beyond it is ignored.
+//! State files are rewritten in place with `1<>`, never truncated with `>`: on ext4,
+//! truncating a file and writing it again forces a flush on close (`auto_da_alloc`),
+//! which cost milliseconds per command. Readers stop at the trailer (snapshots) or
+//! the first line (`cmd.start`), so stale bytes past the end are harmless.
 
 /// Shell-quote a string with single quotes.
 pub fn quote(s: &str) -> String {
@@ -60,22 +58,23 @@ mkdir -p -- "$__berth_dir" 2>/dev/null
 
 /// The helper functions. They are re-sent after a restore, so a snapshot taken
 /// by an older berth cannot leave stale versions behind.
-pub const FUNCTIONS: &str = r#"__berth_pre() {
-  local __u
+pub const FUNCTIONS: &str = r#"__b() {
+  IFS= read -r -d '' __berth_c
+  local __u __p
   IFS=' ' read -r __u _ < /proc/uptime 2>/dev/null || __u=0
-  printf '%-23s\n' "$__u" 1<> "$__berth_dir/cmd.start" 2>/dev/null
+  IFS=' ' read -r _ _ _ _ __p < /proc/loadavg 2>/dev/null || __p=0
+  printf '%s %s\n' "$__u" "$__p" 1<> "$__berth_dir/cmd.start" 2>/dev/null
 }
 __berth_snap() {
   __berth_seq=$((__berth_seq + 1))
-  local __id=${SRANDOM:-$RANDOM$RANDOM}
   {
-    printf '# berth snapshot v1 seq=%s id=%s\n' "$__berth_seq" "$__id"
+    printf '# berth snapshot v1 seq=%s\n' "$__berth_seq"
     printf '__berth_seq=%s\n' "$__berth_seq"
     export -p
     declare -f
     alias -p
     printf 'cd -- %q 2>/dev/null || cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
-    printf '# berth snapshot end seq=%s id=%s\n' "$__berth_seq" "$__id"
+    printf '# berth snapshot end seq=%s\n' "$__berth_seq"
   } 1<> "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null
 }
 __berth_post() {
@@ -93,13 +92,14 @@ pub fn run_line(nonce: &str, stdin_path: Option<&str>, snapshot: bool) -> String
         None => "/dev/null".to_string(),
     };
     format!(
-        "__berth_pre; eval \"$__berth_c\" <{input} 2>&1; __berth_post $? {nonce} {}\n",
+        "eval \"$__berth_c\" <{input} 2>&1;__berth_post $? {nonce} {}\n",
         u8::from(snapshot)
     )
 }
 
-/// The line that reads the next command text up to its NUL.
-pub const READ_LINE: &str = "IFS= read -r -d '' __berth_c\n";
+/// The line that reads the next command text up to its NUL and notes its start.
+/// Kept short: bash reads a pipe one byte per syscall.
+pub const READ_LINE: &str = "__b\n";
 
 /// The handshake command: prints the shell's pid and session id.
 pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__berth_stat##*) }; read -r -a __berth_f <<< "$__berth_stat"; printf '%s %s' "$$" "${__berth_f[3]}"; unset __berth_stat __berth_f"#;
@@ -107,13 +107,14 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///
 /// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the file holding the
-/// command's start (seconds of uptime as the shell read it), `$4` the signal name. It signals every
+/// command's start (seconds of uptime and the last pid allocated, as the shell read
+/// them), `$4` the signal name. It signals every
 /// process that started at or after the command and is either in the shell's session
 /// or descends from the shell, sparing the shell itself, this script and its parents.
 /// Processes of earlier commands started before, so they are spared too; berth's jobs
 /// call `setsid` and live in sessions of their own.
-pub const KILL_TREE: &str = r#"shell=$1; sid=$2; read -r start _ < "$3" 2>/dev/null; sig=$4
-start=${start%%.*}${start#*.}; start=$((10#${start:-0}))
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; read -r start lastpid < "$3" 2>/dev/null; sig=$4
+start=${start%%.*}${start#*.}; start=$((10#${start:-0})); lastpid=$((10#${lastpid:-0}))
 declare -A parent
 me=$$; spare=" $shell $me "
 p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; l=$(</proc/$p/stat) 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
@@ -124,7 +125,10 @@ for d in /proc/[0-9]*; do
   l=${l##*) }; read -r -a f <<< "$l"
   parent[$p]=${f[1]}
   case "$spare" in *" $p "*) continue;; esac
-  [ "${f[19]}" -ge "$start" ] 2>/dev/null || continue
+  # Started after the command began: a later clock tick, or the same tick (10ms)
+  # with a pid newer than the last one allocated before the command.
+  t=${f[19]}
+  [ "$t" -gt "$start" ] 2>/dev/null || { [ "$t" -eq "$start" ] && [ "$p" -gt "$lastpid" ]; } 2>/dev/null || continue
   if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
   victims+=("?$p")
 done

@@ -1,0 +1,439 @@
+//! The durable state: SQLite in WAL mode with versioned migrations.
+//!
+//! Flow at a glance: every berth process opens the same database under the state
+//! directory. Writes are single statements or short transactions, so concurrent
+//! CLI invocations, the MCP server and the daemon interleave safely (WAL plus a
+//! busy timeout). Every transition is written before it is acted on; a `kill -9`
+//! leaves at worst a `started` event without its `finished` twin.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::SandboxSpec;
+use crate::error::{Error, Result};
+
+/// The schema, one entry per version. Never edit a shipped entry: append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: sandboxes, sessions, the event log.
+    r#"
+    CREATE TABLE sandboxes (
+        backend     TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        spec        TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        last_used   INTEGER NOT NULL,
+        PRIMARY KEY (backend, name)
+    );
+    CREATE TABLE sessions (
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        last_used   INTEGER NOT NULL,
+        commands    INTEGER NOT NULL DEFAULT 0,
+        cwd         TEXT,
+        PRIMARY KEY (backend, sandbox, name)
+    );
+    CREATE TABLE events (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts_ms       INTEGER NOT NULL,
+        kind        TEXT NOT NULL,
+        call_id     TEXT,
+        backend     TEXT,
+        sandbox     TEXT,
+        session     TEXT,
+        command     TEXT,
+        verdict     TEXT,
+        exit_code   INTEGER,
+        duration_ms INTEGER,
+        bytes_out   INTEGER,
+        detail      TEXT
+    );
+    CREATE INDEX events_call ON events(call_id);
+    "#,
+];
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A sandbox berth knows about.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRow {
+    /// Backend short name.
+    pub backend: String,
+    /// Sandbox name.
+    pub name: String,
+    /// The spec it was created with.
+    pub spec: SandboxSpec,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+    /// Last use, ms since the epoch.
+    pub last_used: i64,
+}
+
+/// One entry of the event log.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Row id, increasing.
+    pub id: i64,
+    /// When, ms since the epoch.
+    pub ts_ms: i64,
+    /// What happened: `exec.started`, `exec.finished`, `sandbox.created`, ...
+    pub kind: String,
+    /// Ties the events of one tool call together.
+    pub call_id: Option<String>,
+    /// Backend short name.
+    pub backend: Option<String>,
+    /// Sandbox name.
+    pub sandbox: Option<String>,
+    /// Session name.
+    pub session: Option<String>,
+    /// The command text, redacted.
+    pub command: Option<String>,
+    /// The policy verdict.
+    pub verdict: Option<String>,
+    /// Exit code.
+    pub exit_code: Option<i64>,
+    /// Duration in ms.
+    pub duration_ms: Option<i64>,
+    /// Output bytes.
+    pub bytes_out: Option<i64>,
+    /// Anything else, as JSON text.
+    pub detail: Option<String>,
+}
+
+/// The state store.
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Open (and migrate) the store in `state_dir`.
+    pub fn open(state_dir: &Path) -> Result<Store> {
+        std::fs::create_dir_all(state_dir).map_err(|e| state_dir_error(state_dir, e))?;
+        // Probe writability up front: SQLite's own error for a read-only directory
+        // ("unable to open database file") names nothing the user can act on.
+        let probe = state_dir.join(".berth-write-probe");
+        std::fs::write(&probe, b"").map_err(|e| state_dir_error(state_dir, e))?;
+        let _ = std::fs::remove_file(&probe);
+        let path = state_dir.join("berth.db");
+        let conn = Connection::open(&path).map_err(|e| {
+            Error::Store(format!(
+                "cannot open {}: {e}; check the state dir's permissions or pass --state-dir",
+                path.display()
+            ))
+        })?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let store = Store {
+            conn: Mutex::new(conn),
+            path,
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
+        self.conn
+            .lock()
+            .map_err(|_| Error::Store("connection lock poisoned".into()))
+    }
+
+    fn migrate(&self) -> Result<()> {
+        let mut conn = self.conn()?;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version as usize > MIGRATIONS.len() {
+            return Err(Error::Store(format!(
+                "the database is at schema version {version}, newer than this berth ({}); upgrade berth",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            tx.execute_batch(m)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The schema version in force.
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .conn()?
+            .query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    /// Record a sandbox (or refresh its spec).
+    pub fn put_sandbox(&self, backend: &str, spec: &SandboxSpec) -> Result<()> {
+        let json = serde_json::to_string(spec).map_err(|e| Error::Store(e.to_string()))?;
+        let now = now_ms();
+        self.conn()?.execute(
+            "INSERT INTO sandboxes (backend, name, spec, created_at, last_used) VALUES (?1, ?2, ?3, ?4, ?4)
+             ON CONFLICT(backend, name) DO UPDATE SET spec = excluded.spec, last_used = excluded.last_used",
+            params![backend, spec.name, json, now],
+        )?;
+        Ok(())
+    }
+
+    /// A sandbox by backend and name.
+    pub fn sandbox(&self, backend: &str, name: &str) -> Result<Option<SandboxRow>> {
+        let conn = self.conn()?;
+        let row = conn
+            .query_row(
+                "SELECT backend, name, spec, created_at, last_used FROM sandboxes WHERE backend = ?1 AND name = ?2",
+                params![backend, name],
+                row_to_sandbox,
+            )
+            .optional()?;
+        row.transpose()
+    }
+
+    /// All sandboxes, optionally of one backend.
+    pub fn sandboxes(&self, backend: Option<&str>) -> Result<Vec<SandboxRow>> {
+        let conn = self.conn()?;
+        let mut stmt = conn.prepare(
+            "SELECT backend, name, spec, created_at, last_used FROM sandboxes
+             WHERE ?1 IS NULL OR backend = ?1 ORDER BY backend, name",
+        )?;
+        let rows = stmt.query_map(params![backend], row_to_sandbox)?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(r??);
+        }
+        Ok(out)
+    }
+
+    /// Forget a sandbox and its sessions. Returns whether it was known.
+    pub fn delete_sandbox(&self, backend: &str, name: &str) -> Result<bool> {
+        let mut conn = self.conn()?;
+        let tx = conn.transaction()?;
+        tx.execute(
+            "DELETE FROM sessions WHERE backend = ?1 AND sandbox = ?2",
+            params![backend, name],
+        )?;
+        let n = tx.execute(
+            "DELETE FROM sandboxes WHERE backend = ?1 AND name = ?2",
+            params![backend, name],
+        )?;
+        tx.commit()?;
+        Ok(n > 0)
+    }
+
+    /// Mark a sandbox used now.
+    pub fn touch_sandbox(&self, backend: &str, name: &str) -> Result<()> {
+        self.conn()?.execute(
+            "UPDATE sandboxes SET last_used = ?3 WHERE backend = ?1 AND name = ?2",
+            params![backend, name, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// Record a command run in a session.
+    pub fn session_used(
+        &self,
+        backend: &str,
+        sandbox: &str,
+        name: &str,
+        cwd: Option<&str>,
+    ) -> Result<()> {
+        let now = now_ms();
+        self.conn()?.execute(
+            "INSERT INTO sessions (backend, sandbox, name, created_at, last_used, commands, cwd)
+             VALUES (?1, ?2, ?3, ?4, ?4, 1, ?5)
+             ON CONFLICT(backend, sandbox, name) DO UPDATE SET
+               last_used = excluded.last_used, commands = commands + 1,
+               cwd = COALESCE(excluded.cwd, cwd)",
+            params![backend, sandbox, name, now, cwd],
+        )?;
+        Ok(())
+    }
+
+    /// The last known cwd of a session.
+    pub fn session_cwd(&self, backend: &str, sandbox: &str, name: &str) -> Result<Option<String>> {
+        let conn = self.conn()?;
+        Ok(conn
+            .query_row(
+                "SELECT cwd FROM sessions WHERE backend = ?1 AND sandbox = ?2 AND name = ?3",
+                params![backend, sandbox, name],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()?
+            .flatten())
+    }
+
+    /// Append an event; returns its id.
+    pub fn append(&self, e: &Event) -> Result<i64> {
+        let conn = self.conn()?;
+        conn.execute(
+            "INSERT INTO events (ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
+                                 exit_code, duration_ms, bytes_out, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                if e.ts_ms == 0 { now_ms() } else { e.ts_ms },
+                e.kind,
+                e.call_id,
+                e.backend,
+                e.sandbox,
+                e.session,
+                e.command,
+                e.verdict,
+                e.exit_code,
+                e.duration_ms,
+                e.bytes_out,
+                e.detail
+            ],
+        )?;
+        Ok(conn.last_insert_rowid())
+    }
+
+    /// The newest `limit` events with id greater than `after`, oldest first.
+    pub fn events(
+        &self,
+        after: i64,
+        limit: usize,
+        kind_prefix: Option<&str>,
+    ) -> Result<Vec<Event>> {
+        let conn = self.conn()?;
+        let mut stmt = conn.prepare(
+            "SELECT * FROM (
+               SELECT id, ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
+                      exit_code, duration_ms, bytes_out, detail
+               FROM events WHERE id > ?1 AND (?3 IS NULL OR kind LIKE ?3 || '%')
+               ORDER BY id DESC LIMIT ?2
+             ) ORDER BY id ASC",
+        )?;
+        let rows = stmt.query_map(params![after, limit as i64, kind_prefix], row_to_event)?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(r?);
+        }
+        Ok(out)
+    }
+
+    /// Events after `after`, oldest first, up to `limit` (for following a log).
+    pub fn events_after(&self, after: i64, limit: usize) -> Result<Vec<Event>> {
+        let conn = self.conn()?;
+        let mut stmt = conn.prepare(
+            "SELECT id, ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
+                    exit_code, duration_ms, bytes_out, detail
+             FROM events WHERE id > ?1 ORDER BY id ASC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![after, limit as i64], row_to_event)?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(r?);
+        }
+        Ok(out)
+    }
+
+    /// Run `f` with the raw connection, for modules that own tables of their own
+    /// (jobs, approvals). They add their schema through [`MIGRATIONS`].
+    pub fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T> {
+        let mut conn = self.conn()?;
+        Ok(f(&mut conn)?)
+    }
+}
+
+fn state_dir_error(dir: &Path, e: std::io::Error) -> Error {
+    Error::Store(format!(
+        "state dir {} is not writable ({e}); fix its permissions, or point --state-dir / BERTH_STATE_DIR at a writable directory",
+        dir.display()
+    ))
+}
+
+fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<Event> {
+    Ok(Event {
+        id: r.get(0)?,
+        ts_ms: r.get(1)?,
+        kind: r.get(2)?,
+        call_id: r.get(3)?,
+        backend: r.get(4)?,
+        sandbox: r.get(5)?,
+        session: r.get(6)?,
+        command: r.get(7)?,
+        verdict: r.get(8)?,
+        exit_code: r.get(9)?,
+        duration_ms: r.get(10)?,
+        bytes_out: r.get(11)?,
+        detail: r.get(12)?,
+    })
+}
+
+fn row_to_sandbox(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<SandboxRow>> {
+    let spec_text: String = r.get(2)?;
+    let spec = serde_json::from_str(&spec_text)
+        .map_err(|e| Error::Store(format!("corrupt sandbox spec: {e}")));
+    Ok(spec.map(|spec| SandboxRow {
+        backend: r.get(0).unwrap_or_default(),
+        name: r.get(1).unwrap_or_default(),
+        spec,
+        created_at: r.get(3).unwrap_or_default(),
+        last_used: r.get(4).unwrap_or_default(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrates_and_round_trips() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
+        let s = Store::open(dir.path())?;
+        assert_eq!(s.schema_version()?, MIGRATIONS.len() as i64);
+        s.put_sandbox("local", &SandboxSpec::named("a"))?;
+        assert_eq!(s.sandbox("local", "a")?.map(|r| r.name), Some("a".into()));
+        assert!(s.sandbox("docker", "a")?.is_none());
+        let id = s.append(&Event {
+            kind: "exec.finished".into(),
+            exit_code: Some(3),
+            ..Default::default()
+        })?;
+        let ev = s.events(0, 10, None)?;
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].id, id);
+        assert_eq!(ev[0].exit_code, Some(3));
+        assert!(s.delete_sandbox("local", "a")?);
+        assert!(!s.delete_sandbox("local", "a")?);
+        // Reopening does not re-run migrations.
+        drop(s);
+        let s = Store::open(dir.path())?;
+        assert_eq!(s.events(0, 10, None)?.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn refuses_a_newer_schema() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
+        {
+            let s = Store::open(dir.path())?;
+            s.with_conn(|c| c.pragma_update(None, "user_version", 999))?;
+        }
+        match Store::open(dir.path()) {
+            Err(Error::Store(m)) => assert!(m.contains("newer"), "{m}"),
+            other => panic!("expected a schema error, got {:?}", other.map(|_| ())),
+        }
+        Ok(())
+    }
+}

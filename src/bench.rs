@@ -1,0 +1,159 @@
+//! `berth bench`: a persistent session against a fresh process per command,
+//! measured side by side in one run, so the ratio holds on any machine.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use berth_core::backend::{Sandbox, SandboxSpec};
+use berth_core::session::{ExecOpts, Session, SessionConfig};
+use clap::Args;
+use serde_json::json;
+
+use crate::context::{self, DEFAULT_BACKEND};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Backend to measure.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Commands per measurement.
+    #[arg(long, short = 'n', default_value_t = 300)]
+    pub count: usize,
+    /// Backend option for the bench sandbox (repeatable), e.g. `host=myserver` for ssh.
+    #[arg(long = "opt", short = 'o', value_name = "KEY=VALUE")]
+    pub options: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One measured series.
+struct Series {
+    label: &'static str,
+    per_cmd: Duration,
+}
+
+const BENCH_SANDBOX: &str = "berth-bench";
+const PROBE: &str = "echo hi";
+
+pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
+    if a.count == 0 {
+        bail!("--count must be at least 1");
+    }
+    let rt = context::runtime(state_dir)?;
+    let mut spec = SandboxSpec::named(BENCH_SANDBOX);
+    for o in &a.options {
+        let Some((k, v)) = o.split_once('=') else {
+            bail!("--opt takes KEY=VALUE, got {o:?}");
+        };
+        spec.options.insert(k.into(), v.into());
+    }
+    let (sandbox, _, _) = rt
+        .create_sandbox(&a.backend, spec)
+        .await
+        .with_context(|| format!("creating the bench sandbox on {}", a.backend))?;
+
+    let on = session_series(&sandbox, a.count, true, "persistent session").await?;
+    let off = session_series(&sandbox, a.count, false, "persistent session, no snapshot").await?;
+    let floor = floor_series(&a.backend, &sandbox, a.count).await?;
+
+    let ratio = floor.per_cmd.as_secs_f64() / on.per_cmd.as_secs_f64().max(1e-9);
+    let snapshot_cost = on.per_cmd.saturating_sub(off.per_cmd);
+    if a.json {
+        context::print_json(&json!({
+            "backend": a.backend,
+            "count": a.count,
+            "session_ms": ms(on.per_cmd),
+            "session_no_snapshot_ms": ms(off.per_cmd),
+            "snapshot_cost_ms": ms(snapshot_cost),
+            "floor": floor.label,
+            "floor_ms": ms(floor.per_cmd),
+            "speedup": ratio,
+        }));
+    } else {
+        println!(
+            "berth bench: backend {}, {} commands per series ({PROBE:?})",
+            a.backend, a.count
+        );
+        for s in [&on, &off, &floor] {
+            println!("  {:<40} {:>9.3} ms/command", s.label, ms(s.per_cmd));
+        }
+        println!(
+            "  snapshot cost                            {:>9.3} ms/command",
+            ms(snapshot_cost)
+        );
+        println!(
+            "  speedup: persistent session is {ratio:.1}x faster than {}",
+            floor.label
+        );
+    }
+    let _ = rt.remove_sandbox(&a.backend, BENCH_SANDBOX, true).await;
+    Ok(0)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn session_series(
+    sandbox: &Arc<dyn Sandbox>,
+    n: usize,
+    snapshot: bool,
+    label: &'static str,
+) -> Result<Series> {
+    let mut cfg = SessionConfig::named("bench");
+    cfg.snapshot = snapshot;
+    let mut s = Session::open(sandbox.clone(), cfg).await?;
+    for _ in 0..10 {
+        s.exec(PROBE, ExecOpts::default()).await?;
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        let r = s.exec(PROBE, ExecOpts::default()).await?;
+        if r.exit_code != 0 || r.output.text() != "hi\n" {
+            bail!(
+                "bench probe returned {:?} (exit {})",
+                r.output.text(),
+                r.exit_code
+            );
+        }
+    }
+    let per = t.elapsed() / n as u32;
+    s.close().await;
+    Ok(Series {
+        label,
+        per_cmd: per,
+    })
+}
+
+/// The floor each backend is measured against: a fresh process per command,
+/// the way tools without a persistent shell run.
+async fn floor_series(backend: &str, sandbox: &Arc<dyn Sandbox>, n: usize) -> Result<Series> {
+    match backend {
+        "local" => {
+            let t = Instant::now();
+            for _ in 0..n {
+                let out = tokio::process::Command::new("bash")
+                    .arg("-c")
+                    .arg(PROBE)
+                    .current_dir(&sandbox.layout().workdir)
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .await?;
+                if out.stdout != b"hi\n" {
+                    bail!(
+                        "bash -c probe printed {:?}",
+                        String::from_utf8_lossy(&out.stdout)
+                    );
+                }
+            }
+            Ok(Series {
+                label: "`bash -c` spawned per command",
+                per_cmd: t.elapsed() / n as u32,
+            })
+        }
+        other => bail!("no benchmark floor for backend `{other}` yet"),
+    }
+}

@@ -1,0 +1,123 @@
+//! `berth events`: the append-only log of every call.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use berth_core::store::Event;
+use clap::Args;
+
+use crate::context;
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    /// How many of the newest events to show.
+    #[arg(long, short = 'n', default_value_t = 20)]
+    pub limit: usize,
+    /// Only events whose kind starts with this, e.g. `exec` or `job`.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Keep printing new events as they are written (Ctrl-C to stop).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(state_dir: Option<PathBuf>, a: EventsArgs) -> Result<u8> {
+    let rt = context::runtime(state_dir)?;
+    let store = rt.store().clone();
+    let mut last = 0;
+    for e in store.events(0, a.limit, a.kind.as_deref())? {
+        last = e.id;
+        print_event(&e, a.json)?;
+    }
+    if !a.follow {
+        return Ok(0);
+    }
+    if last == 0 {
+        last = store.events(0, 1, None)?.last().map(|e| e.id).unwrap_or(0);
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(0),
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        for e in store.events_after(last, 1000)? {
+            last = e.id;
+            if a.kind.as_deref().is_none_or(|k| e.kind.starts_with(k)) {
+                print_event(&e, a.json)?;
+            }
+        }
+    }
+}
+
+fn print_event(e: &Event, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(e)?);
+        return Ok(());
+    }
+    let secs = e.ts_ms / 1000;
+    let when = format_utc(secs);
+    let mut line = format!("{:>6} {when} {:<16}", e.id, e.kind);
+    if let (Some(b), Some(s)) = (&e.backend, &e.sandbox) {
+        line.push_str(&format!(" {b}/{s}"));
+    }
+    if let Some(c) = e.exit_code {
+        line.push_str(&format!(" exit={c}"));
+    }
+    if let Some(d) = e.duration_ms {
+        line.push_str(&format!(" {d}ms"));
+    }
+    if let Some(b) = e.bytes_out {
+        line.push_str(&format!(" {b}B"));
+    }
+    if let Some(c) = &e.command {
+        let one: String = c
+            .chars()
+            .take(80)
+            .map(|c| if c == '\n' { ' ' } else { c })
+            .collect();
+        line.push_str(&format!("  {one}"));
+    }
+    if e.kind.ends_with("failed")
+        && let Some(d) = &e.detail
+    {
+        line.push_str(&format!("  {d}"));
+    }
+    println!("{line}");
+    Ok(())
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC, without a date crate.
+fn format_utc(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn formats_utc() {
+        assert_eq!(super::format_utc(0), "1970-01-01 00:00:00");
+        assert_eq!(super::format_utc(1_779_405_555), "2026-05-21 23:19:15");
+    }
+}

@@ -1,0 +1,163 @@
+//! `berth exec`: one command in a sandbox's persistent session.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use berth_core::runtime::{DEFAULT_SANDBOX, ExecReport, ExecRequest};
+use berth_core::session::Tee;
+use clap::Args;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{self, DEFAULT_BACKEND};
+
+/// Default timeout: generous, but a hung command does not hang berth forever.
+const DEFAULT_TIMEOUT_SECS: f64 = 600.0;
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The command's output goes to stdout and berth exits with the command's exit code: \
+124 after a timeout, 130 after Ctrl-C, 125 when berth itself fails.\n\n\
+Examples:\n  berth exec -- ls -la\n  berth exec -- 'cd /srv && export ENV=prod'\n  berth exec --timeout 5 -- sleep 60     # exits 124\n  echo hi | berth exec --stdin -- cat\n  berth exec --json -- make test | jq .exit_code"
+)]
+pub struct ExecArgs {
+    /// Backend to run on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Sandbox to run in; `default` is created on first use.
+    #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
+    pub sandbox: String,
+    /// Stop the command (and every process it started) after SECS seconds.
+    #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true, default_value_t = DEFAULT_TIMEOUT_SECS)]
+    pub timeout: f64,
+    /// Print one JSON object instead of the raw output.
+    #[arg(long)]
+    pub json: bool,
+    /// Feed berth's stdin to the command (otherwise its stdin is /dev/null).
+    #[arg(long)]
+    pub stdin: bool,
+    /// The command, run by bash in the session. Several words are joined with spaces.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// Check a timeout given in seconds.
+pub fn timeout_from_secs(secs: f64) -> Result<Duration> {
+    if !secs.is_finite() || secs <= 0.0 {
+        bail!("--timeout must be a positive number of seconds, got {secs}; e.g. --timeout 30");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
+    let command = a.command.join(" ");
+    if command.trim().is_empty() {
+        bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
+    }
+    let timeout = timeout_from_secs(a.timeout)?;
+    let stdin = if a.stdin {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
+        Some(buf)
+    } else {
+        None
+    };
+    let rt = context::runtime(state_dir)?;
+    let cancel = CancellationToken::new();
+    let on_ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_ctrl_c.cancel();
+        }
+    });
+    let tee: Option<Tee> = if a.json {
+        None
+    } else {
+        Some(Arc::new(|b: &[u8]| {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(b);
+            let _ = out.flush();
+        }))
+    };
+    let req = ExecRequest {
+        backend: a.backend.clone(),
+        sandbox: a.sandbox.clone(),
+        command,
+        timeout: Some(timeout),
+        stdin,
+        cancel: Some(cancel),
+        tee,
+    };
+    let outcome = rt.exec(req).await;
+    rt.shutdown().await;
+    let report = match outcome {
+        Ok(r) => r,
+        Err(e) if a.json => {
+            context::print_json(&json!({ "error": e.to_string() }));
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if a.json {
+        context::print_json(&report_json(&report, &a.backend, &a.sandbox));
+    } else {
+        print_notices(&report, timeout);
+    }
+    Ok(exit_byte(report.result.exit_code))
+}
+
+/// The JSON shape of an exec result.
+pub fn report_json(r: &ExecReport, backend: &str, sandbox: &str) -> serde_json::Value {
+    let res = &r.result;
+    json!({
+        "exit_code": res.exit_code,
+        "output": res.output.text(),
+        "truncated": res.output.truncated(),
+        "bytes": res.output.total_bytes,
+        "omitted_bytes": res.output.omitted_bytes,
+        "duration_ms": res.duration.as_millis() as u64,
+        "cwd": res.cwd,
+        "timed_out": res.timed_out,
+        "interrupted": res.interrupted,
+        "notices": res.notices,
+        "restored_from": res.restored_from,
+        "recreated": r.recreated,
+        "call_id": r.call_id,
+        "spool": res.output.spool,
+        "backend": backend,
+        "sandbox": sandbox,
+    })
+}
+
+fn print_notices(r: &ExecReport, timeout: Duration) {
+    if let Some(why) = &r.recreated {
+        eprintln!("berth: the sandbox was recreated: {why}");
+    }
+    for n in &r.result.notices {
+        eprintln!("berth: {n}");
+    }
+    if r.result.timed_out {
+        eprintln!(
+            "berth: command timed out after {}s; it and every process it started were stopped (exit 124). Raise --timeout if it needs longer.",
+            timeout.as_secs_f64()
+        );
+    }
+    if r.result.interrupted {
+        eprintln!(
+            "berth: interrupted; the command's processes were stopped, the session is intact"
+        );
+    }
+}
+
+/// A process exit status byte for a shell exit code.
+pub fn exit_byte(code: i32) -> u8 {
+    if (0..=255).contains(&code) {
+        code as u8
+    } else {
+        // Unknown (-1): the shell died without a code.
+        crate::EXIT_BERTH_ERROR
+    }
+}

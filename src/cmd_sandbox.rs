@@ -1,0 +1,173 @@
+//! `berth sandbox create|ls|rm`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use berth_core::backend::{Limits, SandboxSpec};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::context::{self, DEFAULT_BACKEND};
+
+#[derive(Subcommand, Debug)]
+pub enum SandboxCmd {
+    /// Create a sandbox, or re-attach to the one with this name (idempotent).
+    Create(CreateArgs),
+    /// List berth's sandboxes, with their live state.
+    Ls(LsArgs),
+    /// Remove a sandbox.
+    Rm(RmArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// The sandbox's name: letters, digits, '-', '_', '.'.
+    pub name: String,
+    /// Backend to create it on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Image or template (docker).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Allow network access (off by default where the backend can enforce it).
+    #[arg(long)]
+    pub network: bool,
+    /// Memory limit in MiB.
+    #[arg(long, value_name = "MIB")]
+    pub memory_mb: Option<u64>,
+    /// CPU quota in cores, e.g. 0.5.
+    #[arg(long, value_name = "CORES")]
+    pub cpus: Option<f64>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Environment variable for every process in the sandbox (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Backend-specific option (repeatable), e.g. `host=myserver` for ssh.
+    #[arg(long = "opt", short = 'o', value_name = "KEY=VALUE")]
+    pub options: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// Backend to list.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RmArgs {
+    /// The sandbox's name.
+    pub name: String,
+    /// Backend it lives on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Also delete durable data (docker volumes).
+    #[arg(long)]
+    pub volumes: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for it in items {
+        let Some((k, v)) = it.split_once('=') else {
+            bail!("{flag} takes KEY=VALUE, got {it:?}");
+        };
+        if k.is_empty() {
+            bail!("{flag} takes KEY=VALUE with a non-empty KEY, got {it:?}");
+        }
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
+    let rt = context::runtime(state_dir)?;
+    match cmd {
+        SandboxCmd::Create(a) => {
+            if a.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+                bail!("--cpus must be a positive number of cores, e.g. --cpus 0.5");
+            }
+            let spec = SandboxSpec {
+                name: a.name.clone(),
+                image: a.image.clone(),
+                env: pairs(&a.env, "--env")?,
+                network: a.network,
+                limits: Limits {
+                    memory_mb: a.memory_mb,
+                    milli_cpu: a.cpus.map(|c| (c * 1000.0).round() as u64),
+                    pids: a.pids,
+                },
+                options: pairs(&a.options, "--opt")?,
+            };
+            let (sb, created, recreated) = rt.create_sandbox(&a.backend, spec).await?;
+            let layout = sb.layout().clone();
+            if a.json {
+                context::print_json(&json!({
+                    "name": a.name, "backend": a.backend, "created": created,
+                    "recreated": recreated, "workdir": layout.workdir,
+                }));
+            } else {
+                let verb = if created {
+                    "created"
+                } else {
+                    "attached to existing"
+                };
+                println!(
+                    "{verb} sandbox {} ({}), workspace {}",
+                    a.name, a.backend, layout.workdir
+                );
+                if let Some(r) = recreated {
+                    println!("note: recreated: {r}");
+                }
+            }
+        }
+        SandboxCmd::Ls(a) => {
+            let list = rt.list_sandboxes(&a.backend).await?;
+            if a.json {
+                context::print_json(&serde_json::to_value(&list)?);
+            } else if list.is_empty() {
+                println!(
+                    "no sandboxes on {}; create one with `berth sandbox create NAME --backend {}`",
+                    a.backend, a.backend
+                );
+            } else {
+                println!("{:<24} {:<8} {:<10} ID", "NAME", "BACKEND", "STATE");
+                for s in list {
+                    let state = if s.orphan {
+                        format!("{} (orphan)", s.state)
+                    } else {
+                        s.state
+                    };
+                    println!(
+                        "{:<24} {:<8} {:<10} {}",
+                        s.name,
+                        s.backend,
+                        state,
+                        s.id.unwrap_or_default()
+                    );
+                }
+            }
+        }
+        SandboxCmd::Rm(a) => {
+            rt.remove_sandbox(&a.backend, &a.name, a.volumes).await?;
+            if a.json {
+                context::print_json(&json!({ "removed": a.name, "backend": a.backend }));
+            } else {
+                println!("removed sandbox {} ({})", a.name, a.backend);
+            }
+        }
+    }
+    Ok(0)
+}

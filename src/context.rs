@@ -1,0 +1,60 @@
+//! What every subcommand needs: the state dir, the store and the runtime.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use berth_backends::BackendContext;
+use berth_core::backend::Backend;
+use berth_core::runtime::{BackendSource, Runtime, RuntimeConfig};
+use berth_core::store::Store;
+
+/// The backend used when none is named.
+pub const DEFAULT_BACKEND: &str = "local";
+
+/// Resolve the state directory: flag or BERTH_STATE_DIR, else the XDG state dir.
+pub fn state_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(d) = flag {
+        return Ok(d);
+    }
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("berth"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .context("neither --state-dir, BERTH_STATE_DIR, XDG_STATE_HOME nor HOME is set; pass --state-dir DIR")?;
+    Ok(PathBuf::from(home).join(".local/state/berth"))
+}
+
+/// Opens backends through berth-backends.
+pub struct Backends {
+    ctx: BackendContext,
+}
+
+#[async_trait]
+impl BackendSource for Backends {
+    async fn open(&self, kind: &str) -> berth_core::Result<Arc<dyn Backend>> {
+        berth_backends::open(kind, &self.ctx).await
+    }
+}
+
+/// Open the store and build a runtime over it.
+pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
+    let dir = state_dir(flag)?;
+    let store = Store::open(&dir)?;
+    let ctx = BackendContext {
+        state_dir: dir.clone(),
+        ..Default::default()
+    };
+    Ok(Runtime::new(
+        Arc::new(store),
+        Arc::new(Backends { ctx }),
+        RuntimeConfig::new(dir),
+    ))
+}
+
+/// Print a value as one line of JSON.
+pub fn print_json(v: &serde_json::Value) {
+    println!("{v}");
+}
