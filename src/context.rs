@@ -27,6 +27,22 @@ pub fn state_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".local/state/berth"))
 }
 
+/// The ssh backend's settings, set once from the command line in `main`.
+static SSH_OPTIONS: std::sync::OnceLock<berth_backends::SshOptions> = std::sync::OnceLock::new();
+
+/// Record the ssh settings for every backend opened later.
+pub fn set_ssh_options(o: berth_backends::SshOptions) {
+    let _ = SSH_OPTIONS.set(o);
+}
+
+/// The ssh settings: from the command line, else from the environment.
+pub fn ssh_options() -> berth_backends::SshOptions {
+    SSH_OPTIONS
+        .get()
+        .cloned()
+        .unwrap_or_else(berth_backends::SshOptions::from_env)
+}
+
 /// Opens backends through berth-backends.
 pub struct Backends {
     ctx: BackendContext,
@@ -45,6 +61,7 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     let store = Store::open(&dir)?;
     let ctx = BackendContext {
         state_dir: dir.clone(),
+        ssh: ssh_options(),
         ..Default::default()
     };
     Ok(Runtime::new(

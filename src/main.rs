@@ -9,6 +9,7 @@ mod cmd_exec;
 mod cmd_sandbox;
 mod context;
 mod shell;
+mod ssh_flags;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +46,9 @@ pub struct Cli {
     )]
     log: String,
 
+    #[command(flatten)]
+    ssh: ssh_flags::SshFlags,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +82,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BERTH_ERROR);
         }
     };
+    if let Err(e) = cli.ssh.options().map(context::set_ssh_options) {
+        eprintln!("berth: error: {e:#}");
+        return ExitCode::from(EXIT_BERTH_ERROR);
+    }
     let result = rt.block_on(async move {
         match cli.command {
             Command::Exec(a) => cmd_exec::run(cli.state_dir, a).await,

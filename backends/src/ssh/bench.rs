@@ -5,7 +5,7 @@
 //! established before timing starts, so each fresh command pays only for a new
 //! client process, a mux session and a remote shell, never for a handshake.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -72,9 +72,8 @@ pub async fn run(opts: SshOptions, host: &str, n: usize) -> Result<BenchReport> 
     session.close().await;
     backend.close().await;
 
-    let floor = openssh_floor(&opts, &target, n).await?;
+    let ssh_per = openssh_floor(&opts, &target, n, "true", b"").await?;
     let session_per = session_total / n as u32;
-    let ssh_per = floor / n as u32;
     Ok(BenchReport {
         host: target.label(),
         commands: n,
@@ -91,11 +90,29 @@ fn bench_error(detail: String) -> Error {
     }
 }
 
-/// Time `n` runs of `ssh ... host true` over a ControlMaster set up beforehand.
-async fn openssh_floor(opts: &SshOptions, t: &Target, n: usize) -> Result<Duration> {
-    let dir = std::env::temp_dir().join(format!("berth-bench-cm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
-    let control = dir.join("cm");
+/// The floor for `berth bench --backend ssh`: the mean time of one fresh
+/// `ssh host PROBE` (OpenSSH's client over a ControlMaster established before
+/// timing), after checking that the probe prints `expect`. `host` is resolved
+/// the way the backend resolves it (config aliases, identities, known_hosts).
+pub async fn openssh_per_command(
+    opts: &SshOptions,
+    host: &str,
+    n: usize,
+    probe: &str,
+    expect: &[u8],
+) -> Result<Duration> {
+    let target = Target::resolve(opts, host)?;
+    openssh_floor(opts, &target, n.max(1), probe, expect).await
+}
+
+/// `ssh` with berth's view of the target (port, user, identities, known_hosts)
+/// and a ControlMaster socket in `dir`.
+fn openssh_command(
+    opts: &SshOptions,
+    t: &Target,
+    dir: &Path,
+    extra: &[&str],
+) -> tokio::process::Command {
     let mut args: Vec<String> = vec![
         "-F".into(),
         "/dev/null".into(),
@@ -108,7 +125,7 @@ async fn openssh_floor(opts: &SshOptions, t: &Target, n: usize) -> Result<Durati
         "-o".into(),
         "ControlMaster=auto".into(),
         "-o".into(),
-        format!("ControlPath={}", control.display()),
+        format!("ControlPath={}", dir.join("cm").display()),
         "-o".into(),
         "ControlPersist=120".into(),
         "-p".into(),
@@ -124,49 +141,70 @@ async fn openssh_floor(opts: &SshOptions, t: &Target, n: usize) -> Result<Durati
         args.push("-i".into());
         args.push(p.display().to_string());
     }
-    let run = |extra: &[&str]| {
-        let mut c = tokio::process::Command::new("ssh");
-        c.args(&args)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(sock) = &opts.agent_socket {
-            c.env("SSH_AUTH_SOCK", sock);
-        }
-        c
-    };
-    let host = t.host.as_str();
-    let out = run(&[host, "true"]).output().await.map_err(|e| {
-        bench_error(format!(
-            "cannot run OpenSSH's `ssh` client: {e}; install openssh-client"
-        ))
-    })?;
-    if !out.status.success() {
-        cleanup(&dir);
-        return Err(bench_error(format!(
-            "OpenSSH could not reach {}: {}",
-            t.label(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+    let mut c = tokio::process::Command::new("ssh");
+    c.args(&args)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(sock) = &opts.agent_socket {
+        c.env("SSH_AUTH_SOCK", sock);
     }
-    let started = Instant::now();
-    for _ in 0..n {
-        let st = run(&[host, "true"])
-            .status()
-            .await
-            .map_err(|e| bench_error(format!("ssh: {e}")))?;
-        if !st.success() {
-            cleanup(&dir);
-            return Err(bench_error(format!("`ssh {host} true` failed: {st}")));
-        }
-    }
-    let total = started.elapsed();
-    let _ = run(&["-O", "exit", host]).output().await;
-    cleanup(&dir);
-    Ok(total)
+    c
 }
 
-fn cleanup(dir: &PathBuf) {
-    let _ = std::fs::remove_dir_all(dir);
+/// The mean time of `n` runs of `ssh ... host PROBE`; the first, untimed run
+/// starts the ControlMaster and checks the probe's output.
+async fn openssh_floor(
+    opts: &SshOptions,
+    t: &Target,
+    n: usize,
+    probe: &str,
+    expect: &[u8],
+) -> Result<Duration> {
+    // Short: a unix socket path is limited to about 100 bytes.
+    let dir = std::env::temp_dir().join(format!("berth-cm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+    let host = t.host.as_str();
+    let result = async {
+        let out = openssh_command(opts, t, &dir, &[host, probe])
+            .stdout(Stdio::piped())
+            .output()
+            .await
+            .map_err(|e| {
+                bench_error(format!(
+                    "cannot run OpenSSH's `ssh` client: {e}; install openssh-client"
+                ))
+            })?;
+        if !out.status.success() {
+            return Err(bench_error(format!(
+                "OpenSSH could not reach {}: {}",
+                t.label(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        if out.stdout != expect {
+            return Err(bench_error(format!(
+                "`ssh {host} {probe}` printed {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            )));
+        }
+        let started = Instant::now();
+        for _ in 0..n {
+            let st = openssh_command(opts, t, &dir, &[host, probe])
+                .status()
+                .await
+                .map_err(|e| bench_error(format!("ssh: {e}")))?;
+            if !st.success() {
+                return Err(bench_error(format!("`ssh {host} {probe}` failed: {st}")));
+            }
+        }
+        Ok(started.elapsed() / n as u32)
+    }
+    .await;
+    let _ = openssh_command(opts, t, &dir, &["-O", "exit", host])
+        .output()
+        .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
