@@ -42,9 +42,11 @@ const PRE_READY_KEEP: usize = 64 * 1024;
 const PIPE_DEPTH: usize = 256;
 
 /// The launcher run by `bash -c`: `$1` is the cwd, the rest is argv. Exit codes
-/// 125/126/127 before the ready token mean bad environment, bad cwd, not found.
+/// 121/122/123 before the ready token mean bad environment, bad cwd, not found;
+/// they differ from the shell's own 126/127 so a host without bash is told apart
+/// from a missing program.
 /// It holds no backslash, so any POSIX login shell passes it through unchanged.
-const LAUNCHER: &str = r#"while IFS= read -r -d '' __kv && [ -n "$__kv" ]; do export "$__kv" 2>/dev/null || exit 125; done; unset __kv; cd -- "$1" 2>/dev/null || exit 126; shift; command -v -- "$1" >/dev/null 2>&1 || exit 127; printf '%s\n' berth-spawn-ready; exec "$@""#;
+const LAUNCHER: &str = r#"while IFS= read -r -d '' __kv && [ -n "$__kv" ]; do export "$__kv" 2>/dev/null || exit 121; done; unset __kv; cd -- "$1" 2>/dev/null || exit 122; shift; command -v -- "$1" >/dev/null 2>&1 || exit 123; printf '%s\n' berth-spawn-ready; exec "$@""#;
 
 /// Start `argv` in `cwd` with `env` on `conn`.
 pub async fn spawn(
@@ -153,17 +155,17 @@ enum Launch {
 impl Launch {
     fn into_error(self, program: &str, cwd: &str, label: &str, conn: &Connection) -> Error {
         match self {
-            Launch::Exited(Some(126), _) => Error::Spawn {
+            Launch::Exited(Some(122), _) => Error::Spawn {
                 kind: SpawnFailure::BadCwd,
                 program: program.into(),
                 detail: format!("working directory {cwd} does not exist on {label}"),
             },
-            Launch::Exited(Some(127), _) => Error::Spawn {
+            Launch::Exited(Some(123), _) => Error::Spawn {
                 kind: SpawnFailure::NotFound,
                 program: program.into(),
                 detail: format!("no such program on {label}"),
             },
-            Launch::Exited(Some(125), _) => Error::Spawn {
+            Launch::Exited(Some(121), _) => Error::Spawn {
                 kind: SpawnFailure::Other,
                 program: program.into(),
                 detail: "the remote shell rejected an environment variable".into(),
