@@ -39,10 +39,19 @@ pub async fn run(state_dir: Option<PathBuf>, a: EventsArgs) -> Result<u8> {
     if last == 0 {
         last = store.events(0, 1, None)?.last().map(|e| e.id).unwrap_or(0);
     }
+    let mut ticks = 0u32;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(0),
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        // Jobs live in their sandboxes, not in berth: look at unfinished ones about
+        // once a second so their completions and watch matches show up here.
+        ticks += 1;
+        if ticks.is_multiple_of(5)
+            && let Err(e) = rt.list_jobs().await
+        {
+            tracing::debug!(error = %e, "refreshing jobs");
         }
         for e in store.events_after(last, 1000)? {
             last = e.id;
@@ -72,6 +81,29 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
     }
     if let Some(b) = e.bytes_out {
         line.push_str(&format!(" {b}B"));
+    }
+    if e.kind.starts_with("job.") {
+        if let Some(id) = &e.call_id {
+            line.push_str(&format!(" job={id}"));
+        }
+        let detail: serde_json::Value = e
+            .detail
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or_default();
+        if let Some(l) = detail["detail"]["line"].as_str() {
+            line.push_str(&format!("  match: {l}"));
+            println!("{line}");
+            return Ok(());
+        }
+        if let Some(n) = detail["detail"]["dropped"].as_u64() {
+            line.push_str(&format!("  {n} more matches not recorded (rate limit)"));
+            println!("{line}");
+            return Ok(());
+        }
+        if let Some(r) = detail["reason"].as_str() {
+            line.push_str(&format!("  ({r})"));
+        }
     }
     if let Some(c) = &e.command {
         let one: String = c

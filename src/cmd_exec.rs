@@ -37,8 +37,12 @@ pub struct ExecArgs {
     #[arg(long)]
     pub json: bool,
     /// Feed berth's stdin to the command (otherwise its stdin is /dev/null).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "background")]
     pub stdin: bool,
+    /// Run it as a background job with the session's cwd and environment, and
+    /// print the job id (see `berth job --help`).
+    #[arg(long)]
+    pub background: bool,
     /// The command, run by bash in the session. Several words are joined with spaces.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -58,6 +62,21 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
     }
     let timeout = timeout_from_secs(a.timeout)?;
+    if a.background {
+        let rt = context::runtime(state_dir)?;
+        let job = rt
+            .start_job(&a.backend, &a.sandbox, &command, None, vec![])
+            .await?;
+        rt.shutdown().await;
+        if a.json {
+            context::print_json(
+                &json!({ "job": job.id, "state": job.state.as_str(), "pid": job.pid }),
+            );
+        } else {
+            println!("{}", job.id);
+        }
+        return Ok(0);
+    }
     let stdin = if a.stdin {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;

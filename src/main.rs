@@ -6,8 +6,10 @@
 mod bench;
 mod cmd_events;
 mod cmd_exec;
+mod cmd_job;
 mod cmd_sandbox;
 mod context;
+mod mcp;
 mod shell;
 mod ssh_flags;
 
@@ -59,11 +61,16 @@ enum Command {
     Exec(cmd_exec::ExecArgs),
     /// An interactive prompt over a sandbox's persistent session.
     Shell(shell::ShellArgs),
+    /// Background jobs: start, list, follow logs, wait, kill, send input.
+    #[command(subcommand)]
+    Job(cmd_job::JobCmd),
     /// Create, list and remove sandboxes.
     #[command(subcommand)]
     Sandbox(cmd_sandbox::SandboxCmd),
     /// Show the event log: every call with its exit code, duration and output size.
     Events(cmd_events::EventsArgs),
+    /// Serve berth's tools (terminal, process, read_file, write_file) over MCP on stdio.
+    Mcp(mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
 }
@@ -91,8 +98,10 @@ fn main() -> ExitCode {
             Command::Exec(a) => cmd_exec::run(cli.state_dir, a).await,
             Command::Shell(a) => shell::run(cli.state_dir, a).await,
             Command::Sandbox(c) => cmd_sandbox::run(cli.state_dir, c).await,
+            Command::Job(c) => cmd_job::run(cli.state_dir, c).await,
             Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
+            Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
         }
     });
     // Don't wait for detached readers of dead processes.

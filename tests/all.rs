@@ -2,13 +2,19 @@
 //!
 //! - `conformance`: one set of assertions about the session engine, run against
 //!   every backend; a backend joins by adding one `conformance_suite!` line.
+//! - `jobs`: background jobs through the runtime, likewise per backend.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
 
 mod support;
 
 mod cli;
+mod mcp;
 #[macro_use]
 mod conformance;
+#[macro_use]
+mod jobs;
 
 conformance_suite!(local, crate::support::local_harness);
 conformance_suite!(ssh, crate::support::ssh_harness);
+jobs_suite!(local_jobs, crate::support::local_harness);
+jobs_suite!(ssh_jobs, crate::support::ssh_harness);

@@ -210,3 +210,110 @@ fn stdin_flag_feeds_the_command() -> TestResult {
     assert_eq!(stdout(&o), "SHOUT\n");
     Ok(())
 }
+
+#[test]
+fn a_job_outlives_a_kill_9_of_berth() -> TestResult {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir()?;
+    let o = berth(
+        dir.path(),
+        &[
+            "job",
+            "start",
+            "--name",
+            "survivor",
+            "--",
+            "for i in $(seq 1 40); do echo tick $i; sleep 0.1; done",
+        ],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    // A berth process following the job is killed with SIGKILL mid-stream.
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["job", "logs", "--follow", &id])
+        .env("BERTH_STATE_DIR", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut first = String::new();
+    std::io::BufReader::new(follower.stdout.take().ok_or("no stdout")?).read_line(&mut first)?;
+    assert_eq!(first, "tick 1\n");
+    follower.kill()?;
+    follower.wait()?;
+    let o = berth(dir.path(), &["job", "ls", "--json"])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v[0]["id"], id.as_str());
+    assert_eq!(v[0]["state"], "running", "{v}");
+    let o = berth(dir.path(), &["job", "wait", "survivor", "--timeout", "60"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = berth(dir.path(), &["job", "logs", &id])?;
+    let want: String = (1..=40).map(|i| format!("tick {i}\n")).collect();
+    assert_eq!(stdout(&o), want);
+    let o = berth(dir.path(), &["job", "kill", &id])?;
+    assert!(
+        stdout(&o).contains("already exited with code 0"),
+        "{}",
+        stdout(&o)
+    );
+    let o = berth(dir.path(), &["job", "logs", "j00000000"])?;
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        stderr(&o).contains("job `j00000000` not found"),
+        "{}",
+        stderr(&o)
+    );
+    Ok(())
+}
+
+#[test]
+fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let size: u64 = 1024 * 1024 * 1024;
+    let o = berth(
+        dir.path(),
+        &["job", "start", "--", &format!("head -c {size} /dev/zero")],
+    )?;
+    let id = stdout(&o).trim().to_string();
+    let o = berth(dir.path(), &["job", "wait", &id, "--timeout", "120"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["job", "logs", &id])
+        .env("BERTH_STATE_DIR", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()?;
+    assert!(
+        stderr(&o).contains(&format!("next offset {size}")),
+        "{}",
+        stderr(&o)
+    );
+    // SAFETY: getrusage only writes into the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN covers the berth processes this test waited for.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    assert_eq!(rc, 0);
+    let max_rss_mib = ru.ru_maxrss / 1024;
+    assert!(
+        max_rss_mib < 64,
+        "a berth process peaked at {max_rss_mib} MiB while paging {} MiB",
+        size >> 20
+    );
+    Ok(())
+}
+
+#[test]
+fn exec_background_starts_a_job_with_the_session_state() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    berth(dir.path(), &["exec", "--", "cd /tmp && export BG=yes"])?;
+    let o = berth(dir.path(), &["exec", "--background", "--", "echo $BG $PWD"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let id = stdout(&o).trim().to_string();
+    assert!(id.starts_with('j'), "{id}");
+    let o = berth(dir.path(), &["job", "wait", &id, "--timeout", "60"])?;
+    assert_eq!(o.status.code(), Some(0));
+    let o = berth(dir.path(), &["job", "logs", &id])?;
+    assert_eq!(stdout(&o), "yes /tmp\n");
+    Ok(())
+}

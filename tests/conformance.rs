@@ -74,7 +74,7 @@ async fn count_procs(s: &mut Session, needle: &str) -> Result<usize, BoxError> {
     // The pattern is split so the counting shell's own cmdline never matches.
     let (a, b) = needle.split_at(needle.len() / 2);
     let cmd = format!(
-        r#"n=0; for f in /proc/[0-9]*/cmdline; do c=$(tr '\0' ' ' < "$f" 2>/dev/null); case "$c" in *"{a}""{b}"*) n=$((n+1));; esac; done; echo $n"#
+        r#"n=0; for f in /proc/[0-9]*/cmdline; do c=$(tr '\0' ' ' 2>/dev/null < "$f"); case "$c" in *"{a}""{b}"*) n=$((n+1));; esac; done; echo $n"#
     );
     let out = ok(s, &cmd).await?;
     // Bash may first report the end of an earlier background job ("Terminated").

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A boxed byte source: a process's stdout or stderr.
 pub type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
@@ -222,4 +222,71 @@ pub trait Sandbox: Send + Sync {
     async fn alive(&self) -> Result<bool>;
     /// Destroy the sandbox.
     async fn destroy(&self) -> Result<()>;
+}
+
+/// What [`run_to_end`] collected.
+#[derive(Clone, Debug)]
+pub struct Collected {
+    /// How the process ended.
+    pub status: ExitStatus,
+    /// Its stdout, up to the limit.
+    pub stdout: Vec<u8>,
+    /// Its stderr, up to the limit.
+    pub stderr: Vec<u8>,
+}
+
+/// Run a short helper process in a sandbox: feed it `stdin`, collect up to `limit`
+/// bytes of each output stream, and give up after `timeout`.
+pub async fn run_to_end(
+    sandbox: &dyn Sandbox,
+    argv: &[String],
+    stdin: Option<&[u8]>,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Collected> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut p = sandbox.spawn(argv, SpawnOpts::default()).await?;
+    let input = p.take_stdin();
+    let out = p.take_stdout();
+    let err = p.take_stderr();
+    let work = async {
+        let feed = async {
+            if let Some(mut i) = input {
+                if let Some(data) = stdin {
+                    i.write_all(data)
+                        .await
+                        .map_err(|e| Error::stream("writing to a helper process", e))?;
+                }
+                let _ = i.shutdown().await;
+            }
+            Ok::<(), Error>(())
+        };
+        let read = |r: Option<BoxRead>| async move {
+            let mut buf = Vec::new();
+            if let Some(r) = r {
+                let _ = r.take(limit as u64).read_to_end(&mut buf).await;
+            }
+            buf
+        };
+        let (fed, stdout, stderr) = tokio::join!(feed, read(out), read(err));
+        fed?;
+        let status = p.wait().await?;
+        Ok::<Collected, Error>(Collected {
+            status,
+            stdout,
+            stderr,
+        })
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Backend {
+            backend: sandbox.kind(),
+            detail: format!(
+                "helper `{}` in sandbox `{}` did not finish within {}s",
+                argv.first().map(String::as_str).unwrap_or("?"),
+                sandbox.name(),
+                timeout.as_secs()
+            ),
+        }),
+    }
 }

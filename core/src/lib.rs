@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod jobs;
 pub mod session;
 
 pub mod runtime;

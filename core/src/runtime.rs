@@ -313,6 +313,19 @@ impl Runtime {
         Ok((s, p.recreated))
     }
 
+    /// A live handle on a sandbox, without opening a session: the running
+    /// session's sandbox if there is one, else a provision of the stored spec.
+    pub async fn attach(&self, backend: &str, sandbox: &str) -> Result<Arc<dyn Sandbox>> {
+        let key = (backend.to_string(), sandbox.to_string());
+        let existing = self.sessions.lock().await.get(&key).cloned();
+        if let Some(s) = existing {
+            return Ok(s.lock().await.sandbox().clone());
+        }
+        let row = self.sandbox_row(backend, sandbox)?;
+        let b = self.backend(backend).await?;
+        Ok(b.provision(&row.spec).await?.sandbox)
+    }
+
     /// Forget a session (after its sandbox died), so the next call re-provisions.
     pub async fn forget_session(&self, backend: &str, sandbox: &str) {
         self.sessions

@@ -55,6 +55,27 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX events_call ON events(call_id);
     "#,
+    // 2: background jobs.
+    r#"
+    CREATE TABLE jobs (
+        id          TEXT PRIMARY KEY,
+        name        TEXT,
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        command     TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        exit_code   INTEGER,
+        pid         INTEGER,
+        created_at  INTEGER NOT NULL,
+        ended_at    INTEGER,
+        reason      TEXT,
+        watch       TEXT NOT NULL DEFAULT '[]',
+        scan_offset INTEGER NOT NULL DEFAULT 0,
+        out_bytes   INTEGER NOT NULL DEFAULT 0,
+        kill_signal TEXT
+    );
+    CREATE INDEX jobs_name ON jobs(name);
+    "#,
 ];
 
 /// Milliseconds since the Unix epoch.

@@ -245,7 +245,7 @@ impl Session {
         let outcome = self
             .run_framed(
                 command,
-                stdin_path.as_deref(),
+                stdin_path.is_some(),
                 self.cfg.snapshot,
                 &mut capture,
                 opts.timeout,
@@ -454,7 +454,7 @@ impl Session {
         let (ending, _) = self
             .run_framed(
                 text,
-                None,
+                false,
                 snapshot,
                 &mut capture,
                 Some(STARTUP_DEADLINE),
@@ -485,7 +485,7 @@ impl Session {
     async fn run_framed(
         &mut self,
         text: &str,
-        stdin_path: Option<&str>,
+        with_stdin: bool,
         snapshot: bool,
         capture: &mut Capture,
         timeout: Option<Duration>,
@@ -496,7 +496,7 @@ impl Session {
         frame.extend_from_slice(script::READ_LINE.as_bytes());
         frame.extend_from_slice(text.as_bytes());
         frame.push(0);
-        frame.extend_from_slice(script::run_line(&nonce, stdin_path, snapshot).as_bytes());
+        frame.extend_from_slice(script::run_line(&nonce, with_stdin, snapshot).as_bytes());
 
         let start_pat = format!("\u{1e}{nonce}:").into_bytes();
         let end_pat = format!(":{nonce}\u{1e}").into_bytes();
@@ -619,24 +619,15 @@ impl Session {
 
     /// Run a short helper process in the sandbox and return its stdout.
     async fn run_helper(&self, argv: &[String]) -> Result<String> {
-        let mut p = self.sandbox.spawn(argv, SpawnOpts::default()).await?;
-        drop(p.take_stdin());
-        let mut out = String::new();
-        let fut = async {
-            if let Some(mut o) = p.take_stdout() {
-                let _ = o.read_to_string(&mut out).await;
-            }
-            p.wait().await
-        };
-        match tokio::time::timeout(Duration::from_secs(10), fut).await {
-            Ok(r) => {
-                r?;
-                Ok(out)
-            }
-            Err(_) => {
-                Err(self.session_error("a helper process in the sandbox did not finish within 10s"))
-            }
-        }
+        let c = crate::backend::run_to_end(
+            self.sandbox.as_ref(),
+            argv,
+            None,
+            64 * 1024,
+            Duration::from_secs(10),
+        )
+        .await?;
+        Ok(String::from_utf8_lossy(&c.stdout).into_owned())
     }
 
     /// Kill the shell itself and forget it.

@@ -4,7 +4,8 @@
 //! ```text
 //! __b\n                         <- runs `IFS= read -r -d '' __berth_c` and notes the start
 //! <command text>\0              <- consumed by that `read`, never parsed as script
-//! eval "$__berth_c" <IN 2>&1;__berth_post $? <nonce> <snapshot?>\n
+//! __berth_run <nonce> <snapshot?>\n   <- an alias for:
+//!        eval "$__berth_c" </dev/null 2>&1;__berth_post $? <nonce> <snapshot?>
 //! ```
 //! A NUL can never occur inside bash text (bash strings cannot hold one), so it is
 //! a perfect terminator: unlike `read -N <len>`, it does not depend on the locale's
@@ -60,10 +61,9 @@ mkdir -p -- "$__berth_dir" 2>/dev/null
 /// by an older berth cannot leave stale versions behind.
 pub const FUNCTIONS: &str = r#"__b() {
   IFS= read -r -d '' __berth_c
-  local __u __p
-  IFS=' ' read -r __u _ < /proc/uptime 2>/dev/null || __u=0
+  local __p
   IFS=' ' read -r _ _ _ _ __p < /proc/loadavg 2>/dev/null || __p=0
-  printf '%s %s\n' "$__u" "$__p" 1<> "$__berth_dir/cmd.start" 2>/dev/null
+  printf '%s\n' "$__p" 1<> "$__berth_dir/cmd.start" 2>/dev/null
 }
 __berth_snap() {
   __berth_seq=$((__berth_seq + 1))
@@ -81,20 +81,23 @@ __berth_post() {
   [ "$3" = 0 ] || __berth_snap
   printf '\036%s:%s:%s:%s\036' "$2" "$1" "$PWD" "$2"
 }
+alias __berth_run='eval "$__berth_c" </dev/null 2>&1;__berth_post $? '
+alias __berth_run_in='eval "$__berth_c" <"$__berth_dir/stdin" 2>&1;__berth_post $? '
 "#;
 
-/// The line that runs the command just read into `__berth_c`.
+/// The line that runs the command just read into `__berth_c`, its stdin
+/// `/dev/null` or the file `<berth_dir>/stdin`. It is an alias, expanded by the
+/// parser at top level (so `cd`, `declare` and friends act on the shell) while
+/// bash reads only a few bytes of it.
 /// With `snapshot` false the shell's state is not written (the handshake: a blank
 /// shell must never overwrite the snapshot it is about to be restored from).
-pub fn run_line(nonce: &str, stdin_path: Option<&str>, snapshot: bool) -> String {
-    let input = match stdin_path {
-        Some(p) => quote(p),
-        None => "/dev/null".to_string(),
+pub fn run_line(nonce: &str, stdin: bool, snapshot: bool) -> String {
+    let alias = if stdin {
+        "__berth_run_in"
+    } else {
+        "__berth_run"
     };
-    format!(
-        "eval \"$__berth_c\" <{input} 2>&1;__berth_post $? {nonce} {}\n",
-        u8::from(snapshot)
-    )
+    format!("{alias} {nonce} {}\n", u8::from(snapshot))
 }
 
 /// The line that reads the next command text up to its NUL and notes its start.
@@ -107,14 +110,22 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///
 /// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the file holding the
-/// command's start (seconds of uptime and the last pid allocated, as the shell read
-/// them), `$4` the signal name. It signals every
-/// process that started at or after the command and is either in the shell's session
-/// or descends from the shell, sparing the shell itself, this script and its parents.
-/// Processes of earlier commands started before, so they are spared too; berth's jobs
-/// call `setsid` and live in sessions of their own.
-pub const KILL_TREE: &str = r#"shell=$1; sid=$2; read -r start lastpid < "$3" 2>/dev/null; sig=$4
-start=${start%%.*}${start#*.}; start=$((10#${start:-0})); lastpid=$((10#${lastpid:-0}))
+/// last pid allocated before the command began (from `/proc/loadavg`, which is
+/// per pid namespace), `$4` the signal name. It signals every process created
+/// since then (pids are handed out in increasing order until they wrap at
+/// `pid_max`) that is either in the shell's session or descends from the shell,
+/// sparing the shell itself, this script and its parents. Processes of earlier
+/// commands are older, so they are spared; berth's jobs call `setsid` and live in
+/// sessions of their own.
+///
+/// Pids rather than start times: start times tick at 10 ms, too coarse to tell
+/// two quick commands apart, and reading `/proc/uptime` cost a tenth of a
+/// millisecond per command on a loaded machine.
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; read -r start < "$3" 2>/dev/null; sig=$4
+start=$((10#${start:-0}))
+IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
+# Created since the command began; after a wrap at pid_max, the range is split.
+new() { if [ "$now" -ge "$start" ]; then [ "$1" -gt "$start" ]; else [ "$1" -gt "$start" ] || [ "$1" -le "$now" ]; fi; }
 declare -A parent
 me=$$; spare=" $shell $me "
 p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; l=$(</proc/$p/stat) 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
@@ -125,10 +136,7 @@ for d in /proc/[0-9]*; do
   l=${l##*) }; read -r -a f <<< "$l"
   parent[$p]=${f[1]}
   case "$spare" in *" $p "*) continue;; esac
-  # Started after the command began: a later clock tick, or the same tick (10ms)
-  # with a pid newer than the last one allocated before the command.
-  t=${f[19]}
-  [ "$t" -gt "$start" ] 2>/dev/null || { [ "$t" -eq "$start" ] && [ "$p" -gt "$lastpid" ]; } 2>/dev/null || continue
+  new "$p" || continue
   if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
   victims+=("?$p")
 done

@@ -1,0 +1,736 @@
+//! Background jobs: detached inside the sandbox, durable, monitored from outside.
+//!
+//! Flow at a glance:
+//! - `start_job` writes the job's row (`starting`) first, writes its command file
+//!   into the sandbox, and launches it from the sandbox's session, so it inherits the
+//!   session's cwd and exported environment. A wrapper in its own session waits for
+//!   it and records its exit status in the sandbox ([`script`]).
+//! - Nothing of a job lives in berth's process: `refresh` asks the sandbox for each
+//!   unfinished job's state and output size, turns transitions into events, and scans
+//!   new output for the job's watch patterns.
+//! - `logs` streams the output file from a byte offset through the sandbox, so
+//!   memory stays flat whatever the log's size.
+
+pub mod script;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use regex::Regex;
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use crate::backend::{Sandbox, SpawnOpts, run_to_end};
+use crate::error::{Error, Result};
+use crate::runtime::{ExecRequest, Runtime};
+use crate::store::{Event, Store, now_ms};
+
+/// How a job stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Its row is written; it is being launched.
+    Starting,
+    /// It runs.
+    Running,
+    /// It ended by itself; see the exit code.
+    Exited,
+    /// berth killed it.
+    Killed,
+    /// It is gone without a recorded status (its sandbox vanished, or it was killed
+    /// from outside before its wrapper could write one).
+    Lost,
+    /// It could not be started.
+    Failed,
+}
+
+impl JobState {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Exited => "exited",
+            JobState::Killed => "killed",
+            JobState::Lost => "lost",
+            JobState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> JobState {
+        match s {
+            "starting" => JobState::Starting,
+            "running" => JobState::Running,
+            "exited" => JobState::Exited,
+            "killed" => JobState::Killed,
+            "failed" => JobState::Failed,
+            _ => JobState::Lost,
+        }
+    }
+
+    /// True once the job can change no more.
+    pub fn is_final(self) -> bool {
+        !matches!(self, JobState::Starting | JobState::Running)
+    }
+}
+
+/// A job as the store knows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    /// Short id, e.g. `j1a2b3c4d`.
+    pub id: String,
+    /// Optional user-given name.
+    pub name: Option<String>,
+    /// Backend short name.
+    pub backend: String,
+    /// Sandbox name.
+    pub sandbox: String,
+    /// The command.
+    pub command: String,
+    /// Where it stands.
+    pub state: JobState,
+    /// Exit status once it ended (128+N when a signal ended it).
+    pub exit_code: Option<i64>,
+    /// Its pid (and process group) inside the sandbox.
+    pub pid: Option<i64>,
+    /// When it was created, ms since the epoch.
+    pub created_at: i64,
+    /// When it was seen to end, ms since the epoch.
+    pub ended_at: Option<i64>,
+    /// Why it failed or was lost.
+    pub reason: Option<String>,
+    /// Watch patterns.
+    pub watch: Vec<String>,
+    /// How far its output has been scanned for watch patterns.
+    pub scan_offset: i64,
+    /// Output bytes, as last seen.
+    pub out_bytes: i64,
+    /// The signal berth sent it, if any.
+    pub kill_signal: Option<String>,
+}
+
+impl Job {
+    /// Its directory inside the sandbox.
+    pub fn dir(&self, sandbox: &dyn Sandbox) -> String {
+        job_dir(sandbox, &self.id)
+    }
+
+    /// How long it has run (until now, or until it ended).
+    pub fn runtime_ms(&self) -> i64 {
+        self.ended_at.unwrap_or_else(now_ms) - self.created_at
+    }
+}
+
+fn job_dir(sandbox: &dyn Sandbox, id: &str) -> String {
+    format!("{}/jobs/{id}", sandbox.layout().berth_dir)
+}
+
+/// How `kill_job` went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KillOutcome {
+    /// The signal was sent.
+    Signalled,
+    /// The job had already ended, with this state and code.
+    AlreadyEnded(JobState, Option<i64>),
+}
+
+/// Most watch events one refresh records per job; the rest are counted as dropped.
+const WATCH_EVENTS_PER_REFRESH: usize = 10;
+/// Most output one refresh scans per job.
+const SCAN_CHUNK: usize = 4 * 1024 * 1024;
+const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+
+const COLUMNS: &str = "id, name, backend, sandbox, command, state, exit_code, pid, created_at, ended_at, reason, watch, scan_offset, out_bytes, kill_signal";
+
+fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
+    let watch: String = r.get(11)?;
+    Ok(Job {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        backend: r.get(2)?,
+        sandbox: r.get(3)?,
+        command: r.get(4)?,
+        state: JobState::parse(&r.get::<_, String>(5)?),
+        exit_code: r.get(6)?,
+        pid: r.get(7)?,
+        created_at: r.get(8)?,
+        ended_at: r.get(9)?,
+        reason: r.get(10)?,
+        watch: serde_json::from_str(&watch).unwrap_or_default(),
+        scan_offset: r.get(12)?,
+        out_bytes: r.get(13)?,
+        kill_signal: r.get(14)?,
+    })
+}
+
+impl Store {
+    fn insert_job(&self, j: &Job) -> Result<()> {
+        let watch = serde_json::to_string(&j.watch).map_err(|e| Error::Store(e.to_string()))?;
+        self.with_conn(|c| {
+            c.execute(
+                &format!("INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+                params![
+                    j.id, j.name, j.backend, j.sandbox, j.command, j.state.as_str(), j.exit_code, j.pid,
+                    j.created_at, j.ended_at, j.reason, watch, j.scan_offset, j.out_bytes, j.kill_signal
+                ],
+            )
+        })?;
+        Ok(())
+    }
+
+    fn save_job(&self, j: &Job) -> Result<()> {
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE jobs SET state = ?2, exit_code = ?3, pid = ?4, ended_at = ?5, reason = ?6,
+                        scan_offset = ?7, out_bytes = ?8, kill_signal = ?9 WHERE id = ?1",
+                params![
+                    j.id,
+                    j.state.as_str(),
+                    j.exit_code,
+                    j.pid,
+                    j.ended_at,
+                    j.reason,
+                    j.scan_offset,
+                    j.out_bytes,
+                    j.kill_signal
+                ],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// A job by id, or by name (the newest job with that name).
+    pub fn job(&self, id_or_name: &str) -> Result<Job> {
+        let found = self.with_conn(|c| {
+            c.query_row(
+                &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1 OR name = ?1 ORDER BY (id = ?1) DESC, created_at DESC LIMIT 1"),
+                params![id_or_name],
+                row_to_job,
+            )
+            .optional()
+        })?;
+        found.ok_or_else(|| Error::NotFound {
+            what: "job",
+            name: id_or_name.into(),
+            hint: "list jobs with `berth job ls`".into(),
+        })
+    }
+
+    /// All jobs, newest last.
+    pub fn jobs(&self) -> Result<Vec<Job>> {
+        self.with_conn(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM jobs ORDER BY created_at, id"
+            ))?;
+            let rows = stmt.query_map([], row_to_job)?;
+            rows.collect()
+        })
+    }
+}
+
+fn new_job_id() -> String {
+    let n: u32 = rand::random();
+    format!("j{n:08x}")
+}
+
+fn argv(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|s| s.to_string()).collect()
+}
+
+impl Runtime {
+    /// Start `command` detached in a sandbox. Returns the job, already running.
+    pub async fn start_job(
+        &self,
+        backend: &str,
+        sandbox: &str,
+        command: &str,
+        name: Option<String>,
+        watch: Vec<String>,
+    ) -> Result<Job> {
+        if command.trim().is_empty() {
+            return Err(Error::InvalidInput(
+                "empty command: put it after `--`, e.g. `berth job start -- make build`".into(),
+            ));
+        }
+        for w in &watch {
+            Regex::new(w).map_err(|e| {
+                Error::InvalidInput(format!("--watch {w:?} is not a valid regex: {e}"))
+            })?;
+        }
+        let mut job = Job {
+            id: new_job_id(),
+            name,
+            backend: backend.into(),
+            sandbox: sandbox.into(),
+            command: command.into(),
+            state: JobState::Starting,
+            exit_code: None,
+            pid: None,
+            created_at: now_ms(),
+            ended_at: None,
+            reason: None,
+            watch,
+            scan_offset: 0,
+            out_bytes: 0,
+            kill_signal: None,
+        };
+        // The row first: if berth dies during the launch, the job is still on record.
+        self.store().insert_job(&job)?;
+        match self.launch(&job).await {
+            Ok(pid) => {
+                job.state = JobState::Running;
+                job.pid = Some(pid);
+            }
+            Err(e) => {
+                job.state = JobState::Failed;
+                job.reason = Some(e.to_string());
+                job.ended_at = Some(now_ms());
+            }
+        }
+        self.store().save_job(&job)?;
+        self.job_event(&job, "job.started", None)?;
+        if job.state == JobState::Failed {
+            return Err(Error::Backend {
+                backend: "job",
+                detail: format!(
+                    "job {} could not start: {}",
+                    job.id,
+                    job.reason.clone().unwrap_or_default()
+                ),
+            });
+        }
+        Ok(job)
+    }
+
+    async fn launch(&self, job: &Job) -> Result<i64> {
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let dir = job.dir(sb.as_ref());
+        sb.write_file(&format!("{dir}/cmd"), job.command.as_bytes(), 0o600)
+            .await?;
+        let report = self
+            .exec(ExecRequest {
+                backend: job.backend.clone(),
+                sandbox: job.sandbox.clone(),
+                command: script::launch(&dir),
+                timeout: Some(Duration::from_secs(60)),
+                ..Default::default()
+            })
+            .await?;
+        let out = report.result.output.text();
+        if report.result.exit_code != 0 {
+            return Err(Error::Backend {
+                backend: sb.kind(),
+                detail: format!("launching the job failed: {}", out.trim()),
+            });
+        }
+        out.trim().parse().map_err(|_| Error::Backend {
+            backend: sb.kind(),
+            detail: format!("the job launcher printed {out:?} instead of a pid"),
+        })
+    }
+
+    fn job_event(&self, job: &Job, kind: &str, detail: Option<serde_json::Value>) -> Result<()> {
+        let mut d = serde_json::json!({ "job": job.id, "state": job.state.as_str() });
+        if let Some(name) = &job.name {
+            d["name"] = name.clone().into();
+        }
+        if let Some(reason) = &job.reason {
+            d["reason"] = reason.clone().into();
+        }
+        if let Some(extra) = detail {
+            d["detail"] = extra;
+        }
+        self.store().append(&Event {
+            kind: kind.into(),
+            call_id: Some(job.id.clone()),
+            backend: Some(job.backend.clone()),
+            sandbox: Some(job.sandbox.clone()),
+            command: Some(job.command.clone()),
+            exit_code: job.exit_code,
+            duration_ms: job.ended_at.map(|e| e - job.created_at),
+            bytes_out: Some(job.out_bytes),
+            detail: Some(d.to_string()),
+            ..Default::default()
+        })?;
+        Ok(())
+    }
+
+    /// Every job, with unfinished ones brought up to date from their sandboxes.
+    pub async fn list_jobs(&self) -> Result<Vec<Job>> {
+        let jobs = self.store().jobs()?;
+        let mut groups: BTreeMap<(String, String), Vec<Job>> = BTreeMap::new();
+        for j in jobs.iter().filter(|j| !j.state.is_final()) {
+            groups
+                .entry((j.backend.clone(), j.sandbox.clone()))
+                .or_default()
+                .push(j.clone());
+        }
+        for ((backend, sandbox), group) in groups {
+            self.refresh_group(&backend, &sandbox, group).await?;
+        }
+        self.store().jobs()
+    }
+
+    /// One job, brought up to date.
+    pub async fn job(&self, id: &str) -> Result<Job> {
+        let job = self.store().job(id)?;
+        if !job.state.is_final() {
+            self.refresh_group(&job.backend, &job.sandbox, vec![job.clone()])
+                .await?;
+        }
+        self.store().job(&job.id)
+    }
+
+    async fn refresh_group(&self, backend: &str, sandbox: &str, jobs: Vec<Job>) -> Result<()> {
+        let sb = match self.attach(backend, sandbox).await {
+            Ok(sb) => sb,
+            Err(e) => {
+                for mut j in jobs {
+                    self.end_job(
+                        &mut j,
+                        JobState::Lost,
+                        None,
+                        Some(format!("its sandbox is unavailable: {e}")),
+                    )?;
+                }
+                return Ok(());
+            }
+        };
+        let base = format!("{}/jobs", sb.layout().berth_dir);
+        let mut args = argv(&["bash", "-c", script::STATUS, "berth-status", &base]);
+        args.extend(jobs.iter().map(|j| j.id.clone()));
+        let c = run_to_end(sb.as_ref(), &args, None, 1 << 20, HELPER_TIMEOUT).await?;
+        let text = String::from_utf8_lossy(&c.stdout).into_owned();
+        for mut job in jobs {
+            let line = text
+                .lines()
+                .find(|l| l.split(' ').next() == Some(job.id.as_str()));
+            let fields: Vec<&str> = line.map(|l| l.split(' ').collect()).unwrap_or_default();
+            let (state, status, size) = match fields.as_slice() {
+                [_, st, status, size] => (*st, *status, *size),
+                _ => ("missing", "-", "-"),
+            };
+            if let Ok(n) = size.parse::<i64>() {
+                job.out_bytes = n;
+            }
+            if !job.watch.is_empty() {
+                self.scan_watch(sb.as_ref(), &mut job, state != "running")
+                    .await?;
+            }
+            match state {
+                "running" => {
+                    if job.state == JobState::Starting {
+                        job.state = JobState::Running;
+                    }
+                    self.store().save_job(&job)?;
+                }
+                "exited" => {
+                    let code = status.parse::<i64>().ok();
+                    let killed = job.kill_signal.is_some() && code.is_some_and(|c| c > 128);
+                    let st = if killed {
+                        JobState::Killed
+                    } else {
+                        JobState::Exited
+                    };
+                    self.end_job(&mut job, st, code, None)?;
+                }
+                "lost" => {
+                    let why = if job.kill_signal.is_some() {
+                        "it was killed along with the process that waited for it"
+                    } else {
+                        "its process is gone and no exit status was recorded (killed from outside, or the sandbox restarted)"
+                    };
+                    self.end_job(&mut job, JobState::Lost, None, Some(why.into()))?;
+                }
+                _ => {
+                    self.end_job(
+                        &mut job,
+                        JobState::Lost,
+                        None,
+                        Some("its directory is gone from the sandbox (the sandbox was recreated or wiped)".into()),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn end_job(
+        &self,
+        job: &mut Job,
+        state: JobState,
+        code: Option<i64>,
+        reason: Option<String>,
+    ) -> Result<()> {
+        job.state = state;
+        job.exit_code = code;
+        job.reason = reason;
+        job.ended_at = Some(now_ms());
+        self.store().save_job(job)?;
+        self.job_event(job, &format!("job.{}", state.as_str()), None)
+    }
+
+    /// Scan output past `scan_offset` for the job's watch patterns and record
+    /// matches as events, at most a few per refresh; the rest are counted.
+    async fn scan_watch(&self, sb: &dyn Sandbox, job: &mut Job, ended: bool) -> Result<()> {
+        let patterns: Vec<Regex> = job
+            .watch
+            .iter()
+            .filter_map(|w| Regex::new(w).ok())
+            .collect();
+        let file = crate::session::script::quote(&format!("{}/out", job.dir(sb)));
+        let mut recorded = 0usize;
+        let mut dropped = 0usize;
+        loop {
+            let cmd = format!(
+                "tail -c +{} -- {file} 2>/dev/null | head -c {SCAN_CHUNK}",
+                job.scan_offset + 1
+            );
+            let data = run_to_end(
+                sb,
+                &argv(&["bash", "-c", &cmd]),
+                None,
+                SCAN_CHUNK,
+                HELPER_TIMEOUT,
+            )
+            .await?
+            .stdout;
+            let full = data.len() >= SCAN_CHUNK;
+            // Whole lines only while the job runs: a partial line is scanned once complete.
+            let usable = match memchr::memrchr(b'\n', &data) {
+                _ if ended => data.len(),
+                Some(i) => i + 1,
+                None if full => data.len(),
+                None => 0,
+            };
+            for line in data[..usable].split(|b| *b == b'\n') {
+                let text = String::from_utf8_lossy(line);
+                let Some(src) = patterns
+                    .iter()
+                    .zip(&job.watch)
+                    .find(|(re, _)| re.is_match(&text))
+                    .map(|(_, s)| s)
+                else {
+                    continue;
+                };
+                if recorded < WATCH_EVENTS_PER_REFRESH {
+                    recorded += 1;
+                    let shown: String = text.chars().take(500).collect();
+                    self.job_event(
+                        job,
+                        "job.watch",
+                        Some(serde_json::json!({ "pattern": src, "line": shown })),
+                    )?;
+                } else {
+                    dropped += 1;
+                }
+            }
+            job.scan_offset += usable as i64;
+            if !full {
+                break;
+            }
+        }
+        if dropped > 0 {
+            self.job_event(
+                job,
+                "job.watch.dropped",
+                Some(serde_json::json!({ "dropped": dropped, "limit": WATCH_EVENTS_PER_REFRESH })),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Stream a job's output from `offset` into `sink`; with `follow`, until the job
+    /// ends. Returns the offset after the last byte delivered.
+    pub async fn job_logs(
+        &self,
+        id: &str,
+        offset: u64,
+        follow: bool,
+        sink: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<u64> {
+        let job = self.job(id).await?;
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let dir = job.dir(sb.as_ref());
+        let wrapper = if follow && !job.state.is_final() {
+            let w = sb
+                .read_file(&format!("{dir}/wrapper"), 64)
+                .await
+                .unwrap_or_default();
+            String::from_utf8_lossy(&w).trim().to_string()
+        } else {
+            String::new()
+        };
+        let args = argv(&[
+            "bash",
+            "-c",
+            script::READ,
+            "berth-logs",
+            &format!("{dir}/out"),
+            &offset.to_string(),
+            &wrapper,
+        ]);
+        let mut p = sb.spawn(&args, SpawnOpts::default()).await?;
+        drop(p.take_stdin());
+        let mut pos = offset;
+        if let Some(mut out) = p.take_stdout() {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = out
+                    .read(&mut buf)
+                    .await
+                    .map_err(|e| Error::stream("reading job output", e))?;
+                if n == 0 {
+                    break;
+                }
+                sink(&buf[..n]);
+                pos += n as u64;
+            }
+        }
+        p.wait().await?;
+        Ok(pos)
+    }
+
+    /// The last `lines` lines of a job's output.
+    pub async fn job_tail(&self, id: &str, lines: u64) -> Result<Vec<u8>> {
+        let job = self.store().job(id)?;
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let file = format!("{}/out", job.dir(sb.as_ref()));
+        let c = run_to_end(
+            sb.as_ref(),
+            &argv(&["tail", "-n", &lines.to_string(), "--", &file]),
+            None,
+            64 << 20,
+            HELPER_TIMEOUT,
+        )
+        .await?;
+        Ok(c.stdout)
+    }
+
+    /// Wait for a job to end, up to `timeout`. Returns the job as it then stands.
+    pub async fn wait_job(&self, id: &str, timeout: Option<Duration>) -> Result<Job> {
+        let job = self.job(id).await?;
+        if job.state.is_final() {
+            return Ok(job);
+        }
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let args = argv(&[
+            "bash",
+            "-c",
+            script::WAIT,
+            "berth-wait",
+            &job.dir(sb.as_ref()),
+        ]);
+        let wait = run_to_end(
+            sb.as_ref(),
+            &args,
+            None,
+            4096,
+            Duration::from_secs(u32::MAX as u64),
+        );
+        match timeout {
+            Some(t) => {
+                if tokio::time::timeout(t, wait).await.is_err() {
+                    return self.job(&job.id).await;
+                }
+            }
+            None => {
+                wait.await?;
+            }
+        }
+        self.job(&job.id).await
+    }
+
+    /// Signal a job's whole process group.
+    pub async fn kill_job(&self, id: &str, signal: crate::backend::Signal) -> Result<KillOutcome> {
+        let mut job = self.job(id).await?;
+        if job.state.is_final() {
+            return Ok(KillOutcome::AlreadyEnded(job.state, job.exit_code));
+        }
+        // Recorded before the signal is sent, so the ending reads as a kill.
+        job.kill_signal = Some(signal.name().into());
+        self.store().save_job(&job)?;
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let args = argv(&[
+            "bash",
+            "-c",
+            script::KILL,
+            "berth-kill",
+            &job.dir(sb.as_ref()),
+            signal.name(),
+        ]);
+        let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
+        if c.status.code != Some(0) {
+            let now = self.job(&job.id).await?;
+            if now.state.is_final() {
+                return Ok(KillOutcome::AlreadyEnded(now.state, now.exit_code));
+            }
+            return Err(Error::Backend {
+                backend: sb.kind(),
+                detail: format!(
+                    "could not signal job {}: {}",
+                    job.id,
+                    String::from_utf8_lossy(&c.stderr).trim()
+                ),
+            });
+        }
+        self.job_event(
+            &job,
+            "job.signalled",
+            Some(serde_json::json!({ "signal": signal.name() })),
+        )?;
+        Ok(KillOutcome::Signalled)
+    }
+
+    /// Write to a job's stdin, and optionally close it.
+    pub async fn send_job(&self, id: &str, data: &[u8], eof: bool) -> Result<()> {
+        let job = self.job(id).await?;
+        if job.state.is_final() {
+            return Err(Error::InvalidInput(format!(
+                "job {} has {} ({}); there is no stdin to write to",
+                job.id,
+                job.state.as_str(),
+                job.exit_code
+                    .map(|c| format!("exit {c}"))
+                    .unwrap_or_else(|| "no exit code".into())
+            )));
+        }
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let dir = job.dir(sb.as_ref());
+        if !data.is_empty() {
+            let cmd = format!(
+                "exec timeout 10 cat > {}/in",
+                crate::session::script::quote(&dir)
+            );
+            let c = run_to_end(
+                sb.as_ref(),
+                &argv(&["bash", "-c", &cmd]),
+                Some(data),
+                4096,
+                HELPER_TIMEOUT,
+            )
+            .await?;
+            if c.status.code != Some(0) {
+                return Err(Error::Backend {
+                    backend: sb.kind(),
+                    detail: format!(
+                        "could not write to job {}'s stdin (is it still reading?)",
+                        job.id
+                    ),
+                });
+            }
+        }
+        if eof {
+            let args = argv(&["bash", "-c", script::EOF, "berth-eof", &dir]);
+            let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
+            if c.status.code != Some(0) {
+                return Err(Error::Backend {
+                    backend: sb.kind(),
+                    detail: format!("could not close job {}'s stdin (already closed?)", job.id),
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,83 @@
+//! The bash that runs and inspects jobs inside a sandbox.
+//!
+//! A job's directory `<berth_dir>/jobs/<id>/` holds:
+//! - `cmd`: the command text, run as `bash cmd`;
+//! - `out`: its stdout and stderr;
+//! - `in`: a FIFO for its stdin; `holder` keeps a writer open on it until `--eof`;
+//! - `pid`: the job's pid, which is also its process group and session id;
+//! - `wrapper`: the pid of the wrapper that waits for it;
+//! - `status`: the exit status, written by the wrapper when the job ends.
+//!
+//! The wrapper runs in a session of its own and the job in another, so a group kill
+//! of the job spares the wrapper, which then records how the job ended. Neither
+//! depends on berth or on the shell that launched them.
+
+use crate::session::script::quote;
+
+/// The wrapper: `bash -c WRAPPER berth-job <dir>`.
+pub const WRAPPER: &str = r#"d=$1
+printf '%s\n' "$$" > "$d/wrapper"
+sleep infinity 3<>"$d/in" >/dev/null 2>&1 &
+h=$!
+printf '%s\n' "$h" > "$d/holder"
+setsid bash "$d/cmd" <"$d/in" >>"$d/out" 2>&1 &
+j=$!
+printf '%s\n' "$j" > "$d/pid"
+printf '%s\n' "$j" 1<>"$d/ready"
+wait "$j"; st=$?
+kill "$h" 2>/dev/null
+printf '%s\n' "$st" > "$d/status.tmp" && mv -f "$d/status.tmp" "$d/status"
+"#;
+
+/// The session command that starts a job whose `cmd` file is already written, and
+/// prints its pid. It runs in the session shell, so the job inherits the session's
+/// cwd and exported environment.
+pub fn launch(dir: &str) -> String {
+    let d = quote(dir);
+    let w = quote(WRAPPER);
+    format!(
+        "mkfifo -- {d}/in {d}/ready || exit 1\n\
+         setsid bash -c {w} berth-job {d} </dev/null >/dev/null 2>&1 &\n\
+         if read -r -t 20 __berth_j < {d}/ready; then printf '%s' \"$__berth_j\"; unset __berth_j; else echo 'the job did not start within 20s' >&2; false; fi"
+    )
+}
+
+/// Prints one line per job directory given: `<id> <state> <status|-> <out bytes|->`,
+/// where state is running, exited, lost or missing.
+pub const STATUS: &str = r#"base=$1; shift
+for id in "$@"; do
+  d=$base/$id
+  if [ ! -d "$d" ]; then echo "$id missing - -"; continue; fi
+  sz=-; [ -f "$d/out" ] && sz=$(stat -c %s "$d/out" 2>/dev/null || echo -)
+  if [ -s "$d/status" ]; then read -r st < "$d/status"; echo "$id exited $st $sz"; continue; fi
+  w=; [ -s "$d/wrapper" ] && read -r w < "$d/wrapper"
+  if [ -n "$w" ] && kill -0 "$w" 2>/dev/null; then echo "$id running - $sz"; continue; fi
+  # The wrapper may have written the status just now.
+  if [ -s "$d/status" ]; then read -r st < "$d/status"; echo "$id exited $st $sz"; continue; fi
+  echo "$id lost - $sz"
+done
+"#;
+
+/// Signals a job's process group: `$1` dir, `$2` signal name.
+pub const KILL: &str = r#"read -r p < "$1/pid" || exit 3
+kill -s "$2" -- "-$p" 2>/dev/null || kill -s "$2" "$p" 2>/dev/null || exit 4
+"#;
+
+/// Closes a job's stdin: stop the holder so the job reads EOF after pending data.
+pub const EOF: &str = r#"read -r h < "$1/holder" || exit 3
+kill "$h" 2>/dev/null || exit 4
+"#;
+
+/// Waits (in the sandbox) until the job's wrapper exits, then prints the status.
+pub const WAIT: &str = r#"d=$1
+read -r w < "$d/wrapper" 2>/dev/null
+[ -n "$w" ] && tail --pid="$w" -f /dev/null 2>/dev/null
+read -r st < "$d/status" 2>/dev/null && printf '%s' "$st"
+"#;
+
+/// Streams a job's output from a byte offset: `$1` file, `$2` offset, `$3` wrapper
+/// pid to follow until it exits (empty: print what is there and stop).
+pub const READ: &str = r#"f=$1; off=$2; w=$3
+if [ -n "$w" ]; then exec tail -c +"$((off + 1))" -s 0.2 --pid="$w" -f -- "$f"; fi
+exec tail -c +"$((off + 1))" -- "$f"
+"#;

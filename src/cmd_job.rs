@@ -1,0 +1,281 @@
+//! `berth job start|ls|logs|wait|kill|send`: detached background work.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use berth_core::backend::Signal;
+use berth_core::jobs::{Job, JobState, KillOutcome};
+use berth_core::runtime::DEFAULT_SANDBOX;
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::json;
+
+use crate::context::{self, DEFAULT_BACKEND};
+
+#[derive(Subcommand, Debug)]
+pub enum JobCmd {
+    /// Start a command detached inside the sandbox; prints the job id.
+    Start(StartArgs),
+    /// List jobs with their state, exit code, runtime and output size.
+    Ls(LsArgs),
+    /// Print a job's output (bounded memory, resumable by byte offset).
+    Logs(LogsArgs),
+    /// Wait for a job to end; exits with its exit code, or 124 if the wait timed out.
+    Wait(WaitArgs),
+    /// Signal a job's whole process group.
+    Kill(KillArgs),
+    /// Write to a job's stdin.
+    Send(SendArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The job runs in its own session and process group inside the sandbox, with the \
+sandbox session's cwd and exported environment. It does not depend on berth: it keeps running \
+after berth exits, and `berth job ls` finds it again.\n\n\
+Example:\n  berth job start --name build --watch 'error|FAILED' -- make -j2\n  berth job logs build --follow"
+)]
+pub struct StartArgs {
+    /// Backend to run on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Sandbox to run in.
+    #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
+    pub sandbox: String,
+    /// A name to refer to the job by, besides its id.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A regex; each new output line that matches is recorded as an event (repeatable).
+    #[arg(long)]
+    pub watch: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The command.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    /// Job id or name.
+    pub id: String,
+    /// Keep printing new output until the job ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Start at this byte offset (the offset berth printed last time resumes exactly).
+    #[arg(long, default_value_t = 0)]
+    pub offset: u64,
+    /// Print only the last N lines.
+    #[arg(long, value_name = "LINES", conflicts_with_all = ["offset", "follow"])]
+    pub tail: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct WaitArgs {
+    /// Job id or name.
+    pub id: String,
+    /// Give up after SECS seconds (exit 124).
+    #[arg(long, short = 't', value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum SignalArg {
+    Term,
+    Kill,
+    Int,
+}
+
+#[derive(Args, Debug)]
+pub struct KillArgs {
+    /// Job id or name.
+    pub id: String,
+    /// Signal to send to the job's process group.
+    #[arg(long, value_enum, default_value = "term", ignore_case = true)]
+    pub signal: SignalArg,
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    /// Job id or name.
+    pub id: String,
+    /// Text to write (a newline is not added).
+    pub data: Option<String>,
+    /// Close the job's stdin after writing.
+    #[arg(long)]
+    pub eof: bool,
+}
+
+pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
+    let rt = context::runtime(state_dir)?;
+    let code = match cmd {
+        JobCmd::Start(a) => {
+            let command = a.command.join(" ");
+            let job = rt
+                .start_job(
+                    &a.backend,
+                    &a.sandbox,
+                    &command,
+                    a.name.clone(),
+                    a.watch.clone(),
+                )
+                .await?;
+            if a.json {
+                context::print_json(&job_json(&job));
+            } else {
+                println!("{}", job.id);
+            }
+            0
+        }
+        JobCmd::Ls(a) => {
+            let jobs = rt.list_jobs().await?;
+            if a.json {
+                context::print_json(&serde_json::Value::Array(
+                    jobs.iter().map(job_json).collect(),
+                ));
+            } else if jobs.is_empty() {
+                println!("no jobs; start one with `berth job start -- COMMAND`");
+            } else {
+                println!(
+                    "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  COMMAND",
+                    "ID", "NAME", "SANDBOX", "STATE", "EXIT", "RUNTIME", "OUTPUT"
+                );
+                for j in &jobs {
+                    let cmd: String = j
+                        .command
+                        .chars()
+                        .take(40)
+                        .map(|c| if c == '\n' { ' ' } else { c })
+                        .collect();
+                    println!(
+                        "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  {cmd}",
+                        j.id,
+                        j.name.clone().unwrap_or_else(|| "-".into()),
+                        format!("{}/{}", j.backend, j.sandbox),
+                        j.state.as_str(),
+                        j.exit_code
+                            .map(|c| c.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        human_ms(j.runtime_ms()),
+                        j.out_bytes,
+                    );
+                    if let (JobState::Lost | JobState::Failed, Some(r)) = (j.state, &j.reason) {
+                        println!("           ^ {r}");
+                    }
+                }
+            }
+            0
+        }
+        JobCmd::Logs(a) => {
+            if let Some(n) = a.tail {
+                std::io::stdout().write_all(&rt.job_tail(&a.id, n).await?)?;
+            } else {
+                let mut sink = |b: &[u8]| {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(b);
+                    let _ = out.flush();
+                };
+                let end = rt.job_logs(&a.id, a.offset, a.follow, &mut sink).await?;
+                eprintln!("berth: next offset {end} (resume with --offset {end})");
+            }
+            0
+        }
+        JobCmd::Wait(a) => {
+            let timeout = match a.timeout {
+                Some(s) if !(s.is_finite() && s > 0.0) => {
+                    bail!("--timeout must be a positive number of seconds, e.g. --timeout 30")
+                }
+                Some(s) => Some(Duration::from_secs_f64(s)),
+                None => None,
+            };
+            let job = rt.wait_job(&a.id, timeout).await?;
+            if a.json {
+                context::print_json(&job_json(&job));
+            }
+            if !job.state.is_final() {
+                eprintln!(
+                    "berth: job {} is still running after the wait's timeout",
+                    job.id
+                );
+                124
+            } else {
+                if !a.json {
+                    eprintln!(
+                        "berth: job {} {}{}",
+                        job.id,
+                        job.state.as_str(),
+                        job.exit_code
+                            .map(|c| format!(" with code {c}"))
+                            .unwrap_or_default()
+                    );
+                }
+                match (job.state, job.exit_code) {
+                    (_, Some(c)) if (0..=255).contains(&c) => c as u8,
+                    _ => crate::EXIT_BERTH_ERROR,
+                }
+            }
+        }
+        JobCmd::Kill(a) => {
+            let sig = match a.signal {
+                SignalArg::Term => Signal::Term,
+                SignalArg::Kill => Signal::Kill,
+                SignalArg::Int => Signal::Int,
+            };
+            match rt.kill_job(&a.id, sig).await? {
+                KillOutcome::Signalled => {
+                    println!("sent SIG{} to job {}'s process group", sig.name(), a.id)
+                }
+                KillOutcome::AlreadyEnded(state, code) => println!(
+                    "job {} had already {}{}; nothing to kill",
+                    a.id,
+                    state.as_str(),
+                    code.map(|c| format!(" with code {c}")).unwrap_or_default()
+                ),
+            }
+            0
+        }
+        JobCmd::Send(a) => {
+            if a.data.is_none() && !a.eof {
+                bail!("nothing to send: give DATA, --eof, or both");
+            }
+            rt.send_job(&a.id, a.data.unwrap_or_default().as_bytes(), a.eof)
+                .await?;
+            0
+        }
+    };
+    rt.shutdown().await;
+    Ok(code)
+}
+
+fn job_json(j: &Job) -> serde_json::Value {
+    json!({
+        "id": j.id, "name": j.name, "backend": j.backend, "sandbox": j.sandbox,
+        "command": j.command, "state": j.state.as_str(), "exit_code": j.exit_code,
+        "pid": j.pid, "created_at": j.created_at, "ended_at": j.ended_at,
+        "runtime_ms": j.runtime_ms(), "out_bytes": j.out_bytes, "reason": j.reason,
+        "watch": j.watch, "kill_signal": j.kill_signal,
+    })
+}
+
+fn human_ms(ms: i64) -> String {
+    let s = ms / 1000;
+    if s < 60 {
+        format!("{}.{}s", s, (ms % 1000) / 100)
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
