@@ -166,10 +166,9 @@ async fn floor_series(
             let Some(host) = spec_host.clone().or_else(|| opts.host.clone()) else {
                 bail!("berth bench --backend ssh needs --host HOST");
             };
-            let per = berth_backends::ssh::bench::openssh_per_command(
-                &opts, &host, n, PROBE, b"hi\n",
-            )
-            .await?;
+            let per =
+                berth_backends::ssh::bench::openssh_per_command(&opts, &host, n, PROBE, b"hi\n")
+                    .await?;
             Ok(Series {
                 label: "fresh `ssh host cmd` (ControlMaster)",
                 per_cmd: per,
