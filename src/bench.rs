@@ -174,6 +174,16 @@ async fn floor_series(
                 per_cmd: per,
             })
         }
+        #[cfg(feature = "docker")]
+        "docker" => {
+            let per =
+                berth_backends::docker::bench::fresh_exec_per_command(sandbox.name(), n, PROBE)
+                    .await?;
+            Ok(Series {
+                label: "a fresh exec per command (bollard)",
+                per_cmd: per,
+            })
+        }
         other => bail!("no benchmark floor for backend `{other}` yet"),
     }
 }

@@ -18,6 +18,39 @@ pub enum SandboxCmd {
     Ls(LsArgs),
     /// Remove a sandbox.
     Rm(RmArgs),
+    /// Remove berth's exited or never-started containers (docker); their
+    /// volumes stay, so `sandbox create` brings the sandbox back.
+    Gc(GcArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct GcArgs {
+    /// Only those stopped longer ago than this: `90s`, `30m`, `2h`, `7d`, `0`.
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub older_than: std::time::Duration,
+    /// Backend to collect on.
+    #[arg(long, short = 'b', default_value = "docker")]
+    pub backend: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `90s`, `30m`, `2h`, `7d`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; use e.g. 90s, 30m, 2h, 7d"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("unknown unit in {s:?}; use s, m, h or d")),
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
 }
 
 #[derive(Args, Debug)]
@@ -160,6 +193,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
                 }
             }
         }
+        SandboxCmd::Gc(a) => return gc(a).await,
         SandboxCmd::Rm(a) => {
             rt.remove_sandbox(&a.backend, &a.name, a.volumes).await?;
             if a.json {
@@ -170,4 +204,51 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+#[cfg(feature = "docker")]
+async fn gc(a: GcArgs) -> Result<u8> {
+    if a.backend != "docker" {
+        bail!(
+            "`sandbox gc` collects docker containers; backend `{}` keeps nothing to collect",
+            a.backend
+        );
+    }
+    let backend = berth_backends::docker::DockerBackend::connect().await?;
+    let report = backend.gc(a.older_than).await?;
+    if a.json {
+        context::print_json(&json!({
+            "removed": report.removed, "kept": report.kept, "backend": a.backend,
+        }));
+    } else {
+        for name in &report.removed {
+            println!("removed the container of sandbox {name} (its volumes are kept)");
+        }
+        println!(
+            "{} removed, {} kept (running or too recent)",
+            report.removed.len(),
+            report.kept
+        );
+    }
+    Ok(0)
+}
+
+#[cfg(not(feature = "docker"))]
+async fn gc(_a: GcArgs) -> Result<u8> {
+    bail!("this berth was built without the docker backend (cargo feature `docker`)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("2w").is_err());
+        assert!(parse_duration("h").is_err());
+    }
 }

@@ -62,6 +62,8 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     let ctx = BackendContext {
         state_dir: dir.clone(),
         ssh: ssh_options(),
+        // A first docker sandbox builds its image: say what is happening.
+        progress: Some(Arc::new(|line: &str| eprintln!("berth: image: {line}"))),
         ..Default::default()
     };
     Ok(Runtime::new(

@@ -6,6 +6,7 @@
 mod bench;
 mod cmd_events;
 mod cmd_exec;
+mod cmd_image;
 mod cmd_job;
 mod cmd_sandbox;
 mod context;
@@ -73,6 +74,9 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
+    /// The docker sandbox image.
+    #[command(subcommand)]
+    Image(cmd_image::ImageCmd),
 }
 
 fn main() -> ExitCode {
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
             Command::Job(c) => cmd_job::run(cli.state_dir, c).await,
             Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
+            Command::Image(c) => cmd_image::run(c).await,
             Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
         }
     });

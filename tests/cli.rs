@@ -303,6 +303,53 @@ fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
     Ok(())
 }
 
+/// The same flow on docker: create, exec across invocations (each one a fresh
+/// berth process), ls, gc, rm.
+#[test]
+fn docker_sandbox_create_exec_ls_gc_rm() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let name = format!("t-cli-{}", std::process::id());
+    let d = dir.path();
+    let o = berth(d, &["sandbox", "create", &name, "--backend", "docker"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let run = |cmd: &str| {
+        berth(
+            d,
+            &["exec", "--backend", "docker", "--sandbox", &name, "--", cmd],
+        )
+    };
+    let o = run("cd /tmp && export A=1; whoami")?;
+    assert_eq!(stdout(&o), "berth\n", "{}", stderr(&o));
+    let o = run("pwd; echo $A; exit 4")?;
+    assert_eq!(stdout(&o), "/tmp\n1\n", "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(4));
+    let o = berth(d, &["sandbox", "ls", "--backend", "docker", "--json"])?;
+    let list: Value = serde_json::from_slice(&o.stdout)?;
+    let mine = list
+        .as_array()
+        .and_then(|l| l.iter().find(|s| s["name"] == name.as_str()))
+        .ok_or("the new sandbox is not listed")?;
+    assert_eq!(mine["state"], "running");
+    // A running sandbox is never collected. (A long threshold: other tests'
+    // containers stopped a moment ago must not be collected under them.)
+    let o = berth(d, &["sandbox", "gc", "--older-than", "1h", "--json"])?;
+    let gc: Value = serde_json::from_slice(&o.stdout)?;
+    let removed = gc["removed"].as_array().ok_or("no removed list")?;
+    assert!(!removed.iter().any(|n| n == name.as_str()), "{gc}");
+    let o = berth(
+        d,
+        &["sandbox", "rm", &name, "--backend", "docker", "--volumes"],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = berth(d, &["sandbox", "ls", "--backend", "docker", "--json"])?;
+    assert!(
+        !stdout(&o).contains(&format!("\"{name}\"")),
+        "{}",
+        stdout(&o)
+    );
+    Ok(())
+}
+
 #[test]
 fn exec_background_starts_a_job_with_the_session_state() -> TestResult {
     let dir = tempfile::tempdir()?;

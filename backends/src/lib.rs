@@ -9,20 +9,39 @@ use std::sync::Arc;
 use berth_core::backend::Backend;
 use berth_core::error::{Error, Result};
 
+#[cfg(feature = "docker")]
+pub mod docker;
 #[cfg(feature = "local")]
 pub mod local;
 #[cfg(feature = "ssh")]
 pub mod ssh;
 
+/// Where a backend reports long preparations (the docker image build), one
+/// human-readable line at a time, for a CLI to print.
+pub type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// What a backend needs to know to start.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct BackendContext {
     /// berth's state directory.
     pub state_dir: PathBuf,
     /// The argv prefix that applies the local kernel restrictions, if any.
     pub local_wrapper: Option<Vec<String>>,
+    /// Progress of long preparations; logged through `tracing` when unset.
+    pub progress: Option<ProgressSink>,
     /// Settings for the ssh backend.
     pub ssh: SshOptions,
+}
+
+impl std::fmt::Debug for BackendContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendContext")
+            .field("state_dir", &self.state_dir)
+            .field("local_wrapper", &self.local_wrapper)
+            .field("progress", &self.progress.is_some())
+            .field("ssh", &self.ssh)
+            .finish()
+    }
 }
 
 /// Settings for the ssh backend. Everything that comes from berth's environment
@@ -128,6 +147,9 @@ pub fn available() -> Vec<&'static str> {
     if cfg!(feature = "ssh") {
         v.push("ssh");
     }
+    if cfg!(feature = "docker") {
+        v.push("docker");
+    }
     v
 }
 
@@ -144,6 +166,19 @@ pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> 
         }
         #[cfg(feature = "ssh")]
         "ssh" => Ok(Arc::new(ssh::SshBackend::new(ctx.ssh.clone()))),
+        #[cfg(feature = "docker")]
+        "docker" => {
+            let mut b = docker::DockerBackend::connect().await?;
+            if let Some(sink) = ctx.progress.clone() {
+                b = b.with_progress(Arc::new(move |p: docker::BuildProgress| {
+                    // Only an actual build is news when a sandbox is provisioned.
+                    if !matches!(p, docker::BuildProgress::Done { reused: true, .. }) {
+                        sink(&p.to_string())
+                    }
+                }));
+            }
+            Ok(Arc::new(b))
+        }
         other => Err(Error::InvalidInput(format!(
             "unknown backend `{other}`; this build has: {}",
             available().join(", ")

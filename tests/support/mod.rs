@@ -75,3 +75,15 @@ pub async fn ssh_harness() -> Result<Harness, BoxError> {
         base: SandboxSpec::default(),
     })
 }
+
+/// The docker backend on the real engine (`DOCKER_HOST` or the local socket),
+/// with the sandbox image built on first use.
+pub async fn docker_harness() -> Result<Harness, BoxError> {
+    let backend = berth_backends::docker::DockerBackend::connect().await?;
+    backend.ensure_image().await?;
+    Ok(Harness {
+        backend: Arc::new(backend),
+        _keep: vec![],
+        base: SandboxSpec::default(),
+    })
+}

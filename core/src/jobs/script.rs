@@ -17,6 +17,8 @@ use crate::session::script::quote;
 /// The wrapper: `bash -c WRAPPER berth-job <dir>`.
 pub const WRAPPER: &str = r#"d=$1
 printf '%s\n' "$$" > "$d/wrapper"
+# Exists before the launcher returns, so a reader that starts at once finds it.
+: >>"$d/out"
 sleep infinity 3<>"$d/in" >/dev/null 2>&1 &
 h=$!
 printf '%s\n' "$h" > "$d/holder"

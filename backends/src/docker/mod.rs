@@ -1,0 +1,305 @@
+//! The docker backend: one long-lived, hardened container per sandbox, driven
+//! through the Docker Engine API with bollard (never the `docker` CLI).
+//!
+//! Flow at a glance:
+//! - [`DockerBackend::connect`] reaches the daemon the way the Docker client
+//!   does (`DOCKER_HOST`, else the local socket) and negotiates the API version.
+//! - `provision` ([`lifecycle`]) builds the sandbox image if it is missing
+//!   ([`image`]), then re-attaches to, starts, or (re)creates the container
+//!   `berth-<name>` with the hardened config from [`config`] and two named
+//!   volumes: the workspace and berth's private state (session snapshots), so
+//!   both survive a container's recreation.
+//! - [`DockerSandbox::spawn`] is one attached exec ([`process`]): stdin in,
+//!   stdout and stderr demultiplexed out. The session engine runs one bash over
+//!   one such exec for the sandbox's whole life.
+//! - Files move through the archive API as tar ([`files`]).
+//! - [`gc`] removes berth's exited containers; [`bench`] measures the
+//!   persistent session against a fresh exec per command.
+
+pub mod bench;
+pub mod config;
+pub mod files;
+pub mod image;
+pub mod lifecycle;
+pub mod process;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use berth_core::backend::{Layout, Process, Sandbox, SpawnOpts};
+use berth_core::error::{Error, Result};
+use bollard::Docker;
+
+pub use image::{BuildProgress, ImageRecipe, ProgressFn};
+pub use lifecycle::GcReport;
+
+/// The backend's short name.
+pub const KIND: &str = "docker";
+/// The label every berth container and volume carries.
+pub const LABEL_MANAGED: &str = "berth.managed";
+/// The label naming the sandbox a container or volume belongs to.
+pub const LABEL_SANDBOX: &str = "berth.sandbox";
+/// Where the workspace volume is mounted: the session's first cwd.
+pub const WORKDIR: &str = "/workspace";
+/// Where berth's private state volume (snapshots, stdin files) is mounted.
+pub const BERTH_DIR: &str = "/var/lib/berth";
+/// The PATH every process in the sandbox starts with.
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The docker backend.
+pub struct DockerBackend {
+    pub(crate) docker: Docker,
+    /// The daemon address as the user gave it, for error messages.
+    pub(crate) host: String,
+    pub(crate) recipe: ImageRecipe,
+    pub(crate) progress: Option<ProgressFn>,
+    /// Serialises image builds within this process; [`image`] also takes a
+    /// file lock so parallel processes do not build twice.
+    pub(crate) build_lock: tokio::sync::Mutex<()>,
+}
+
+/// The daemon address the Docker client would use: `DOCKER_HOST`, else the
+/// local socket.
+pub fn default_host() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string())
+}
+
+impl DockerBackend {
+    /// Connect the way the Docker client does: `DOCKER_HOST`, else
+    /// `unix:///var/run/docker.sock`.
+    pub async fn connect() -> Result<Self> {
+        Self::connect_to(&default_host()).await
+    }
+
+    /// Connect to the daemon at `host` (`unix://…`, `tcp://…`, `http://…`) and
+    /// check that it answers.
+    pub async fn connect_to(host: &str) -> Result<Self> {
+        let docker = Docker::connect_with_host(host).map_err(|e| unreachable(host, &e))?;
+        // Our engines may be older than bollard's default API version; speak
+        // theirs. This is also the first round trip, so it proves the daemon is up.
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|e| unreachable(host, &e))?;
+        Ok(Self {
+            docker,
+            host: host.to_string(),
+            recipe: ImageRecipe::builtin(),
+            progress: None,
+            build_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Report image-build progress (stages, downloads, import) to `f`.
+    pub fn with_progress(mut self, f: ProgressFn) -> Self {
+        self.progress = Some(f);
+        self
+    }
+
+    /// Use another image recipe (a different repository name or cache dir).
+    pub fn with_recipe(mut self, recipe: ImageRecipe) -> Self {
+        self.recipe = recipe;
+        self
+    }
+
+    /// The bollard client, for callers that need the raw API (bench, tests).
+    pub fn client(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// The image recipe in use.
+    pub fn recipe(&self) -> &ImageRecipe {
+        &self.recipe
+    }
+
+    /// Build the default sandbox image unless an image for the current recipe
+    /// already exists. Returns the image reference.
+    pub async fn ensure_image(&self) -> Result<String> {
+        let _guard = self.build_lock.lock().await;
+        image::ensure(&self.docker, &self.recipe, self.progress.as_ref()).await
+    }
+}
+
+/// The container's name for a sandbox.
+pub fn container_name(sandbox: &str) -> String {
+    format!("berth-{sandbox}")
+}
+
+/// The workspace volume's name for a sandbox.
+pub fn workspace_volume(sandbox: &str) -> String {
+    format!("berth-{sandbox}-workspace")
+}
+
+/// berth's private state volume's name for a sandbox.
+pub fn state_volume(sandbox: &str) -> String {
+    format!("berth-{sandbox}-state")
+}
+
+/// The HTTP status of a daemon error, if it was one.
+pub(crate) fn status_of(e: &bollard::errors::Error) -> Option<u16> {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// True when the error means the daemon could not be reached at all.
+pub(crate) fn is_connection_error(e: &bollard::errors::Error) -> bool {
+    use bollard::errors::Error as B;
+    matches!(
+        e,
+        B::SocketNotFoundError(_)
+            | B::HyperResponseError { .. }
+            | B::HyperLegacyError { .. }
+            | B::IOError { .. }
+            | B::HttpClientError { .. }
+            | B::RequestTimeoutError
+    )
+}
+
+/// The daemon cannot be reached: say where berth looked and how to fix it.
+pub(crate) fn unreachable(host: &str, e: &bollard::errors::Error) -> Error {
+    let source = match std::env::var("DOCKER_HOST") {
+        Ok(h) if h == host => "from DOCKER_HOST".to_string(),
+        Ok(h) if !h.is_empty() => format!("given explicitly; DOCKER_HOST is {h}"),
+        _ => "DOCKER_HOST is unset, so the default socket".to_string(),
+    };
+    Error::Unreachable {
+        backend: KIND,
+        detail: format!("cannot reach the Docker daemon at {host} ({source}): {e}"),
+        hint: "start the daemon (e.g. `systemctl start docker`), or set DOCKER_HOST to where it listens (unix:///path/docker.sock or tcp://host:2375)".into(),
+    }
+}
+
+/// Map a daemon error about sandbox `name` to berth's error.
+pub(crate) fn api_error(host: &str, name: &str, doing: &str, e: bollard::errors::Error) -> Error {
+    if is_connection_error(&e) {
+        return unreachable(host, &e);
+    }
+    match status_of(&e) {
+        Some(404) => gone(name, &format!("its container is gone ({doing})")),
+        Some(409) if e.to_string().contains("is not running") => {
+            gone(name, &format!("its container is not running ({doing})"))
+        }
+        _ => Error::Backend {
+            backend: KIND,
+            detail: format!("sandbox `{name}`: {doing}: {e}"),
+        },
+    }
+}
+
+/// The sandbox's container is gone or stopped.
+pub(crate) fn gone(name: &str, reason: &str) -> Error {
+    Error::SandboxGone {
+        sandbox: name.into(),
+        backend: KIND,
+        reason: reason.into(),
+        hint: format!(
+            "run the command again to restart or recreate it (the workspace and session snapshot live on volumes), or `berth sandbox rm {name}`"
+        ),
+    }
+}
+
+/// A live docker sandbox: a handle on the container `berth-<name>`. It names the
+/// container rather than holding its id, so it keeps working after the
+/// container is restarted or recreated by a later `provision`.
+pub struct DockerSandbox {
+    pub(crate) docker: Docker,
+    pub(crate) host: String,
+    pub(crate) name: String,
+    pub(crate) container: String,
+    pub(crate) layout: Layout,
+    /// The sandbox's environment (already filtered by policy), given to every
+    /// exec through the API.
+    pub(crate) env: BTreeMap<String, String>,
+    /// The user processes run as, and the owner of written files.
+    pub(crate) user: config::SandboxUser,
+}
+
+impl DockerSandbox {
+    pub(crate) fn new(
+        backend: &DockerBackend,
+        name: &str,
+        env: BTreeMap<String, String>,
+        user: config::SandboxUser,
+    ) -> Self {
+        Self {
+            docker: backend.docker.clone(),
+            host: backend.host.clone(),
+            name: name.to_string(),
+            container: container_name(name),
+            layout: Layout {
+                workdir: WORKDIR.to_string(),
+                berth_dir: BERTH_DIR.to_string(),
+            },
+            env,
+            user,
+        }
+    }
+
+    /// The container's name.
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+
+    pub(crate) fn err(&self, doing: &str, e: bollard::errors::Error) -> Error {
+        api_error(&self.host, &self.name, doing, e)
+    }
+
+    /// Resolve a path against the workspace.
+    pub(crate) fn resolve(&self, path: &str) -> String {
+        if path.starts_with('/') {
+            path.to_string()
+        } else {
+            format!("{}/{}", self.layout.workdir, path)
+        }
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {
+        process::spawn(self, argv, opts).await
+    }
+
+    async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>> {
+        files::read_file(self, path, limit).await
+    }
+
+    async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        files::write_file(self, path, data, mode).await
+    }
+
+    async fn alive(&self) -> Result<bool> {
+        match self.docker.inspect_container(&self.container, None).await {
+            // A paused container cannot run anything: not alive.
+            Ok(c) => Ok(c
+                .state
+                .is_some_and(|s| s.running == Some(true) && s.paused != Some(true))),
+            Err(e) if status_of(&e) == Some(404) => Ok(false),
+            Err(e) => Err(self.err("inspecting the container", e)),
+        }
+    }
+
+    /// Remove the container and its volumes, like the local backend removes its
+    /// directory. `Backend::remove` without volumes keeps the workspace instead.
+    async fn destroy(&self) -> Result<()> {
+        lifecycle::remove_sandbox(&self.docker, &self.host, &self.name, true).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,406 @@
+//! Processes: one attached exec each.
+//!
+//! `spawn` creates and starts an exec with stdin, stdout and stderr attached.
+//! The daemon multiplexes stdout and stderr over one hijacked connection; a
+//! pump task splits them into two byte streams for the [`Process`] trait.
+//!
+//! Every argv runs under `setsid -w` (util-linux), so the exec'd program leads
+//! a session of its own. The session engine relies on that: it kills a
+//! command's whole tree by walking `/proc` for the shell's session id, in-band,
+//! through a second exec, because the exec API has no way to signal or kill a
+//! process. An exec'd process already leads its process group, so setsid forks
+//! the program into a new session and, with `-w`, waits for it and exits with
+//! its exit code. A program killed by a signal is reported the way setsid
+//! reports it: its exit code is the signal's number.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts};
+use berth_core::error::{Error, Result, SpawnFailure};
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::{ContainerArchiveInfoOptions, WaitContainerOptions};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::sync::{Notify, mpsc};
+use tracing::{debug, warn};
+
+use super::{DockerSandbox, api_error, gone, status_of};
+
+/// Output chunks buffered per stream before the pump waits for the reader.
+const CHANNEL_CHUNKS: usize = 64;
+/// How long a process may outlive the end of its output stream before berth
+/// calls the stream cut. Normally the daemon marks the exec finished moments
+/// after it closes the stream.
+const STREAM_END_GRACE: Duration = Duration::from_secs(2);
+/// The size of the daemon-stream read buffer.
+const READ_CAPACITY: usize = 64 * 1024;
+
+/// Start `argv` in the sandbox as an attached exec.
+pub(crate) async fn spawn(
+    sb: &DockerSandbox,
+    argv: &[String],
+    opts: SpawnOpts,
+) -> Result<Box<dyn Process>> {
+    let Some(program) = argv.first() else {
+        return Err(Error::InvalidInput("empty argv".into()));
+    };
+    let mut cmd = vec!["setsid".to_string(), "-w".to_string()];
+    cmd.extend(argv.iter().cloned());
+    // The environment travels in the API request, never in argv.
+    let mut env = vec![format!("BERTH_SANDBOX={}", sb.name)];
+    env.extend(sb.env.iter().map(|(k, v)| format!("{k}={v}")));
+    env.extend(opts.env.iter().map(|(k, v)| format!("{k}={v}")));
+    let cwd = opts
+        .cwd
+        .clone()
+        .unwrap_or_else(|| sb.layout.workdir.clone());
+    if cwd != sb.layout.workdir {
+        check_cwd(sb, program, &cwd).await?;
+    }
+    let config = CreateExecOptions {
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(opts.tty),
+        env: Some(env),
+        cmd: Some(cmd),
+        user: Some(sb.user.spec.clone()),
+        working_dir: Some(cwd.clone()),
+        ..Default::default()
+    };
+    let exec = sb
+        .docker
+        .create_exec(&sb.container, config)
+        .await
+        .map_err(|e| sb.err("creating an exec", e))?;
+    let start = StartExecOptions {
+        detach: false,
+        tty: opts.tty,
+        output_capacity: Some(READ_CAPACITY),
+    };
+    let started = sb
+        .docker
+        .start_exec(&exec.id, Some(start))
+        .await
+        .map_err(|e| classify_start_error(sb, program, &cwd, e))?;
+    let StartExecResults::Attached { output, input } = started else {
+        return Err(Error::Backend {
+            backend: super::KIND,
+            detail: "the daemon started the exec detached although berth asked to attach".into(),
+        });
+    };
+    let (out_tx, out_rx) = mpsc::channel(CHANNEL_CHUNKS);
+    let (err_tx, err_rx) = mpsc::channel(CHANNEL_CHUNKS);
+    let done = Arc::new(Done::default());
+    let pump = tokio::spawn(pump(output, out_tx, err_tx, done.clone()));
+    debug!(sandbox = %sb.name, exec = %exec.id, program = %program, "spawned exec");
+    Ok(Box::new(DockerProcess {
+        docker: sb.docker.clone(),
+        host: sb.host.clone(),
+        sandbox: sb.name.clone(),
+        container: sb.container.clone(),
+        exec_id: exec.id,
+        stdin: Some(input),
+        stdout: Some(Box::pin(ChanReader::new(out_rx))),
+        stderr: Some(Box::pin(ChanReader::new(err_rx))),
+        pump,
+        done,
+    }))
+}
+
+/// A missing working directory would only show as exit code 126 once the exec
+/// runs; look first, so the caller gets a classified error.
+async fn check_cwd(sb: &DockerSandbox, program: &str, cwd: &str) -> Result<()> {
+    /// Go's `os.ModeDir` and `os.ModeSymlink`, as the daemon reports modes.
+    const MODE_DIR: u32 = 1 << 31;
+    const MODE_SYMLINK: u32 = 1 << 27;
+    let opts = ContainerArchiveInfoOptions {
+        path: cwd.to_string(),
+    };
+    let bad = |detail: String| Error::Spawn {
+        kind: SpawnFailure::BadCwd,
+        program: program.to_string(),
+        detail,
+    };
+    match sb
+        .docker
+        .get_container_archive_info(&sb.container, Some(opts))
+        .await
+    {
+        Ok(st) if st.file_mode & (MODE_DIR | MODE_SYMLINK) != 0 => Ok(()),
+        Ok(_) => Err(bad(format!("working directory {cwd} is not a directory"))),
+        Err(e) if status_of(&e) == Some(404) && !e.to_string().contains("No such container") => {
+            Err(bad(format!("working directory {cwd} does not exist")))
+        }
+        Err(e) => Err(sb.err("checking the working directory", e)),
+    }
+}
+
+/// Turn a failed exec start into an error the caller can act on.
+fn classify_start_error(
+    sb: &DockerSandbox,
+    program: &str,
+    cwd: &str,
+    e: bollard::errors::Error,
+) -> Error {
+    let msg = e.to_string();
+    let kind = if msg.contains("chdir") || msg.contains("working directory") {
+        Some(SpawnFailure::BadCwd)
+    } else if msg.contains("executable file not found") || msg.contains("no such file") {
+        Some(SpawnFailure::NotFound)
+    } else if msg.contains("permission denied") {
+        Some(SpawnFailure::Permission)
+    } else {
+        None
+    };
+    match kind {
+        Some(kind) => Error::Spawn {
+            kind,
+            program: program.to_string(),
+            detail: if kind == SpawnFailure::BadCwd {
+                format!("working directory {cwd} does not exist: {msg}")
+            } else {
+                msg
+            },
+        },
+        None => api_error(&sb.host, &sb.name, "starting an exec", e),
+    }
+}
+
+/// Set once the daemon's output stream has ended.
+#[derive(Default)]
+struct Done {
+    flag: AtomicBool,
+    notify: Notify,
+}
+
+/// Split the daemon's multiplexed stream into stdout and stderr.
+///
+/// stdout waits for its reader (backpressure: a flood cannot exhaust memory).
+/// stderr never blocks the pump: a caller that does not read stderr (a helper
+/// whose stdout is all it wants) must not stall stdout, so when stderr's buffer
+/// is full its excess is dropped and logged.
+async fn pump(
+    mut output: Pin<
+        Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+    >,
+    out: mpsc::Sender<io::Result<Bytes>>,
+    err: mpsc::Sender<io::Result<Bytes>>,
+    done: Arc<Done>,
+) {
+    let mut dropped = 0usize;
+    while let Some(item) = output.next().await {
+        match item {
+            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                // A closed reader just means nobody wants stdout any more.
+                let _ = out.send(Ok(message)).await;
+            }
+            Ok(LogOutput::StdErr { message }) => {
+                if let Err(mpsc::error::TrySendError::Full(Ok(m))) = err.try_send(Ok(message)) {
+                    dropped += m.len();
+                }
+            }
+            Ok(LogOutput::StdIn { .. }) => {}
+            Err(e) => {
+                debug!(error = %e, "exec stream failed");
+                let _ = out
+                    .send(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("the exec's stream from the Docker daemon was cut: {e}"),
+                    )))
+                    .await;
+                break;
+            }
+        }
+    }
+    if dropped > 0 {
+        warn!(bytes = dropped, "dropped stderr nobody was reading");
+    }
+    done.flag.store(true, Ordering::SeqCst);
+    done.notify.notify_waiters();
+}
+
+/// An `AsyncRead` over a channel of byte chunks.
+struct ChanReader {
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    cur: Bytes,
+}
+
+impl ChanReader {
+    fn new(rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
+        Self {
+            rx,
+            cur: Bytes::new(),
+        }
+    }
+}
+
+impl AsyncRead for ChanReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        while self.cur.is_empty() {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(b))) => self.cur = b,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                // EOF: the pump is done and dropped its sender.
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let n = self.cur.len().min(buf.remaining());
+        let chunk = self.cur.split_to(n);
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A process in a docker sandbox: one exec.
+struct DockerProcess {
+    docker: Docker,
+    host: String,
+    sandbox: String,
+    container: String,
+    exec_id: String,
+    stdin: Option<BoxWrite>,
+    stdout: Option<BoxRead>,
+    stderr: Option<BoxRead>,
+    pump: tokio::task::JoinHandle<()>,
+    done: Arc<Done>,
+}
+
+/// How long to watch a container after one of its execs was killed.
+const CONTAINER_STOP_WATCH: Duration = Duration::from_millis(500);
+
+/// Whether the container stops within a moment (it was killed or stopped from
+/// outside, taking an exec with it).
+async fn container_stopping(docker: Docker, container: String) -> bool {
+    let opts = WaitContainerOptions {
+        condition: "not-running".to_string(),
+    };
+    let mut stream = docker.wait_container(&container, Some(opts));
+    // Any answer (an exit code, the error bollard makes of a non-zero one, or
+    // "no such container") means it stopped; silence means it runs on.
+    matches!(
+        tokio::time::timeout(CONTAINER_STOP_WATCH, stream.next()).await,
+        Ok(Some(_))
+    )
+}
+
+#[async_trait]
+impl Process for DockerProcess {
+    fn take_stdin(&mut self) -> Option<BoxWrite> {
+        self.stdin.take()
+    }
+
+    fn take_stdout(&mut self) -> Option<BoxRead> {
+        self.stdout.take()
+    }
+
+    fn take_stderr(&mut self) -> Option<BoxRead> {
+        self.stderr.take()
+    }
+
+    /// Wait until the daemon reports the exec finished, and return its exit code.
+    /// The end of the output stream is only a hint (a cut stream ends too), so
+    /// the exec's own state decides.
+    async fn wait(&mut self) -> Result<ExitStatus> {
+        let mut pause = Duration::from_millis(2);
+        let mut ended: Option<Instant> = None;
+        loop {
+            let info = match self.docker.inspect_exec(&self.exec_id).await {
+                Ok(i) => i,
+                Err(e) if status_of(&e) == Some(404) => {
+                    return Err(gone(
+                        &self.sandbox,
+                        "the process's container went away while it ran",
+                    ));
+                }
+                Err(e) => {
+                    return Err(api_error(
+                        &self.host,
+                        &self.sandbox,
+                        "inspecting an exec",
+                        e,
+                    ));
+                }
+            };
+            if info.running != Some(true) {
+                return match info.exit_code {
+                    // Killed: maybe with its whole container, which the daemon
+                    // notices a moment after the exec. Tell the two apart, so the
+                    // caller sees a gone sandbox rather than a dead process.
+                    Some(code @ (137 | 143))
+                        if container_stopping(self.docker.clone(), self.container.clone())
+                            .await =>
+                    {
+                        debug!(sandbox = %self.sandbox, code, "exec died with its container");
+                        Err(gone(
+                            &self.sandbox,
+                            "its container was stopped or killed while the process ran",
+                        ))
+                    }
+                    Some(code) => Ok(ExitStatus {
+                        code: Some(code as i32),
+                        signal: None,
+                    }),
+                    // The exec never got an exit code: its container died under it.
+                    None => Err(gone(
+                        &self.sandbox,
+                        "the process's container stopped while it ran",
+                    )),
+                };
+            }
+            // Until the stream ends, poll slowly; after it ends the exit is
+            // moments away, so look again soon.
+            if !self.done.flag.load(Ordering::SeqCst) {
+                let notified = self.done.notify.notified();
+                let _ = tokio::time::timeout(pause, notified).await;
+                pause = (pause * 2).min(Duration::from_millis(250));
+            } else {
+                let since = *ended.get_or_insert_with(Instant::now);
+                if since.elapsed() > STREAM_END_GRACE {
+                    return Err(Error::stream(
+                        "waiting for a process in the docker sandbox",
+                        io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            format!(
+                                "the exec's stream ended (cut?) but its process in sandbox `{}` is still running",
+                                self.sandbox
+                            ),
+                        ),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+
+    /// Drop the exec's streams. The Engine API cannot signal or kill an exec; the
+    /// session engine kills the process in-band before it calls this, and a
+    /// shell that is still alive reads end-of-file on its stdin and exits.
+    async fn terminate(&mut self) -> Result<()> {
+        self.stdin = None;
+        self.stdout = None;
+        self.stderr = None;
+        self.pump.abort();
+        Ok(())
+    }
+}
+
+impl Drop for DockerProcess {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
+}
