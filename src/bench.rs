@@ -50,6 +50,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         };
         spec.options.insert(k.into(), v.into());
     }
+    let spec_host = spec.options.get("host").cloned();
     let (sandbox, _, _) = rt
         .create_sandbox(&a.backend, spec)
         .await
@@ -57,7 +58,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
 
     let on = session_series(&sandbox, a.count, true, "persistent session").await?;
     let off = session_series(&sandbox, a.count, false, "persistent session, no snapshot").await?;
-    let floor = floor_series(&a.backend, &sandbox, a.count).await?;
+    let floor = floor_series(&a.backend, &sandbox, &spec_host, a.count).await?;
 
     let ratio = floor.per_cmd.as_secs_f64() / on.per_cmd.as_secs_f64().max(1e-9);
     let snapshot_cost = on.per_cmd.saturating_sub(off.per_cmd);
@@ -130,7 +131,12 @@ async fn session_series(
 
 /// The floor each backend is measured against: a fresh process per command,
 /// the way tools without a persistent shell run.
-async fn floor_series(backend: &str, sandbox: &Arc<dyn Sandbox>, n: usize) -> Result<Series> {
+async fn floor_series(
+    backend: &str,
+    sandbox: &Arc<dyn Sandbox>,
+    spec_host: &Option<String>,
+    n: usize,
+) -> Result<Series> {
     match backend {
         "local" => {
             let t = Instant::now();
@@ -152,6 +158,20 @@ async fn floor_series(backend: &str, sandbox: &Arc<dyn Sandbox>, n: usize) -> Re
             Ok(Series {
                 label: "`bash -c` spawned per command",
                 per_cmd: t.elapsed() / n as u32,
+            })
+        }
+        #[cfg(feature = "ssh")]
+        "ssh" => {
+            let opts = context::ssh_options();
+            let Some(host) = spec_host.clone().or_else(|| opts.host.clone()) else {
+                bail!("berth bench --backend ssh needs --host HOST");
+            };
+            let per =
+                berth_backends::ssh::bench::openssh_per_command(&opts, &host, n, PROBE, b"hi\n")
+                    .await?;
+            Ok(Series {
+                label: "fresh `ssh host cmd` (ControlMaster)",
+                per_cmd: per,
             })
         }
         #[cfg(feature = "docker")]

@@ -48,6 +48,22 @@ pub fn gate() -> Result<Gate> {
     Ok(Gate::load(&policy_path()?, std::env::vars())?)
 }
 
+/// The ssh backend's settings, set once from the command line in `main`.
+static SSH_OPTIONS: std::sync::OnceLock<berth_backends::SshOptions> = std::sync::OnceLock::new();
+
+/// Record the ssh settings for every backend opened later.
+pub fn set_ssh_options(o: berth_backends::SshOptions) {
+    let _ = SSH_OPTIONS.set(o);
+}
+
+/// The ssh settings: from the command line, else from the environment.
+pub fn ssh_options() -> berth_backends::SshOptions {
+    SSH_OPTIONS
+        .get()
+        .cloned()
+        .unwrap_or_else(berth_backends::SshOptions::from_env)
+}
+
 /// Opens backends through berth-backends.
 pub struct Backends {
     ctx: BackendContext,
@@ -73,6 +89,7 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     let ctx = BackendContext {
         state_dir: dir.clone(),
         local_wrapper: Some(gate.local_wrapper(&exe, unrestricted)?),
+        ssh: ssh_options(),
         // A first docker sandbox builds its image: say what is happening.
         progress: Some(Arc::new(|line: &str| eprintln!("berth: image: {line}"))),
     };

@@ -16,6 +16,7 @@ mod context;
 mod mcp;
 mod sandbox_exec;
 mod shell;
+mod ssh_flags;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +52,9 @@ pub struct Cli {
         value_name = "FILTER"
     )]
     log: String,
+
+    #[command(flatten)]
+    ssh: ssh_flags::SshFlags,
 
     #[command(subcommand)]
     command: Command,
@@ -107,6 +111,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BERTH_ERROR);
         }
     };
+    if let Err(e) = cli.ssh.options().map(context::set_ssh_options) {
+        eprintln!("berth: error: {e:#}");
+        return ExitCode::from(EXIT_BERTH_ERROR);
+    }
     let result = rt.block_on(async move {
         match cli.command {
             Command::Exec(a) => cmd_exec::run(cli.state_dir, a).await,

@@ -21,6 +21,8 @@ mod restricted_session;
 mod sandbox_escape;
 
 conformance_suite!(local, crate::support::local_harness);
+conformance_suite!(ssh, crate::support::ssh_harness);
 conformance_suite!(docker, crate::support::docker_harness);
 jobs_suite!(local_jobs, crate::support::local_harness);
+jobs_suite!(ssh_jobs, crate::support::ssh_harness);
 jobs_suite!(docker_jobs, crate::support::docker_harness);

@@ -279,29 +279,36 @@ fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
     let id = stdout(&o).trim().to_string();
     let o = berth(dir.path(), &["job", "wait", &id, "--timeout", "120"])?;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = Command::new(env!("CARGO_BIN_EXE_berth"))
+    // Measure the paging process alone: wait4 gives the resource use of one child.
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(["job", "logs", &id])
         .env("BERTH_STATE_DIR", dir.path())
+        .env("BERTH_POLICY", dir.path().join("policy.toml"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .output()?;
-    assert!(
-        stderr(&o).contains(&format!("next offset {size}")),
-        "{}",
-        stderr(&o)
-    );
-    // SAFETY: getrusage only writes into the struct we pass.
+        .spawn()?;
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to overwrite.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_CHILDREN covers the berth processes this test waited for.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    assert_eq!(rc, 0);
+    // SAFETY: waits for our own child by pid; status and ru are valid out-pointers.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(rc, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.ok_or("no stderr")?, &mut err)?;
+    assert!(err.contains(&format!("next offset {size}")), "{err}");
     let max_rss_mib = ru.ru_maxrss / 1024;
     assert!(
         max_rss_mib < 64,
-        "a berth process peaked at {max_rss_mib} MiB while paging {} MiB",
+        "`berth job logs` peaked at {max_rss_mib} MiB while paging {} MiB",
         size >> 20
     );
+    // The whole log went through: the job says so, and a resume from the end is empty.
+    let o = berth(dir.path(), &["job", "logs", &id, "--offset", &size.to_string()])?;
+    assert!(o.stdout.is_empty());
+    assert!(stderr(&o).contains(&format!("next offset {size}")), "{}", stderr(&o));
     Ok(())
 }
 

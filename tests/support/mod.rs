@@ -63,6 +63,19 @@ pub async fn local_harness() -> Result<Harness, BoxError> {
     })
 }
 
+/// The ssh backend against a real OpenSSH server on a loopback port, started
+/// for the test and stopped when the harness is dropped. Fails with the CI
+/// install step when /usr/sbin/sshd is missing.
+pub async fn ssh_harness() -> Result<Harness, BoxError> {
+    let sshd = berth_backends::ssh::testing::Sshd::start()?;
+    let backend = berth_backends::ssh::SshBackend::new(sshd.options());
+    Ok(Harness {
+        backend: Arc::new(backend),
+        _keep: vec![Box::new(sshd)],
+        base: SandboxSpec::default(),
+    })
+}
+
 /// The docker backend on the real engine (`DOCKER_HOST` or the local socket),
 /// with the sandbox image built on first use.
 pub async fn docker_harness() -> Result<Harness, BoxError> {

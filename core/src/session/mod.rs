@@ -182,6 +182,33 @@ impl Session {
         self.shell.as_ref().map(|s| &s.info)
     }
 
+    /// Whether the shell's output has ended since the last command: it exited, was
+    /// killed, or the transport under it went away. Output that arrived while idle
+    /// is kept for the next command. Cheap and non-blocking.
+    pub fn shell_gone(&mut self) -> bool {
+        let Some(shell) = self.shell.as_mut() else {
+            return false;
+        };
+        // Poll the reader once per chunk without waiting: a noop waker is fine,
+        // since nobody waits on this poll; the next exec reads normally.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            if shell.buf.len() < 64 * 1024 {
+                shell.buf.resize(64 * 1024, 0);
+            }
+            let mut rb = tokio::io::ReadBuf::new(&mut shell.buf);
+            match shell.stdout.as_mut().poll_read(&mut cx, &mut rb) {
+                std::task::Poll::Ready(Ok(())) if rb.filled().is_empty() => return true,
+                std::task::Poll::Ready(Ok(())) => {
+                    let n = rb.filled().len();
+                    shell.pending.extend_from_slice(&shell.buf[..n]);
+                }
+                std::task::Poll::Ready(Err(_)) => return true,
+                std::task::Poll::Pending => return false,
+            }
+        }
+    }
+
     /// Notices gathered since the last command (restores, discarded snapshots).
     pub fn take_notices(&mut self) -> Vec<String> {
         std::mem::take(&mut self.notices)
@@ -193,6 +220,17 @@ impl Session {
             return Err(Error::InvalidInput(
                 "the command contains a NUL byte, which no shell command can hold; remove it"
                     .into(),
+            ));
+        }
+        if self.shell_gone() {
+            // It died while idle (killed, or its transport dropped): replace it
+            // now rather than fail a command that never reached it.
+            let status = match self.reap_dead_shell().await {
+                Ok(s) => s,
+                Err(e) => e.to_string(),
+            };
+            self.notices.push(format!(
+                "the shell ended while idle ({status}); a new shell was started from the last snapshot"
             ));
         }
         self.ensure_shell().await?;
@@ -225,8 +263,11 @@ impl Session {
         let (exit_code, cwd) = match ending {
             Some(Ending::Marker { code, cwd }) => (code, Some(cwd)),
             Some(Ending::Eof) => {
-                let status = self.reap_dead_shell().await;
-                if !self.sandbox.alive().await.unwrap_or(false) {
+                // A transport that lost its link reports that as an error: the
+                // command's outcome is unknown, and must not read as an exit code.
+                let status = self.reap_dead_shell().await?;
+                // An unreachable host is not a vanished sandbox: report it as such.
+                if !self.sandbox.alive().await? {
                     return Err(Error::SandboxGone {
                         sandbox: self.sandbox.name().to_string(),
                         backend: self.sandbox.kind(),
@@ -633,22 +674,25 @@ impl Session {
     }
 
     /// The shell's stdout ended: collect how it ended and forget it.
-    async fn reap_dead_shell(&mut self) -> String {
+    async fn reap_dead_shell(&mut self) -> Result<String> {
         let Some(mut shell) = self.shell.take() else {
-            return "unknown status".into();
+            return Ok("unknown status".into());
         };
-        match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await {
-            Ok(Ok(st)) => match (st.code, st.signal) {
-                (Some(c), _) => format!("exit code {c}"),
-                (None, Some(s)) => format!("killed by signal {s}"),
-                _ => "unknown status".into(),
+        Ok(
+            match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await {
+                Ok(Ok(st)) => match (st.code, st.signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (None, Some(s)) => format!("killed by signal {s}"),
+                    _ => "unknown status".into(),
+                },
+                Ok(Err(e @ Error::Unreachable { .. })) => return Err(e),
+                Ok(Err(e)) => format!("status unknown: {e}"),
+                Err(_) => {
+                    let _ = shell.process.terminate().await;
+                    "did not exit after closing its output".into()
+                }
             },
-            Ok(Err(e)) => format!("status unknown: {e}"),
-            Err(_) => {
-                let _ = shell.process.terminate().await;
-                "did not exit after closing its output".into()
-            }
-        }
+        )
     }
 
     fn stderr_text(&self) -> String {
@@ -729,15 +773,18 @@ fn scan(
 /// Check a snapshot's header and trailer; return its sequence and text. Snapshots
 /// are rewritten in place, so bytes after the matching trailer are stale and ignored.
 fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
-    let text = std::str::from_utf8(data).ok()?;
-    let first = text.lines().next()?;
+    let nl = memchr::memchr(b'\n', data)?;
+    let first = std::str::from_utf8(&data[..nl]).ok()?;
     let seq: u64 = first
         .strip_prefix("# berth snapshot v1 seq=")?
         .parse()
         .ok()?;
     let trailer = format!("\n# berth snapshot end seq={seq}\n");
-    let end = text.find(&trailer)?;
-    Some((seq, text[..end + trailer.len()].to_string()))
+    // Cut before decoding: the stale bytes past the trailer may split a UTF-8
+    // sequence of the older snapshot they came from.
+    let end = memchr::memmem::find(data, trailer.as_bytes())? + trailer.len();
+    let text = std::str::from_utf8(&data[..end]).ok()?;
+    Some((seq, text.to_string()))
 }
 
 /// 64 random bits: unguessable for one command's lifetime, and short, since bash
@@ -823,6 +870,10 @@ mod tests {
         let (seq, text) = parse_snapshot(stale).unwrap_or_default();
         assert_eq!(seq, 9);
         assert!(!text.contains("OLD"));
+        // ... even where the cut splits a UTF-8 sequence of the older one.
+        let split =
+            b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\n\x98\x80x\n";
+        assert_eq!(parse_snapshot(split).map(|s| s.0), Some(9));
         assert!(parse_snapshot(b"\xff\xfe").is_none());
     }
 }

@@ -1,0 +1,253 @@
+//! Moving files: over SFTP where the server offers the subsystem, else through a
+//! short exec (`head -c` to read, `cat >` to write), both binary-safe.
+//!
+//! The SFTP session is opened once per connection and shared; when the
+//! connection is redialled it is reopened. A server without SFTP is remembered,
+//! so berth asks only once.
+
+use std::sync::Arc;
+
+use berth_core::error::{Error, Result};
+use russh_sftp::client::SftpSession;
+use russh_sftp::protocol::{FileAttributes, OpenFlags, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::debug;
+
+use super::connection::Connection;
+use super::process;
+
+/// The SFTP state of one connection.
+#[derive(Default)]
+pub struct Files {
+    state: tokio::sync::Mutex<SftpState>,
+}
+
+#[derive(Default)]
+enum SftpState {
+    #[default]
+    Untried,
+    Open {
+        generation: u64,
+        session: Arc<SftpSession>,
+    },
+    Unavailable,
+}
+
+const READ_SCRIPT: &str = r#"[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; head -c "$2" -- "$1""#;
+const WRITE_SCRIPT: &str =
+    r#"d=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1" && chmod "$2" -- "$1""#;
+
+impl Files {
+    /// The SFTP session for the live connection, or `None` when the server has none.
+    async fn sftp(&self, conn: &Arc<Connection>) -> Result<Option<Arc<SftpSession>>> {
+        let mut st = self.state.lock().await;
+        let (_, generation) = conn.handle().await?;
+        match &*st {
+            SftpState::Unavailable => return Ok(None),
+            SftpState::Open {
+                generation: g,
+                session,
+            } if *g == generation => return Ok(Some(session.clone())),
+            _ => {}
+        }
+        let (mut channel, generation) = conn.open_session().await?;
+        let opened = async {
+            channel
+                .request_subsystem(true, "sftp")
+                .await
+                .map_err(|e| e.to_string())?;
+            // Wait for the server's answer: without a subsystem it says no (or
+            // closes), and SFTP's own handshake would only time out.
+            loop {
+                match channel.wait().await {
+                    Some(russh::ChannelMsg::Success) => break,
+                    Some(russh::ChannelMsg::Failure) => {
+                        return Err("the server refused the sftp subsystem".to_string());
+                    }
+                    Some(russh::ChannelMsg::Close) | Some(russh::ChannelMsg::Eof) | None => {
+                        return Err("the server closed the sftp channel".to_string());
+                    }
+                    Some(_) => {}
+                }
+            }
+            SftpSession::new(channel.into_stream())
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(conn.target().connect_timeout, opened).await {
+            Ok(Ok(session)) => {
+                session.set_timeout(conn.target().connect_timeout.as_secs().max(10));
+                let session = Arc::new(session);
+                *st = SftpState::Open {
+                    generation,
+                    session: session.clone(),
+                };
+                Ok(Some(session))
+            }
+            Ok(Err(e)) => {
+                debug!(host = %conn.target().label(), error = %e, "no SFTP; moving files through exec");
+                *st = SftpState::Unavailable;
+                Ok(None)
+            }
+            Err(_) => {
+                debug!(host = %conn.target().label(), "SFTP did not start; moving files through exec");
+                *st = SftpState::Unavailable;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Forget the SFTP session (after an error that may mean the connection died).
+    async fn reset(&self) {
+        let mut st = self.state.lock().await;
+        if matches!(*st, SftpState::Open { .. }) {
+            *st = SftpState::Untried;
+        }
+    }
+
+    /// Read up to `limit` bytes of the absolute `path`.
+    pub async fn read(&self, conn: &Arc<Connection>, path: &str, limit: u64) -> Result<Vec<u8>> {
+        if let Some(sftp) = self.sftp(conn).await? {
+            let r = async {
+                let f = sftp.open_with_flags(path, OpenFlags::READ).await?;
+                let mut buf = Vec::new();
+                f.take(limit).read_to_end(&mut buf).await?;
+                Ok::<_, russh_sftp::client::error::Error>(buf)
+            }
+            .await;
+            return match r {
+                Ok(b) => Ok(b),
+                Err(e) if is_not_found(&e) => Err(not_found(path)),
+                Err(e) => {
+                    self.reset().await;
+                    Err(sftp_error(conn, "reading", path, e))
+                }
+            };
+        }
+        let argv = helper(READ_SCRIPT, &[path, &limit.to_string()]);
+        let p = process::spawn(conn, &argv, &[], "/").await?;
+        let (st, out, err) = p.collect(b"").await?;
+        match st.code {
+            Some(0) => Ok(out),
+            Some(44) => Err(not_found(path)),
+            Some(45) => Err(Error::InvalidInput(format!(
+                "{path} is a directory, not a file"
+            ))),
+            _ => Err(exec_error(conn, "reading", path, &err)),
+        }
+    }
+
+    /// Create or replace the absolute `path` with `data` and `mode`, creating parents.
+    pub async fn write(
+        &self,
+        conn: &Arc<Connection>,
+        path: &str,
+        data: &[u8],
+        mode: u32,
+    ) -> Result<()> {
+        if let Some(sftp) = self.sftp(conn).await? {
+            let r = async {
+                mkdir_p(&sftp, parent(path)).await;
+                let attrs = FileAttributes {
+                    permissions: Some(mode),
+                    ..FileAttributes::empty()
+                };
+                let mut f = sftp
+                    .open_with_flags_and_attributes(
+                        path,
+                        OpenFlags::CREATE | OpenFlags::TRUNCATE | OpenFlags::WRITE,
+                        attrs.clone(),
+                    )
+                    .await?;
+                f.write_all(data).await?;
+                f.shutdown().await?;
+                // The mode at open is filtered by the server's umask; set it exactly.
+                sftp.set_metadata(path, attrs).await?;
+                Ok::<_, russh_sftp::client::error::Error>(())
+            }
+            .await;
+            return match r {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    self.reset().await;
+                    Err(sftp_error(conn, "writing", path, e))
+                }
+            };
+        }
+        let argv = helper(WRITE_SCRIPT, &[path, &format!("{mode:o}")]);
+        let p = process::spawn(conn, &argv, &[], "/").await?;
+        let (st, _, err) = p.collect(data).await?;
+        match st.code {
+            Some(0) => Ok(()),
+            _ => Err(exec_error(conn, "writing", path, &err)),
+        }
+    }
+}
+
+/// `bash -c SCRIPT berth-file ARGS...`
+pub fn helper(script: &str, args: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "bash".to_string(),
+        "-c".to_string(),
+        script.to_string(),
+        "berth-file".to_string(),
+    ];
+    v.extend(args.iter().map(|a| a.to_string()));
+    v
+}
+
+fn parent(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) => "/",
+        Some(i) => &path[..i],
+        None => ".",
+    }
+}
+
+async fn mkdir_p(sftp: &SftpSession, dir: &str) {
+    if dir == "/" || dir == "." || sftp.try_exists(dir).await.unwrap_or(false) {
+        return;
+    }
+    Box::pin(mkdir_p(sftp, parent(dir))).await;
+    // Racing creators and existing directories are fine; a real failure shows
+    // up when the file itself is opened.
+    let _ = sftp.create_dir(dir).await;
+}
+
+fn is_not_found(e: &russh_sftp::client::error::Error) -> bool {
+    matches!(e, russh_sftp::client::error::Error::Status(s) if s.status_code == StatusCode::NoSuchFile)
+}
+
+fn not_found(path: &str) -> Error {
+    Error::NotFound {
+        what: "file",
+        name: path.into(),
+        hint: String::new(),
+    }
+}
+
+fn sftp_error(
+    conn: &Connection,
+    doing: &str,
+    path: &str,
+    e: russh_sftp::client::error::Error,
+) -> Error {
+    Error::Backend {
+        backend: super::KIND,
+        detail: format!(
+            "{}: {doing} {path} over SFTP failed: {e}",
+            conn.target().label()
+        ),
+    }
+}
+
+fn exec_error(conn: &Connection, doing: &str, path: &str, stderr: &[u8]) -> Error {
+    Error::Backend {
+        backend: super::KIND,
+        detail: format!(
+            "{}: {doing} {path} failed: {}",
+            conn.target().label(),
+            String::from_utf8_lossy(stderr).trim()
+        ),
+    }
+}

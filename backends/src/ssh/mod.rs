@@ -1,0 +1,420 @@
+//! The ssh backend: a sandbox is a host plus a workspace directory on it.
+//!
+//! Flow at a glance:
+//! - [`SshBackend`] keeps one [`Connection`] per `user@host:port`; every sandbox,
+//!   session shell, helper spawn and file transfer on that host shares it as
+//!   channels. Keepalives (interval x count, from the options or the config's
+//!   `ServerAliveInterval`/`ServerAliveCountMax`) declare a silent link dead.
+//! - A sandbox `NAME` is `~/.berth/sandboxes/NAME` on the host (the root can be
+//!   changed with [`SshOptions::sandbox_root`]):
+//!   ```text
+//!   ~/.berth/sandboxes/NAME/          the workspace: first cwd
+//!     .berth/sandbox.json             the marker that makes it berth's (list finds it)
+//!     .berth/                         snapshots, job logs
+//!   ```
+//! - Processes start through [`process::spawn`]: argv on the channel's exec
+//!   request, environment values over stdin, so no secret lands in argv or in
+//!   sshd's log, whatever the server's `AcceptEnv` says. Each process is the
+//!   session leader sshd created. `SpawnOpts::tty` is ignored: a terminal would
+//!   echo the environment block.
+//! - Files move over SFTP or, without it, through exec ([`files`]).
+//!
+//! Safety and faults:
+//! - Host keys are checked against known_hosts, strictly: an unknown host is
+//!   refused with its fingerprint unless `accept_new` (then recorded); a changed
+//!   or revoked key is always refused, naming the file and line.
+//! - When the link drops, the running process's `wait` fails with
+//!   `Error::Unreachable` (never an exit code), the next use redials with backoff
+//!   (a timeout ends that call's attempts; host key and auth refusals are final),
+//!   and the session engine restores its shell from the remote snapshot.
+//!   [`Sandbox::alive`] answers `Ok(false)` when the host answers but the
+//!   workspace is gone, and `Err(Unreachable)` when the host does not answer.
+//!
+//! For the CLI: `--host` -> [`SshOptions::host`] (or the spec option `host`),
+//! `--accept-new`, `--ssh-config`, `--known-hosts`, `-i`; `SSH_AUTH_SOCK`,
+//! `HOME` and `BERTH_SSH_PASSPHRASE` via [`SshOptions::from_env`].
+//!
+//! Module map: `config` (~/.ssh/config), `known_hosts` (host keys), `auth`,
+//! `connection` (dial, redial with backoff), `process` (a channel as a
+//! [`Process`]), `files`, `bench`, `testing` (a real sshd for tests).
+
+pub mod auth;
+pub mod bench;
+pub mod config;
+pub mod connection;
+pub mod files;
+pub mod known_hosts;
+pub mod process;
+pub mod testing;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use berth_core::backend::{
+    Backend, Layout, Process, Provisioned, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec, SpawnOpts,
+};
+use berth_core::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+pub use connection::{Connection, Target};
+
+use crate::SshOptions;
+use files::{Files, helper};
+
+/// The backend's short name.
+pub const KIND: &str = "ssh";
+/// Where sandboxes live on a host unless configured otherwise.
+pub const DEFAULT_ROOT: &str = "~/.berth/sandboxes";
+
+/// One host: its connection and its file mover.
+#[derive(Clone)]
+pub struct HostLink {
+    /// The shared connection.
+    pub conn: Arc<Connection>,
+    files: Arc<Files>,
+}
+
+/// The ssh backend.
+pub struct SshBackend {
+    opts: Arc<SshOptions>,
+    pool: Mutex<HashMap<String, HostLink>>,
+}
+
+/// The marker written into every sandbox.
+#[derive(Serialize, Deserialize)]
+struct Marker {
+    name: String,
+    created_unix: i64,
+    berth: String,
+}
+
+impl SshBackend {
+    /// A backend with these settings.
+    pub fn new(opts: SshOptions) -> Self {
+        Self {
+            opts: Arc::new(opts),
+            pool: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The shared link to `host` (an alias or `[user@]host[:port]`), created on first use.
+    pub fn link(&self, host: &str) -> Result<HostLink> {
+        let target = Target::resolve(&self.opts, host)?;
+        let key = target.label();
+        let mut pool = self
+            .pool
+            .lock()
+            .map_err(|_| Error::InvalidInput("ssh connection pool poisoned".into()))?;
+        Ok(pool
+            .entry(key)
+            .or_insert_with(|| HostLink {
+                conn: Arc::new(Connection::new(target, self.opts.clone())),
+                files: Arc::new(Files::default()),
+            })
+            .clone())
+    }
+
+    /// Close every pooled connection.
+    pub async fn close(&self) {
+        let links: Vec<HostLink> = match self.pool.lock() {
+            Ok(mut p) => p.drain().map(|(_, l)| l).collect(),
+            Err(_) => Vec::new(),
+        };
+        for l in links {
+            l.conn.close().await;
+        }
+    }
+
+    fn host_for(&self, spec_host: Option<&str>) -> Result<String> {
+        spec_host
+            .map(str::to_string)
+            .or_else(|| self.opts.host.clone())
+            .ok_or_else(|| {
+                Error::InvalidInput(
+                    "the ssh backend needs a host: pass --host HOST (an ~/.ssh/config alias or user@host[:port])"
+                        .into(),
+                )
+            })
+    }
+
+    fn root(&self) -> String {
+        self.opts
+            .sandbox_root
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ROOT.to_string())
+    }
+}
+
+/// The root with a leading `~` expanded by the remote shell.
+const ROOT_PRELUDE: &str =
+    r#"root=$1; case $root in "~") root=$HOME;; "~/"*) root=$HOME/${root#"~/"};; esac; "#;
+
+const PROVISION_SCRIPT: &str = r#"dir=$root/$2; m=$dir/.berth/sandbox.json
+if [ -f "$m" ]; then state=existing; elif [ -e "$dir" ]; then state=adopted; else state=created; fi
+mkdir -p -- "$dir/.berth" || exit 3
+[ -f "$m" ] || printf '%s\n' "$3" > "$m" || exit 4
+printf '%s\n' "$state"; cd -- "$dir" && pwd -P"#;
+
+const LIST_SCRIPT: &str = r#"for m in "$root"/*/.berth/sandbox.json; do [ -f "$m" ] || continue; d=${m%/.berth/sandbox.json}; printf '%s\t' "${d##*/}"; tr -d '\n' < "$m"; printf '\n'; done"#;
+
+const REMOVE_SCRIPT: &str =
+    r#"dir=$root/$2; [ -f "$dir/.berth/sandbox.json" ] || exit 44; rm -rf -- "$dir""#;
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "invalid sandbox name {name:?}: use 1-63 letters, digits, '-', '_' or '.', not starting with '.'"
+        )))
+    }
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Run a short script on `link`'s host; returns (exit code, stdout, stderr).
+async fn run_script(link: &HostLink, script: &str, args: &[&str]) -> Result<(i32, String, String)> {
+    let full = format!("{ROOT_PRELUDE}{script}");
+    let argv = helper(&full, args);
+    let p = process::spawn(&link.conn, &argv, &[], ".").await?;
+    let (st, out, err) = p.collect(b"").await?;
+    Ok((
+        st.shell_code(),
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).trim().to_string(),
+    ))
+}
+
+#[async_trait]
+impl Backend for SshBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
+        check_name(&spec.name)?;
+        let host = self.host_for(spec.option("host"))?;
+        let link = self.link(&host)?;
+        let marker = serde_json::to_string(&Marker {
+            name: spec.name.clone(),
+            created_unix: now_unix(),
+            berth: env!("CARGO_PKG_VERSION").into(),
+        })
+        .map_err(|e| Error::InvalidInput(format!("sandbox marker: {e}")))?;
+        let root = self.root();
+        let (code, out, err) =
+            run_script(&link, PROVISION_SCRIPT, &[&root, &spec.name, &marker]).await?;
+        let mut lines = out.lines();
+        let (Some(state), Some(workdir), 0) = (lines.next(), lines.next(), code) else {
+            return Err(Error::Backend {
+                backend: KIND,
+                detail: format!(
+                    "{}: could not create the sandbox directory {root}/{} (exit {code}): {err}",
+                    link.conn.target().label(),
+                    spec.name
+                ),
+            });
+        };
+        let mut env: Vec<(String, String)> = vec![("BERTH_SANDBOX".into(), spec.name.clone())];
+        env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let sandbox = SshSandbox {
+            name: spec.name.clone(),
+            layout: Layout {
+                workdir: workdir.to_string(),
+                berth_dir: format!("{workdir}/.berth"),
+            },
+            link,
+            env,
+        };
+        Ok(Provisioned {
+            sandbox: Arc::new(sandbox),
+            created: state == "created",
+            recreated: (state == "adopted").then(|| {
+                "its directory existed without berth's marker; berth adopted it".to_string()
+            }),
+        })
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxInfo>> {
+        let host = self.host_for(None)?;
+        let link = self.link(&host)?;
+        let (code, out, err) = run_script(&link, LIST_SCRIPT, &[&self.root()]).await?;
+        if code != 0 {
+            return Err(Error::Backend {
+                backend: KIND,
+                detail: format!(
+                    "{}: listing sandboxes failed: {err}",
+                    link.conn.target().label()
+                ),
+            });
+        }
+        let label = link.conn.target().label();
+        let mut v: Vec<SandboxInfo> = out
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .map(|(name, json)| {
+                let marker = serde_json::from_str::<Marker>(json).ok();
+                SandboxInfo {
+                    name: name.to_string(),
+                    id: format!("{label}:{}/{name}", self.root()),
+                    state: if marker.is_some() { "ready" } else { "broken" }.into(),
+                    created_unix: marker.map(|m| m.created_unix),
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(v)
+    }
+
+    async fn remove(&self, name: &str, _opts: RemoveOpts) -> Result<()> {
+        check_name(name)?;
+        let host = self.host_for(None)?;
+        let link = self.link(&host)?;
+        let (code, _, err) = run_script(&link, REMOVE_SCRIPT, &[&self.root(), name]).await?;
+        match code {
+            0 => Ok(()),
+            44 => Err(Error::NotFound {
+                what: "sandbox",
+                name: name.into(),
+                hint: format!("list sandboxes with `berth sandbox ls --backend ssh --host {host}`"),
+            }),
+            _ => Err(Error::Backend {
+                backend: KIND,
+                detail: format!(
+                    "{}: removing sandbox {name} failed: {err}",
+                    link.conn.target().label()
+                ),
+            }),
+        }
+    }
+}
+
+/// A sandbox on a remote host.
+pub struct SshSandbox {
+    name: String,
+    layout: Layout,
+    link: HostLink,
+    env: Vec<(String, String)>,
+}
+
+impl SshSandbox {
+    /// The connection this sandbox uses.
+    pub fn connection(&self) -> &Arc<Connection> {
+        &self.link.conn
+    }
+
+    fn resolve(&self, path: &str) -> String {
+        if path.starts_with('/') {
+            path.to_string()
+        } else {
+            format!("{}/{path}", self.layout.workdir)
+        }
+    }
+}
+
+#[async_trait]
+impl Sandbox for SshSandbox {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {
+        let cwd = opts.cwd.unwrap_or_else(|| self.layout.workdir.clone());
+        let mut env = self.env.clone();
+        for (k, v) in opts.env {
+            env.retain(|(ek, _)| *ek != k);
+            env.push((k, v));
+        }
+        match process::spawn(&self.link.conn, argv, &env, &cwd).await {
+            Ok(p) => Ok(Box::new(p)),
+            Err(Error::Spawn {
+                kind: berth_core::error::SpawnFailure::BadCwd,
+                ..
+            }) if cwd == self.layout.workdir || !self.alive().await.unwrap_or(true) => {
+                Err(self.gone("its workspace directory is missing on the host"))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>> {
+        self.link
+            .files
+            .read(&self.link.conn, &self.resolve(path), limit)
+            .await
+    }
+
+    async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        self.link
+            .files
+            .write(&self.link.conn, &self.resolve(path), data, mode)
+            .await
+    }
+
+    /// `Ok(false)` when the host answers but the workspace is gone; an
+    /// `Unreachable` error when the host does not answer.
+    async fn alive(&self) -> Result<bool> {
+        let argv = helper(
+            r#"[ -d "$1" ] && [ -f "$2/sandbox.json" ]"#,
+            &[&self.layout.workdir, &self.layout.berth_dir],
+        );
+        let p = process::spawn(&self.link.conn, &argv, &[], "/").await?;
+        let (st, _, _) = p.collect(b"").await?;
+        Ok(st.code == Some(0))
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        let argv = helper(
+            r#"[ -f "$1/.berth/sandbox.json" ] || exit 44; rm -rf -- "$1""#,
+            &[&self.layout.workdir],
+        );
+        let p = process::spawn(&self.link.conn, &argv, &[], "/").await?;
+        let (st, _, err) = p.collect(b"").await?;
+        match st.code {
+            Some(0) | Some(44) => Ok(()),
+            _ => Err(Error::Backend {
+                backend: KIND,
+                detail: format!(
+                    "{}: removing {} failed: {}",
+                    self.link.conn.target().label(),
+                    self.layout.workdir,
+                    String::from_utf8_lossy(&err).trim()
+                ),
+            }),
+        }
+    }
+}
+
+impl SshSandbox {
+    fn gone(&self, reason: &str) -> Error {
+        Error::SandboxGone {
+            sandbox: self.name.clone(),
+            backend: KIND,
+            reason: format!("{} ({})", reason, self.layout.workdir),
+            hint: format!(
+                "run the command again to recreate it, or `berth sandbox rm {}`",
+                self.name
+            ),
+        }
+    }
+}

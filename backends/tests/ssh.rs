@@ -1,0 +1,577 @@
+//! The ssh backend against a real OpenSSH server that each test starts and stops
+//! (see `berth_backends::ssh::testing`). The engine, files, and every fault the
+//! issue lists: a killed connection, a changed or unknown host key, wrong
+//! credentials, a refused connection, a stalling server, config aliases.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_backends::SshOptions;
+use berth_backends::ssh::SshBackend;
+use berth_backends::ssh::testing::{Sshd, SshdConfig, free_port, keygen, run};
+use berth_core::backend::{Backend, RemoveOpts, Sandbox, SandboxSpec, SpawnOpts};
+use berth_core::error::Error;
+use berth_core::session::{CaptureLimits, ExecOpts, Session, SessionConfig};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn provision(opts: SshOptions, name: &str) -> Result<(SshBackend, Arc<dyn Sandbox>), Error> {
+    let backend = SshBackend::new(opts);
+    let sb = backend.provision(&SandboxSpec::named(name)).await?.sandbox;
+    Ok((backend, sb))
+}
+
+fn err_text<T>(r: Result<T, Error>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error, got success"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Wait for `cond` with a deadline, polling.
+async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn engine_state_codes_timeouts_and_odd_output() -> TestResult {
+    let sshd = Sshd::start()?;
+    let (_b, sb) = provision(sshd.options(), "engine").await?;
+    let mut s = Session::open(sb.clone(), SessionConfig::named("t")).await?;
+    let info = s.shell_info().cloned().ok_or("no shell")?;
+    assert_eq!(
+        info.pid, info.sid,
+        "the remote shell must be a session leader"
+    );
+
+    let r = s
+        .exec(
+            "cd /tmp && export A=1; f() { echo fn$1; }",
+            ExecOpts::default(),
+        )
+        .await?;
+    assert_eq!(r.exit_code, 0);
+    let r = s
+        .exec(
+            "pwd; echo $A; f x; exit 3 2>/dev/null; false",
+            ExecOpts::default(),
+        )
+        .await?;
+    assert_eq!(r.output.text(), "/tmp\n1\nfnx\n");
+    assert_eq!(r.exit_code, 3);
+
+    // A timeout kills the command's whole tree, double-forked children included,
+    // and the shell survives with its state.
+    let r = s
+        .exec(
+            "(sleep 207 &); sleep 100 & sleep 100; wait",
+            ExecOpts {
+                timeout: Some(Duration::from_millis(300)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.timed_out);
+    assert_eq!(r.exit_code, 124);
+    let r = s
+        .exec(
+            "pgrep -f 'sleep 207' || echo none; echo still $A",
+            ExecOpts::default(),
+        )
+        .await?;
+    assert_eq!(r.output.text(), "none\nstill 1\n");
+
+    // Unicode, a faked marker, binary bytes.
+    let r = s
+        .exec("echo 'héllo wörld ✓ 日本'", ExecOpts::default())
+        .await?;
+    assert_eq!(r.output.text(), "héllo wörld ✓ 日本\n");
+    let r = s
+        .exec(
+            r"printf '\036deadbeef:0:/:deadbeef\036'; echo after; exit 5",
+            ExecOpts::default(),
+        )
+        .await?;
+    assert_eq!(r.exit_code, 5);
+    assert!(
+        r.output.text().ends_with("after\n"),
+        "{:?}",
+        r.output.text()
+    );
+    let r = s
+        .exec(r"printf '\000\001\377\376end'", ExecOpts::default())
+        .await?;
+    assert_eq!(r.output.bytes(), b"\x00\x01\xff\xfeend");
+
+    // A 100 KB command and stdin.
+    let long = format!("x={}; echo ${{#x}}", "a".repeat(100 * 1024));
+    let r = s.exec(&long, ExecOpts::default()).await?;
+    assert_eq!(r.output.text(), "102400\n");
+    let r = s
+        .exec(
+            "wc -c",
+            ExecOpts {
+                stdin: Some(vec![7u8; 5000]),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(r.output.text().trim(), "5000");
+    Ok(())
+}
+
+#[tokio::test]
+async fn fifty_megabytes_of_output_are_counted_exactly() -> TestResult {
+    let sshd = Sshd::start()?;
+    let (_b, sb) = provision(sshd.options(), "big").await?;
+    let mut s = Session::open(sb, SessionConfig::named("big")).await?;
+    let r = s
+        .exec(
+            "head -c 52428800 /dev/zero | tr '\\0' 'x'; echo; echo tail-end",
+            ExecOpts {
+                limits: CaptureLimits {
+                    head: 1024,
+                    tail: 1024,
+                },
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(r.exit_code, 0);
+    assert_eq!(r.output.total_bytes, 52_428_800 + 1 + 9);
+    assert!(r.output.text().ends_with("tail-end\n"));
+    let r = s.exec("echo ok", ExecOpts::default()).await?;
+    assert_eq!(r.output.text(), "ok\n");
+    Ok(())
+}
+
+async fn files_roundtrip(sftp: bool) -> TestResult {
+    let sshd = Sshd::start_with(SshdConfig { sftp })?;
+    let (_b, sb) = provision(sshd.options(), "files").await?;
+    let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    sb.write_file("sub/dir/blob.bin", &data, 0o640).await?;
+    let local = Path::new(&sb.layout().workdir).join("sub/dir/blob.bin");
+    assert_eq!(std::fs::read(&local)?, data, "the bytes on the host");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&local)?.permissions().mode() & 0o777,
+            0o640
+        );
+    }
+    assert_eq!(sb.read_file("sub/dir/blob.bin", u64::MAX).await?, data);
+    assert_eq!(
+        sb.read_file(&local.display().to_string(), 10).await?,
+        &data[..10]
+    );
+    match sb.read_file("missing.txt", 10).await {
+        Err(Error::NotFound { .. }) => {}
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn files_move_over_sftp() -> TestResult {
+    files_roundtrip(true).await
+}
+
+#[tokio::test]
+async fn files_move_through_exec_without_sftp() -> TestResult {
+    files_roundtrip(false).await
+}
+
+#[tokio::test]
+async fn env_reaches_the_process_but_never_argv() -> TestResult {
+    let sshd = Sshd::start()?;
+    let (_b, sb) = provision(sshd.options(), "env").await?;
+    let secret = format!("s3cr3t-{}", std::process::id());
+    let argv: Vec<String> = ["bash", "-c", "echo \"$TOKEN\"; sleep 2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut p = sb
+        .spawn(
+            &argv,
+            SpawnOpts {
+                env: vec![("TOKEN".into(), secret.clone())],
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut out = p.take_stdout().ok_or("no stdout")?;
+    let mut line = vec![0u8; secret.len() + 1];
+    tokio::io::AsyncReadExt::read_exact(&mut out, &mut line).await?;
+    assert_eq!(line, format!("{secret}\n").as_bytes());
+    // While it runs, no process on the machine carries the secret in its argv.
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            assert!(
+                !String::from_utf8_lossy(&cmd).contains(&secret),
+                "secret in argv of pid {:?}",
+                e.file_name()
+            );
+        }
+    }
+    assert!(!sshd.log().contains(&secret));
+    assert_eq!(p.wait().await?.code, Some(0));
+
+    // A bad cwd and a missing program are classified, not reported as exits.
+    let missing = vec!["no-such-program-berth".to_string()];
+    match sb.spawn(&missing, SpawnOpts::default()).await {
+        Err(Error::Spawn { kind, .. }) => {
+            assert_eq!(kind, berth_core::error::SpawnFailure::NotFound)
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a missing program started"),
+    }
+    let opts = SpawnOpts {
+        cwd: Some("/no/such/dir".into()),
+        ..Default::default()
+    };
+    match sb.spawn(&argv, opts).await {
+        Err(Error::Spawn { kind, .. }) => {
+            assert_eq!(kind, berth_core::error::SpawnFailure::BadCwd)
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("started in a missing directory"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn sandboxes_are_listed_reattached_and_removed() -> TestResult {
+    let sshd = Sshd::start()?;
+    let backend = SshBackend::new(sshd.options());
+    let first = backend.provision(&SandboxSpec::named("a")).await?;
+    assert!(first.created);
+    let again = backend.provision(&SandboxSpec::named("a")).await?;
+    assert!(!again.created, "provision is idempotent");
+    assert_eq!(again.sandbox.layout(), first.sandbox.layout());
+    backend.provision(&SandboxSpec::named("b")).await?;
+    // A plain directory next to them is not berth's.
+    std::fs::create_dir_all(sshd.remote_root().join("stray"))?;
+    let names: Vec<String> = backend.list().await?.into_iter().map(|i| i.name).collect();
+    assert_eq!(names, vec!["a", "b"]);
+    assert!(first.sandbox.alive().await?);
+    backend.remove("a", RemoveOpts::default()).await?;
+    assert!(!first.sandbox.alive().await?, "workspace gone is Ok(false)");
+    match backend.remove("a", RemoveOpts::default()).await {
+        Err(Error::NotFound { .. }) => {}
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    let names: Vec<String> = backend.list().await?.into_iter().map(|i| i.name).collect();
+    assert_eq!(names, vec!["b"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn killed_connection_fails_the_command_and_the_session_recovers() -> TestResult {
+    let sshd = Sshd::start()?;
+    let (_b, sb) = provision(sshd.options(), "drop").await?;
+    let mut s = Session::open(sb.clone(), SessionConfig::named("drop")).await?;
+    s.exec(
+        "cd /tmp; export KEEP=yes; greet() { echo hi $1; }",
+        ExecOpts::default(),
+    )
+    .await?;
+    let flag = sshd.path("running");
+    let cmd = format!("touch {}; sleep 60; echo finished", flag.display());
+    let killer = async {
+        wait_for("the command to start", Duration::from_secs(20), || {
+            flag.exists()
+        })
+        .await;
+        sshd.kill_connections()
+    };
+    let (r, killed) = tokio::join!(s.exec(&cmd, ExecOpts::default()), killer);
+    assert!(killed? > 0, "no sshd connection process was found to kill");
+    match r {
+        Err(Error::Unreachable { detail, .. }) => {
+            assert!(detail.contains("connection was lost"), "{detail}")
+        }
+        Err(e) => panic!("expected a lost-connection error, got {e}"),
+        Ok(r) => panic!("a command whose connection died was reported as {r:?}"),
+    }
+    let r = s
+        .exec("pwd; echo $KEEP; greet you", ExecOpts::default())
+        .await?;
+    assert_eq!(r.output.text(), "/tmp\nyes\nhi you\n", "{:?}", r.notices);
+    assert!(r.restored_from.is_some(), "{:?}", r.notices);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_changed_host_key_is_refused_even_with_accept_new() -> TestResult {
+    let mut sshd = Sshd::start()?;
+    provision(sshd.options(), "hk").await?;
+    sshd.restart_with_new_host_key()?;
+    let mut opts = sshd.options();
+    opts.accept_new = true;
+    let before = std::fs::read_to_string(sshd.known_hosts())?;
+    let msg = err_text(provision(opts, "hk").await);
+    assert!(msg.contains("HOST KEY CHANGED"), "{msg}");
+    assert!(
+        msg.contains(&sshd.known_hosts().display().to_string()),
+        "{msg}"
+    );
+    assert!(msg.contains("line 1"), "{msg}");
+    assert!(msg.contains("SHA256:"), "{msg}");
+    assert_eq!(std::fs::read_to_string(sshd.known_hosts())?, before);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unknown_host_is_refused_then_accept_new_records_it() -> TestResult {
+    let sshd = Sshd::start()?;
+    std::fs::write(sshd.known_hosts(), "")?;
+    let msg = err_text(provision(sshd.options(), "new").await);
+    assert!(msg.contains("SHA256:"), "{msg}");
+    assert!(msg.contains("--accept-new"), "{msg}");
+    assert_eq!(std::fs::read_to_string(sshd.known_hosts())?, "");
+
+    let fp = run(
+        "ssh-keygen",
+        &["-lf", &sshd.host_key().display().to_string()],
+    )?;
+    let fp = fp
+        .split_whitespace()
+        .nth(1)
+        .ok_or("no fingerprint")?
+        .to_string();
+    assert!(
+        msg.contains(&fp),
+        "the message shows the server's fingerprint {fp}: {msg}"
+    );
+
+    let mut opts = sshd.options();
+    opts.accept_new = true;
+    provision(opts, "new").await?;
+    let recorded = std::fs::read_to_string(sshd.known_hosts())?;
+    assert!(
+        recorded.starts_with(&format!("[127.0.0.1]:{} ssh-ed25519 ", sshd.port())),
+        "{recorded}"
+    );
+    // Now known: strict mode connects.
+    provision(sshd.options(), "new").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn wrong_credentials_list_what_was_tried() -> TestResult {
+    let sshd = Sshd::start()?;
+    let stranger = sshd.path("stranger");
+    keygen(&stranger, "")?;
+    let mut opts = sshd.options();
+    opts.identity_files = vec![stranger.clone(), sshd.path("absent_key")];
+    let msg = err_text(provision(opts, "creds").await);
+    assert!(msg.contains("authentication as"), "{msg}");
+    assert!(
+        msg.contains(&format!("key file {}", stranger.display())),
+        "{msg}"
+    );
+    assert!(msg.contains("refused by the server"), "{msg}");
+    assert!(msg.contains("absent_key: does not exist"), "{msg}");
+    assert!(msg.contains("SSH_AUTH_SOCK is not set"), "{msg}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn encrypted_keys_need_the_passphrase() -> TestResult {
+    let sshd = Sshd::start()?;
+    let locked = sshd.path("locked");
+    keygen(&locked, "open sesame")?;
+    let pubkey = std::fs::read_to_string(locked.with_extension("pub"))?;
+    std::fs::write(sshd.path("authorized_keys"), pubkey)?;
+    let mut opts = sshd.options();
+    opts.identity_files = vec![locked.clone()];
+    let msg = err_text(provision(opts.clone(), "enc").await);
+    assert!(msg.contains("encrypted"), "{msg}");
+    assert!(msg.contains("BERTH_SSH_PASSPHRASE"), "{msg}");
+    opts.passphrase = Some("wrong".into());
+    let msg = err_text(provision(opts.clone(), "enc").await);
+    assert!(msg.contains("does not decrypt"), "{msg}");
+    opts.passphrase = Some("open sesame".into());
+    provision(opts, "enc").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn ssh_agent_keys_authenticate() -> TestResult {
+    let sshd = Sshd::start()?;
+    let sock = sshd.path("agent.sock");
+    let mut agent = std::process::Command::new("ssh-agent")
+        .args(["-D", "-a"])
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let result = async {
+        wait_for("the agent socket", Duration::from_secs(10), || {
+            sock.exists()
+        })
+        .await;
+        let out = std::process::Command::new("ssh-add")
+            .arg(sshd.user_key())
+            .env("SSH_AUTH_SOCK", &sock)
+            .output()?;
+        assert!(
+            out.status.success(),
+            "ssh-add: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut opts = sshd.options();
+        opts.identity_files.clear();
+        opts.agent_socket = Some(sock.clone());
+        let (_b, sb) = provision(opts, "agent").await?;
+        assert!(sb.alive().await?);
+        Ok::<(), Box<dyn std::error::Error>>(())
+    }
+    .await;
+    let _ = agent.kill();
+    let _ = agent.wait();
+    result
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_reported_as_unreachable() -> TestResult {
+    let port = free_port()?;
+    let sshd = Sshd::start()?;
+    let mut opts = sshd.options();
+    opts.host = Some(format!("{}@127.0.0.1:{port}", sshd.user()));
+    match provision(opts, "refused").await {
+        Err(Error::Unreachable { detail, .. }) => {
+            assert!(detail.contains("connection refused"), "{detail}")
+        }
+        Err(e) => panic!("expected Unreachable, got {e}"),
+        Ok(_) => panic!("connected to a closed port"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_silent_server_fails_within_the_connect_timeout() -> TestResult {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    // Accept and hold every connection without a byte of SSH.
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
+        }
+    });
+    let sshd = Sshd::start()?;
+    let mut opts = sshd.options();
+    opts.host = Some(format!("{}@127.0.0.1:{port}", sshd.user()));
+    opts.connect_timeout = Some(Duration::from_millis(800));
+    let started = Instant::now();
+    let r = provision(opts, "stall").await;
+    let took = started.elapsed();
+    holder.abort();
+    match r {
+        Err(Error::Unreachable { detail, .. }) => {
+            assert!(detail.contains("connect timeout"), "{detail}")
+        }
+        Err(e) => panic!("expected Unreachable, got {e}"),
+        Ok(_) => panic!("a silent server was accepted"),
+    }
+    // Bounded by the timeout (plus scheduling slack), not by TCP's own minutes.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn config_aliases_resolve_like_ssh() -> TestResult {
+    let sshd = Sshd::start()?;
+    let ssh_dir = sshd.home().join(".ssh");
+    std::fs::copy(sshd.user_key(), ssh_dir.join("berth_key"))?;
+    std::fs::write(
+        ssh_dir.join("config"),
+        format!(
+            "Host other\n  User nobody\n\nHost my*\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile ~/.ssh/berth_key\n",
+            sshd.port(),
+            sshd.user()
+        ),
+    )?;
+    let mut opts = sshd.options();
+    opts.identity_files.clear();
+    opts.host = Some("myalias".into());
+    let backend = SshBackend::new(opts);
+    let p = backend.provision(&SandboxSpec::named("alias")).await?;
+    assert!(p.sandbox.alive().await?);
+    let names: Vec<String> = backend.list().await?.into_iter().map(|i| i.name).collect();
+    assert_eq!(names, vec!["alias"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_restarted_sshd_is_redialled_with_backoff_and_the_session_restored() -> TestResult {
+    let mut sshd = Sshd::start()?;
+    let port = sshd.port();
+    let (_b, sb) = provision(sshd.options(), "redial").await?;
+    let mut s = Session::open(sb, SessionConfig::named("redial")).await?;
+    s.exec("cd /tmp && export X=kept", ExecOpts::default())
+        .await?;
+    sshd.stop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s.shell_gone() {
+        assert!(
+            Instant::now() < deadline,
+            "the session never saw its link drop"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The port answers, but not with SSH: berth's first redial fails and backs
+    // off; sshd comes back as soon as that first attempt was seen.
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
+    let restarter = std::thread::spawn(move || -> Result<Sshd, String> {
+        let (sock, _) = listener.accept().map_err(|e| e.to_string())?;
+        drop(sock);
+        drop(listener);
+        sshd.restart()?;
+        Ok(sshd)
+    });
+    let r = s.exec("pwd; echo $X", ExecOpts::default()).await;
+    let _sshd = restarter.join().map_err(|_| "restarter panicked")??;
+    let r = r?;
+    assert_eq!(r.output.text(), "/tmp\nkept\n", "{:?}", r.notices);
+    assert!(
+        r.notices.iter().any(|n| n.contains("ended while idle")),
+        "{:?}",
+        r.notices
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn hashed_known_hosts_entries_verify() -> TestResult {
+    let sshd = Sshd::start()?;
+    run(
+        "ssh-keygen",
+        &["-H", "-f", &sshd.known_hosts().display().to_string()],
+    )?;
+    let hashed = std::fs::read_to_string(sshd.known_hosts())?;
+    assert!(hashed.starts_with("|1|"), "{hashed}");
+    let (_b, sb) = provision(sshd.options(), "hashed").await?;
+    assert!(sb.alive().await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_killing_signal_is_reported_as_a_signal() -> TestResult {
+    let sshd = Sshd::start()?;
+    let (_b, sb) = provision(sshd.options(), "sig").await?;
+    let argv: Vec<String> = ["bash", "-c", "kill -TERM $$"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut p = sb.spawn(&argv, SpawnOpts::default()).await?;
+    let st = p.wait().await?;
+    assert_eq!((st.code, st.signal), (None, Some(15)));
+    assert_eq!(st.shell_code(), 143);
+    Ok(())
+}
