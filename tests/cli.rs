@@ -306,9 +306,16 @@ fn paging_a_huge_log_keeps_memory_flat() -> TestResult {
         size >> 20
     );
     // The whole log went through: the job says so, and a resume from the end is empty.
-    let o = berth(dir.path(), &["job", "logs", &id, "--offset", &size.to_string()])?;
+    let o = berth(
+        dir.path(),
+        &["job", "logs", &id, "--offset", &size.to_string()],
+    )?;
     assert!(o.stdout.is_empty());
-    assert!(stderr(&o).contains(&format!("next offset {size}")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("next offset {size}")),
+        "{}",
+        stderr(&o)
+    );
     Ok(())
 }
 

@@ -168,6 +168,29 @@ pub async fn timeout_kills_the_whole_tree_and_keeps_the_session(h: &Harness) -> 
         1,
         "an earlier command's process was killed"
     );
+    // Without a `wait`, the foreground dies at INT and the command ends at once;
+    // its background child (which ignores INT) must not outlive it.
+    let [bg, fg] = unique_sleeps::<2>();
+    let r = s
+        .exec(
+            &format!("{bg} & {fg}"),
+            ExecOpts {
+                timeout: Some(Duration::from_millis(500)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.timed_out);
+    assert_eq!(
+        count_procs(&mut s, &bg).await?,
+        0,
+        "a background child survived the timeout"
+    );
+    assert_eq!(
+        count_procs(&mut s, &earlier).await?,
+        1,
+        "an earlier command's process was killed"
+    );
     assert_eq!(ok(&mut s, "echo $PWD $STAY").await?, "/tmp here\n");
     // A builtin that never returns (no process to kill) forces a shell replacement.
     let r = s

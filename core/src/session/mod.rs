@@ -261,7 +261,17 @@ impl Session {
         let timed_out = stopped == Some(Stop::Timeout);
         let interrupted = stopped == Some(Stop::Interrupt);
         let (exit_code, cwd) = match ending {
-            Some(Ending::Marker { code, cwd }) => (code, Some(cwd)),
+            Some(Ending::Marker { code, cwd }) => {
+                // A stopped command can end while processes it started live on
+                // (background children ignore SIGINT). The shell is idle again, so
+                // whatever was created since the command began is its leftover.
+                if stopped.is_some()
+                    && let Err(e) = self.kill_tree("KILL").await
+                {
+                    warn!(session = %self.cfg.name, error = %e, "could not reap a stopped command's leftovers");
+                }
+                (code, Some(cwd))
+            }
             Some(Ending::Eof) => {
                 // A transport that lost its link reports that as an error: the
                 // command's outcome is unknown, and must not read as an exit code.
