@@ -37,10 +37,12 @@ printf '%s\n' "$st" > "$d/status.tmp" && mv -f "$d/status.tmp" "$d/status"
 pub fn launch(dir: &str) -> String {
     let d = quote(dir);
     let w = quote(WRAPPER);
+    // The launcher holds `ready` open (read-write, so the open cannot block) before
+    // the wrapper starts: data written to a FIFO that nobody has open is dropped,
+    // so a wrapper that wrote first would leave the launcher waiting for nothing.
+    // No `exit` here: this runs in the session's own shell.
     format!(
-        "mkfifo -- {d}/in {d}/ready || exit 1\n\
-         setsid bash -c {w} berth-job {d} </dev/null >/dev/null 2>&1 &\n\
-         if read -r -t 20 __berth_j < {d}/ready; then printf '%s' \"$__berth_j\"; unset __berth_j; else echo 'the job did not start within 20s' >&2; false; fi"
+        "if mkfifo -- {d}/in {d}/ready; then {{          setsid bash -c {w} berth-job {d} </dev/null >/dev/null 2>&1 9<&- &          if read -r -t 20 __berth_j <&9; then printf '%s' \"$__berth_j\"; unset __berth_j;          else echo 'the job did not start within 20s' >&2; false; fi; }} 9<>{d}/ready; else false; fi"
     )
 }
 
