@@ -24,7 +24,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use berth_core::backend::{
     Backend, BoxRead, BoxWrite, ExitStatus, Layout, Process, Provisioned, RemoveOpts, Sandbox,
-    SandboxInfo, SandboxSpec, SpawnOpts,
+    SandboxInfo, SandboxSpec, SpawnOpts, check_sandbox_name, now_unix_secs,
 };
 use berth_core::error::{Error, Result, SpawnFailure};
 use serde::{Deserialize, Serialize};
@@ -75,29 +75,6 @@ struct Record {
     created_unix: i64,
 }
 
-fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && !name.starts_with('.');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidInput(format!(
-            "invalid sandbox name {name:?}: use 1-63 letters, digits, '-', '_' or '.', not starting with '.'"
-        )))
-    }
-}
-
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 #[async_trait]
 impl Backend for LocalBackend {
     fn kind(&self) -> &'static str {
@@ -105,7 +82,7 @@ impl Backend for LocalBackend {
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
-        check_name(&spec.name)?;
+        check_sandbox_name(&spec.name)?;
         let dir = self.dir(&spec.name);
         let record_path = dir.join("sandbox.json");
         let existed = record_path.exists();
@@ -130,14 +107,14 @@ impl Backend for LocalBackend {
                     recreated = Some("its sandbox.json was unreadable and was rewritten".into());
                     Record {
                         spec: spec.clone(),
-                        created_unix: now_unix(),
+                        created_unix: now_unix_secs(),
                     }
                 }
             }
         } else {
             Record {
                 spec: spec.clone(),
-                created_unix: now_unix(),
+                created_unix: now_unix_secs(),
             }
         };
         if !existed || recreated.is_some() {
@@ -192,7 +169,7 @@ impl Backend for LocalBackend {
     }
 
     async fn remove(&self, name: &str, _opts: RemoveOpts) -> Result<()> {
-        check_name(name)?;
+        check_sandbox_name(name)?;
         let dir = self.dir(name);
         if !dir.exists() {
             return Err(Error::NotFound {

@@ -290,3 +290,29 @@ pub async fn run_to_end(
         }),
     }
 }
+
+/// Check a sandbox name that becomes a directory name: 1-63 letters, digits,
+/// '-', '_' or '.', not starting with '.' (so never `..` or a hidden file).
+pub fn check_sandbox_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "invalid sandbox name {name:?}: use 1-63 letters, digits, '-', '_' or '.', not starting with '.'"
+        )))
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_unix_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}

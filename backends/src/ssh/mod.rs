@@ -52,7 +52,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use berth_core::backend::{
-    Backend, Layout, Process, Provisioned, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec, SpawnOpts,
+    Backend, Layout, Process, Provisioned, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec,
+    SpawnOpts, check_sandbox_name, now_unix_secs,
 };
 use berth_core::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -161,29 +162,6 @@ const LIST_SCRIPT: &str = r#"for m in "$root"/*/.berth/sandbox.json; do [ -f "$m
 const REMOVE_SCRIPT: &str =
     r#"dir=$root/$2; [ -f "$dir/.berth/sandbox.json" ] || exit 44; rm -rf -- "$dir""#;
 
-fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && !name.starts_with('.');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidInput(format!(
-            "invalid sandbox name {name:?}: use 1-63 letters, digits, '-', '_' or '.', not starting with '.'"
-        )))
-    }
-}
-
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 /// Run a short script on `link`'s host; returns (exit code, stdout, stderr).
 async fn run_script(link: &HostLink, script: &str, args: &[&str]) -> Result<(i32, String, String)> {
     let full = format!("{ROOT_PRELUDE}{script}");
@@ -204,12 +182,12 @@ impl Backend for SshBackend {
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
-        check_name(&spec.name)?;
+        check_sandbox_name(&spec.name)?;
         let host = self.host_for(spec.option("host"))?;
         let link = self.link(&host)?;
         let marker = serde_json::to_string(&Marker {
             name: spec.name.clone(),
-            created_unix: now_unix(),
+            created_unix: now_unix_secs(),
             berth: env!("CARGO_PKG_VERSION").into(),
         })
         .map_err(|e| Error::InvalidInput(format!("sandbox marker: {e}")))?;
@@ -279,7 +257,7 @@ impl Backend for SshBackend {
     }
 
     async fn remove(&self, name: &str, _opts: RemoveOpts) -> Result<()> {
-        check_name(name)?;
+        check_sandbox_name(name)?;
         let host = self.host_for(None)?;
         let link = self.link(&host)?;
         let (code, _, err) = run_script(&link, REMOVE_SCRIPT, &[&self.root(), name]).await?;
