@@ -69,12 +69,13 @@ fn json_output_has_the_documented_fields() -> TestResult {
     assert_eq!(v["bytes"], 3);
     assert_eq!(v["timed_out"], false);
     assert!(v["duration_ms"].is_u64());
-    // `exit` ended the shell before its snapshot, so there is no cwd to report,
-    // and the next shell is back where the last completed command left it.
-    assert!(v["cwd"].is_null());
+    // `exit` ended the shell, but its EXIT trap saved the state it ended in, so
+    // the next shell starts where this command left it.
+    assert_eq!(v["cwd"], "/");
     let o = berth(dir.path(), &["exec", "--json", "--", "pwd"])?;
     let v: Value = serde_json::from_slice(&o.stdout)?;
-    assert_eq!(v["cwd"], "/tmp");
+    assert_eq!(v["cwd"], "/");
+    assert_eq!(v["output"], "/\n");
     Ok(())
 }
 
@@ -378,5 +379,31 @@ fn exec_background_starts_a_job_with_the_session_state() -> TestResult {
     assert_eq!(o.status.code(), Some(0));
     let o = berth(dir.path(), &["job", "logs", &id])?;
     assert_eq!(stdout(&o), "yes /tmp\n");
+    Ok(())
+}
+
+#[test]
+fn bench_reports_both_series_and_their_ratio() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = berth(dir.path(), &["bench", "-n", "30", "--json"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    let num = |k: &str| v[k].as_f64().ok_or(format!("{k} missing in {v}"));
+    let (session, stateful, floor) = (
+        num("session_ms")?,
+        num("session_stateful_ms")?,
+        num("floor_ms")?,
+    );
+    assert!(session > 0.0 && stateful > 0.0 && floor > 0.0, "{v}");
+    let ratio = num("speedup")?;
+    assert!(
+        (ratio - floor / session).abs() < 1e-6 * ratio.max(1.0),
+        "{v}"
+    );
+    assert_eq!(v["backend"], "local");
+    assert_eq!(v["count"], 30);
+    // The bench sandbox is cleaned up.
+    let o = berth(dir.path(), &["sandbox", "ls", "--json"])?;
+    assert!(!stdout(&o).contains("berth-bench"), "{}", stdout(&o));
     Ok(())
 }

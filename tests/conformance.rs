@@ -43,6 +43,9 @@ macro_rules! conformance_suite {
             case!(a_corrupt_snapshot_is_discarded_with_a_warning);
             case!(syntax_errors_do_not_break_the_framing);
             case!(interrupt_stops_the_command_not_the_shell);
+            case!(loop_control_and_errexit_keep_the_framing);
+            case!(state_changed_through_functions_and_aliases_survives_a_kill);
+            case!(a_moved_cwd_or_path_is_saved_even_when_the_text_looked_harmless);
         }
     };
 }
@@ -357,6 +360,12 @@ pub async fn unicode_in_and_out(h: &Harness) -> TestResult {
         ok(&mut s, "echo 'héllo wörld 🌍 日本語 — ok'").await?,
         "héllo wörld 🌍 日本語 — ok\n"
     );
+    // Backslash sequences beside non-ASCII text reach the shell byte for byte.
+    let tricky = r"é\n\t\\x41\c\0101 \u00e9 ü";
+    assert_eq!(
+        ok(&mut s, &format!("printf '%s|' '{tricky}'")).await?,
+        format!("{tricky}|")
+    );
     ok(
         &mut s,
         "mkdir -p 'répertoire ✓' && cd 'répertoire ✓' && export MOT='café'",
@@ -484,6 +493,156 @@ pub async fn interrupt_stops_the_command_not_the_shell(h: &Harness) -> TestResul
     assert_eq!(r.exit_code, 130);
     assert_eq!(count_procs(&mut s, &sleep).await?, 0);
     assert_eq!(ok(&mut s, "echo $KEPT").await?, "1\n");
+    s.close().await;
+    f.remove().await
+}
+
+/// Kill the session's shell from a separate process in the sandbox, as an OOM
+/// killer or a user would, and wait until it is gone.
+async fn kill_shell(f: &Fixture, s: &Session) -> TestResult {
+    let pid = s.shell_info().map(|i| i.pid).ok_or("no shell")?;
+    let mut p = f
+        .sandbox
+        .spawn(
+            &["kill".into(), "-9".into(), pid.to_string()],
+            SpawnOpts::default(),
+        )
+        .await?;
+    assert_eq!(p.wait().await?.code, Some(0));
+    Ok(())
+}
+
+/// Run after the shell was killed: the first command may land on the dying
+/// shell, which it must report as a failure; then the next one is restored.
+async fn run_after_kill(s: &mut Session, cmd: &str) -> Result<ExecResult, BoxError> {
+    let r = run(s, cmd).await?;
+    if r.cwd.is_none() {
+        assert_ne!(r.exit_code, 0);
+        return run(s, cmd).await;
+    }
+    Ok(r)
+}
+
+pub async fn loop_control_and_errexit_keep_the_framing(h: &Harness) -> TestResult {
+    let f = h.sandbox("loopctl").await?;
+    let mut s = open(&f).await?;
+    // `$?` carries over from the last command, as at a prompt.
+    run(&mut s, "(exit 7)").await?;
+    assert_eq!(ok(&mut s, "echo $?").await?, "7\n");
+    run(&mut s, "false").await?;
+    assert_eq!(ok(&mut s, "echo $?").await?, "1\n");
+    // `break` and `continue` at top level end the command, not the session.
+    for cmd in ["break", "continue", "echo a; break; echo b", "continue 3"] {
+        let r = run(&mut s, cmd).await?;
+        assert!(r.cwd.is_some(), "`{cmd}`: {:?}", r.notices);
+        assert!(!r.output.text().contains('b'), "`{cmd}` ran on");
+        assert_eq!(ok(&mut s, "echo sync").await?, "sync\n", "after `{cmd}`");
+    }
+    // Breaking out of every loop, `set -e` and `exit` end the shell; the command
+    // is still reported with its code, and its state is kept.
+    for (cmd, code) in [
+        ("cd /tmp && export ERR_STATE=kept; break 99", 0),
+        (
+            "cd /tmp && export ERR_STATE=kept; set -e; false; echo never",
+            1,
+        ),
+        ("cd /tmp && export ERR_STATE=kept; exit 4", 4),
+        (
+            "cd /tmp && export ERR_STATE=kept; x=${UNSET_BERTH_VAR:?gone}",
+            1,
+        ),
+    ] {
+        ok(&mut s, "cd / && unset ERR_STATE").await?;
+        let r = run(&mut s, cmd).await?;
+        assert_eq!(r.exit_code, code, "`{cmd}`: {}", r.output.text());
+        assert!(!r.output.text().contains("never"));
+        assert_eq!(r.cwd.as_deref(), Some("/tmp"), "`{cmd}`");
+        assert!(
+            r.notices.iter().any(|n| n.contains("exited")),
+            "`{cmd}`: {:?}",
+            r.notices
+        );
+        let r = run(&mut s, "echo $ERR_STATE; set -o | grep -c 'errexit *on'").await?;
+        assert_eq!(r.output.text(), "kept\n0\n", "after `{cmd}`");
+        assert_eq!(r.cwd.as_deref(), Some("/tmp"));
+        assert!(r.restored_from.is_some(), "after `{cmd}`");
+    }
+    s.close().await;
+    f.remove().await
+}
+
+pub async fn state_changed_through_functions_and_aliases_survives_a_kill(
+    h: &Harness,
+) -> TestResult {
+    let f = h.sandbox("hidden").await?;
+    let mut s = open(&f).await?;
+    // Commands that cannot change state skip the snapshot; ones that can, write it.
+    ok(&mut s, "true").await?;
+    assert!(!run(&mut s, "echo quiet | cat").await?.snapshotted);
+    assert!(run(&mut s, "export LOUD=1").await?.snapshotted);
+    assert!(run(&mut s, "cd .").await?.snapshotted);
+    // Definitions arrive through a sourced file, so the commands that use them
+    // name no builtin that changes state.
+    ok(
+        &mut s,
+        r#"printf '%s\n' 'setvar() { export HIDDEN_VAR="$1"; }' "alias setalias='export HIDDEN_ALIAS=yes'" 'hop() { cd "$1"; }' > lib.sh && source ./lib.sh"#,
+    )
+    .await?;
+    let r = run(&mut s, "setvar 42").await?;
+    assert!(r.snapshotted, "a function call must snapshot");
+    ok(&mut s, "setalias").await?;
+    ok(&mut s, "mkdir -p sub && hop sub").await?;
+    // A program that changes PATH through a function the shell learned later.
+    ok(&mut s, "eval 'addpath() { PATH=\"$PATH:/berth-extra\"; }'").await?;
+    ok(&mut s, "addpath").await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(
+        &mut s,
+        "echo $HIDDEN_VAR $HIDDEN_ALIAS; echo $PATH; setvar 7; echo $HIDDEN_VAR",
+    )
+    .await?;
+    let text = r.output.text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first().copied(), Some("42 yes"), "{text}");
+    assert!(
+        lines.get(1).is_some_and(|p| p.ends_with(":/berth-extra")),
+        "{text}"
+    );
+    assert_eq!(lines.get(2).copied(), Some("7"), "{text}");
+    assert!(r.cwd.as_deref().is_some_and(|c| c.ends_with("/sub")));
+    assert!(r.restored_from.is_some());
+    s.close().await;
+    f.remove().await
+}
+
+pub async fn a_moved_cwd_or_path_is_saved_even_when_the_text_looked_harmless(
+    h: &Harness,
+) -> TestResult {
+    let f = h.sandbox("backstop").await?;
+    // Without reading command texts, every command is taken as harmless: only
+    // the engine's check of cwd and PATH after each command can save the state.
+    let mut c = cfg(&f.spec.name);
+    c.read_commands = false;
+    let mut s = Session::open(f.sandbox.clone(), c).await?;
+    ok(&mut s, "true").await?;
+    let r = run(&mut s, "echo still").await?;
+    assert!(!r.snapshotted);
+    let r = run(&mut s, "mkdir -p moved && cd moved; (exit 5)").await?;
+    assert_eq!(r.exit_code, 5);
+    assert!(r.snapshotted, "a cwd move must be saved");
+    // The extra snapshot does not disturb `$?`.
+    assert_eq!(ok(&mut s, "echo $?").await?, "5\n");
+    let r = run(&mut s, "PATH=$PATH:/berth-backstop").await?;
+    assert!(r.snapshotted, "a PATH change must be saved");
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(&mut s, "echo $PATH").await?;
+    assert!(
+        r.output.text().trim_end().ends_with(":/berth-backstop"),
+        "{}",
+        r.output.text()
+    );
+    assert!(r.cwd.as_deref().is_some_and(|c| c.ends_with("/moved")));
+    assert!(r.restored_from.is_some());
     s.close().await;
     f.remove().await
 }

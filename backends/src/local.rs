@@ -393,6 +393,12 @@ impl Process for LocalProcess {
         self.child.stderr.take().map(|s| Box::pin(s) as BoxRead)
     }
 
+    fn stdout_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        // tokio registers child pipes with its reactor and makes them non-blocking.
+        self.child.stdout.as_ref().map(|s| s.as_raw_fd())
+    }
+
     async fn wait(&mut self) -> Result<ExitStatus> {
         let st = self
             .child

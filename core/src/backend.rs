@@ -195,6 +195,15 @@ pub trait Process: Send {
     fn take_stdout(&mut self) -> Option<BoxRead>;
     /// Take the stderr pipe. Returns `None` after the first call.
     fn take_stderr(&mut self) -> Option<BoxRead>;
+    /// For a process on this machine whose stdout is a non-blocking pipe: its raw
+    /// descriptor, which the session engine reads directly, without waiting, for
+    /// a few microseconds after sending a command. A reply then arrives without
+    /// the thread going to sleep and being woken, which on a VM is most of a
+    /// round trip. Call before `take_stdout`; the descriptor is valid for as long
+    /// as the reader that call returns.
+    fn stdout_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
     /// Wait for the process to end.
     async fn wait(&mut self) -> Result<ExitStatus>;
     /// Tear the process down from outside: the transport's own kill (a signal

@@ -13,8 +13,10 @@
 //!   next command gets a new shell restored from the snapshot.
 
 pub mod capture;
+pub mod effects;
 pub mod script;
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,6 +29,7 @@ use tracing::{debug, warn};
 use crate::backend::{BoxWrite, Process, Sandbox, SpawnOpts};
 use crate::error::{Error, Result};
 pub use capture::{Capture, CaptureLimits, Output, Tee};
+use script::SnapshotMode;
 
 /// How long a new shell may take to answer its handshake and restore.
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
@@ -34,6 +37,11 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 const STDERR_KEEP: usize = 4096;
 /// The largest snapshot berth will read back.
 const SNAPSHOT_LIMIT: u64 = 8 * 1024 * 1024;
+/// How long the engine polls a local shell's stdout without sleeping after it
+/// sends a command. Most commands answer within it, and a thread that never
+/// sleeps needs no wake-up, which on a VM costs tens of microseconds. The cost is
+/// at most this much CPU time per command.
+const SPIN: Duration = Duration::from_micros(250);
 
 /// Settings for a session.
 #[derive(Clone, Debug)]
@@ -44,8 +52,11 @@ pub struct SessionConfig {
     pub grace: Duration,
     /// Environment for the shell, on top of the sandbox's own.
     pub env: Vec<(String, String)>,
-    /// Write a snapshot after every command. Off only to measure what it costs.
-    pub snapshot: bool,
+    /// Skip the snapshot after commands whose text cannot change the shell's
+    /// state (see [`effects`]). Off, only the backstop on cwd and `PATH` decides;
+    /// the tests switch it off to check that backstop.
+    #[doc(hidden)]
+    pub read_commands: bool,
 }
 
 impl SessionConfig {
@@ -58,7 +69,7 @@ impl SessionConfig {
                 ("PAGER".into(), "cat".into()),
                 ("GIT_PAGER".into(), "cat".into()),
             ],
-            snapshot: true,
+            read_commands: true,
         }
     }
 }
@@ -111,6 +122,9 @@ pub struct ExecResult {
     pub notices: Vec<String>,
     /// Set when this command ran in a new shell restored from this snapshot sequence.
     pub restored_from: Option<u64>,
+    /// The shell wrote a snapshot after this command. It skips that when the
+    /// command cannot have changed its state (see [`effects`]).
+    pub snapshotted: bool,
 }
 
 /// Facts about the running shell.
@@ -128,6 +142,8 @@ struct Shell {
     process: Box<dyn Process>,
     stdin: BoxWrite,
     stdout: crate::backend::BoxRead,
+    /// `stdout`'s raw non-blocking descriptor, for a local shell: see [`SPIN`].
+    spin_fd: Option<std::os::fd::RawFd>,
     /// Read buffer, reused across commands.
     buf: Vec<u8>,
     /// Bytes read but not yet attributed to a command.
@@ -136,6 +152,67 @@ struct Shell {
     /// The task collecting stderr; done once the shell's stderr is closed.
     stderr_reader: Option<tokio::task::JoinHandle<()>>,
     info: ShellInfo,
+    /// The shell's function and alias names as of its last snapshot; `None` until
+    /// it first reports them, and until then every command snapshots.
+    names: Option<HashSet<String>>,
+    /// A command set up something (a trap) that can change state at any time:
+    /// every command snapshots from then on.
+    always_snapshot: bool,
+    /// The shell's pid watermark, from its last end marker (see `KILL_TREE`).
+    watermark: u64,
+    /// cwd and `PATH` from the last end marker, and as of the last snapshot. When
+    /// they differ after a command that skipped its snapshot, the engine asks for
+    /// one: a backstop behind the reading of command texts.
+    last_place: (String, String),
+    saved_place: Option<(String, String)>,
+}
+
+impl Shell {
+    /// Poll a local shell's stdout without waiting, for up to [`SPIN`], until the
+    /// end marker is in `pending`, the output ends, or time is up. Whatever it
+    /// reads lands in `pending` for the normal read loop to attribute.
+    fn spin(&mut self, end_pat: &[u8]) {
+        let Some(fd) = self.spin_fd else {
+            return;
+        };
+        let until = Instant::now() + SPIN;
+        loop {
+            // SAFETY: `fd` belongs to `self.stdout`, which is alive for as long as
+            // `self` is; it is non-blocking (checked when the shell started), so
+            // this read returns at once; `buf` is valid for `buf.len()` bytes.
+            let n = unsafe { libc::read(fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
+            match usize::try_from(n) {
+                Ok(0) => return,
+                Ok(n) => {
+                    self.pending.extend_from_slice(&self.buf[..n]);
+                    if memchr::memmem::find(&self.pending, end_pat).is_some() {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::WouldBlock
+                        && e.kind() != std::io::ErrorKind::Interrupted
+                    {
+                        return;
+                    }
+                }
+            }
+            if Instant::now() >= until {
+                return;
+            }
+            // Let the shell run, should it share this CPU.
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Whether a descriptor is in non-blocking mode.
+fn is_nonblocking(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: F_GETFL only reads the descriptor's flags; an invalid descriptor
+    // yields -1, which reads as "no".
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
 }
 
 /// How a framed command ended.
@@ -143,6 +220,14 @@ enum Ending {
     Marker {
         code: i32,
         cwd: String,
+        /// The shell's function and alias names, sent after a snapshot (and only then).
+        names: Option<HashSet<String>>,
+        /// The shell is exiting (`exit`, `set -e`), its state saved.
+        exiting: bool,
+        /// The shell's pid watermark before this command.
+        watermark_before: u64,
+        /// The shell's `PATH` after the command.
+        path: String,
     },
     /// The shell closed its stdout: it exited or died.
     Eof,
@@ -242,13 +327,14 @@ impl Session {
             }
             None => None,
         };
+        let mode = self.snapshot_mode(command);
         let started = Instant::now();
         let mut capture = Capture::new(opts.limits, opts.spool.clone())?.with_tee(opts.tee.clone());
         let outcome = self
             .run_framed(
                 command,
                 stdin_path.is_some(),
-                self.cfg.snapshot,
+                mode,
                 &mut capture,
                 opts.timeout,
                 opts.cancel.clone(),
@@ -260,15 +346,37 @@ impl Session {
         let restored_from = self.restored.take();
         let timed_out = stopped == Some(Stop::Timeout);
         let interrupted = stopped == Some(Stop::Interrupt);
+        let mut snapshotted = false;
         let (exit_code, cwd) = match ending {
-            Some(Ending::Marker { code, cwd }) => {
+            Some(Ending::Marker {
+                code,
+                cwd,
+                exiting,
+                watermark_before,
+                ref names,
+                ..
+            }) => {
+                snapshotted = names.is_some();
                 // A stopped command can end while processes it started live on
                 // (background children ignore SIGINT). The shell is idle again, so
                 // whatever was created since the command began is its leftover.
                 if stopped.is_some()
-                    && let Err(e) = self.kill_tree("KILL").await
+                    && let Err(e) = self.kill_tree("KILL", Some(watermark_before)).await
                 {
                     warn!(session = %self.cfg.name, error = %e, "could not reap a stopped command's leftovers");
+                }
+                if exiting {
+                    // Its EXIT trap saved its state and reported the command; let
+                    // it go, so the next command starts a new shell at once.
+                    let status = self
+                        .reap_dead_shell()
+                        .await
+                        .unwrap_or_else(|e| e.to_string());
+                    notices.push(format!(
+                        "the shell exited ({status}); its state was saved, and the next command starts a new shell restored from it"
+                    ));
+                } else if !snapshotted && stopped.is_none() {
+                    snapshotted = self.backstop_snapshot().await;
                 }
                 (code, Some(cwd))
             }
@@ -319,13 +427,63 @@ impl Session {
             interrupted,
             notices,
             restored_from,
+            snapshotted,
         })
     }
 
-    /// Stop the shell.
+    /// Whether this command's snapshot can be left to the shell's own check of
+    /// cwd and `PATH`: only when the text cannot change state otherwise.
+    fn snapshot_mode(&mut self, command: &str) -> SnapshotMode {
+        let Some(shell) = self.shell.as_mut() else {
+            return SnapshotMode::Force;
+        };
+        let Some(names) = &shell.names else {
+            return SnapshotMode::Force;
+        };
+        if !self.cfg.read_commands {
+            return SnapshotMode::Auto;
+        }
+        let fx = effects::effects(command, names);
+        if fx.sticky {
+            shell.always_snapshot = true;
+        }
+        if fx.may_change || shell.always_snapshot {
+            SnapshotMode::Force
+        } else {
+            SnapshotMode::Auto
+        }
+    }
+
+    /// Write a snapshot if cwd or `PATH` moved although the command's text said
+    /// it could not change state. Returns whether one was written.
+    async fn backstop_snapshot(&mut self) -> bool {
+        let Some(shell) = self.shell.as_ref() else {
+            return false;
+        };
+        if shell.saved_place.as_ref() == Some(&shell.last_place) {
+            return false;
+        }
+        debug!(session = %self.cfg.name, place = ?shell.last_place, "state moved without a snapshot; writing one");
+        // `__berth_rs` returns the last status, so `$?` is kept for the next command.
+        match self.internal("__berth_rs", SnapshotMode::Force).await {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(session = %self.cfg.name, error = %e, "could not write a snapshot");
+                self.notices
+                    .push(format!("the shell's state could not be saved: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Stop the shell. Its state is already saved: every command that could
+    /// change it wrote a snapshot.
     pub async fn close(mut self) {
         if let Some(mut shell) = self.shell.take() {
-            let _ = shell.stdin.write_all(b"exit 0\n").await;
+            // An `exit` frame, for transports where closing stdin does not reach
+            // the shell as an end of file; the end of file ends its loop anyway.
+            let bye = script::frame(&new_nonce(), "exit 0", SnapshotMode::Never, false);
+            let _ = shell.stdin.write_all(&bye).await;
             let _ = shell.stdin.shutdown().await;
             if tokio::time::timeout(Duration::from_secs(2), shell.process.wait())
                 .await
@@ -356,6 +514,7 @@ impl Session {
                 },
             )
             .await?;
+        let spin_fd = process.stdout_fd().filter(|fd| is_nonblocking(*fd));
         let (stdin, stdout, stderr) = match (
             process.take_stdin(),
             process.take_stdout(),
@@ -374,6 +533,7 @@ impl Session {
             process,
             stdin,
             stdout,
+            spin_fd,
             buf: vec![0u8; 64 * 1024],
             pending: Vec::new(),
             stderr_tail,
@@ -383,6 +543,11 @@ impl Session {
                 sid: 0,
                 restored_seq: None,
             },
+            names: None,
+            always_snapshot: false,
+            watermark: 0,
+            last_place: Default::default(),
+            saved_place: None,
         };
         let boot = script::bootstrap(&layout.berth_dir, &layout.workdir);
         if let Err(e) = shell.stdin.write_all(boot.as_bytes()).await {
@@ -404,7 +569,7 @@ impl Session {
         }
         self.shell = Some(shell);
 
-        let hello = self.internal(script::HELLO, false).await?;
+        let hello = self.internal(script::HELLO, SnapshotMode::Never).await?;
         let mut parts = hello.split_whitespace().map(str::parse::<u32>);
         let (pid, sid) = match (parts.next(), parts.next()) {
             (Some(Ok(p)), Some(Ok(s))) => (p, s),
@@ -458,8 +623,8 @@ impl Session {
         let Some((seq, text)) = best else {
             return Ok(());
         };
-        let replay = format!("{text}\n{}", script::FUNCTIONS);
-        let out = self.internal(&replay, true).await?;
+        let replay = format!("{text}\n{}{}", script::RETIRED, script::FUNCTIONS);
+        let out = self.internal(&replay, SnapshotMode::Force).await?;
         debug!(session = %self.cfg.name, seq, output = %out, "restored snapshot");
         if let Some(sh) = self.shell.as_mut() {
             sh.info.restored_seq = Some(seq);
@@ -469,7 +634,7 @@ impl Session {
     }
 
     /// Run berth's own command in the shell and return its output as text.
-    async fn internal(&mut self, text: &str, snapshot: bool) -> Result<String> {
+    async fn internal(&mut self, text: &str, snapshot: SnapshotMode) -> Result<String> {
         let mut capture = Capture::new(
             CaptureLimits {
                 head: 64 * 1024,
@@ -517,17 +682,20 @@ impl Session {
         &mut self,
         text: &str,
         with_stdin: bool,
-        snapshot: bool,
+        snapshot: SnapshotMode,
         capture: &mut Capture,
         timeout: Option<Duration>,
         cancel: Option<CancellationToken>,
     ) -> Result<(Option<Ending>, Option<Stop>)> {
+        if text.len() > script::MAX_TEXT {
+            return Err(Error::InvalidInput(format!(
+                "the command text is {} bytes, more than a frame carries ({} bytes); write it to a file and run that",
+                text.len(),
+                script::MAX_TEXT
+            )));
+        }
         let nonce = new_nonce();
-        let mut frame = Vec::with_capacity(text.len() + 128);
-        frame.extend_from_slice(script::READ_LINE.as_bytes());
-        frame.extend_from_slice(text.as_bytes());
-        frame.push(0);
-        frame.extend_from_slice(script::run_line(&nonce, with_stdin, snapshot).as_bytes());
+        let frame = script::frame(&nonce, text, snapshot, with_stdin);
 
         let start_pat = format!("\u{1e}{nonce}:").into_bytes();
         let end_pat = format!(":{nonce}\u{1e}").into_bytes();
@@ -558,11 +726,30 @@ impl Session {
             }
         }
 
+        if let Some(shell) = self.shell.as_mut() {
+            shell.spin(&end_pat);
+        }
         loop {
             // Attribute whatever is pending.
             if let Some(shell) = self.shell.as_mut()
-                && let Some(ending) = scan(&mut shell.pending, &start_pat, &end_pat, capture)?
+                && let Some(mut ending) = scan(&mut shell.pending, &start_pat, &end_pat, capture)?
             {
+                if let Ending::Marker {
+                    names,
+                    watermark_before,
+                    cwd,
+                    path,
+                    ..
+                } = &mut ending
+                {
+                    shell.last_place = (cwd.clone(), std::mem::take(path));
+                    if let Some(n) = names.clone() {
+                        shell.names = Some(n);
+                        shell.saved_place = Some(shell.last_place.clone());
+                    }
+                    // The marker carried the watermark after the command.
+                    std::mem::swap(&mut shell.watermark, watermark_before);
+                }
                 return Ok((Some(ending), stop));
             }
             let Some(shell) = self.shell.as_mut() else {
@@ -621,18 +808,19 @@ impl Session {
                 return false;
             }
         };
-        if let Err(e) = self.kill_tree(sig).await {
+        if let Err(e) = self.kill_tree(sig, None).await {
             warn!(session = %self.cfg.name, error = %e, "could not signal the command's processes");
         }
         true
     }
 
-    /// Signal the running command's process tree through a second spawn.
-    async fn kill_tree(&self, sig: &str) -> Result<()> {
+    /// Signal the running command's process tree through a second spawn: every
+    /// process newer than `watermark` (the shell's current one by default).
+    async fn kill_tree(&self, sig: &str, watermark: Option<u64>) -> Result<()> {
         let Some(shell) = self.shell.as_ref() else {
             return Ok(());
         };
-        let start_file = format!("{}/cmd.start", self.sandbox.layout().berth_dir);
+        let watermark = watermark.unwrap_or(shell.watermark).to_string();
         let argv = vec![
             "bash".to_string(),
             "-c".to_string(),
@@ -640,7 +828,7 @@ impl Session {
             "berth-kill".to_string(),
             shell.info.pid.to_string(),
             shell.info.sid.to_string(),
-            start_file,
+            watermark,
             sig.to_string(),
         ];
         self.run_helper(&argv).await.map(|out| {
@@ -754,11 +942,7 @@ fn scan(
                 let body =
                     String::from_utf8_lossy(&pending[body_start..body_start + j]).into_owned();
                 pending.drain(..body_start + j + end_pat.len());
-                let (code, cwd) = body.split_once(':').unwrap_or((body.as_str(), ""));
-                return Ok(Some(Ending::Marker {
-                    code: code.parse().unwrap_or(-1),
-                    cwd: cwd.to_string(),
-                }));
+                return Ok(Some(parse_marker(&body)));
             }
             Ok(None)
         }
@@ -780,6 +964,40 @@ fn scan(
     }
 }
 
+/// Read a marker's body: `<exit>\x1f<names>\x1f<watermark>\x1f<cwd>\0<PATH>`, where
+/// `<names>` is an optional `!` (the shell is exiting), then `-`, or `=` and one
+/// function or alias name per line. The watermark is returned in
+/// `watermark_before`, which the caller swaps with the shell's current one.
+fn parse_marker(body: &str) -> Ending {
+    let mut parts = body.splitn(4, '\u{1f}');
+    let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
+    let names = parts.next().unwrap_or_default();
+    let (exiting, names) = match names.strip_prefix('!') {
+        Some(rest) => (true, rest),
+        None => (false, names),
+    };
+    let names = names.strip_prefix('=').map(|list| {
+        list.lines()
+            .filter(|n| !n.is_empty() && !n.starts_with("__berth_"))
+            .map(str::to_string)
+            .collect()
+    });
+    let watermark = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let (cwd, path) = parts
+        .next()
+        .unwrap_or_default()
+        .split_once('\0')
+        .unwrap_or_default();
+    Ending::Marker {
+        code,
+        cwd: cwd.to_string(),
+        names,
+        exiting,
+        watermark_before: watermark,
+        path: path.to_string(),
+    }
+}
+
 /// Check a snapshot's header and trailer; return its sequence and text. Snapshots
 /// are rewritten in place, so bytes after the matching trailer are stale and ignored.
 fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
@@ -797,8 +1015,7 @@ fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
     Some((seq, text.to_string()))
 }
 
-/// 64 random bits: unguessable for one command's lifetime, and short, since bash
-/// reads the frame a byte per syscall.
+/// 64 random bits: unguessable for one command's lifetime.
 fn new_nonce() -> String {
     let n: u64 = rand::random();
     format!("{n:016x}")
@@ -841,19 +1058,55 @@ mod tests {
         let mut c = cap();
         let mut pending = b"hello \x1eab".to_vec();
         assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
-        pending.extend_from_slice(b"c:0:/tm");
+        pending.extend_from_slice(b"c:0\x1f-\x1f77\x1f/tm");
         assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
-        pending.extend_from_slice(b"p:abc\x1eleft");
+        pending.extend_from_slice(b"p:x\0/bin:/x\x1f:abc\x1eleft");
         match scan(&mut pending, &start, &end, &mut c)? {
-            Some(Ending::Marker { code, cwd }) => {
+            Some(Ending::Marker {
+                code,
+                cwd,
+                names,
+                exiting,
+                watermark_before,
+                path,
+            }) => {
                 assert_eq!(code, 0);
-                assert_eq!(cwd, "/tmp");
+                assert_eq!(cwd, "/tmp:x");
+                assert_eq!(path, "/bin:/x\x1f");
+                assert!(names.is_none());
+                assert!(!exiting);
+                assert_eq!(watermark_before, 77);
             }
             _ => panic!("no marker"),
         }
         assert_eq!(pending, b"left");
         assert_eq!(c.finish()?.text(), "hello ");
         Ok(())
+    }
+
+    #[test]
+    fn a_marker_carries_names_after_a_snapshot() {
+        match parse_marker("3\x1f!=hello\nll\n__berth_post\n\x1f12\x1f/a b\0/bin") {
+            Ending::Marker {
+                code,
+                cwd,
+                names,
+                exiting,
+                ..
+            } => {
+                assert_eq!(code, 3);
+                assert_eq!(cwd, "/a b");
+                assert!(exiting);
+                let mut n: Vec<String> = names.unwrap_or_default().into_iter().collect();
+                n.sort();
+                assert_eq!(n, ["hello", "ll"]);
+            }
+            Ending::Eof => panic!("no marker"),
+        }
+        match parse_marker("0\x1f=\x1f1\x1f/\0") {
+            Ending::Marker { names, .. } => assert_eq!(names.map(|n| n.len()), Some(0)),
+            Ending::Eof => panic!("no marker"),
+        }
     }
 
     #[test]

@@ -1,26 +1,47 @@
 //! The bash text the engine feeds a session's shell.
 //!
-//! Wire format, per command (all written to the shell's stdin):
+//! The shell runs one resident loop, parsed once at start-up, that reads frames
+//! from a private copy of its original stdin and runs them at top level:
 //! ```text
-//! __b\n                         <- runs `IFS= read -r -d '' __berth_c` and notes the start
-//! <command text>\0              <- consumed by that `read`, never parsed as script
-//! __berth_run <nonce> <snapshot?>\n   <- an alias for:
-//!        eval "$__berth_c" </dev/null 2>&1;__berth_post $? <nonce> <snapshot?>
+//! <nonce:16 hex><length:8 hex><snapshot><stdin><encoding><reserved>   28 bytes
+//! <command text: length bytes>
 //! ```
-//! A NUL can never occur inside bash text (bash strings cannot hold one), so it is
-//! a perfect terminator: unlike `read -N <len>`, it does not depend on the locale's
-//! idea of a character. Because the command only ever lives in a variable and runs
-//! through `eval` at top level, unbalanced quotes or a stray heredoc cannot break
-//! the framing, and `cd`, `export`, `declare` and functions act on the shell itself.
+//! Both parts are read with `read -N`, which takes them a buffer at a time instead
+//! of a byte per syscall the way bash reads a pipe for its parser. `read -N` counts
+//! characters in the shell's locale, so the text is always sent as ASCII: text with
+//! other bytes is escaped (`\\` and `\xHH`) and decoded with `printf %b`, which
+//! gives back the exact bytes.
 //!
-//! `__berth_post` writes the snapshot (alternating between two files, each closed by
-//! a trailer, so a shell killed mid-write leaves the other one intact) and then the
-//! end marker `\x1e<nonce>:<exit>:<cwd>:<nonce>\x1e` on stdout.
+//! The command lives only in a variable and runs through `eval` at top level, so
+//! unbalanced quotes or a stray heredoc cannot break the framing, and `cd`,
+//! `export`, `declare` and functions act on the shell itself. The shell's own
+//! stdin is `/dev/null` and its stderr is its stdout for good, so a command needs
+//! no redirection of its own (unless it is given input).
 //!
-//! State files are rewritten in place with `1<>`, never truncated with `>`: on ext4,
-//! truncating a file and writing it again forces a flush on close (`auto_da_alloc`),
-//! which cost milliseconds per command. Readers stop at the trailer (snapshots) or
-//! the first line (`cmd.start`), so stale bytes past the end are harmless.
+//! After the command, the shell writes a snapshot when the engine asked for one
+//! (see below), then the end marker
+//! `\x1e<nonce>:<exit>\x1f<names>\x1f<watermark>\x1f<cwd>\0<PATH>:<nonce>\x1e`
+//! on stdout (a NUL is the one byte neither cwd nor `PATH` can hold), where
+//! - `<names>` is `-` or, after a snapshot, `=` and the shell's function and alias
+//!   names one per line (the engine uses them to tell which commands can change
+//!   state); a leading `!` says the shell is exiting (`exit`, `set -e`);
+//! - `<watermark>` is the last pid allocated when the shell started or a command
+//!   last left a background job (see [`KILL_TREE`]).
+//!
+//! Snapshots: the `<snapshot>` flag is `1` (write one), `0` (the engine found
+//! nothing in the text that can change state; it compares cwd and `PATH` in the
+//! marker with the last snapshot's and asks for one if they moved anyway) or `2`
+//! (never: the handshake, whose blank shell must not overwrite the snapshot it is
+//! about to be restored from). Each is written to one of two files,
+//! alternating, each closed by a trailer, so a shell killed mid-write leaves the
+//! other one intact. Files are rewritten in place with `1<>`, never truncated with
+//! `>`: on ext4, truncating a file and writing it again forces a flush on close
+//! (`auto_da_alloc`), which cost milliseconds. Readers stop at the trailer.
+//!
+//! `break` or `continue` in a command cannot derail the loop: an inner loop runs
+//! the commands and an outer one restarts it, and a command that breaks out of
+//! both, exits, or trips `set -e` ends the shell through its EXIT trap, which
+//! still reports the command and saves its state.
 
 /// Shell-quote a string with single quotes.
 pub fn quote(s: &str) -> String {
@@ -37,9 +58,70 @@ pub fn quote(s: &str) -> String {
     out
 }
 
-/// The definitions sent once to every new shell, before any command.
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 28;
+
+/// When a command's snapshot is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotMode {
+    /// Not unless the command ends the shell.
+    Auto,
+    /// Always.
+    Force,
+    /// Never.
+    Never,
+}
+
+/// Frame one command for the shell's loop.
+pub fn frame(nonce: &str, text: &str, snapshot: SnapshotMode, stdin: bool) -> Vec<u8> {
+    debug_assert_eq!(nonce.len(), 16);
+    let (body, encoded) = if text.is_ascii() {
+        (std::borrow::Cow::Borrowed(text.as_bytes()), false)
+    } else {
+        (std::borrow::Cow::Owned(escape(text.as_bytes())), true)
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(nonce.as_bytes());
+    out.extend_from_slice(format!("{:08x}", body.len()).as_bytes());
+    out.push(match snapshot {
+        SnapshotMode::Auto => b'0',
+        SnapshotMode::Force => b'1',
+        SnapshotMode::Never => b'2',
+    });
+    out.push(if stdin { b'1' } else { b'0' });
+    out.push(if encoded { b'1' } else { b'0' });
+    out.push(b'.');
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Escape text to ASCII that `printf %b` turns back into the same bytes.
+fn escape(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x80.. => out.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// The largest command text a frame can carry.
+pub const MAX_TEXT: usize = 0xffff_ffff / 4;
+
+/// The definitions and the resident loop, sent once to every new shell.
 ///
-/// `berth_dir` is berth's private directory inside the sandbox, `workdir` the first cwd.
+/// `berth_dir` is berth's private directory inside the sandbox, `workdir` the first
+/// cwd. This is the only text bash's parser reads from the pipe; everything after
+/// it is framed.
+///
+/// The loop is written for speed: the common case (flags `000`: no snapshot, no
+/// stdin, ASCII text) runs with no function call, since
+/// each costs bash microseconds. `$?` is restored before the command (a `case`
+/// for 0 and 1, a function for the rest) so `echo $?` sees the last command's
+/// status, as at a prompt.
 pub fn bootstrap(berth_dir: &str, workdir: &str) -> String {
     let dir = quote(berth_dir);
     let work = quote(workdir);
@@ -52,76 +134,97 @@ cd -- "$__berth_work" 2>/dev/null
 __berth_seq=${{__berth_seq:-0}}
 mkdir -p -- "$__berth_dir" 2>/dev/null
 {functions}
+__berth_rc=0 __berth_busy= __berth_bg= __berth_wm=
+trap __berth_exit EXIT
+{main_loop}
 "#,
-        functions = FUNCTIONS
+        functions = FUNCTIONS,
+        main_loop = MAIN_LOOP,
     )
 }
 
+/// The resident loop, on one line so bash parses it whole before it runs. The
+/// inner loop runs commands; a `break` in a command ends only it, and the outer
+/// loop reports that command and starts it again. A `continue` is caught by the
+/// busy check at the top.
+const MAIN_LOOP: &str = concat!(
+    r#"exec {__berth_fd}<&0 </dev/null 2>&1; while :; do "#,
+    r#"while [[ -z $__berth_busy ]] || { __berth_rc=0; __berth_post; }; "#,
+    r#"IFS= builtin read -r -u "$__berth_fd" -N 28 __berth_h && "#,
+    r#"IFS= builtin read -r -u "$__berth_fd" -N $((16#${__berth_h:16:8})) __berth_c; do "#,
+    r#"__berth_busy=1; "#,
+    r#"if [[ ${__berth_h:25:2} == 00 ]]; then "#,
+    r#"case $__berth_rc in 0) ;; 1) false ;; *) __berth_rs ;; esac; builtin eval "$__berth_c"; "#,
+    r#"else [[ ${__berth_h:26:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
+    r#"__berth_in=/dev/null; [[ ${__berth_h:25:1} != 1 ]] || __berth_in=$__berth_dir/stdin; "#,
+    r#"case $__berth_rc in 0) ;; 1) false ;; *) __berth_rs ;; esac; builtin eval "$__berth_c" <"$__berth_in"; "#,
+    r#"fi; __berth_rc=$?; "#,
+    r#"if [[ ${__berth_h:24:1} == 0 && $! == "$__berth_bg" ]]; then "#,
+    r#"__berth_busy=; builtin printf '\036%s:%s\037-\037%s\037%s\0%s:%s\036' "${__berth_h:0:16}" "$__berth_rc" "$__berth_wm" "$PWD" "$PATH" "${__berth_h:0:16}"; "#,
+    r#"else __berth_post; fi; "#,
+    r#"done; [[ -n $__berth_busy ]] || break; __berth_rc=0; __berth_post; done"#,
+);
+
 /// The helper functions. They are re-sent after a restore, so a snapshot taken
 /// by an older berth cannot leave stale versions behind.
-pub const FUNCTIONS: &str = r#"__b() {
-  IFS= read -r -d '' __berth_c
-  local __p
-  IFS=' ' read -r _ _ _ _ __p < /proc/loadavg 2>/dev/null || __p=0
-  printf '%s\n' "$__p" 1<> "$__berth_dir/cmd.start" 2>/dev/null
-}
-__berth_snap() {
-  __berth_seq=$((__berth_seq + 1))
-  {
-    printf '# berth snapshot v1 seq=%s\n' "$__berth_seq"
-    printf '__berth_seq=%s\n' "$__berth_seq"
-    export -p
-    declare -f
-    alias -p
-    printf 'cd -- %q 2>/dev/null || cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
-    printf '# berth snapshot end seq=%s\n' "$__berth_seq"
-  } 1<> "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null
-}
+pub const FUNCTIONS: &str = r#"__berth_rs() { return "$__berth_rc"; }
 __berth_post() {
-  [ "$3" = 0 ] || __berth_snap
-  printf '\036%s:%s:%s:%s\036' "$2" "$1" "$PWD" "$2"
+  __berth_busy=
+  if [[ $! != "$__berth_bg" || -z $__berth_wm ]]; then
+    __berth_bg=$!
+    IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
+  fi
+  local n=${__berth_h:0:16} s=${__berth_h:24:1}
+  if [[ $s == 1 ]]; then
+    __berth_seq=$((__berth_seq + 1))
+    {
+      builtin printf '# berth snapshot v1 seq=%s\n__berth_seq=%s\n' "$__berth_seq" "$__berth_seq"
+      builtin export -p
+      builtin declare -f
+      builtin alias -p
+      builtin printf 'cd -- %q 2>/dev/null || cd -- "$__berth_work" 2>/dev/null\n# berth snapshot end seq=%s\n' "$PWD" "$__berth_seq"
+    } 1<> "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null
+    builtin printf '\036%s:%s\037%s=' "$n" "$__berth_rc" "$1"
+    builtin compgen -A function -A alias
+    builtin printf '\037%s\037%s\0%s:%s\036' "$__berth_wm" "$PWD" "$PATH" "$n"
+  else
+    builtin printf '\036%s:%s\037%s-\037%s\037%s\0%s:%s\036' "$n" "$__berth_rc" "$1" "$__berth_wm" "$PWD" "$PATH" "$n"
+  fi
 }
-alias __berth_run='eval "$__berth_c" </dev/null 2>&1;__berth_post $? '
-alias __berth_run_in='eval "$__berth_c" <"$__berth_dir/stdin" 2>&1;__berth_post $? '
+__berth_exit() {
+  __berth_rc=$?
+  if [[ -n $__berth_busy ]]; then
+    [[ ${__berth_h:24:1} == 2 ]] || __berth_h=${__berth_h:0:24}1${__berth_h:25}
+    __berth_post !
+  fi
+}
 "#;
 
-/// The line that runs the command just read into `__berth_c`, its stdin
-/// `/dev/null` or the file `<berth_dir>/stdin`. It is an alias, expanded by the
-/// parser at top level (so `cd`, `declare` and friends act on the shell) while
-/// bash reads only a few bytes of it.
-/// With `snapshot` false the shell's state is not written (the handshake: a blank
-/// shell must never overwrite the snapshot it is about to be restored from).
-pub fn run_line(nonce: &str, stdin: bool, snapshot: bool) -> String {
-    let alias = if stdin {
-        "__berth_run_in"
-    } else {
-        "__berth_run"
-    };
-    format!("{alias} {nonce} {}\n", u8::from(snapshot))
-}
-
-/// The line that reads the next command text up to its NUL and notes its start.
-/// Kept short: bash reads a pipe one byte per syscall.
-pub const READ_LINE: &str = "__b\n";
+/// Helpers of earlier berth versions, which their snapshots carry: dropped on
+/// restore so they do not linger in every later snapshot.
+pub const RETIRED: &str = "unset -f __b __berth_next __berth_prep __berth_mark __berth_snap 2>/dev/null\nunalias __berth_run __berth_run_in 2>/dev/null\n";
 
 /// The handshake command: prints the shell's pid and session id.
 pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__berth_stat##*) }; read -r -a __berth_f <<< "$__berth_stat"; printf '%s %s' "$$" "${__berth_f[3]}"; unset __berth_stat __berth_f"#;
 
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///
-/// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the file holding the
-/// last pid allocated before the command began (from `/proc/loadavg`, which is
-/// per pid namespace), `$4` the signal name. It signals every process created
-/// since then (pids are handed out in increasing order until they wrap at
-/// `pid_max`) that is either in the shell's session or descends from the shell,
-/// sparing the shell itself, this script and its parents. Processes of earlier
-/// commands are older, so they are spared; berth's jobs call `setsid` and live in
-/// sessions of their own.
+/// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the shell's pid
+/// watermark as its end markers report it, `$4` the signal name. The watermark
+/// is the last pid allocated (from `/proc/loadavg`, which is per pid namespace)
+/// when the shell started and whenever a command left a background job (`$!`
+/// changed); reading it before every command cost more than the rest of the
+/// round trip. The script signals every process created since then (pids are
+/// handed out in increasing order until they wrap at `pid_max`) that is either in
+/// the shell's session or descends from the shell, sparing the shell itself, this
+/// script and its parents. Background jobs of earlier commands are older, so they
+/// are spared; berth's jobs call `setsid` and live in sessions of their own. A
+/// process an earlier command detached without `&` in the shell itself (say
+/// `(server &)`) is newer than the watermark and is not spared.
 ///
 /// Pids rather than start times: start times tick at 10 ms, too coarse to tell
-/// two quick commands apart, and reading `/proc/uptime` cost a tenth of a
-/// millisecond per command on a loaded machine.
-pub const KILL_TREE: &str = r#"shell=$1; sid=$2; read -r start < "$3" 2>/dev/null; sig=$4
+/// two quick commands apart.
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4
 start=$((10#${start:-0}))
 IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
 # Created since the command began; after a wrap at pid_max, the range is split.
@@ -154,3 +257,29 @@ done
 [ ${#out[@]} -gt 0 ] && kill -s "$sig" "${out[@]}" 2>/dev/null
 printf '%s\n' "${#out[@]}"
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_is_a_fixed_header_then_the_text() {
+        let f = frame("0123456789abcdef", "echo hi", SnapshotMode::Auto, false);
+        assert_eq!(f, b"0123456789abcdef00000007000.echo hi");
+        let f = frame("0123456789abcdef", "", SnapshotMode::Never, true);
+        assert_eq!(f, b"0123456789abcdef00000000210.");
+        let f = frame("0123456789abcdef", "x", SnapshotMode::Force, false);
+        assert_eq!(&f[24..28], b"100.");
+    }
+
+    #[test]
+    fn non_ascii_text_is_escaped_to_ascii() {
+        let f = frame("0123456789abcdef", "echo é\\c", SnapshotMode::Auto, false);
+        let body = &f[HEADER_LEN..];
+        assert!(body.is_ascii());
+        assert_eq!(body, br"echo \xc3\xa9\\c");
+        assert_eq!(&f[26..27], b"1");
+        let len = usize::from_str_radix(std::str::from_utf8(&f[16..24]).unwrap_or("x"), 16);
+        assert_eq!(len, Ok(body.len()));
+    }
+}
