@@ -160,11 +160,11 @@ struct Shell {
     always_snapshot: bool,
     /// The shell's pid watermark, from its last end marker (see `KILL_TREE`).
     watermark: u64,
-    /// cwd and `PATH` from the last end marker, and as of the last snapshot. When
-    /// they differ after a command that skipped its snapshot, the engine asks for
-    /// one: a backstop behind the reading of command texts.
-    last_place: (String, String),
-    saved_place: Option<(String, String)>,
+    /// cwd and the length of `PATH` from the last end marker, and as of the last
+    /// snapshot. When they differ after a command that skipped its snapshot, the
+    /// engine asks for one: a backstop behind the reading of command texts.
+    last_place: (String, u64),
+    saved_place: Option<(String, u64)>,
 }
 
 impl Shell {
@@ -226,8 +226,8 @@ enum Ending {
         exiting: bool,
         /// The shell's pid watermark before this command.
         watermark_before: u64,
-        /// The shell's `PATH` after the command.
-        path: String,
+        /// The length of the shell's `PATH` after the command.
+        path_len: u64,
     },
     /// The shell closed its stdout: it exited or died.
     Eof,
@@ -738,11 +738,11 @@ impl Session {
                     names,
                     watermark_before,
                     cwd,
-                    path,
+                    path_len,
                     ..
                 } = &mut ending
                 {
-                    shell.last_place = (cwd.clone(), std::mem::take(path));
+                    shell.last_place = (cwd.clone(), *path_len);
                     if let Some(n) = names.clone() {
                         shell.names = Some(n);
                         shell.saved_place = Some(shell.last_place.clone());
@@ -964,12 +964,12 @@ fn scan(
     }
 }
 
-/// Read a marker's body: `<exit>\x1f<names>\x1f<watermark>\x1f<cwd>\0<PATH>`, where
+/// Read a marker's body: `<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>`, where
 /// `<names>` is an optional `!` (the shell is exiting), then `-`, or `=` and one
 /// function or alias name per line. The watermark is returned in
 /// `watermark_before`, which the caller swaps with the shell's current one.
 fn parse_marker(body: &str) -> Ending {
-    let mut parts = body.splitn(4, '\u{1f}');
+    let mut parts = body.splitn(5, '\u{1f}');
     let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
     let names = parts.next().unwrap_or_default();
     let (exiting, names) = match names.strip_prefix('!') {
@@ -983,18 +983,15 @@ fn parse_marker(body: &str) -> Ending {
             .collect()
     });
     let watermark = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-    let (cwd, path) = parts
-        .next()
-        .unwrap_or_default()
-        .split_once('\0')
-        .unwrap_or_default();
+    let path_len = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let cwd = parts.next().unwrap_or_default().to_string();
     Ending::Marker {
         code,
-        cwd: cwd.to_string(),
+        cwd,
         names,
         exiting,
         watermark_before: watermark,
-        path: path.to_string(),
+        path_len,
     }
 }
 
@@ -1058,9 +1055,9 @@ mod tests {
         let mut c = cap();
         let mut pending = b"hello \x1eab".to_vec();
         assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
-        pending.extend_from_slice(b"c:0\x1f-\x1f77\x1f/tm");
+        pending.extend_from_slice(b"c:0\x1f-\x1f77\x1f9\x1f/tm");
         assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
-        pending.extend_from_slice(b"p:x\0/bin:/x\x1f:abc\x1eleft");
+        pending.extend_from_slice(b"p:x\x1fy:abc\x1eleft");
         match scan(&mut pending, &start, &end, &mut c)? {
             Some(Ending::Marker {
                 code,
@@ -1068,11 +1065,11 @@ mod tests {
                 names,
                 exiting,
                 watermark_before,
-                path,
+                path_len,
             }) => {
                 assert_eq!(code, 0);
-                assert_eq!(cwd, "/tmp:x");
-                assert_eq!(path, "/bin:/x\x1f");
+                assert_eq!(cwd, "/tmp:x\x1fy");
+                assert_eq!(path_len, 9);
                 assert!(names.is_none());
                 assert!(!exiting);
                 assert_eq!(watermark_before, 77);
@@ -1086,7 +1083,7 @@ mod tests {
 
     #[test]
     fn a_marker_carries_names_after_a_snapshot() {
-        match parse_marker("3\x1f!=hello\nll\n__berth_post\n\x1f12\x1f/a b\0/bin") {
+        match parse_marker("3\x1f!=hello\nll\n__berth_post\n\x1f12\x1f4\x1f/a b") {
             Ending::Marker {
                 code,
                 cwd,
@@ -1103,7 +1100,7 @@ mod tests {
             }
             Ending::Eof => panic!("no marker"),
         }
-        match parse_marker("0\x1f=\x1f1\x1f/\0") {
+        match parse_marker("0\x1f=\x1f1\x1f0\x1f/") {
             Ending::Marker { names, .. } => assert_eq!(names.map(|n| n.len()), Some(0)),
             Ending::Eof => panic!("no marker"),
         }
