@@ -36,7 +36,10 @@ struct Series {
 }
 
 const BENCH_SANDBOX: &str = "berth-bench";
+/// A command that cannot change the shell's state: no snapshot is due.
 const PROBE: &str = "echo hi";
+/// A command that changes it: the shell writes a snapshot after each.
+const STATEFUL_PROBE: &str = "export BERTH_BENCH=1; echo hi";
 
 pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     if a.count == 0 {
@@ -56,29 +59,39 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         .await
         .with_context(|| format!("creating the bench sandbox on {}", a.backend))?;
 
-    let on = session_series(&sandbox, a.count, true, "persistent session").await?;
-    let off = session_series(&sandbox, a.count, false, "persistent session, no snapshot").await?;
+    let on = session_series(&sandbox, a.count, PROBE, "persistent session").await?;
+    let stateful = session_series(
+        &sandbox,
+        a.count,
+        STATEFUL_PROBE,
+        "persistent session, `export` + snapshot",
+    )
+    .await?;
     let floor = floor_series(&a.backend, &sandbox, &spec_host, a.count).await?;
 
     let ratio = floor.per_cmd.as_secs_f64() / on.per_cmd.as_secs_f64().max(1e-9);
-    let snapshot_cost = on.per_cmd.saturating_sub(off.per_cmd);
+    let stateful_ratio = floor.per_cmd.as_secs_f64() / stateful.per_cmd.as_secs_f64().max(1e-9);
+    let snapshot_cost = stateful.per_cmd.saturating_sub(on.per_cmd);
     if a.json {
         context::print_json(&json!({
             "backend": a.backend,
             "count": a.count,
+            "probe": PROBE,
             "session_ms": ms(on.per_cmd),
-            "session_no_snapshot_ms": ms(off.per_cmd),
+            "stateful_probe": STATEFUL_PROBE,
+            "session_stateful_ms": ms(stateful.per_cmd),
             "snapshot_cost_ms": ms(snapshot_cost),
             "floor": floor.label,
             "floor_ms": ms(floor.per_cmd),
             "speedup": ratio,
+            "speedup_stateful": stateful_ratio,
         }));
     } else {
         println!(
             "berth bench: backend {}, {} commands per series ({PROBE:?})",
             a.backend, a.count
         );
-        for s in [&on, &off, &floor] {
+        for s in [&on, &stateful, &floor] {
             println!("  {:<40} {:>9.3} ms/command", s.label, ms(s.per_cmd));
         }
         println!(
@@ -86,7 +99,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             ms(snapshot_cost)
         );
         println!(
-            "  speedup: persistent session is {ratio:.1}x faster than {}",
+            "  speedup: persistent session is {ratio:.1}x faster than {} ({stateful_ratio:.1}x with a snapshot)",
             floor.label
         );
     }
@@ -101,18 +114,16 @@ fn ms(d: Duration) -> f64 {
 async fn session_series(
     sandbox: &Arc<dyn Sandbox>,
     n: usize,
-    snapshot: bool,
+    probe: &str,
     label: &'static str,
 ) -> Result<Series> {
-    let mut cfg = SessionConfig::named("bench");
-    cfg.snapshot = snapshot;
-    let mut s = Session::open(sandbox.clone(), cfg).await?;
+    let mut s = Session::open(sandbox.clone(), SessionConfig::named("bench")).await?;
     for _ in 0..10 {
-        s.exec(PROBE, ExecOpts::default()).await?;
+        s.exec(probe, ExecOpts::default()).await?;
     }
     let t = Instant::now();
     for _ in 0..n {
-        let r = s.exec(PROBE, ExecOpts::default()).await?;
+        let r = s.exec(probe, ExecOpts::default()).await?;
         if r.exit_code != 0 || r.output.text() != "hi\n" {
             bail!(
                 "bench probe returned {:?} (exit {})",
