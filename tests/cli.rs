@@ -211,6 +211,38 @@ fn stdin_flag_feeds_the_command() -> TestResult {
     }
     let o = child.wait_with_output()?;
     assert_eq!(stdout(&o), "SHOUT\n");
+
+    // A command that points berth's stdin file at a host file must not get that
+    // file overwritten by the next command's input.
+    let outside = tempfile::tempdir()?;
+    let victim = outside.path().join("victim");
+    std::fs::write(&victim, "original")?;
+    let o = berth(
+        dir.path(),
+        &[
+            "exec",
+            "--",
+            &format!("ln -sf {} \"$__berth_dir/stdin\"", victim.display()),
+        ],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["exec", "--stdin", "--", "cat"])
+        .env("BERTH_STATE_DIR", dir.path())
+        .env("BERTH_POLICY", dir.path().join("policy.toml"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::Write;
+        let mut i = child.stdin.take().ok_or("no stdin")?;
+        i.write_all(b"pwned\n")?;
+    }
+    let o = child.wait_with_output()?;
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("out of sandbox"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&victim)?, "original");
     Ok(())
 }
 

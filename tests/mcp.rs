@@ -123,6 +123,38 @@ fn an_mcp_client_gets_a_persistent_terminal_files_and_jobs() -> TestResult {
     assert_eq!(r["result"]["isError"], true);
     assert!(text(&r).contains("not found"), "{r}");
 
+    // The file tools cannot reach past the sandbox, not even through a symlink
+    // the agent planted with the terminal: berth would read and write with its
+    // own rights what the sandboxed shell may not touch.
+    let outside = tempfile::tempdir()?;
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, "host only")?;
+    let r = c.call(
+        "terminal",
+        json!({"command": format!("(cd ~ && ln -s {} leak && ln -s {} dirleak)", secret.display(), outside.path().display())}),
+    )?;
+    assert_eq!(r["result"]["structuredContent"]["exit_code"], 0, "{r}");
+    for path in [
+        "leak".to_string(),
+        "dirleak/secret".to_string(),
+        "../../../../../../../../etc/passwd".to_string(),
+        secret.display().to_string(),
+    ] {
+        let r = c.call("read_file", json!({"path": path}))?;
+        assert_eq!(r["result"]["isError"], true, "{path}: {r}");
+        assert!(!text(&r).contains("host only"), "{path}: {r}");
+        assert!(text(&r).contains("out"), "{path}: {r}");
+        let r = c.call("write_file", json!({"path": path, "content": "pwned"}))?;
+        assert_eq!(r["result"]["isError"], true, "{path}: {r}");
+    }
+    let r = c.call(
+        "write_file",
+        json!({"path": "dirleak/new", "content": "pwned"}),
+    )?;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert_eq!(std::fs::read_to_string(&secret)?, "host only");
+    assert!(!outside.path().join("new").exists());
+
     let r = c.call(
         "terminal",
         json!({"command": "echo from-job; exit 4", "background": true}),

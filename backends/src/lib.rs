@@ -15,6 +15,7 @@ pub mod docker;
 pub mod local;
 #[cfg(feature = "local")]
 pub mod local_cgroup;
+mod local_files;
 #[cfg(feature = "ssh")]
 pub mod ssh;
 

@@ -234,6 +234,42 @@ impl LocalSandbox {
         }
     }
 
+    /// Where berth's own file access for this sandbox may go: under the sandbox's
+    /// directory, resolved by the kernel so no `..` or symlink leads out (see
+    /// `local_files`). A path outside it is refused while the sandbox runs under
+    /// the restricting wrapper (berth would otherwise read and write for the agent
+    /// what the sandbox forbids); without one, it is used as is. Returns the root
+    /// and the path relative to it, or `None` for unconfined access.
+    fn confine(&self, asked: &str, p: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
+        let root =
+            std::path::absolute(&self.dir).map_err(|e| Error::io("resolving", &self.dir, e))?;
+        let abs = std::path::absolute(p).map_err(|e| Error::io("resolving", p, e))?;
+        match crate::local_files::relative_under(&root, &abs) {
+            Some(rel) => Ok(Some((root, rel))),
+            None if self.wrapper.is_none() => Ok(None),
+            None => Err(Error::InvalidInput(format!(
+                "{asked} is outside sandbox `{}`: berth's file access reaches only the sandbox's directory ({}). \
+                 Read or write it with a command instead, which runs under the sandbox's restrictions",
+                self.name, self.layout.workdir
+            ))),
+        }
+    }
+
+    fn file_error(&self, what: &'static str, asked: &str, p: &Path, e: std::io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(libc::ENOENT) => Error::NotFound {
+                what: "file",
+                name: asked.into(),
+                hint: String::new(),
+            },
+            Some(libc::EXDEV) | Some(libc::ELOOP) => Error::InvalidInput(format!(
+                "{asked} leads out of sandbox `{}` through `..` or a symlink; berth's file access stays inside the sandbox",
+                self.name
+            )),
+            _ => Error::io(what, p, e),
+        }
+    }
+
     fn resolve(&self, path: &str) -> PathBuf {
         let p = Path::new(path);
         if p.is_absolute() {
@@ -323,19 +359,14 @@ impl Sandbox for LocalSandbox {
     async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>> {
         use tokio::io::AsyncReadExt;
         let p = self.resolve(path);
-        let f = match tokio::fs::File::open(&p).await {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotFound {
-                    what: "file",
-                    name: path.into(),
-                    hint: String::new(),
-                });
-            }
-            Err(e) => return Err(Error::io("opening", p, e)),
-        };
+        let f = match self.confine(path, &p)? {
+            Some((root, rel)) => crate::local_files::open_read(&root, &rel),
+            None => std::fs::File::open(&p),
+        }
+        .map_err(|e| self.file_error("opening", path, &p, e))?;
         let mut buf = Vec::new();
-        f.take(limit)
+        tokio::fs::File::from_std(f)
+            .take(limit)
             .read_to_end(&mut buf)
             .await
             .map_err(|e| Error::io("reading", &p, e))?;
@@ -343,18 +374,27 @@ impl Sandbox for LocalSandbox {
     }
 
     async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        use tokio::io::AsyncWriteExt;
         let p = self.resolve(path);
-        if let Some(parent) = p.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| Error::io("creating directory", parent, e))?;
+        let f = match self.confine(path, &p)? {
+            Some((root, rel)) => crate::local_files::open_write(&root, &rel, mode),
+            None => {
+                if let Some(parent) = p.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| Error::io("creating directory", parent, e))?;
+                }
+                std::fs::File::create(&p).and_then(|f| {
+                    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                    Ok(f)
+                })
+            }
         }
-        tokio::fs::write(&p, data)
+        .map_err(|e| self.file_error("writing", path, &p, e))?;
+        let mut f = tokio::fs::File::from_std(f);
+        f.write_all(data)
             .await
             .map_err(|e| Error::io("writing", &p, e))?;
-        tokio::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
-            .await
-            .map_err(|e| Error::io("setting mode of", &p, e))
+        f.flush().await.map_err(|e| Error::io("writing", &p, e))
     }
 
     async fn alive(&self) -> Result<bool> {
