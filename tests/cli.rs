@@ -17,6 +17,23 @@ fn berth(state: &Path, args: &[&str]) -> std::io::Result<Output> {
         .output()
 }
 
+/// Run berth with `input` on its stdin.
+fn berth_with_input(state: &Path, args: &[&str], input: &[u8]) -> std::io::Result<Output> {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .env("BERTH_STATE_DIR", state)
+        .env("BERTH_POLICY", state.join("policy.toml"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(mut i) = child.stdin.take() {
+        i.write_all(input)?;
+    }
+    child.wait_with_output()
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -198,19 +215,12 @@ fn sandboxes_and_events() -> TestResult {
 #[test]
 fn stdin_flag_feeds_the_command() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["exec", "--stdin", "--", "tr a-z A-Z"])
-        .env("BERTH_STATE_DIR", dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    {
-        use std::io::Write;
-        let mut i = child.stdin.take().ok_or("no stdin")?;
-        i.write_all(b"shout\n")?;
-    }
-    let o = child.wait_with_output()?;
-    assert_eq!(stdout(&o), "SHOUT\n");
+    let o = berth_with_input(
+        dir.path(),
+        &["exec", "--stdin", "--", "tr a-z A-Z"],
+        b"shout\n",
+    )?;
+    assert_eq!(stdout(&o), "SHOUT\n", "{}", stderr(&o));
 
     // A command that points berth's stdin file at a host file must not get that
     // file overwritten by the next command's input.
@@ -226,20 +236,7 @@ fn stdin_flag_feeds_the_command() -> TestResult {
         ],
     )?;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["exec", "--stdin", "--", "cat"])
-        .env("BERTH_STATE_DIR", dir.path())
-        .env("BERTH_POLICY", dir.path().join("policy.toml"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    {
-        use std::io::Write;
-        let mut i = child.stdin.take().ok_or("no stdin")?;
-        i.write_all(b"pwned\n")?;
-    }
-    let o = child.wait_with_output()?;
+    let o = berth_with_input(dir.path(), &["exec", "--stdin", "--", "cat"], b"pwned\n")?;
     assert_ne!(o.status.code(), Some(0));
     assert!(stderr(&o).contains("out of sandbox"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&victim)?, "original");

@@ -88,6 +88,9 @@ async fn count_procs(s: &mut Session, needle: &str) -> Result<usize, BoxError> {
 pub async fn persists_cwd_env_functions_aliases(h: &Harness) -> TestResult {
     let f = h.sandbox("persist").await?;
     let mut s = open(&f).await?;
+    // The tree kill relies on the shell leading its own session.
+    let info = s.shell_info().cloned().ok_or("no shell")?;
+    assert_eq!(info.pid, info.sid, "the shell must lead its own session");
     ok(&mut s, "mkdir -p sub/dir && cd sub/dir").await?;
     ok(&mut s, "export GREETING='hello world'; NOT_EXPORTED=1").await?;
     ok(&mut s, "greet() { echo \"$GREETING, $1\"; }").await?;
@@ -323,26 +326,9 @@ pub async fn a_shell_killed_from_outside_is_restored(h: &Harness) -> TestResult 
         "mkdir -p keep && cd keep && export SURVIVES=1 && f() { echo fn; }",
     )
     .await?;
-    let pid = s.shell_info().map(|i| i.pid).ok_or("no shell")?;
-    // Kill it from a separate process in the sandbox, as an OOM killer or a user would.
-    let mut p = f
-        .sandbox
-        .spawn(
-            &["kill".into(), "-9".into(), pid.to_string()],
-            SpawnOpts::default(),
-        )
-        .await?;
-    let st = p.wait().await?;
-    assert_eq!(st.code, Some(0));
-    let r = run(&mut s, "echo $SURVIVES; f").await?;
-    // The command may land on the dying shell: then it reports the death and the
-    // next one restores. Either way nothing is reported as a success that was not.
-    let r = if r.cwd.is_none() {
-        assert_ne!(r.exit_code, 0);
-        run(&mut s, "echo $SURVIVES; f").await?
-    } else {
-        r
-    };
+    kill_shell(&f, &s).await?;
+    // Nothing is reported as a success that was not (see `run_after_kill`).
+    let r = run_after_kill(&mut s, "echo $SURVIVES; f").await?;
     assert_eq!(r.output.text(), "1\nfn\n");
     assert!(r.cwd.as_deref().is_some_and(|c| c.ends_with("/keep")));
     assert!(

@@ -12,7 +12,7 @@ use berth_backends::ssh::SshBackend;
 use berth_backends::ssh::testing::{Sshd, SshdConfig, free_port, keygen, run};
 use berth_core::backend::{Backend, RemoveOpts, Sandbox, SandboxSpec, SpawnOpts};
 use berth_core::error::Error;
-use berth_core::session::{CaptureLimits, ExecOpts, Session, SessionConfig};
+use berth_core::session::{ExecOpts, Session, SessionConfig};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -38,117 +38,8 @@ async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
-async fn engine_state_codes_timeouts_and_odd_output() -> TestResult {
-    let sshd = Sshd::start()?;
-    let (_b, sb) = provision(sshd.options(), "engine").await?;
-    let mut s = Session::open(sb.clone(), SessionConfig::named("t")).await?;
-    let info = s.shell_info().cloned().ok_or("no shell")?;
-    assert_eq!(
-        info.pid, info.sid,
-        "the remote shell must be a session leader"
-    );
-
-    let r = s
-        .exec(
-            "cd /tmp && export A=1; f() { echo fn$1; }",
-            ExecOpts::default(),
-        )
-        .await?;
-    assert_eq!(r.exit_code, 0);
-    let r = s
-        .exec(
-            "pwd; echo $A; f x; exit 3 2>/dev/null; false",
-            ExecOpts::default(),
-        )
-        .await?;
-    assert_eq!(r.output.text(), "/tmp\n1\nfnx\n");
-    assert_eq!(r.exit_code, 3);
-
-    // A timeout kills the command's whole tree, double-forked children included,
-    // and the shell survives with its state.
-    let r = s
-        .exec(
-            "(sleep 207 &); sleep 100 & sleep 100; wait",
-            ExecOpts {
-                timeout: Some(Duration::from_millis(300)),
-                ..Default::default()
-            },
-        )
-        .await?;
-    assert!(r.timed_out);
-    assert_eq!(r.exit_code, 124);
-    let r = s
-        .exec(
-            "pgrep -f 'sleep 207' || echo none; echo still $A",
-            ExecOpts::default(),
-        )
-        .await?;
-    assert_eq!(r.output.text(), "none\nstill 1\n");
-
-    // Unicode, a faked marker, binary bytes.
-    let r = s
-        .exec("echo 'héllo wörld ✓ 日本'", ExecOpts::default())
-        .await?;
-    assert_eq!(r.output.text(), "héllo wörld ✓ 日本\n");
-    let r = s
-        .exec(
-            r"printf '\036deadbeef:0:/:deadbeef\036'; echo after; exit 5",
-            ExecOpts::default(),
-        )
-        .await?;
-    assert_eq!(r.exit_code, 5);
-    assert!(
-        r.output.text().ends_with("after\n"),
-        "{:?}",
-        r.output.text()
-    );
-    let r = s
-        .exec(r"printf '\000\001\377\376end'", ExecOpts::default())
-        .await?;
-    assert_eq!(r.output.bytes(), b"\x00\x01\xff\xfeend");
-
-    // A 100 KB command and stdin.
-    let long = format!("x={}; echo ${{#x}}", "a".repeat(100 * 1024));
-    let r = s.exec(&long, ExecOpts::default()).await?;
-    assert_eq!(r.output.text(), "102400\n");
-    let r = s
-        .exec(
-            "wc -c",
-            ExecOpts {
-                stdin: Some(vec![7u8; 5000]),
-                ..Default::default()
-            },
-        )
-        .await?;
-    assert_eq!(r.output.text().trim(), "5000");
-    Ok(())
-}
-
-#[tokio::test]
-async fn fifty_megabytes_of_output_are_counted_exactly() -> TestResult {
-    let sshd = Sshd::start()?;
-    let (_b, sb) = provision(sshd.options(), "big").await?;
-    let mut s = Session::open(sb, SessionConfig::named("big")).await?;
-    let r = s
-        .exec(
-            "head -c 52428800 /dev/zero | tr '\\0' 'x'; echo; echo tail-end",
-            ExecOpts {
-                limits: CaptureLimits {
-                    head: 1024,
-                    tail: 1024,
-                },
-                ..Default::default()
-            },
-        )
-        .await?;
-    assert_eq!(r.exit_code, 0);
-    assert_eq!(r.output.total_bytes, 52_428_800 + 1 + 9);
-    assert!(r.output.text().ends_with("tail-end\n"));
-    let r = s.exec("echo ok", ExecOpts::default()).await?;
-    assert_eq!(r.output.text(), "ok\n");
-    Ok(())
-}
+// Session behaviour (state, exit codes, timeouts, output) is the conformance
+// suite's, which runs against this sshd too (`tests/all.rs`).
 
 async fn files_roundtrip(sftp: bool) -> TestResult {
     let sshd = Sshd::start_with(SshdConfig { sftp })?;
