@@ -524,6 +524,25 @@ pub async fn loop_control_and_errexit_keep_the_framing(h: &Harness) -> TestResul
         assert!(!r.output.text().contains('b'), "`{cmd}` ran on");
         assert_eq!(ok(&mut s, "echo sync").await?, "sync\n", "after `{cmd}`");
     }
+    // `set -euo pipefail` is common at the top of an agent's script: the shell's
+    // own loop must live with it, and only a failing command ends the shell.
+    for cmd in [
+        "set -euo pipefail",
+        "echo $?",
+        "sleep 0.01 & wait",
+        "echo still",
+        "true | false || echo handled",
+        "set +euo pipefail",
+    ] {
+        let r = run(&mut s, cmd).await?;
+        assert!(
+            !r.notices.iter().any(|n| n.contains("exited")),
+            "`{cmd}` ended the shell: {:?} {}",
+            r.notices,
+            r.output.text()
+        );
+        assert!(r.cwd.is_some(), "`{cmd}`");
+    }
     // Breaking out of every loop, `set -e` and `exit` end the shell; the command
     // is still reported with its code, and its state is kept.
     for (cmd, code) in [

@@ -153,6 +153,9 @@ trap __berth_exit EXIT
 ///   caught by the busy check at the top.
 /// - Flags `000` (no snapshot, no stdin, ASCII) take the fast path, which calls
 ///   no function unless the command left a background job.
+/// - It survives a user's `set -euo pipefail`: `${!-}` and `${1-}` for what may be
+///   unset, and `$?` is restored with `__berth_rs && :`, a failure `set -e`
+///   ignores.
 const MAIN_LOOP: &str = concat!(
     r#"exec {__berth_fd}<&0 </dev/null 2>&1; while :; do "#,
     r#"while [[ -z $__berth_busy ]] || { __berth_rc=0; __berth_post; }; "#,
@@ -160,13 +163,13 @@ const MAIN_LOOP: &str = concat!(
     r#"builtin read -r -u "$__berth_fd" -N $((16#${__berth_h:16:8})) __berth_c; do "#,
     r#"__berth_busy=1; "#,
     r#"case ${__berth_h:24:3} in "#,
-    r#"000) case $__berth_rc in 0) ;; 1) false ;; *) __berth_rs ;; esac; builtin eval "$__berth_c"; __berth_rc=$?; "#,
-    r#"if [[ $! == "$__berth_bg" ]]; then "#,
+    r#"000) case $__berth_rc in 0) ;; *) __berth_rs && : ;; esac; builtin eval "$__berth_c"; __berth_rc=$?; "#,
+    r#"if [[ ${!-} == "$__berth_bg" ]]; then "#,
     r#"__berth_busy=; builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_h:0:16}" "$__berth_rc" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_h:0:16}"; "#,
     r#"else __berth_post; fi ;; "#,
     r#"*) [[ ${__berth_h:26:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
     r#"__berth_in=/dev/null; [[ ${__berth_h:25:1} != 1 ]] || __berth_in=$__berth_dir/stdin; "#,
-    r#"case $__berth_rc in 0) ;; 1) false ;; *) __berth_rs ;; esac; builtin eval "$__berth_c" <"$__berth_in"; "#,
+    r#"case $__berth_rc in 0) ;; *) __berth_rs && : ;; esac; builtin eval "$__berth_c" <"$__berth_in"; "#,
     r#"__berth_rc=$?; __berth_post ;; "#,
     r#"esac; done; [[ -n $__berth_busy ]] || break; __berth_rc=0; __berth_post; done"#,
 );
@@ -176,8 +179,8 @@ const MAIN_LOOP: &str = concat!(
 pub const FUNCTIONS: &str = r#"__berth_rs() { return "$__berth_rc"; }
 __berth_post() {
   __berth_busy=
-  if [[ $! != "$__berth_bg" || -z $__berth_wm ]]; then
-    __berth_bg=$!
+  if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
+    __berth_bg=${!-}
     IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
   fi
   local n=${__berth_h:0:16} s=${__berth_h:24:1}
@@ -189,12 +192,12 @@ __berth_post() {
       builtin declare -f
       builtin alias -p
       builtin printf 'cd -- %q 2>/dev/null || cd -- "$__berth_work" 2>/dev/null\n# berth snapshot end seq=%s\n' "$PWD" "$__berth_seq"
-    } 1<> "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null
-    builtin printf '\036%s:%s\037%s=' "$n" "$__berth_rc" "$1"
-    builtin compgen -A function -A alias
+    } 1<> "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null || :
+    builtin printf '\036%s:%s\037%s=' "$n" "$__berth_rc" "${1-}"
+    builtin compgen -A function -A alias || :
     builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "$n"
   else
-    builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "$n" "$__berth_rc" "$1" "$__berth_wm" "${#PATH}" "$PWD" "$n"
+    builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "$n" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "$n"
   fi
 }
 __berth_exit() {
