@@ -197,6 +197,8 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 pub struct LocalSandbox {
     name: String,
     dir: PathBuf,
+    /// `dir` made absolute once, for confining berth's own file access.
+    root: PathBuf,
     layout: Layout,
     env: Vec<(String, String)>,
     wrapper: Option<Vec<String>>,
@@ -227,6 +229,7 @@ impl LocalSandbox {
         }
         Self {
             name,
+            root: std::path::absolute(&dir).unwrap_or_else(|_| dir.clone()),
             dir,
             layout,
             env,
@@ -241,11 +244,9 @@ impl LocalSandbox {
     /// what the sandbox forbids); without one, it is used as is. Returns the root
     /// and the path relative to it, or `None` for unconfined access.
     fn confine(&self, asked: &str, p: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
-        let root =
-            std::path::absolute(&self.dir).map_err(|e| Error::io("resolving", &self.dir, e))?;
         let abs = std::path::absolute(p).map_err(|e| Error::io("resolving", p, e))?;
-        match crate::local_files::relative_under(&root, &abs) {
-            Some(rel) => Ok(Some((root, rel))),
+        match crate::local_files::relative_under(&self.root, &abs) {
+            Some(rel) => Ok(Some((self.root.clone(), rel))),
             None if self.wrapper.is_none() => Ok(None),
             None => Err(Error::InvalidInput(format!(
                 "{asked} is outside sandbox `{}`: berth's file access reaches only the sandbox's directory ({}). \

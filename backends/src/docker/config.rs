@@ -208,24 +208,19 @@ fn hostname(name: &str) -> String {
     h.trim_matches('-').to_string()
 }
 
-/// Check a sandbox name: it becomes part of container and volume names.
+/// Check a sandbox name: it becomes part of container and volume names, which
+/// must start with a letter or digit; the rest is the shared rule.
 pub fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidInput(format!(
-            "invalid sandbox name {name:?}: use 1-63 letters, digits, '-', '_' or '.', starting with a letter or digit"
-        )))
+    if name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+    {
+        return berth_core::backend::check_sandbox_name(name);
     }
+    Err(Error::InvalidInput(format!(
+        "invalid sandbox name {name:?}: use 1-63 letters, digits, '-', '_' or '.', starting with a letter or digit"
+    )))
 }
 
 #[cfg(test)]
