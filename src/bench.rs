@@ -27,6 +27,14 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also measure a `terminal` call through the tool registry, and through
+    /// `berth mcp` on stdio (a child process spoken to as an MCP client would).
+    #[arg(long)]
+    pub mcp: bool,
+    /// Measure whole CLI processes instead: `berth exec -- echo hi` with the
+    /// server, with `BERTH_SERVER=off`, and `bash -c` (at most 100 runs each).
+    #[arg(long)]
+    pub cli: bool,
 }
 
 /// One measured series.
@@ -45,7 +53,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     if a.count == 0 {
         bail!("--count must be at least 1");
     }
-    let rt = context::runtime(state_dir)?;
+    if a.cli {
+        return crate::bench_cli::run(state_dir, &a).await;
+    }
+    let rt = Arc::new(context::runtime(state_dir.clone())?);
     let mut spec = SandboxSpec::named(BENCH_SANDBOX);
     for o in &a.options {
         let Some((k, v)) = o.split_once('=') else {
@@ -68,6 +79,15 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     )
     .await?;
     let floor = floor_series(&a.backend, &sandbox, &spec_host, a.count).await?;
+    let job_wake = crate::bench_jobs::job_wake_latency(&rt, &a.backend, BENCH_SANDBOX).await?;
+    let mcp = if a.mcp {
+        Some((
+            registry_series(&rt, &a.backend, a.count).await?,
+            mcp_series(&state_dir, &a.backend, a.count).await?,
+        ))
+    } else {
+        None
+    };
 
     let ratio = floor.per_cmd.as_secs_f64() / on.per_cmd.as_secs_f64().max(1e-9);
     let stateful_ratio = floor.per_cmd.as_secs_f64() / stateful.per_cmd.as_secs_f64().max(1e-9);
@@ -85,6 +105,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "floor_ms": ms(floor.per_cmd),
             "speedup": ratio,
             "speedup_stateful": stateful_ratio,
+            "job_wake_ms": ms(job_wake),
+            "registry_ms": mcp.as_ref().map(|(r, _)| ms(r.per_cmd)),
+            "mcp_stdio_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd)),
+            "mcp_overhead_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd) - ms(on.per_cmd)),
         }));
     } else {
         println!(
@@ -94,6 +118,15 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         for s in [&on, &stateful, &floor] {
             println!("  {:<40} {:>9.3} ms/command", s.label, ms(s.per_cmd));
         }
+        if let Some((reg, m)) = &mcp {
+            for s in [reg, m] {
+                println!("  {:<40} {:>9.3} ms/command", s.label, ms(s.per_cmd));
+            }
+            println!(
+                "  MCP terminal call costs {:+.3} ms over the session figure",
+                ms(m.per_cmd) - ms(on.per_cmd)
+            );
+        }
         println!(
             "  snapshot cost                            {:>9.3} ms/command",
             ms(snapshot_cost)
@@ -102,9 +135,109 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "  speedup: persistent session is {ratio:.1}x faster than {} ({stateful_ratio:.1}x with a snapshot)",
             floor.label
         );
+        println!(
+            "  job wait wakes after the job's end       {:>9.3} ms (median of 5)",
+            ms(job_wake)
+        );
     }
     let _ = rt.remove_sandbox(&a.backend, BENCH_SANDBOX, true).await;
     Ok(0)
+}
+
+/// `terminal` calls through the tool registry in this process: validation,
+/// gate, event log, redaction and bounds on top of the session.
+async fn registry_series(
+    rt: &Arc<berth_core::runtime::Runtime>,
+    backend: &str,
+    n: usize,
+) -> Result<Series> {
+    use berth_core::tools::{OutcomeKind, Registry, ToolContext};
+    let reg = Registry::new(rt);
+    let ctx = ToolContext::new(rt.clone(), backend, BENCH_SANDBOX);
+    let args = json!({ "command": PROBE });
+    let one = async || -> Result<()> {
+        let o = reg.dispatch(&ctx, "terminal", args.clone()).await;
+        if o.kind != OutcomeKind::Ok || o.text != "hi\n[exit code 0]" {
+            bail!("registry probe returned {:?}: {}", o.kind, o.text);
+        }
+        Ok(())
+    };
+    for _ in 0..10 {
+        one().await?;
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        one().await?;
+    }
+    Ok(Series {
+        label: "terminal tool (registry, in process)",
+        per_cmd: t.elapsed() / n as u32,
+    })
+}
+
+/// `terminal` calls through `berth mcp` on stdio: a child process, one
+/// JSON-RPC request per line and its reply, as an MCP client sends them.
+async fn mcp_series(state_dir: &Option<PathBuf>, backend: &str, n: usize) -> Result<Series> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let exe = std::env::current_exe().context("finding berth's own executable")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    if let Some(d) = state_dir {
+        cmd.arg("--state-dir").arg(d);
+    }
+    let mut child = cmd
+        .args(["mcp", "--backend", backend, "--sandbox", BENCH_SANDBOX])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting berth mcp")?;
+    let mut input = child.stdin.take().context("berth mcp has no stdin")?;
+    let mut output =
+        BufReader::new(child.stdout.take().context("berth mcp has no stdout")?).lines();
+    let mut id = 0u64;
+    let mut request = async |method: &str,
+                             params: serde_json::Value|
+           -> Result<serde_json::Value> {
+        id += 1;
+        let mut line =
+            json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string();
+        line.push('\n');
+        input.write_all(line.as_bytes()).await?;
+        input.flush().await?;
+        loop {
+            let reply = output
+                .next_line()
+                .await?
+                .context("berth mcp closed stdout")?;
+            let v: serde_json::Value = serde_json::from_str(&reply)?;
+            if v["id"] == id {
+                return Ok(v);
+            }
+        }
+    };
+    request(
+        "initialize",
+        json!({ "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "berth-bench", "version": "0" } }),
+    )
+    .await?;
+    let call = json!({ "name": "terminal", "arguments": { "command": PROBE } });
+    for _ in 0..10 {
+        request("tools/call", call.clone()).await?;
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        let r = request("tools/call", call.clone()).await?;
+        if r["result"]["content"][0]["text"] != "hi\n[exit code 0]" {
+            bail!("MCP probe returned {r}");
+        }
+    }
+    let per = t.elapsed() / n as u32;
+    drop(child);
+    Ok(Series {
+        label: "terminal tool through berth mcp (stdio)",
+        per_cmd: per,
+    })
 }
 
 fn ms(d: Duration) -> f64 {
@@ -193,6 +326,41 @@ async fn floor_series(
             Ok(Series {
                 label: "a fresh exec per command (bollard)",
                 per_cmd: per,
+            })
+        }
+        #[cfg(feature = "e2b")]
+        "e2b" => {
+            let per = berth_backends::e2b::bench::fresh_start_per_command(sandbox.name(), n, PROBE)
+                .await?;
+            Ok(Series {
+                label: "a fresh envd Start per command (the SDK's commands.run)",
+                per_cmd: per,
+            })
+        }
+        // No CLI to compare with: the same sandbox, one fresh exec (through the
+        // task command router) per command.
+        "modal" => {
+            let t = Instant::now();
+            for _ in 0..n {
+                let argv = ["bash", "-c", PROBE].map(String::from);
+                let c = berth_core::backend::run_to_end(
+                    sandbox.as_ref(),
+                    &argv,
+                    None,
+                    4096,
+                    Duration::from_secs(60),
+                )
+                .await?;
+                if c.stdout != b"hi\n" {
+                    bail!(
+                        "fresh exec probe printed {:?}",
+                        String::from_utf8_lossy(&c.stdout)
+                    );
+                }
+            }
+            Ok(Series {
+                label: "a fresh exec per command (router)",
+                per_cmd: t.elapsed() / n as u32,
             })
         }
         other => bail!("no benchmark floor for backend `{other}` yet"),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use berth_core::approvals::{self, Approval};
 use berth_core::store::{Event, Store};
+use berth_policies::shell::printable;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
@@ -70,9 +71,13 @@ pub fn ls(state_dir: Option<PathBuf>, cmd: ApprovalsCmd) -> Result<u8> {
             ap.state,
             ap.backend,
             ap.sandbox,
-            gate.redact(&ap.command)
+            printable(&gate.redact(&ap.command))
         );
-        println!("       rule {}: {}", ap.rule, gate.redact(&ap.reason));
+        println!(
+            "       rule {}: {}",
+            ap.rule,
+            printable(&gate.redact(&ap.reason))
+        );
     }
     Ok(0)
 }
@@ -133,7 +138,7 @@ pub fn answer(state_dir: Option<PathBuf>, a: AnswerArgs, approve: bool) -> Resul
             "approval #{} {}: {}",
             ap.id,
             ap.state,
-            gate.redact(&ap.command)
+            printable(&gate.redact(&ap.command))
         );
         if let Some((name, path)) = &rule_added {
             println!("added allow rule `{name}` to {}", path.display());

@@ -1,11 +1,15 @@
 //! `berth events`: the append-only log of every call.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 use berth_core::store::Event;
+use berth_policies::shell::printable;
 use clap::Args;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use crate::context;
 
@@ -39,19 +43,39 @@ pub async fn run(state_dir: Option<PathBuf>, a: EventsArgs) -> Result<u8> {
     if last == 0 {
         last = store.events(0, 1, None)?.last().map(|e| e.id).unwrap_or(0);
     }
+    // Each unfinished job has a waiter in its sandbox that wakes the moment the
+    // job ends, so its `job.exited` shows up at once, not at the next refresh.
+    let rt = &rt;
+    let mut waits = FuturesUnordered::new();
+    let mut watched: HashSet<String> = HashSet::new();
     let mut ticks = 0u32;
     loop {
+        for j in store.jobs()?.into_iter().filter(|j| !j.state.is_final()) {
+            if watched.insert(j.id.clone()) {
+                waits.push(async move {
+                    let r = rt.wait_job(&j.id, None).await;
+                    (j.id, r.err())
+                });
+            }
+        }
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(0),
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
-        // Jobs live in their sandboxes, not in berth: look at unfinished ones about
-        // once a second so their completions and watch matches show up here.
-        ticks += 1;
-        if ticks.is_multiple_of(5)
-            && let Err(e) = rt.list_jobs().await
-        {
-            tracing::debug!(error = %e, "refreshing jobs");
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                // Watch patterns match output, not endings: scan about once a second.
+                ticks += 1;
+                if ticks.is_multiple_of(5)
+                    && let Err(e) = rt.list_jobs().await
+                {
+                    tracing::debug!(error = %e, "refreshing jobs");
+                }
+            }
+            Some((id, err)) = waits.next(), if !waits.is_empty() => {
+                // A waiter that failed (sandbox gone) is not retried: the
+                // periodic refresh records how the job ended.
+                if let Some(e) = err {
+                    tracing::debug!(job = %id, error = %e, "waiting for a job");
+                }
+            }
         }
         for e in store.events_after(last, 1000)? {
             last = e.id;
@@ -92,7 +116,7 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
             .and_then(|d| serde_json::from_str(d).ok())
             .unwrap_or_default();
         if let Some(l) = detail["detail"]["line"].as_str() {
-            line.push_str(&format!("  match: {l}"));
+            line.push_str(&format!("  match: {}", printable(l)));
             println!("{line}");
             return Ok(());
         }
@@ -102,7 +126,7 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
             return Ok(());
         }
         if let Some(r) = detail["reason"].as_str() {
-            line.push_str(&format!("  ({r})"));
+            line.push_str(&format!("  ({})", printable(r)));
         }
     }
     if let Some(c) = &e.command {
@@ -111,12 +135,12 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
             .take(80)
             .map(|c| if c == '\n' { ' ' } else { c })
             .collect();
-        line.push_str(&format!("  {one}"));
+        line.push_str(&format!("  {}", printable(&one)));
     }
     if e.kind.ends_with("failed")
         && let Some(d) = &e.detail
     {
-        line.push_str(&format!("  {d}"));
+        line.push_str(&format!("  {}", printable(d)));
     }
     println!("{line}");
     Ok(())

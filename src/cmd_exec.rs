@@ -115,11 +115,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         tee,
         ..Default::default()
     };
-    let timeout = match (timeout, rt.gate()) {
-        (Some(t), _) => t,
-        (None, Some(g)) => Duration::from_secs(g.limits(&a.sandbox).default_timeout_secs),
-        (None, None) => Duration::from_secs_f64(DEFAULT_TIMEOUT_SECS),
-    };
+    let timeout = effective_timeout(timeout, rt.gate(), &a.sandbox);
     let outcome = rt.exec(req).await;
     rt.shutdown().await;
     let report = match outcome {
@@ -146,6 +142,19 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
     Ok(exit_byte(report.result.exit_code))
 }
 
+/// The timeout that applies: the caller's, else the policy's default.
+pub fn effective_timeout(
+    asked: Option<Duration>,
+    gate: Option<&Arc<berth_core::gate::Gate>>,
+    sandbox: &str,
+) -> Duration {
+    match (asked, gate) {
+        (Some(t), _) => t,
+        (None, Some(g)) => Duration::from_secs(g.limits(sandbox).default_timeout_secs),
+        (None, None) => Duration::from_secs_f64(DEFAULT_TIMEOUT_SECS),
+    }
+}
+
 /// The JSON shape of an exec result.
 pub fn report_json(r: &ExecReport, backend: &str, sandbox: &str) -> serde_json::Value {
     let res = &r.result;
@@ -164,25 +173,43 @@ pub fn report_json(r: &ExecReport, backend: &str, sandbox: &str) -> serde_json::
         "recreated": r.recreated,
         "call_id": r.call_id,
         "spool": res.output.spool,
+        "spool_omitted_bytes": res.output.spool_omitted,
         "backend": backend,
         "sandbox": sandbox,
     })
 }
 
 fn print_notices(r: &ExecReport, timeout: Duration) {
-    if let Some(why) = &r.recreated {
+    print_notice_lines(
+        r.recreated.as_deref(),
+        &r.result.notices,
+        r.result.timed_out,
+        r.result.interrupted,
+        timeout,
+    );
+}
+
+/// The lines on stderr after a command: recreation, notices, timeout, interrupt.
+pub fn print_notice_lines(
+    recreated: Option<&str>,
+    notices: &[String],
+    timed_out: bool,
+    interrupted: bool,
+    timeout: Duration,
+) {
+    if let Some(why) = recreated {
         eprintln!("berth: the sandbox was recreated: {why}");
     }
-    for n in &r.result.notices {
+    for n in notices {
         eprintln!("berth: {n}");
     }
-    if r.result.timed_out {
+    if timed_out {
         eprintln!(
             "berth: command timed out after {}s; it and every process it started were stopped (exit 124). Raise --timeout if it needs longer.",
             timeout.as_secs_f64()
         );
     }
-    if r.result.interrupted {
+    if interrupted {
         eprintln!(
             "berth: interrupted; the command's processes were stopped, the session is intact"
         );

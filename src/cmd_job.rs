@@ -23,7 +23,7 @@ pub enum JobCmd {
     Logs(LogsArgs),
     /// Wait for a job to end; exits with its exit code, or 124 if the wait timed out.
     Wait(WaitArgs),
-    /// Signal a job's whole process group.
+    /// End a job's whole process group: the signal, then SIGKILL after a grace period.
     Kill(KillArgs),
     /// Write to a job's stdin.
     Send(SendArgs),
@@ -102,9 +102,15 @@ pub enum SignalArg {
 pub struct KillArgs {
     /// Job id or name.
     pub id: String,
-    /// Signal to send to the job's process group.
+    /// Signal to send to the job's process group (KILL: no grace).
     #[arg(long, value_enum, default_value = "term", ignore_case = true)]
     pub signal: SignalArg,
+    /// Seconds to let the group outlive the signal before SIGKILL.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub grace: f64,
+    /// Print JSON (the job as it ended).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -173,6 +179,8 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                     );
                     if let (JobState::Lost | JobState::Failed, Some(r)) = (j.state, &j.reason) {
                         println!("           ^ {r}");
+                    } else if j.state == JobState::Killed {
+                        println!("           ^ {}", how_it_ended(j));
                     }
                 }
             }
@@ -233,18 +241,39 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                 SignalArg::Kill => Signal::Kill,
                 SignalArg::Int => Signal::Int,
             };
-            match rt.kill_job(&a.id, sig).await? {
-                KillOutcome::Signalled => {
-                    println!("sent SIG{} to job {}'s process group", sig.name(), a.id)
-                }
-                KillOutcome::AlreadyEnded(state, code) => println!(
-                    "job {} had already {}{}; nothing to kill",
-                    a.id,
-                    state.as_str(),
-                    code.map(|c| format!(" with code {c}")).unwrap_or_default()
-                ),
+            if !(a.grace.is_finite() && a.grace >= 0.0) {
+                bail!("--grace must be a number of seconds, 0 or more, e.g. --grace 5");
             }
-            0
+            let outcome = rt
+                .kill_job_with_grace(&a.id, sig, Duration::from_secs_f64(a.grace))
+                .await?;
+            let job = rt.job(&a.id).await?;
+            if a.json {
+                context::print_json(&job_json(&job));
+            }
+            match outcome {
+                KillOutcome::Signalled => {
+                    if !a.json {
+                        println!("job {} {}", job.id, how_it_ended(&job));
+                    }
+                    // The job's own exit code (128+N), as `job wait` would give.
+                    match job.exit_code {
+                        Some(c) if (0..=255).contains(&c) => c as u8,
+                        _ => crate::EXIT_BERTH_ERROR,
+                    }
+                }
+                KillOutcome::AlreadyEnded(state, code) => {
+                    if !a.json {
+                        println!(
+                            "job {} had already {}{}; nothing to kill",
+                            a.id,
+                            state.as_str(),
+                            code.map(|c| format!(" with code {c}")).unwrap_or_default()
+                        );
+                    }
+                    0
+                }
+            }
         }
         JobCmd::Send(a) => {
             if a.data.is_none() && !a.eof {
@@ -267,6 +296,25 @@ fn job_json(j: &Job) -> serde_json::Value {
         "runtime_ms": j.runtime_ms(), "out_bytes": j.out_bytes, "reason": j.reason,
         "watch": j.watch, "kill_signal": j.kill_signal,
     })
+}
+
+/// "killed by SIGTERM (exit 143)", and why SIGKILL followed if it did.
+fn how_it_ended(j: &Job) -> String {
+    let code = j
+        .exit_code
+        .map(|c| format!(" (exit {c})"))
+        .unwrap_or_default();
+    match (j.state, &j.kill_signal) {
+        (JobState::Killed, Some(sig)) => {
+            let why = j
+                .reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            format!("killed by SIG{sig}{code}{why}")
+        }
+        (state, _) => format!("{}{code}", state.as_str()),
+    }
 }
 
 fn human_ms(ms: i64) -> String {

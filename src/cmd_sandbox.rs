@@ -20,8 +20,9 @@ pub enum SandboxCmd {
     Rm(RmArgs),
     /// Remove sandboxes idle longer than the policy's idle lifetime.
     Reap(crate::cmd_reap::ReapArgs),
-    /// Remove berth's exited or never-started containers (docker); their
-    /// volumes stay, so `sandbox create` brings the sandbox back.
+    /// Remove this installation's exited or never-started containers (docker);
+    /// their volumes stay, so `sandbox create` brings the sandbox back. Also
+    /// removes orphaned state volumes (of sandboxes no longer on record).
     Gc(GcArgs),
 }
 
@@ -33,6 +34,10 @@ pub struct GcArgs {
     /// Backend to collect on.
     #[arg(long, short = 'b', default_value = "docker")]
     pub backend: String,
+    /// Also remove orphaned workspace volumes (including ones kept with
+    /// `sandbox rm --keep-workspace`); orphaned state volumes always go.
+    #[arg(long)]
+    pub workspaces: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -105,8 +110,12 @@ pub struct RmArgs {
     /// Backend it lives on.
     #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
     pub backend: String,
-    /// Also delete durable data (docker volumes).
-    #[arg(long)]
+    /// docker: keep the workspace volume (the container and berth's session
+    /// state volume go regardless). A later sandbox of the same name mounts it.
+    #[arg(long, conflicts_with = "volumes")]
+    pub keep_workspace: bool,
+    /// The default (delete the workspace too); kept for old scripts.
+    #[arg(long, hide = true)]
     pub volumes: bool,
     /// Print JSON.
     #[arg(long)]
@@ -128,6 +137,7 @@ fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
 }
 
 pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
+    let dir = context::state_dir(state_dir.clone())?;
     let rt = context::runtime(state_dir)?;
     match cmd {
         SandboxCmd::Create(a) => {
@@ -196,9 +206,11 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
             }
         }
         SandboxCmd::Reap(a) => return crate::cmd_reap::run(&rt, a).await,
-        SandboxCmd::Gc(a) => return gc(a).await,
+        SandboxCmd::Gc(a) => return gc(&rt, &dir, a).await,
         SandboxCmd::Rm(a) => {
-            rt.remove_sandbox(&a.backend, &a.name, a.volumes).await?;
+            crate::server::client::forget(&dir, &a.backend, &a.name).await;
+            rt.remove_sandbox(&a.backend, &a.name, !a.keep_workspace)
+                .await?;
             if a.json {
                 context::print_json(&json!({ "removed": a.name, "backend": a.backend }));
             } else {
@@ -210,22 +222,42 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
 }
 
 #[cfg(feature = "docker")]
-async fn gc(a: GcArgs) -> Result<u8> {
+async fn gc(
+    rt: &berth_core::runtime::Runtime,
+    state_dir: &std::path::Path,
+    a: GcArgs,
+) -> Result<u8> {
     if a.backend != "docker" {
         bail!(
             "`sandbox gc` collects docker containers; backend `{}` keeps nothing to collect",
             a.backend
         );
     }
-    let backend = berth_backends::docker::DockerBackend::connect().await?;
+    let backend = berth_backends::docker::DockerBackend::connect()
+        .await?
+        .with_installation(&berth_backends::installation_id(state_dir)?);
     let report = backend.gc(a.older_than).await?;
+    // Volumes of sandboxes still on record are how `sandbox create` brings them back.
+    let known: std::collections::HashSet<String> = rt
+        .store()
+        .sandboxes(Some("docker"))?
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    let volumes = backend
+        .gc_volumes(|name| known.contains(name), a.workspaces)
+        .await?;
     if a.json {
         context::print_json(&json!({
             "removed": report.removed, "kept": report.kept, "backend": a.backend,
+            "removed_volumes": volumes,
         }));
     } else {
         for name in &report.removed {
             println!("removed the container of sandbox {name} (its volumes are kept)");
+        }
+        for v in &volumes {
+            println!("removed orphaned volume {v}");
         }
         println!(
             "{} removed, {} kept (running or too recent)",
@@ -237,7 +269,7 @@ async fn gc(a: GcArgs) -> Result<u8> {
 }
 
 #[cfg(not(feature = "docker"))]
-async fn gc(_a: GcArgs) -> Result<u8> {
+async fn gc(_rt: &berth_core::runtime::Runtime, _dir: &std::path::Path, _a: GcArgs) -> Result<u8> {
     bail!("this berth was built without the docker backend (cargo feature `docker`)")
 }
 

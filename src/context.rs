@@ -28,6 +28,29 @@ pub fn state_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".local/state/berth"))
 }
 
+/// The runtime's settings; `BERTH_SPOOL_CAP_MB` and `BERTH_SPOOL_DIR_CAP_MB` bound
+/// the output spool (one command's file, and all of them).
+fn runtime_config(dir: PathBuf) -> Result<RuntimeConfig> {
+    let mut cfg = RuntimeConfig::new(dir);
+    let mb = |name: &str| -> Result<Option<u64>> {
+        match std::env::var(name) {
+            Ok(v) if !v.trim().is_empty() => v
+                .trim()
+                .parse::<u64>()
+                .map(|n| Some(n.saturating_mul(1024 * 1024)))
+                .with_context(|| format!("{name}={v:?} is not a whole number of MiB")),
+            _ => Ok(None),
+        }
+    };
+    if let Some(b) = mb("BERTH_SPOOL_CAP_MB")? {
+        cfg.spool_file_cap = b;
+    }
+    if let Some(b) = mb("BERTH_SPOOL_DIR_CAP_MB")? {
+        cfg.spool_dir_cap = b;
+    }
+    Ok(cfg)
+}
+
 /// The policy file: BERTH_POLICY, else $XDG_CONFIG_HOME/berth/policy.toml,
 /// else ~/.config/berth/policy.toml. It need not exist (built-in defaults).
 pub fn policy_path() -> Result<PathBuf> {
@@ -88,26 +111,36 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
         .context("cannot find berth's own executable for the local sandbox wrapper")?;
     let ctx = BackendContext {
         state_dir: dir.clone(),
-        local_wrapper: Some(gate.local_wrapper(&exe, unrestricted)?),
+        #[cfg(feature = "local")]
+        local_wrapper: Some(
+            berth_sandbox::WrapperCommand::new(exe, &gate.policy().local)?
+                .unrestricted(unrestricted),
+        ),
         ssh: ssh_options(),
+        modal: berth_backends::ModalSettings::from_env(),
         // A first docker sandbox builds its image: say what is happening.
         progress: Some(Arc::new(|line: &str| eprintln!("berth: image: {line}"))),
     };
     Ok(Runtime::new(
         Arc::new(store),
         Arc::new(Backends { ctx }),
-        RuntimeConfig::new(dir),
+        runtime_config(dir)?,
     )
     .with_gate(gate)
     .with_approval_notice(Arc::new(|ap: &berth_core::approvals::Approval| {
-        eprintln!(
-            "berth: waiting for approval #{id}: `{part}` needs a person's yes ({reason}).\n\
-             berth: answer from another terminal: `berth approve {id}` (add --always to allow it from now on) or `berth deny {id}`",
-            id = ap.id,
-            part = ap.part,
-            reason = ap.reason
-        );
+        eprintln!("{}", approval_notice_text(ap));
     })))
+}
+
+/// What a person is told when a command waits for their approval.
+pub fn approval_notice_text(ap: &berth_core::approvals::Approval) -> String {
+    format!(
+        "berth: waiting for approval #{id}: `{part}` needs a person's yes ({reason}).\n\
+         berth: answer from another terminal: `berth approve {id}` (add --always to allow it from now on) or `berth deny {id}`",
+        id = ap.id,
+        part = berth_policies::shell::printable(&ap.part),
+        reason = berth_policies::shell::printable(&ap.reason)
+    )
 }
 
 /// Print a value as one line of JSON.

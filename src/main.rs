@@ -4,6 +4,8 @@
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
 mod bench;
+mod bench_cli;
+mod bench_jobs;
 mod cmd_approvals;
 mod cmd_events;
 mod cmd_exec;
@@ -11,10 +13,12 @@ mod cmd_image;
 mod cmd_job;
 mod cmd_policy;
 mod cmd_reap;
+mod cmd_run;
 mod cmd_sandbox;
+mod cmd_server;
 mod context;
 mod mcp;
-mod sandbox_exec;
+mod server;
 mod shell;
 mod ssh_flags;
 
@@ -91,11 +95,21 @@ enum Command {
     /// The docker sandbox image.
     #[command(subcommand)]
     Image(cmd_image::ImageCmd),
+    /// Run an agent on a task: a model's tool calls through berth, journaled and resumable.
+    Run(Box<cmd_run::RunArgs>),
+    /// The journal of agent runs: list them, show one step by step.
+    #[command(subcommand)]
+    Runs(cmd_run::RunsCmd),
+    /// Hold berth's runtime (warm shells, connections, approvals) for CLI calls, in the foreground.
+    Serve(cmd_server::ServeArgs),
+    /// The background server: `status`, `stop`.
+    #[command(subcommand)]
+    Server(cmd_server::ServerCmd),
 }
 
 fn main() -> ExitCode {
     // The local exec wrapper runs before anything else exists in the process.
-    if let Some(code) = sandbox_exec::dispatch() {
+    if let Some(code) = berth_sandbox::dispatch() {
         return code;
     }
     let cli = Cli::parse();
@@ -111,13 +125,23 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BERTH_ERROR);
         }
     };
-    if let Err(e) = cli.ssh.options().map(context::set_ssh_options) {
+    // ssh flags on the command line are this call's own: a shared server
+    // cannot take them, so such a call runs in-process.
+    let ssh_flags = format!("{:?}", cli.ssh) != format!("{:?}", ssh_flags::SshFlags::default());
+    if ssh_flags && let Err(e) = cli.ssh.options().map(context::set_ssh_options) {
         eprintln!("berth: error: {e:#}");
         return ExitCode::from(EXIT_BERTH_ERROR);
     }
     let result = rt.block_on(async move {
         match cli.command {
-            Command::Exec(a) => cmd_exec::run(cli.state_dir, a).await,
+            Command::Exec(a) => match server_mode(ssh_flags, a.background) {
+                Ok(server::Mode::Off) => cmd_exec::run(cli.state_dir, a).await,
+                Ok(mode) => match context::state_dir(cli.state_dir) {
+                    Ok(dir) => server::client::exec(dir, mode, a).await,
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            },
             Command::Shell(a) => shell::run(cli.state_dir, a).await,
             Command::Sandbox(c) => cmd_sandbox::run(cli.state_dir, c).await,
             Command::Job(c) => cmd_job::run(cli.state_dir, c).await,
@@ -129,6 +153,10 @@ fn main() -> ExitCode {
             Command::Deny(a) => cmd_approvals::answer(cli.state_dir, a, false),
             Command::Image(c) => cmd_image::run(c).await,
             Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
+            Command::Run(a) => cmd_run::run(cli.state_dir, *a).await,
+            Command::Runs(c) => cmd_run::runs(cli.state_dir, c),
+            Command::Serve(a) => cmd_server::serve(cli.state_dir, a).await,
+            Command::Server(c) => cmd_server::run(cli.state_dir, c).await,
         }
     });
     // Don't wait for detached readers of dead processes.
@@ -140,6 +168,16 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_BERTH_ERROR)
         }
     }
+}
+
+/// Whether this call goes through the server: `BERTH_SERVER`, except for what
+/// runs in-process for now (ssh flags on the command line, `--background`).
+fn server_mode(ssh_flags: bool, background: bool) -> anyhow::Result<server::Mode> {
+    let mode = server::Mode::from_env()?;
+    if ssh_flags || background {
+        return Ok(server::Mode::Off);
+    }
+    Ok(mode)
 }
 
 fn init_logging(filter: &str) {

@@ -28,6 +28,11 @@ pub struct SshFlags {
     /// passphrase comes from BERTH_SSH_PASSPHRASE, never from the command line.
     #[arg(long = "identity", short = 'i', global = true, value_name = "FILE")]
     pub identity: Vec<PathBuf>,
+    /// ssh backend: jump hosts, `[user@]host[:port]` or aliases, comma-separated,
+    /// outermost first (like `ssh -J`); overrides the config's ProxyJump, `none`
+    /// disables it. Each hop's host key is checked like the target's.
+    #[arg(long = "jump", short = 'J', global = true, value_name = "HOSTS")]
+    pub jump: Option<String>,
     /// ssh backend: seconds allowed for TCP connect, handshake and authentication.
     #[arg(long, global = true, value_name = "SECS")]
     pub connect_timeout: Option<f64>,
@@ -43,6 +48,7 @@ impl SshFlags {
         o.config_path = self.ssh_config.clone();
         o.known_hosts = self.known_hosts.clone();
         o.identity_files = self.identity.clone();
+        o.proxy_jump = self.jump.clone();
         if let Some(secs) = self.connect_timeout {
             if !secs.is_finite() || secs <= 0.0 {
                 bail!("--connect-timeout must be a positive number of seconds, got {secs}");

@@ -3,26 +3,50 @@
 //! - `conformance`: one set of assertions about the session engine, run against
 //!   every backend; a backend joins by adding one `conformance_suite!` line.
 //! - `jobs`: background jobs through the runtime, likewise per backend.
+//! - `e2b_backend`: the e2b backend's faults, recovery and keep-alive against the
+//!   stand-in, and the official Python SDK against the same stand-in.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
+//! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
 //! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
 //!   (kernel-dependent: they fail, naming the missing feature, on a kernel
 //!   without Landlock ABI >= 4, seccomp or, as root, a pids cgroup).
 
 mod support;
 
+mod agent;
 mod cli;
+mod e2b_backend;
 mod mcp;
 #[macro_use]
 mod conformance;
 #[macro_use]
 mod jobs;
+mod modal_faults;
+mod modal_sdk;
 mod policy_cli;
 mod restricted_session;
+mod shell;
+#[macro_use]
+mod terminal;
 mod sandbox_escape;
+mod serve;
 
 conformance_suite!(local, crate::support::local_harness);
+#[cfg(feature = "ssh")]
 conformance_suite!(ssh, crate::support::ssh_harness);
+#[cfg(feature = "docker")]
 conformance_suite!(docker, crate::support::docker_harness);
+conformance_suite!(e2b, crate::support::e2b_harness);
+conformance_suite!(modal, crate::support::modal_harness);
 jobs_suite!(local_jobs, crate::support::local_harness);
+#[cfg(feature = "ssh")]
 jobs_suite!(ssh_jobs, crate::support::ssh_harness);
+#[cfg(feature = "docker")]
 jobs_suite!(docker_jobs, crate::support::docker_harness);
+jobs_suite!(e2b_jobs, crate::support::e2b_harness);
+jobs_suite!(modal_jobs, crate::support::modal_harness);
+terminal_suite!(local_terminal, crate::support::local_harness);
+#[cfg(feature = "ssh")]
+terminal_suite!(ssh_terminal, crate::support::ssh_harness);
+#[cfg(feature = "docker")]
+terminal_suite!(docker_terminal, crate::support::docker_harness);

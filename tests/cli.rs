@@ -116,6 +116,57 @@ fn timeout_exits_124_with_a_message() -> TestResult {
     Ok(())
 }
 
+/// `yes` under a timeout once wrote gigabytes to the spool: each spool file
+/// keeps its head and a rolling tail within its cap, and says so.
+#[test]
+fn the_spool_is_capped_and_says_so() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args([
+            "exec",
+            "--json",
+            "--",
+            "yes berth | head -c 5000000; echo last-line",
+        ])
+        .env("BERTH_STATE_DIR", dir.path())
+        .env("BERTH_POLICY", dir.path().join("policy.toml"))
+        .env("BERTH_SPOOL_CAP_MB", "1")
+        .stdin(Stdio::null())
+        .output()?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["exit_code"], 0, "{}", stderr(&o));
+    let omitted = v["spool_omitted_bytes"].as_u64().unwrap_or(0);
+    assert_eq!(omitted, 5_000_010 - 1024 * 1024);
+    let notices = v["notices"].to_string();
+    assert!(notices.contains("spool is capped"), "{notices}");
+    let path = v["spool"].as_str().ok_or("no spool path")?;
+    let spooled = std::fs::read(path)?;
+    assert!(spooled.len() < 1024 * 1024 + 200, "{} bytes", spooled.len());
+    assert!(spooled.starts_with(b"berth\nberth\n"));
+    assert!(spooled.ends_with(b"berth\nbelast-line\n"));
+    let text = String::from_utf8_lossy(&spooled);
+    assert!(text.contains("bytes left out of this spool"));
+    // The directory as a whole is capped too: a second big output pushes the
+    // first one out.
+    let o = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["exec", "--json", "--", "head -c 3000000 /dev/zero"])
+        .env("BERTH_STATE_DIR", dir.path())
+        .env("BERTH_POLICY", dir.path().join("policy.toml"))
+        .env("BERTH_SPOOL_CAP_MB", "1")
+        .env("BERTH_SPOOL_DIR_CAP_MB", "1")
+        .stdin(Stdio::null())
+        .output()?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["exit_code"], 0, "{}", stderr(&o));
+    assert!(
+        !Path::new(path).exists(),
+        "the older spool was kept past the dir cap"
+    );
+    let newest = v["spool"].as_str().ok_or("no spool path")?;
+    assert!(Path::new(newest).exists());
+    Ok(())
+}
+
 #[test]
 fn bad_input_gets_clear_errors() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -356,6 +407,7 @@ fn docker_sandbox_create_exec_ls_gc_rm() -> TestResult {
     let dir = tempfile::tempdir()?;
     let name = format!("t-cli-{}", std::process::id());
     let d = dir.path();
+    let _g = RmOnDrop(d.to_path_buf(), name.clone());
     let o = berth(d, &["sandbox", "create", &name, "--backend", "docker"])?;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let run = |cmd: &str| {
@@ -376,16 +428,32 @@ fn docker_sandbox_create_exec_ls_gc_rm() -> TestResult {
         .and_then(|l| l.iter().find(|s| s["name"] == name.as_str()))
         .ok_or("the new sandbox is not listed")?;
     assert_eq!(mine["state"], "running");
-    // A running sandbox is never collected. (A long threshold: other tests'
-    // containers stopped a moment ago must not be collected under them.)
-    let o = berth(d, &["sandbox", "gc", "--older-than", "1h", "--json"])?;
+    // gc with no age threshold: a stopped sandbox is collected, a running one
+    // never. (Safe beside other tests: gc sees only this state dir's installation.)
+    let stopped = format!("{name}-stopped");
+    let _g2 = RmOnDrop(d.to_path_buf(), stopped.clone());
+    let o = berth(d, &["sandbox", "create", &stopped, "--backend", "docker"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let installation = berth_backends::installation_id(d)?;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let b = berth_backends::docker::DockerBackend::connect()
+                .await?
+                .with_installation(&installation);
+            b.client()
+                .stop_container(&b.names().container(&stopped), None)
+                .await?;
+            Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+        })?;
+    let o = berth(d, &["sandbox", "gc", "--older-than", "0", "--json"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let gc: Value = serde_json::from_slice(&o.stdout)?;
     let removed = gc["removed"].as_array().ok_or("no removed list")?;
+    assert!(removed.iter().any(|n| n == stopped.as_str()), "{gc}");
     assert!(!removed.iter().any(|n| n == name.as_str()), "{gc}");
-    let o = berth(
-        d,
-        &["sandbox", "rm", &name, "--backend", "docker", "--volumes"],
-    )?;
+    let o = berth(d, &["sandbox", "rm", &name, "--backend", "docker"])?;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = berth(d, &["sandbox", "ls", "--backend", "docker", "--json"])?;
     assert!(
@@ -394,6 +462,16 @@ fn docker_sandbox_create_exec_ls_gc_rm() -> TestResult {
         stdout(&o)
     );
     Ok(())
+}
+
+/// Removes a docker sandbox through the CLI when dropped, so a failed test
+/// leaves no container or volume behind.
+struct RmOnDrop(std::path::PathBuf, String);
+
+impl Drop for RmOnDrop {
+    fn drop(&mut self) {
+        let _ = berth(&self.0, &["sandbox", "rm", &self.1, "--backend", "docker"]);
+    }
 }
 
 #[test]
@@ -434,5 +512,140 @@ fn bench_reports_both_series_and_their_ratio() -> TestResult {
     // The bench sandbox is cleaned up.
     let o = berth(dir.path(), &["sandbox", "ls", "--json"])?;
     assert!(!stdout(&o).contains("berth-bench"), "{}", stdout(&o));
+    Ok(())
+}
+
+#[test]
+fn state_spool_and_sandboxes_are_private() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let state = dir.path().join("state");
+    // An older berth left the state dir open to everyone: it is tightened.
+    std::fs::create_dir_all(&state)?;
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755))?;
+    let o = berth(
+        &state,
+        &["exec", "--", "seq 1 200000; echo snap > snapfile"],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mode = |p: &Path| -> std::io::Result<u32> {
+        Ok(std::fs::metadata(p)?.permissions().mode() & 0o777)
+    };
+    assert_eq!(mode(&state)?, 0o700, "state dir");
+    assert_eq!(mode(&state.join("berth.db"))? & 0o077, 0, "database");
+    for f in ["berth.db-wal", "berth.db-shm"] {
+        if state.join(f).exists() {
+            assert_eq!(mode(&state.join(f))? & 0o077, 0, "{f}");
+        }
+    }
+    let spool = state.join("spool");
+    assert_eq!(mode(&spool)?, 0o700, "spool dir");
+    let mut spooled = 0;
+    for e in std::fs::read_dir(&spool)? {
+        let p = e?.path();
+        if p.is_file() {
+            spooled += 1;
+            assert_eq!(mode(&p)? & 0o077, 0, "{}", p.display());
+        }
+    }
+    assert!(spooled > 0, "the long output was not spooled");
+    let sandboxes = state.join("sandboxes").join("local");
+    for e in std::fs::read_dir(&sandboxes)? {
+        let sb = e?.path();
+        for sub in ["work", "tmp", ".berth"] {
+            assert_eq!(mode(&sb.join(sub))?, 0o700, "{}/{sub}", sb.display());
+        }
+    }
+    Ok(())
+}
+
+/// True while some process on this host runs a `berth-wait` for job `id`
+/// (local jobs are host processes).
+fn waiting_for(id: &str) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
+            let c = String::from_utf8_lossy(&c);
+            c.contains("berth-wait") && c.contains(id)
+        })
+    })
+}
+
+/// `events --follow` shows a job's end as it happens: it keeps a waiter on
+/// every unfinished job, so `job.exited` arrives within half a second of the
+/// end, three rounds in a row (a once-a-second refresh passes that one time in
+/// eight).
+#[test]
+fn events_follow_shows_a_job_end_at_once() -> TestResult {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    // The sandbox exists before the follower starts.
+    berth(d, &["exec", "--", "true"])?;
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args([
+            "events",
+            "--follow",
+            "--json",
+            "--kind",
+            "job.exited",
+            "-n",
+            "0",
+        ])
+        .env("BERTH_STATE_DIR", d)
+        .env("BERTH_POLICY", d.join("policy.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let out = follower.stdout.take().ok_or("no stdout")?;
+    let _follower = KillOnDrop(follower);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    for round in 0..3 {
+        let o = berth(d, &["job", "start", "--", "read -r x"])?;
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let id = stdout(&o).trim().to_string();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !waiting_for(&id) {
+            assert!(
+                Instant::now() < deadline,
+                "events --follow never waited on {id}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = berth(d, &["job", "send", &id, "go\n"])?;
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let ended = Instant::now();
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .map_err(|_| format!("round {round}: no job.exited for {id} within 30s"))?;
+            if line.contains(&id) {
+                break;
+            }
+        }
+        let late = ended.elapsed();
+        assert!(
+            late < Duration::from_millis(500),
+            "round {round}: job.exited arrived {late:?} after the job's end"
+        );
+    }
     Ok(())
 }

@@ -43,9 +43,17 @@ macro_rules! conformance_suite {
             case!(a_corrupt_snapshot_is_discarded_with_a_warning);
             case!(syntax_errors_do_not_break_the_framing);
             case!(interrupt_stops_the_command_not_the_shell);
+            case!(a_stopped_command_abandons_the_rest_of_its_list);
             case!(loop_control_and_errexit_keep_the_framing);
             case!(state_changed_through_functions_and_aliases_survives_a_kill);
             case!(a_moved_cwd_or_path_is_saved_even_when_the_text_looked_harmless);
+            case!(a_marker_forged_from_anything_the_shell_holds_is_output);
+            case!(a_command_that_steals_the_nonce_cannot_pass_unnoticed);
+            case!(no_alias_of_a_name_the_loop_uses_breaks_the_session);
+            case!(no_function_named_like_a_builtin_breaks_the_session);
+            case!(no_disabled_builtin_breaks_the_session);
+            case!(fifos_where_berth_keeps_its_files_do_not_hang_it);
+            case!(a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout);
         }
     };
 }
@@ -198,7 +206,8 @@ pub async fn timeout_kills_the_whole_tree_and_keeps_the_session(h: &Harness) -> 
         "an earlier command's process was killed"
     );
     assert_eq!(ok(&mut s, "echo $PWD $STAY").await?, "/tmp here\n");
-    // A builtin that never returns (no process to kill) forces a shell replacement.
+    // A builtin that never returns (no process to kill) is abandoned like any
+    // other command, and the shell lives on.
     let r = s
         .exec(
             "while :; do :; done",
@@ -209,8 +218,21 @@ pub async fn timeout_kills_the_whole_tree_and_keeps_the_session(h: &Harness) -> 
         )
         .await?;
     assert!(r.timed_out);
+    assert!(r.cwd.is_some(), "{:?}", r.notices);
+    assert_eq!(ok(&mut s, "echo $PWD $STAY").await?, "/tmp here\n");
+    // One that also ignores the signal that abandons it forces a shell replacement.
+    let r = s
+        .exec(
+            "trap '' USR1; while :; do :; done",
+            ExecOpts {
+                timeout: Some(Duration::from_millis(300)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.timed_out);
     assert!(
-        r.notices.iter().any(|n| n.contains("replaced")),
+        r.cwd.is_none() && r.notices.iter().any(|n| n.contains("new shell")),
         "{:?}",
         r.notices
     );
@@ -450,6 +472,119 @@ pub async fn syntax_errors_do_not_break_the_framing(h: &Harness) -> TestResult {
     f.remove().await
 }
 
+/// A timeout or an interrupt abandons the rest of the command's list, as Ctrl-C
+/// does at a terminal: after `sleep 60; rm -rf x`, the `rm` must never run. The
+/// shell keeps its state (even unexported variables: it is the same shell) and
+/// `$?` says why the command ended.
+pub async fn a_stopped_command_abandons_the_rest_of_its_list(h: &Harness) -> TestResult {
+    let f = h.sandbox("abandon").await?;
+    let mut s = open(&f).await?;
+    let salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = format!("/tmp/berth-abandon-{salt}");
+    ok(
+        &mut s,
+        &format!("mkdir -p {dir} && cd {dir} && export STAY=here && LOCAL=kept"),
+    )
+    .await?;
+    let quick = |ms| ExecOpts {
+        timeout: Some(Duration::from_millis(ms)),
+        ..Default::default()
+    };
+    let [a, b, c, d, e] = unique_sleeps::<5>();
+    let cases = [
+        (format!("{a}; echo after > f"), "f"),
+        (format!("{{ {b}; touch g; }}"), "g"),
+        (format!("for i in 1 2; do {c}; done; touch h"), "h"),
+        (format!("while :; do {d}; done; touch i"), "i"),
+        (format!("if true; then {e}; touch j; fi; touch k"), "k"),
+    ];
+    for (cmd, file) in &cases {
+        let r = s.exec(cmd, quick(500)).await?;
+        assert!(r.timed_out, "{cmd}");
+        assert_eq!(r.exit_code, 124, "{cmd}");
+        assert!(r.cwd.is_some(), "`{cmd}` lost its shell: {:?}", r.notices);
+        assert_eq!(
+            ok(&mut s, "echo $? $PWD $STAY $LOCAL; ls").await?,
+            format!("124 {dir} here kept\n"),
+            "after `{cmd}`, {file} was created or the state was lost"
+        );
+    }
+    // Inside a function no `break` reaches the loop: the shell exits instead,
+    // its state saved, and the next command runs in a shell restored from it.
+    let [a, b, c] = unique_sleeps::<3>();
+    let r = s
+        .exec(
+            &format!("fn1() {{ {a}; touch l; }}; fn1; touch m"),
+            quick(500),
+        )
+        .await?;
+    assert_eq!(r.exit_code, 124);
+    assert_eq!(
+        ok(&mut s, "echo $PWD $STAY; ls").await?,
+        format!("{dir} here\n")
+    );
+    // A command that replaces the loop's trap cannot keep its list running: the
+    // shell is killed instead ...
+    let r = s
+        .exec(&format!("trap 'echo mine' USR1; {b}; touch n"), quick(500))
+        .await?;
+    assert_eq!(r.exit_code, 124);
+    assert_eq!(
+        ok(&mut s, "echo $PWD $STAY; ls").await?,
+        format!("{dir} here\n")
+    );
+    // ... and one that did so earlier finds the trap put back.
+    ok(&mut s, "trap '' USR1 USR2").await?;
+    let r = s.exec(&format!("{c}; touch o"), quick(500)).await?;
+    assert_eq!(r.exit_code, 124);
+    assert!(r.cwd.is_some(), "{:?}", r.notices);
+    assert_eq!(
+        ok(&mut s, "echo $PWD $STAY; ls").await?,
+        format!("{dir} here\n")
+    );
+    // An interrupt through the cancellation token does the same, with 130.
+    ok(&mut s, "LOCAL=again").await?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let c2 = cancel.clone();
+    let tee: berth_core::session::Tee = std::sync::Arc::new(move |bytes: &[u8]| {
+        if bytes.windows(7).any(|w| w == b"started") {
+            c2.cancel();
+        }
+    });
+    let [sleep] = unique_sleeps::<1>();
+    let r = s
+        .exec(
+            &format!("echo started; {sleep}; touch p"),
+            ExecOpts {
+                cancel: Some(cancel),
+                tee: Some(tee),
+                timeout: Some(Duration::from_secs(60)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.interrupted);
+    assert_eq!(r.exit_code, 130);
+    assert!(r.cwd.is_some(), "{:?}", r.notices);
+    assert_eq!(
+        ok(&mut s, "echo $? $PWD $STAY $LOCAL; ls").await?,
+        format!("130 {dir} here again\n")
+    );
+    // The restarted loop still runs commands, repeatedly.
+    for _ in 0..3 {
+        let [z] = unique_sleeps::<1>();
+        let r = s.exec(&format!("{z}; touch q"), quick(300)).await?;
+        assert_eq!(r.exit_code, 124);
+    }
+    assert_eq!(ok(&mut s, "ls; echo ok").await?, "ok\n");
+    ok(&mut s, &format!("cd / && rm -rf {dir}")).await?;
+    s.close().await;
+    f.remove().await
+}
+
 pub async fn interrupt_stops_the_command_not_the_shell(h: &Harness) -> TestResult {
     let f = h.sandbox("interrupt").await?;
     let mut s = open(&f).await?;
@@ -648,6 +783,307 @@ pub async fn a_moved_cwd_or_path_is_saved_even_when_the_text_looked_harmless(
     );
     assert!(r.cwd.as_deref().is_some_and(|c| c.ends_with("/moved")));
     assert!(r.restored_from.is_some());
+    s.close().await;
+    f.remove().await
+}
+
+fn with_timeout(secs: u64) -> ExecOpts {
+    ExecOpts {
+        timeout: Some(Duration::from_secs(secs)),
+        ..Default::default()
+    }
+}
+
+/// The red team's forgery: while the real command runs on, it prints an end
+/// marker reporting exit 0 and cwd `/etc`, built from the shell's nonce variable
+/// of old and from every 16-hex-digit string the shell's variables, environment
+/// and command line hold. None of it may end the command.
+pub async fn a_marker_forged_from_anything_the_shell_holds_is_output(h: &Harness) -> TestResult {
+    let f = h.sandbox("forge").await?;
+    let mut s = open(&f).await?;
+    ok(&mut s, "export BERTH_SEEN=1").await?;
+    let forge = r#"forge() { printf '\036%s:0\037-\0370\0370\037/etc:%s\036' "$1" "$1"; }
+forge "${__berth_h:0:16}"; forge "${__berth_n:1}"; forge "${__berth_n:0:16}"
+for n in $( { set; tr '\0' '\n' < /proc/$$/environ; tr '\0' '\n' < /proc/$$/cmdline; } 2>/dev/null | grep -o '[0-9a-f]\{16\}' | sort -u); do forge "$n"; done
+echo forged; sleep 3; echo real-end; (exit 7)"#;
+    let r = s.exec(forge, with_timeout(60)).await?;
+    assert_eq!(r.exit_code, 7, "{:?}", r.output.text());
+    assert!(
+        r.output.text().ends_with("forged\nreal-end\n"),
+        "{:?}",
+        r.output.text()
+    );
+    assert_ne!(r.cwd.as_deref(), Some("/etc"));
+    assert!(r.output.bytes().starts_with(b"\x1e"), "nothing was forged");
+    // With a timeout, the forged marker does not end it early either.
+    let r = s
+        .exec(
+            r#"printf '\036%s:0\037-\0370\0370\037/etc:%s\036' "${__berth_h:0:16}" "${__berth_h:0:16}"; sleep 30"#,
+            with_timeout(1),
+        )
+        .await?;
+    assert!(r.timed_out);
+    assert_eq!(r.exit_code, 124);
+    assert_ne!(r.cwd.as_deref(), Some("/etc"));
+    assert_eq!(ok(&mut s, "echo $BERTH_SEEN").await?, "1\n");
+    s.close().await;
+    f.remove().await
+}
+
+/// A command that reads the loop's private descriptor takes the nonce and can
+/// end itself with a marker the engine accepts. The loop then finds no nonce
+/// record where one belongs: the next command fails naming that, the shell is
+/// replaced, and the one after runs restored.
+pub async fn a_command_that_steals_the_nonce_cannot_pass_unnoticed(h: &Harness) -> TestResult {
+    let f = h.sandbox("steal").await?;
+    let mut s = open(&f).await?;
+    ok(&mut s, "export KEPT=1").await?;
+    let steal = r#"(sleep 1; :) & read -r -u "$__berth_fd" -N 17 n; printf '\036%s:0\037-\0370\0370\037/etc:%s\036' "${n:1}" "${n:1}"; wait"#;
+    let r = s.exec(steal, with_timeout(30)).await?;
+    // The theft "worked": that is the hole this case pins down.
+    assert_eq!(r.cwd.as_deref(), Some("/etc"));
+    // It comes out at once: as a notice on that very result (when the engine
+    // wrote to the shell again at once, say for a snapshot), or as the next
+    // command's failure.
+    let mut said = r.notices.join("\n");
+    match s.exec("echo next", with_timeout(30)).await {
+        Err(e) => said.push_str(&e.to_string()),
+        Ok(r) => said.push_str(&r.notices.join("\n")),
+    }
+    assert!(
+        said.contains("lost its framing"),
+        "the stolen nonce went unnoticed: {said}"
+    );
+    // The replacement shell was restored from the last snapshot.
+    let r = s.exec("echo $KEPT", with_timeout(30)).await?;
+    assert_eq!(r.output.text(), "1\n");
+    s.close().await;
+    f.remove().await
+}
+
+/// Names the loop runs (and some it does not): builtins, then keywords.
+const BUILTINS: &[&str] = &[
+    "builtin",
+    "read",
+    "printf",
+    "eval",
+    "return",
+    "set",
+    "trap",
+    "command",
+    "declare",
+    "local",
+    "unset",
+    "cd",
+    "export",
+    "alias",
+    "compgen",
+    "shopt",
+    "enable",
+    "exec",
+    "exit",
+    "source",
+    ".",
+    ":",
+    "true",
+    "false",
+    "test",
+    "[",
+    "echo",
+    "type",
+    "hash",
+    "wait",
+    "kill",
+    "mkdir",
+    "rm",
+    "__berth_post",
+    "__berth_exit",
+    "__berth_rs",
+];
+const KEYWORDS: &[&str] = &[
+    "if", "then", "else", "fi", "while", "do", "done", "case", "esac", "[[", "{", "}", "!", "for",
+    "in", "function",
+];
+
+/// Every name the loop uses, and every keyword, as an alias.
+pub async fn no_alias_of_a_name_the_loop_uses_breaks_the_session(h: &Harness) -> TestResult {
+    let table = BUILTINS
+        .iter()
+        .chain(KEYWORDS)
+        .map(|n| (n.to_string(), format!("alias '{n}'='echo hijacked'")));
+    survives_redefinitions(h, "aliases", table.collect()).await
+}
+
+/// Every builtin the loop uses, as a function.
+pub async fn no_function_named_like_a_builtin_breaks_the_session(h: &Harness) -> TestResult {
+    let table = BUILTINS.iter().map(|n| {
+        (
+            n.to_string(),
+            format!("function '{n}' {{ echo hijacked; }}"),
+        )
+    });
+    survives_redefinitions(h, "functions", table.collect()).await
+}
+
+/// Every builtin the loop uses, disabled.
+pub async fn no_disabled_builtin_breaks_the_session(h: &Harness) -> TestResult {
+    let table = BUILTINS
+        .iter()
+        .map(|n| (n.to_string(), format!("enable -n '{n}'")));
+    survives_redefinitions(h, "disabled", table.collect()).await
+}
+
+/// After each redefinition, in a new session: the session still frames, reports
+/// exit codes and cwd, honours `--timeout`, and snapshots and restores its state.
+async fn survives_redefinitions(
+    h: &Harness,
+    test: &str,
+    redefinitions: Vec<(String, String)>,
+) -> TestResult {
+    let f = h.sandbox(test).await?;
+    for (name, redefine) in &redefinitions {
+        let what = format!("after `{redefine}`");
+        eprintln!("{what}");
+        let mut s = open(&f).await?;
+        // The test's own commands stay clear of the redefined names: only the
+        // engine's reports are checked.
+        let r = s
+            .exec(
+                &format!(
+                    "\\builtin cd -- /tmp; BERTH_T={name:?}; \\builtin export BERTH_T; {redefine}"
+                ),
+                with_timeout(20),
+            )
+            .await?;
+        assert!(!r.timed_out, "{what}: the redefinition itself hung");
+        let r = s.exec("/bin/sh -c 'exit 3'", with_timeout(20)).await?;
+        assert_eq!(
+            r.exit_code,
+            3,
+            "{what}: {:?} {:?}",
+            r.output.text(),
+            r.notices
+        );
+        assert_eq!(r.cwd.as_deref(), Some("/tmp"), "{what}");
+        let short = ExecOpts {
+            timeout: Some(Duration::from_millis(200)),
+            ..Default::default()
+        };
+        let r = s.exec("/bin/sleep 30", short).await?;
+        assert!(r.timed_out, "{what}: timeout not honoured");
+        assert_eq!(r.exit_code, 124, "{what}");
+        // A state change is saved, and survives the shell.
+        let r = s.exec("\\builtin cd -- /", with_timeout(20)).await?;
+        assert_eq!(r.cwd.as_deref(), Some("/"), "{what}");
+        kill_shell(&f, &s).await?;
+        let mut r = s
+            .exec("/bin/sh -c 'echo \"$BERTH_T\"'", with_timeout(20))
+            .await?;
+        if r.cwd.is_none() {
+            r = s
+                .exec("/bin/sh -c 'echo \"$BERTH_T\"'", with_timeout(20))
+                .await?;
+        }
+        assert_eq!(
+            r.output.text(),
+            format!("{name}\n"),
+            "{what}: {:?}",
+            r.notices
+        );
+        assert_eq!(r.cwd.as_deref(), Some("/"), "{what}");
+        assert!(r.restored_from.is_some(), "{what}: {:?}", r.notices);
+        assert!(
+            !r.notices.iter().any(|n| n.contains("corrupt")),
+            "{what}: {:?}",
+            r.notices
+        );
+        s.close().await;
+    }
+    f.remove().await
+}
+
+/// FIFOs planted where berth keeps its snapshots and the stdin file: nothing
+/// hangs, and state still survives the shell.
+pub async fn fifos_where_berth_keeps_its_files_do_not_hang_it(h: &Harness) -> TestResult {
+    let f = h.sandbox("fifo").await?;
+    let mut s = open(&f).await?;
+    let plant = r#"rm -f "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 "$__berth_dir"/stdin; mkfifo "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 "$__berth_dir"/stdin"#;
+    ok(&mut s, plant).await?;
+    // Snapshots are written over the FIFOs.
+    let r = s
+        .exec("export AFTER_FIFO=1; cd /tmp", with_timeout(20))
+        .await?;
+    assert!(!r.timed_out, "a snapshot write hung on a FIFO");
+    assert!(r.snapshotted);
+    let r = s
+        .exec(
+            "cat",
+            ExecOpts {
+                stdin: Some(b"fed\n".to_vec()),
+                timeout: Some(Duration::from_secs(20)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(!r.timed_out, "stdin over a FIFO hung");
+    assert_eq!(r.output.text(), "fed\n");
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(&mut s, "echo $AFTER_FIFO").await?;
+    assert_eq!(r.output.text(), "1\n");
+    assert_eq!(r.cwd.as_deref(), Some("/tmp"));
+    // Now the FIFOs are there when the engine reads the snapshots back.
+    ok(&mut s, plant).await?;
+    kill_shell(&f, &s).await?;
+    let mut r = s.exec("echo alive", with_timeout(20)).await?;
+    if r.cwd.is_none() {
+        r = s.exec("echo alive", with_timeout(20)).await?;
+    }
+    assert!(!r.timed_out);
+    assert_eq!(r.output.text(), "alive\n");
+    assert!(
+        r.notices.iter().any(|n| n.contains("snap.")),
+        "{:?}",
+        r.notices
+    );
+    s.close().await;
+    f.remove().await
+}
+
+/// A snapshot whose replay never finishes: the call still ends at its
+/// timeout, the snapshot is set aside with a notice, and the next command
+/// runs in a clean shell whose snapshots supersede it.
+pub async fn a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout(
+    h: &Harness,
+) -> TestResult {
+    let f = h.sandbox("hangsnap").await?;
+    let dir = f.sandbox.layout().berth_dir.clone();
+    let mut s = open(&f).await?;
+    ok(&mut s, "true").await?;
+    kill_shell(&f, &s).await?;
+    f.sandbox
+        .write_file(
+            &format!("{dir}/snap.0"),
+            b"# berth snapshot v2 seq=50\nsleep 600\n# berth snapshot end seq=50\n",
+            0o600,
+        )
+        .await?;
+    let mut r = s.exec("echo first", with_timeout(2)).await?;
+    if r.cwd.is_none() && !r.timed_out {
+        r = s.exec("echo first", with_timeout(2)).await?;
+    }
+    assert!(
+        r.notices
+            .iter()
+            .any(|n| n.contains("could not be restored")),
+        "{:?}",
+        r.notices
+    );
+    let r = s.exec("export NEW=1; echo again", with_timeout(20)).await?;
+    assert_eq!(r.output.text(), "again\n");
+    assert!(r.snapshotted);
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(&mut s, "echo $NEW").await?;
+    assert_eq!(r.output.text(), "1\n", "{:?}", r.notices);
     s.close().await;
     f.remove().await
 }

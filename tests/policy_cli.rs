@@ -424,11 +424,20 @@ fn a_sandbox_created_with_network_can_connect_and_others_cannot() -> TestResult 
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
     let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED");
+    // Refused by the sandbox (seccomp or Landlock), not failed for some other
+    // reason: the command's own exit status, and the kernel's word for a denial.
     let o = env.run(&["exec", "--", &probe])?;
     assert!(!text(&o).contains("CONNECTED"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("Operation not permitted") || text(&o).contains("Permission denied"),
+        "the connection failed, but not by a denial: {}",
+        text(&o)
+    );
     let o = env.run(&["sandbox", "create", "net", "--network"])?;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = env.run(&["exec", "--sandbox", "net", "--", &probe])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("CONNECTED"),
         "{}",
@@ -538,5 +547,67 @@ fn limits_bound_timeouts_and_output() -> TestResult {
     assert_eq!(v["truncated"], true, "{}", text(&o));
     assert_eq!(v["bytes"], 100000);
     assert_eq!(v["omitted_bytes"], 99000);
+    Ok(())
+}
+
+const GUARD: &str =
+    "opaque = \"deny\"\n[[rules]]\nname = \"no-rm\"\naction = \"deny\"\nprefix = \"rm\"\n";
+
+/// Issue 10 items 4, 12, 13 and 14 through the binary: the gate reads text as
+/// bash does, resolves an alias an earlier call defined, refuses a command word
+/// built at run time, and runs ordinary bash it used to refuse.
+#[test]
+fn the_gate_reads_commands_as_bash_does() -> TestResult {
+    let env = Env::new(GUARD)?;
+    let o = env.run(&["exec", "--", "touch keep && alias e='env '"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for cmd in [
+        "e rm keep",
+        "echo $( case a in a) rm keep ;; esac )",
+        "$(echo rm) keep",
+        "echo\r/../../usr/bin/rm keep",
+        "rm keep\x1b[2J",
+    ] {
+        let o = env.run(&["exec", "--", cmd])?;
+        assert_eq!(o.status.code(), Some(126), "{cmd:?}: {}", text(&o));
+        assert!(env.work().join("keep").exists(), "{cmd:?} ran");
+    }
+    let o = env.run(&[
+        "exec",
+        "--",
+        "a=(1 2 3); arr+=(4); for ((i=0;i<1;i++)); do [[ x =~ ^(x|y)$ ]] && case $i in (0) echo ${a[1]}${arr[0]} ;; esac; done",
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "24\n");
+    // Item 17: command text is printed with its control characters escaped.
+    let o = env.run(&["events", "-n", "100"])?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("exec.denied"), "{out}");
+    assert!(
+        !out.contains(['\r', '\x1b']),
+        "raw control characters: {out:?}"
+    );
+    assert!(out.contains("\\r") && out.contains("\\x1b"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn approvals_print_control_characters_escaped() -> TestResult {
+    let env = Env::new(&ASK.replace("timeout_secs = 60", "timeout_secs = 1"))?;
+    let o = env.run(&["exec", "--", "touch late\r\x1b[2J"])?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains('\x1b'),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["approvals", "ls", "--all"])?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("touch late"), "{out}");
+    assert!(
+        !out.contains(['\r', '\x1b']),
+        "raw control characters: {out:?}"
+    );
+    assert!(out.contains("\\r\\x1b[2J"), "{out}");
     Ok(())
 }

@@ -7,25 +7,17 @@
 
 use std::time::Duration;
 
-use berth_backends::local::{LocalBackend, WRAPPER_SANDBOX, WRAPPER_SANDBOX_DIR};
+use berth_backends::local::LocalBackend;
 use berth_core::backend::{Backend, SandboxSpec};
 use berth_core::session::{ExecOpts, Session, SessionConfig};
+use berth_sandbox::WrapperCommand;
 
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
 fn wrapped(state: &std::path::Path) -> LocalBackend {
-    let wrapper = [
-        BERTH,
-        "__sandbox-exec",
-        "--policy",
-        r#"{"rlimits":{"pids":256}}"#,
-        "--sandbox-dir",
-        WRAPPER_SANDBOX_DIR,
-        "--name",
-        WRAPPER_SANDBOX,
-        "--",
-    ];
-    LocalBackend::new(state).with_wrapper(wrapper.iter().map(|s| s.to_string()).collect())
+    let policy: berth_policies::LocalPolicy =
+        serde_json::from_str(r#"{"rlimits":{"pids":256}}"#).unwrap();
+    LocalBackend::new(state).with_wrapper(WrapperCommand::new(BERTH, &policy).unwrap())
 }
 
 /// Processes still running this test's marker sleep.
@@ -134,8 +126,8 @@ struct CgroupGuard(std::path::PathBuf, String);
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        if let Some(cg) = berth_backends::local_cgroup::dir_for(&self.1, &self.0) {
-            let _ = berth_backends::local_cgroup::remove(&cg);
+        if let Some(cg) = berth_sandbox::cgroup::dir_for(&self.1, &self.0) {
+            let _ = berth_sandbox::cgroup::remove(&cg);
         }
     }
 }
@@ -145,12 +137,18 @@ async fn a_refusing_wrapper_is_reported_with_its_reason() {
     let dir = tempfile::tempdir().unwrap();
     // Stands in for a kernel without Landlock: the wrapper refuses, as
     // `berth __sandbox-exec` does, with exit 125 and a reason on stderr.
-    let wrapper = vec![
-        "bash".to_string(),
-        "-c".into(),
-        "echo 'berth: refusing to run: Landlock is not available' >&2; exit 125".into(),
-        "wrapper".into(),
-    ];
+    let refuser = dir.path().join("refuser");
+    std::fs::write(
+        &refuser,
+        "#!/bin/sh\necho 'berth: refusing to run: Landlock is not available' >&2; exit 125\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &refuser,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let wrapper = WrapperCommand::new(&refuser, &Default::default()).unwrap();
     let backend = LocalBackend::new(dir.path()).with_wrapper(wrapper);
     let sb = backend
         .provision(&SandboxSpec::named("r"))
@@ -166,4 +164,59 @@ async fn a_refusing_wrapper_is_reported_with_its_reason() {
         msg.contains("Landlock is not available"),
         "the refusal was not reported: {msg:?}"
     );
+}
+
+#[tokio::test]
+async fn a_sandbox_cgroup_goes_when_its_last_process_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("cg{}", std::process::id());
+    let sb_dir = dir.path().join("sandboxes").join("local").join(&name);
+    let _guard = CgroupGuard(sb_dir.clone(), name.clone());
+    let cg = berth_sandbox::cgroup::dir_for(&name, &sb_dir)
+        .expect("no pids cgroup controller: this test needs one (as root, or delegated)");
+    let backend = wrapped(dir.path());
+    let sb = backend
+        .provision(&SandboxSpec::named(&name))
+        .await
+        .unwrap()
+        .sandbox;
+    // A background process keeps the cgroup alive past its spawn's end...
+    let argv: Vec<String> = ["bash", "-c", "sleep 101.29 >/dev/null 2>&1 & echo started"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let c =
+        berth_core::backend::run_to_end(sb.as_ref(), &argv, None, 4096, Duration::from_secs(10))
+            .await
+            .unwrap();
+    assert_eq!(String::from_utf8_lossy(&c.stdout), "started\n");
+    assert!(cg.exists(), "the cgroup went while a process of it runs");
+    // ...and once the last one has ended, the next process end berth waits
+    // for removes it (the kill is asynchronous: try again until it is done).
+    let kill: Vec<String> = ["pkill", "-KILL", "-f", "sleep 101.29"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    berth_core::backend::run_to_end(sb.as_ref(), &kill, None, 4096, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let done: Vec<String> = vec!["true".into()];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cg.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} outlived its sandbox's last process",
+            cg.display()
+        );
+        berth_core::backend::run_to_end(sb.as_ref(), &done, None, 4096, Duration::from_secs(10))
+            .await
+            .unwrap();
+    }
+    // Removing the sandbox with processes still running kills them first.
+    berth_core::backend::run_to_end(sb.as_ref(), &argv, None, 4096, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(cg.exists());
+    backend.remove(&name, Default::default()).await.unwrap();
+    assert!(!cg.exists(), "sandbox rm left its cgroup");
 }

@@ -432,3 +432,392 @@ fn bad_wrapper_arguments_are_explained() {
     );
     let _ = Path::new("/");
 }
+
+/// Every syscall that sets a file mode, each asked for a setuid and a setgid
+/// bit; prints `name:mode` for each file that got one.
+const MODE_WALK: &str = r#"
+import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+sc = libc.syscall
+sc.restype = ctypes.c_long
+AT = -100
+O_CREAT, O_WRONLY, O_TMPFILE = 0o100, 0o1, 0o20200000
+S_IFREG = 0o100000
+got = []
+def check(name, path):
+    try:
+        m = os.lstat(path).st_mode
+    except OSError:
+        return
+    if m & 0o6000:
+        got.append("%s:%o" % (name, m & 0o7777))
+for bits in (0o4755, 0o2755):
+    tag = "u" if bits & 0o4000 else "g"
+    def fresh(n):
+        p = ("%s.%s" % (n, tag)).encode()
+        open(p, "w").close()
+        return p
+    def new(n):
+        return ("%s.%s.new" % (n, tag)).encode()
+    p = fresh("chmod"); sc(90, p, bits); check("chmod", p)
+    p = fresh("fchmod"); fd = os.open(p, os.O_RDONLY); sc(91, fd, bits); os.close(fd); check("fchmod", p)
+    p = fresh("fchmodat"); sc(268, AT, p, bits, 0); check("fchmodat", p)
+    p = fresh("fchmodat2"); sc(452, AT, p, bits, 0); check("fchmodat2", p)
+    p = new("open"); fd = sc(2, p, O_CREAT | O_WRONLY, bits); check("open", p)
+    p = new("openat"); fd = sc(257, AT, p, O_CREAT | O_WRONLY, bits); check("openat", p)
+    how = struct.pack("QQQ", O_CREAT | O_WRONLY, bits, 0)
+    p = new("openat2"); sc(437, AT, p, ctypes.c_char_p(how), 24); check("openat2", p)
+    p = new("creat"); sc(85, p, bits); check("creat", p)
+    p = new("mkdir"); sc(83, p, bits | 0o7000); check("mkdir", p)
+    p = new("mkdirat"); sc(258, AT, p, bits | 0o7000); check("mkdirat", p)
+    p = new("mknod"); sc(133, p, S_IFREG | bits, 0); check("mknod", p)
+    p = new("mknodat"); sc(259, AT, p, S_IFREG | bits, 0); check("mknodat", p)
+    fd = sc(257, AT, b".", O_TMPFILE | O_WRONLY, bits)
+    if fd >= 0:
+        m = os.fstat(fd).st_mode
+        if m & 0o6000:
+            got.append("o_tmpfile:%o" % (m & 0o7777))
+print("SETID", " ".join(got) or "none")
+"#;
+
+#[test]
+fn no_mode_setting_syscall_plants_setid_bits() {
+    let sb = Sandbox::new();
+    let o = sb.run(&format!("python3 -c '{MODE_WALK}'"));
+    ran(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("SETID none\n"),
+        "{}",
+        text(&o)
+    );
+    // Control: unconfined, the same walk plants them.
+    let o = sb.unrestricted(&format!("rm -rf ./*; python3 -c '{MODE_WALK}'"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for name in ["fchmodat2:4755", "openat:4755", "creat:4755", "mknod:4755"] {
+        assert!(out.contains(name), "{name}: {}", text(&o));
+    }
+}
+
+#[test]
+fn cannot_signal_a_host_process_of_the_same_uid() {
+    let sb = Sandbox::new();
+    let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = victim.id();
+    let o = sb.run(&format!(
+        "kill -0 {pid} && echo REACHED; kill -9 {pid} && echo KILLED; \
+         python3 -c 'import os; os.kill({pid}, 9)' 2>/dev/null && echo PYKILLED; \
+         sleep 30 & kill $! && echo OWN_CHILD"
+    ));
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !out.contains("REACHED") && !out.contains("KILLED"),
+        "{}",
+        text(&o)
+    );
+    assert!(out.contains("OWN_CHILD"), "its own children: {}", text(&o));
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the host process died"
+    );
+    // Control: unconfined, the same uid reaches it.
+    let o = sb.unrestricted(&format!("kill -0 {pid} && echo REACHED"));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("REACHED"),
+        "{}",
+        text(&o)
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}
+
+const ABSTRACT: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(b"\0" + sys.argv[1].encode())
+    print("ABSTRACT connected")
+except OSError as e:
+    print("ABSTRACT refused", e.errno)
+"#;
+
+#[test]
+fn abstract_unix_sockets_of_the_host_are_out_of_reach() {
+    let sb = Sandbox::new();
+    let name = format!("berth-test-{}", sb.name);
+    let listener = std::os::unix::net::UnixListener::bind_addr(
+        &<std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+            name.as_bytes(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    // Network on, so AF_UNIX sockets may be made at all.
+    let script = format!("python3 -c '{ABSTRACT}' {name}");
+    let o = sb.run_with(r#"{"network":true}"#, &[], &script);
+    ran(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("ABSTRACT refused 1"),
+        "{}",
+        text(&o)
+    );
+    let o = sb.unrestricted(&script);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("ABSTRACT connected"),
+        "{}",
+        text(&o)
+    );
+    drop(listener);
+}
+
+#[test]
+fn host_secrets_are_not_on_the_read_list() {
+    let sb = Sandbox::new();
+    let secrets = "/etc/shadow /etc/gshadow /etc/sudoers /proc/self/root/etc/shadow /etc/ssh/*_key";
+    let o = sb.run(&format!(
+        "for f in {secrets}; do [ -e \"$f\" ] || continue; head -c1 \"$f\" >/dev/null 2>&1 && echo \"READ $f\"; done; \
+         ls /root >/dev/null 2>&1 && echo 'READ /root'; ls /etc/sudoers.d >/dev/null 2>&1 && echo 'READ sudoers.d'; \
+         head -c1 /etc/passwd >/dev/null && echo PASSWD_OK"
+    ));
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains("READ"), "{}", text(&o));
+    assert!(out.contains("PASSWD_OK"), "{}", text(&o));
+    // Control: berth's user reads them unconfined (as root, /etc/shadow).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let o = sb.unrestricted("head -c1 /etc/shadow >/dev/null && echo READ");
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("READ"),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
+const XATTR: &str = r#"
+import os, sys
+for p in sys.argv[1:]:
+    try:
+        os.setxattr(p, "user.berth", b"1")
+        print("XATTR set", p)
+    except OSError as e:
+        print("XATTR refused", e.errno)
+    try:
+        os.removexattr(p, "user.berth")
+        print("XATTR removed", p)
+    except OSError as e:
+        print("XATTR refused", e.errno)
+"#;
+
+#[test]
+fn extended_attributes_and_acls_cannot_be_written() {
+    let sb = Sandbox::new();
+    let inside = sb.work().join("f");
+    std::fs::write(&inside, "x").unwrap();
+    let db = sb.state.join("berth.db");
+    let script = format!(
+        "python3 -c '{XATTR}' {} {}; setfacl -m u:nobody:rwx {} 2>/dev/null && echo ACL_SET; true",
+        inside.display(),
+        db.display(),
+        db.display()
+    );
+    let o = sb.run(&script);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !out.contains("XATTR set") && !out.contains("ACL_SET"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        out.contains(&format!("XATTR refused {}", libc::EOPNOTSUPP)),
+        "{}",
+        text(&o)
+    );
+    let o = sb.unrestricted(&format!("python3 -c '{XATTR}' {}", inside.display()));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("XATTR set"),
+        "{}",
+        text(&o)
+    );
+}
+
+const CLONE_NS: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+sc = libc.syscall
+sc.restype = ctypes.c_long
+SIGCHLD = 17
+res = []
+for name, flag in [("user", 0x10000000), ("mnt", 0x20000), ("pid", 0x20000000), ("net", 0x40000000), ("uts", 0x4000000), ("ipc", 0x8000000), ("cgroup", 0x2000000)]:
+    r = sc(56, flag | SIGCHLD, 0, 0, 0, 0)
+    if r == 0:
+        os._exit(0)
+    if r > 0:
+        os.waitpid(r, 0)
+        res.append(name + ":made")
+    else:
+        res.append(name + ":%d" % ctypes.get_errno())
+r = sc(435, 0, 0)
+res.append("clone3:%d" % (ctypes.get_errno() if r < 0 else 0))
+print("NS", " ".join(res))
+"#;
+
+#[test]
+fn clone_cannot_make_namespaces() {
+    let sb = Sandbox::new();
+    let o = sb.run(&format!(
+        "python3 -c '{CLONE_NS}'; (sleep 0 & wait) && echo FORK_OK"
+    ));
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("NS user:1 mnt:1 pid:1 net:1 uts:1 ipc:1 cgroup:1 clone3:38\n"),
+        "{}",
+        text(&o)
+    );
+    assert!(out.contains("FORK_OK"), "{}", text(&o));
+    // Control: unconfined, a user namespace is made with clone.
+    let o = sb.unrestricted(&format!("python3 -c '{CLONE_NS}'"));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("user:made"),
+        "{}",
+        text(&o)
+    );
+}
+
+const FAMILIES: &str = r#"
+import socket
+res = []
+for name, fam in [("unix", 1), ("inet", 2), ("inet6", 10), ("netlink", 16), ("packet", 17), ("key", 15), ("alg", 38), ("vsock", 40), ("bluetooth", 31), ("can", 29), ("xdp", 44), ("tipc", 30), ("rds", 21)]:
+    try:
+        socket.socket(fam, socket.SOCK_DGRAM if fam != 15 else socket.SOCK_RAW, 0).close()
+        res.append(name + ":open")
+    except OSError as e:
+        res.append("%s:%d" % (name, e.errno))
+print("FAM", " ".join(res))
+"#;
+
+#[test]
+fn socket_families_are_an_allow_list() {
+    let sb = Sandbox::new();
+    let script = format!("python3 -c '{FAMILIES}'");
+    let o = sb.run(&script);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().find(|l| l.starts_with("FAM ")).unwrap_or("");
+    for word in line.split_whitespace().skip(1) {
+        assert!(word.ends_with(":1"), "network off, {word}: {}", text(&o));
+    }
+    let o = sb.run_with(r#"{"network":true}"#, &[], &script);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().find(|l| l.starts_with("FAM ")).unwrap_or("");
+    assert!(
+        line.starts_with(
+            "FAM unix:open inet:open inet6:open netlink:1 packet:1 key:1 alg:1 vsock:1"
+        ),
+        "network on: {}",
+        text(&o)
+    );
+    assert!(
+        line.split_whitespace().skip(4).all(|w| w.ends_with(":1")),
+        "{}",
+        text(&o)
+    );
+    // Control: unconfined, netlink opens.
+    let o = sb.unrestricted(&script);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("netlink:open"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn terminals_and_shared_memory_of_the_host_are_out_of_reach() {
+    let sb = Sandbox::new();
+    let shm = format!("/dev/shm/berth-{}", sb.name);
+    let o = sb.run(&format!(
+        "for t in /dev/pts/*; do [ \"$t\" = /dev/pts/ptmx ] && continue; echo x 2>/dev/null > \"$t\" && echo \"WROTE $t\"; done; \
+         echo x > {shm} && echo SHM_WRITTEN; ls /dev/shm >/dev/null && echo SHM_LISTED; \
+         python3 -c 'import os; os.open(\"/dev/ptmx\", os.O_RDWR)' 2>/dev/null && echo PTMX; true"
+    ));
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for bad in ["WROTE", "SHM_WRITTEN", "SHM_LISTED", "PTMX"] {
+        assert!(!out.contains(bad), "{bad}: {}", text(&o));
+    }
+    assert!(!Path::new(&shm).exists());
+    let o = sb.unrestricted(&format!("echo x > {shm} && echo SHM_WRITTEN; rm -f {shm}"));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("SHM_WRITTEN"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// The same guarantees when berth runs as an ordinary user (here: `nobody`,
+/// through `setpriv`, when the tests run as root; as a user they hold already).
+#[test]
+fn an_ordinary_users_sandbox_is_confined_too() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Every other test in this file already runs as an ordinary user.
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = root.path().join("s");
+    let outside = root.path().join("outside");
+    for d in [
+        dir.join("work"),
+        dir.join("tmp"),
+        dir.join(".berth"),
+        outside.clone(),
+    ] {
+        std::fs::create_dir_all(&d).unwrap();
+    }
+    let chown = Command::new("chown")
+        .args(["-R", "nobody:"])
+        .arg(root.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let as_nobody = |args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"]);
+        c.args(args);
+        c
+    };
+    let mut victim = as_nobody(&["sleep", "60"]).spawn().unwrap();
+    let pid = victim.id();
+    let script = format!(
+        "kill -0 {pid} && echo REACHED; echo x > {o}/f && echo WROTE; cp /bin/true t; chmod 4755 t && echo SUID; \
+         python3 -c 'import socket; socket.socket(40, 1)' 2>/dev/null && echo VSOCK; id -u",
+        o = outside.display()
+    );
+    let o = as_nobody(&[BERTH, "__sandbox-exec", "--sandbox-dir"])
+        .arg(&dir)
+        .args(["--name", "nobody-test", "--", "bash", "-c", &script])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir(dir.join("work"))
+        .output()
+        .unwrap();
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for bad in ["REACHED", "WROTE", "SUID", "VSOCK"] {
+        assert!(!out.contains(bad), "{bad}: {}", text(&o));
+    }
+    assert!(out.contains("65534"), "{}", text(&o));
+    // Control: the same user, unconfined, reaches its own process.
+    let o = as_nobody(&["kill", "-0", &pid.to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}

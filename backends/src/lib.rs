@@ -9,15 +9,85 @@ use std::sync::Arc;
 use berth_core::backend::Backend;
 use berth_core::error::{Error, Result};
 
+#[cfg(any(feature = "docker", feature = "ssh"))]
+mod chan_reader;
 #[cfg(feature = "docker")]
 pub mod docker;
+#[cfg(feature = "e2b")]
+pub mod e2b;
 #[cfg(feature = "local")]
 pub mod local;
 #[cfg(feature = "local")]
-pub mod local_cgroup;
 mod local_files;
+#[cfg(feature = "local")]
+mod local_pty;
+#[cfg(feature = "modal")]
+pub mod modal;
 #[cfg(feature = "ssh")]
 pub mod ssh;
+
+/// The file in the state dir that holds the installation id.
+pub const INSTALLATION_FILE: &str = "installation-id";
+
+/// This state dir's installation id, created on first use: the docker backend
+/// names and labels its containers and volumes with it, so one berth never
+/// attaches to another's on a shared daemon.
+pub fn installation_id(state_dir: &std::path::Path) -> Result<String> {
+    let path = state_dir.join(INSTALLATION_FILE);
+    let io = |doing: &str, e: std::io::Error| Error::Backend {
+        backend: "berth",
+        detail: format!(
+            "{doing} the installation id {}: {e}; check the state dir's permissions",
+            path.display()
+        ),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if valid_installation_id(s.trim()) => return Ok(s.trim().to_string()),
+        Ok(s) => {
+            return Err(Error::InvalidInput(format!(
+                "{} holds {:?}, not an installation id (10 lowercase hex digits); restore it, or remove it to start a new installation that will not see the old docker sandboxes",
+                path.display(),
+                s.trim()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("reading", e)),
+    }
+    std::fs::create_dir_all(state_dir).map_err(|e| io("creating the directory for", e))?;
+    // Written aside and linked into place: of two processes starting at once,
+    // one id wins and both read it.
+    let id = new_installation_id();
+    let tmp = state_dir.join(format!("{INSTALLATION_FILE}.{}", std::process::id()));
+    std::fs::write(&tmp, format!("{id}\n")).map_err(|e| io("writing", e))?;
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(id),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => installation_id(state_dir),
+        Err(e) => Err(io("writing", e)),
+    }
+}
+
+fn valid_installation_id(s: &str) -> bool {
+    s.len() == 10 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A fresh random installation id: 10 lowercase hex digits.
+pub fn new_installation_id() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 5];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        // No /dev/urandom: time and pid still tell installations apart.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let mix = t ^ ((std::process::id() as u128) << 40);
+        b.copy_from_slice(&mix.to_le_bytes()[..5]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
 
 /// Where a backend reports long preparations (the docker image build), one
 /// human-readable line at a time, for a CLI to print.
@@ -28,21 +98,89 @@ pub type ProgressSink = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct BackendContext {
     /// berth's state directory.
     pub state_dir: PathBuf,
-    /// The argv prefix that applies the local kernel restrictions, if any.
-    pub local_wrapper: Option<Vec<String>>,
+    /// The wrapper that applies the local kernel restrictions, if any.
+    #[cfg(feature = "local")]
+    pub local_wrapper: Option<berth_sandbox::WrapperCommand>,
     /// Progress of long preparations; logged through `tracing` when unset.
     pub progress: Option<ProgressSink>,
     /// Settings for the ssh backend.
     pub ssh: SshOptions,
+    /// Settings for the modal backend.
+    pub modal: ModalSettings,
 }
 
 impl std::fmt::Debug for BackendContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BackendContext")
-            .field("state_dir", &self.state_dir)
-            .field("local_wrapper", &self.local_wrapper)
-            .field("progress", &self.progress.is_some())
+        let mut d = f.debug_struct("BackendContext");
+        d.field("state_dir", &self.state_dir);
+        #[cfg(feature = "local")]
+        d.field("local_wrapper", &self.local_wrapper);
+        d.field("progress", &self.progress.is_some())
             .field("ssh", &self.ssh)
+            .field("modal", &self.modal)
+            .finish()
+    }
+}
+
+/// Settings for the modal backend, read once from the environment by
+/// [`ModalSettings::from_env`] so the backend never consults it. What is unset
+/// here comes from `~/.modal.toml`, as the Modal CLI does it.
+#[derive(Clone, Default)]
+pub struct ModalSettings {
+    /// The control plane's URL (`MODAL_SERVER_URL`); `https://api.modal.com:443` when unset.
+    pub server_url: Option<String>,
+    /// `MODAL_TOKEN_ID`.
+    pub token_id: Option<String>,
+    /// `MODAL_TOKEN_SECRET`.
+    pub token_secret: Option<String>,
+    /// The profile of the config file to use (`MODAL_PROFILE`).
+    pub profile: Option<String>,
+    /// The config file (`MODAL_CONFIG_PATH`); `~/.modal.toml` when unset.
+    pub config_path: Option<PathBuf>,
+    /// The home directory holding `.modal.toml`.
+    pub home: Option<PathBuf>,
+    /// The Modal environment (`MODAL_ENVIRONMENT`).
+    pub environment: Option<String>,
+    /// The Modal app berth's sandboxes belong to (`BERTH_MODAL_APP`, default `berth`).
+    pub app: Option<String>,
+    /// The image builder version (`MODAL_IMAGE_BUILDER_VERSION`); the
+    /// environment's own when unset.
+    pub image_builder_version: Option<String>,
+}
+
+impl ModalSettings {
+    /// Settings from this process's environment.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self {
+            server_url: var("MODAL_SERVER_URL"),
+            token_id: var("MODAL_TOKEN_ID"),
+            token_secret: var("MODAL_TOKEN_SECRET"),
+            profile: var("MODAL_PROFILE"),
+            config_path: var("MODAL_CONFIG_PATH").map(PathBuf::from),
+            home: var("HOME").map(PathBuf::from),
+            environment: var("MODAL_ENVIRONMENT"),
+            app: var("BERTH_MODAL_APP"),
+            image_builder_version: var("MODAL_IMAGE_BUILDER_VERSION"),
+        }
+    }
+}
+
+impl std::fmt::Debug for ModalSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModalSettings")
+            .field("server_url", &self.server_url)
+            .field("token_id", &self.token_id)
+            .field(
+                "token_secret",
+                &self.token_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("profile", &self.profile)
+            .field("config_path", &self.config_path)
+            .field("home", &self.home)
+            .field("environment", &self.environment)
+            .field("app", &self.app)
+            .field("image_builder_version", &self.image_builder_version)
             .finish()
     }
 }
@@ -69,6 +207,9 @@ pub struct SshOptions {
     pub accept_new: bool,
     /// Identity files to try before the config's and the default ones (`-i`).
     pub identity_files: Vec<PathBuf>,
+    /// Jump hosts (`-J a,b`): each `[user@]host[:port]` or a config alias,
+    /// outermost first. Overrides the config's `ProxyJump`; `none` disables it.
+    pub proxy_jump: Option<String>,
     /// The ssh-agent socket (`SSH_AUTH_SOCK`).
     pub agent_socket: Option<PathBuf>,
     /// The passphrase for encrypted key files (`BERTH_SSH_PASSPHRASE`). Never argv.
@@ -137,6 +278,7 @@ impl std::fmt::Debug for SshOptions {
             .field("keepalive_interval", &self.keepalive_interval)
             .field("keepalive_max", &self.keepalive_max)
             .field("sandbox_root", &self.sandbox_root)
+            .field("proxy_jump", &self.proxy_jump)
             .finish()
     }
 }
@@ -152,6 +294,12 @@ pub fn available() -> Vec<&'static str> {
     }
     if cfg!(feature = "docker") {
         v.push("docker");
+    }
+    if cfg!(feature = "e2b") {
+        v.push("e2b");
+    }
+    if cfg!(feature = "modal") {
+        v.push("modal");
     }
     v
 }
@@ -171,7 +319,9 @@ pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> 
         "ssh" => Ok(Arc::new(ssh::SshBackend::new(ctx.ssh.clone()))),
         #[cfg(feature = "docker")]
         "docker" => {
-            let mut b = docker::DockerBackend::connect().await?;
+            let mut b = docker::DockerBackend::connect()
+                .await?
+                .with_installation(&installation_id(&ctx.state_dir)?);
             if let Some(sink) = ctx.progress.clone() {
                 b = b.with_progress(Arc::new(move |p: docker::BuildProgress| {
                     // Only an actual build is news when a sandbox is provisioned.
@@ -182,6 +332,10 @@ pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> 
             }
             Ok(Arc::new(b))
         }
+        #[cfg(feature = "e2b")]
+        "e2b" => Ok(Arc::new(e2b::E2bBackend::from_env()?)),
+        #[cfg(feature = "modal")]
+        "modal" => Ok(Arc::new(modal::ModalBackend::new(ctx.modal.clone()))),
         other => Err(Error::InvalidInput(format!(
             "unknown backend `{other}`; this build has: {}",
             available().join(", ")

@@ -10,10 +10,10 @@
 //!   tmp/           private $TMPDIR
 //!   .berth/        snapshots, job logs (berth's, inside the sandbox)
 //! ```
-//! Kernel restrictions (Landlock, seccomp, rlimits) are applied by an exec
-//! wrapper: a program that restricts itself and then execs the real argv. It runs
-//! in a fresh process image, so none of that setup happens between fork and exec
-//! of this multi-threaded process.
+//! Kernel restrictions (Landlock, seccomp, capabilities, rlimits, a pids cgroup)
+//! are applied by berth-sandbox's exec wrapper: a program that restricts itself
+//! and then execs the real argv. It runs in a fresh process image, so none of
+//! that setup happens between fork and exec of this multi-threaded process.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
@@ -24,9 +24,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use berth_core::backend::{
     Backend, BoxRead, BoxWrite, ExitStatus, Layout, Process, Provisioned, RemoveOpts, Sandbox,
-    SandboxInfo, SandboxSpec, SpawnOpts, check_sandbox_name, now_unix_secs,
+    SandboxInfo, SandboxSpec, SpawnOpts, TermSize, check_sandbox_name, now_unix_secs,
 };
 use berth_core::error::{Error, Result, SpawnFailure};
+use berth_sandbox::{SpawnTarget, WrapperCommand};
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
@@ -34,17 +35,10 @@ const KIND: &str = "local";
 /// The PATH every local sandbox process starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// In a wrapper argv, replaced by the sandbox's directory at spawn time.
-pub const WRAPPER_SANDBOX_DIR: &str = "{sandbox_dir}";
-/// In a wrapper argv, replaced by the sandbox's name at spawn time.
-pub const WRAPPER_SANDBOX: &str = "{sandbox}";
-/// In a wrapper argv, replaced by `on` or `off`: whether the sandbox's spec asks for network.
-pub const WRAPPER_NETWORK: &str = "{network}";
-
 /// The local backend.
 pub struct LocalBackend {
     root: PathBuf,
-    wrapper: Option<Vec<String>>,
+    wrapper: Option<WrapperCommand>,
 }
 
 impl LocalBackend {
@@ -56,9 +50,9 @@ impl LocalBackend {
         }
     }
 
-    /// Run every process through `wrapper` (argv prefix), which applies the kernel
-    /// restrictions and then execs the rest of its arguments.
-    pub fn with_wrapper(mut self, wrapper: Vec<String>) -> Self {
+    /// Run every process through `wrapper`, which applies the kernel
+    /// restrictions and then execs the process.
+    pub fn with_wrapper(mut self, wrapper: WrapperCommand) -> Self {
         self.wrapper = Some(wrapper);
         self
     }
@@ -94,7 +88,8 @@ impl Backend for LocalBackend {
                     "its `{sub}` directory was missing and was recreated"
                 ));
             }
-            std::fs::create_dir_all(&p)
+            // The sandbox's own processes run as this user; nobody else needs in.
+            berth_core::store::private_dir(&p)
                 .map_err(|e| Error::io("creating sandbox directory", &p, e))?;
         }
         let record = if existed {
@@ -122,14 +117,13 @@ impl Backend for LocalBackend {
                 .map_err(|e| Error::InvalidInput(format!("sandbox spec: {e}")))?;
             write_atomic(&record_path, &json)?;
         }
-        // The sandbox's own network setting reaches the wrapper as `{network}`.
-        let network = if record.spec.network { "on" } else { "off" };
-        let wrapper = self.wrapper.as_ref().map(|w| {
-            w.iter()
-                .map(|a| a.replace(WRAPPER_NETWORK, network))
-                .collect()
-        });
-        let sandbox = LocalSandbox::new(spec.name.clone(), dir, record.spec.env.clone(), wrapper);
+        let sandbox = LocalSandbox::new(
+            spec.name.clone(),
+            dir,
+            record.spec.env.clone(),
+            self.wrapper.clone(),
+            record.spec.network,
+        );
         Ok(Provisioned {
             sandbox: Arc::new(sandbox),
             created: !existed,
@@ -178,10 +172,10 @@ impl Backend for LocalBackend {
                 hint: "list sandboxes with `berth sandbox ls --backend local`".into(),
             });
         }
-        if let Some(cg) = crate::local_cgroup::dir_for(name, &dir)
-            && let Err(e) = crate::local_cgroup::remove(&cg)
-        {
-            tracing::warn!(sandbox = name, cgroup = %cg.display(), error = %e, "could not remove the sandbox's pids cgroup");
+        // The tree is gone (killed and reaped) before the sandbox is reported removed.
+        if let Some(cg) = berth_sandbox::cgroup::dir_for(name, &dir) {
+            berth_sandbox::cgroup::remove(&cg)
+                .map_err(|e| Error::io("stopping the sandbox's processes", &cg, e))?;
         }
         std::fs::remove_dir_all(&dir).map_err(|e| Error::io("removing sandbox", &dir, e))
     }
@@ -201,7 +195,11 @@ pub struct LocalSandbox {
     root: PathBuf,
     layout: Layout,
     env: Vec<(String, String)>,
-    wrapper: Option<Vec<String>>,
+    wrapper: Option<WrapperCommand>,
+    /// Whether the sandbox's spec asks for network.
+    network: bool,
+    /// The sandbox's pids cgroup, when the wrapper uses one.
+    cgroup: Option<PathBuf>,
 }
 
 impl LocalSandbox {
@@ -209,7 +207,8 @@ impl LocalSandbox {
         name: String,
         dir: PathBuf,
         spec_env: std::collections::BTreeMap<String, String>,
-        wrapper: Option<Vec<String>>,
+        wrapper: Option<WrapperCommand>,
+        network: bool,
     ) -> Self {
         let work = dir.join("work");
         let layout = Layout {
@@ -227,6 +226,10 @@ impl LocalSandbox {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         }
+        let cgroup = wrapper
+            .as_ref()
+            .filter(|w| !w.is_unrestricted())
+            .and_then(|_| berth_sandbox::cgroup::dir_for(&name, &dir));
         Self {
             name,
             root: std::path::absolute(&dir).unwrap_or_else(|_| dir.clone()),
@@ -234,6 +237,8 @@ impl LocalSandbox {
             layout,
             env,
             wrapper,
+            network,
+            cgroup,
         }
     }
 
@@ -257,6 +262,9 @@ impl LocalSandbox {
     }
 
     fn file_error(&self, what: &'static str, asked: &str, p: &Path, e: std::io::Error) -> Error {
+        if e.raw_os_error().is_none() && e.kind() == std::io::ErrorKind::InvalidInput {
+            return Error::InvalidInput(format!("{asked}: {e}"));
+        }
         match e.raw_os_error() {
             Some(libc::ENOENT) => Error::NotFound {
                 what: "file",
@@ -313,32 +321,59 @@ impl Sandbox for LocalSandbox {
                 detail: format!("working directory {cwd} does not exist"),
             });
         }
-        // The wrapper may name the sandbox with `{sandbox}` and `{sandbox_dir}`.
-        let full: Vec<String> = match &self.wrapper {
+        let full: Vec<std::ffi::OsString> = match &self.wrapper {
             Some(w) => w
-                .iter()
-                .map(|a| {
-                    a.replace(WRAPPER_SANDBOX_DIR, &self.dir.display().to_string())
-                        .replace(WRAPPER_SANDBOX, &self.name)
+                .argv(&SpawnTarget {
+                    dir: &self.dir,
+                    name: &self.name,
+                    network: self.network,
+                    helper: opts.helper,
                 })
-                .chain(argv.iter().cloned())
+                .into_iter()
+                .chain(argv.iter().map(Into::into))
                 .collect(),
-            None => argv.to_vec(),
+            None => argv.iter().map(Into::into).collect(),
         };
         let mut cmd = Command::new(&full[0]);
         cmd.args(&full[1..])
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: setsid is async-signal-safe and touches no memory of the parent;
-        // it makes the child a session leader so the engine can find its whole tree.
+            .current_dir(&cwd);
+        let pty = if opts.tty {
+            let pty = crate::local_pty::Pty::open(opts.tty_size.unwrap_or_default())
+                .map_err(|e| Error::stream("opening a terminal (openpty)", e))?;
+            let slave = |what| {
+                pty.slave
+                    .try_clone()
+                    .map(Stdio::from)
+                    .map_err(|e| Error::stream(what, e))
+            };
+            cmd.stdin(slave("giving the terminal to stdin")?)
+                .stdout(slave("giving the terminal to stdout")?)
+                .stderr(slave("giving the terminal to stderr")?);
+            // A program on a terminal expects to be told what kind it is.
+            if !opts.env.iter().any(|(k, _)| k == "TERM") {
+                cmd.env("TERM", "xterm-256color");
+            }
+            Some(pty)
+        } else {
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            None
+        };
+        let tty = pty.is_some();
+        // SAFETY: setsid and the TIOCSCTTY ioctl are async-signal-safe and touch
+        // no memory of the parent; setsid makes the child a session leader so the
+        // engine can find its whole tree, and on a terminal that terminal becomes
+        // the session's controlling one.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if tty {
+                    crate::local_pty::Pty::make_controlling()?;
+                }
                 Ok(())
             });
         }
@@ -350,11 +385,28 @@ impl Sandbox for LocalSandbox {
             };
             Error::Spawn {
                 kind,
-                program: full[0].clone(),
+                program: full[0].to_string_lossy().into_owned(),
                 detail: e.to_string(),
             }
         })?;
-        Ok(Box::new(LocalProcess { child }))
+        // The child holds the slave now; the parent keeps only the master.
+        let pty = match pty {
+            Some(p) => {
+                drop(p.slave);
+                Some(
+                    crate::local_pty::Master::new(p.master)
+                        .map_err(|e| Error::stream("watching the terminal", e))?,
+                )
+            }
+            None => None,
+        };
+        drop(cmd);
+        Ok(Box::new(LocalProcess {
+            child,
+            cgroup: self.cgroup.clone(),
+            pty,
+            pty_taken: (false, false),
+        }))
     }
 
     async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>> {
@@ -362,7 +414,14 @@ impl Sandbox for LocalSandbox {
         let p = self.resolve(path);
         let f = match self.confine(path, &p)? {
             Some((root, rel)) => crate::local_files::open_read(&root, &rel),
-            None => std::fs::File::open(&p),
+            None => {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&p)
+                    .and_then(|f| crate::local_files::check_regular(&f).map(|()| f))
+            }
         }
         .map_err(|e| self.file_error("opening", path, &p, e))?;
         let mut buf = Vec::new();
@@ -384,10 +443,20 @@ impl Sandbox for LocalSandbox {
                     std::fs::create_dir_all(parent)
                         .map_err(|e| Error::io("creating directory", parent, e))?;
                 }
-                std::fs::File::create(&p).and_then(|f| {
-                    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-                    Ok(f)
-                })
+                use std::os::unix::fs::OpenOptionsExt;
+                // Non-blocking, and truncated only once known to be a regular file.
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&p)
+                    .and_then(|f| {
+                        crate::local_files::check_regular(&f)?;
+                        f.set_len(0)?;
+                        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                        Ok(f)
+                    })
             }
         }
         .map_err(|e| self.file_error("writing", path, &p, e))?;
@@ -418,16 +487,45 @@ fn gone(name: &str, reason: &str) -> Error {
 
 struct LocalProcess {
     child: Child,
+    /// The sandbox's pids cgroup: removed once this process has ended and
+    /// nothing else of the sandbox runs.
+    cgroup: Option<PathBuf>,
+    /// The terminal's master, for a process spawned with `tty`.
+    pty: Option<crate::local_pty::Master>,
+    /// Whether its writer and reader were taken.
+    pty_taken: (bool, bool),
 }
 
 #[async_trait]
 impl Process for LocalProcess {
     fn take_stdin(&mut self) -> Option<BoxWrite> {
+        if let Some(m) = &self.pty {
+            if std::mem::replace(&mut self.pty_taken.0, true) {
+                return None;
+            }
+            return Some(m.writer());
+        }
         self.child.stdin.take().map(|s| Box::pin(s) as BoxWrite)
     }
 
     fn take_stdout(&mut self) -> Option<BoxRead> {
+        if let Some(m) = &self.pty {
+            if std::mem::replace(&mut self.pty_taken.1, true) {
+                return None;
+            }
+            return Some(m.reader());
+        }
         self.child.stdout.take().map(|s| Box::pin(s) as BoxRead)
+    }
+
+    async fn resize(&mut self, size: TermSize) -> Result<()> {
+        match &self.pty {
+            Some(m) => crate::local_pty::resize(m.fd(), size)
+                .map_err(|e| Error::stream("resizing the terminal", e)),
+            None => Err(Error::Unsupported(
+                "resizing a process that has no terminal (spawn it with `tty`)".into(),
+            )),
+        }
     }
 
     fn take_stderr(&mut self) -> Option<BoxRead> {
@@ -446,6 +544,9 @@ impl Process for LocalProcess {
             .wait()
             .await
             .map_err(|e| Error::stream("waiting for process", e))?;
+        if let Some(cg) = &self.cgroup {
+            berth_sandbox::cgroup::remove_if_empty(cg);
+        }
         Ok(ExitStatus {
             code: st.code(),
             signal: st.signal(),

@@ -7,11 +7,15 @@
 //! `RESOLVE_BENEATH` against the sandbox's directory, so the kernel refuses any
 //! path, `..` or symlink that would lead out of it. Missing parent directories are
 //! created one at a time, each beneath the one before.
+//!
+//! Only regular files are read or written. Every open is non-blocking, so a FIFO
+//! (or a device) planted where berth expects a file cannot stall it: a read
+//! refuses it, a write replaces it with a regular file.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -40,71 +44,60 @@ fn cstr(p: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }
 
-/// The kernel's `struct open_how` (libc's is non-exhaustive, so it cannot be built).
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
 /// `openat2(dir, rel, flags, mode)` resolving beneath `dir`.
 fn open_beneath(dir: &OwnedFd, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
     let rel = if rel.as_os_str().is_empty() {
         Path::new(".")
     } else {
         rel
     };
-    let path = cstr(rel)?;
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: if flags & libc::O_CREAT != 0 {
-            u64::from(mode)
-        } else {
-            0
-        },
-        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: `path` is a valid C string and `how` a valid `struct open_how` of the size
-    // passed; the kernel only reads both. On success the result is a new
-    // descriptor that nothing else owns.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+    let mut how = OpenHow::new()
+        .flags(OFlag::from_bits_retain(flags | libc::O_CLOEXEC))
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    if flags & libc::O_CREAT != 0 {
+        how = how.mode(nix::sys::stat::Mode::from_bits_truncate(mode));
     }
-    let fd = i32::try_from(fd).map_err(|_| io::Error::other("descriptor out of range"))?;
-    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(nix::fcntl::openat2(dir, rel, how)?)
 }
 
 fn open_root(root: &Path) -> io::Result<OwnedFd> {
-    let c = cstr(root)?;
-    // SAFETY: `c` is a valid C string; the result is checked and then owned.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use nix::fcntl::OFlag;
+    Ok(nix::fcntl::open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?)
 }
 
-/// Open `rel` under `root` for reading.
+/// The error for a path that is not a regular file.
+pub fn not_regular() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "not a regular file (a FIFO, device, socket or directory); berth reads and writes only regular files",
+    )
+}
+
+/// Fail unless `f` is a regular file.
+pub fn check_regular(f: &File) -> io::Result<()> {
+    if f.metadata()?.file_type().is_file() {
+        Ok(())
+    } else {
+        Err(not_regular())
+    }
+}
+
+/// Open `rel` under `root` for reading: a regular file only.
 pub fn open_read(root: &Path, rel: &Path) -> io::Result<File> {
     let dir = open_root(root)?;
-    Ok(File::from(open_beneath(&dir, rel, libc::O_RDONLY, 0)?))
+    let f = File::from(open_beneath(
+        &dir,
+        rel,
+        libc::O_RDONLY | libc::O_NONBLOCK,
+        0,
+    )?);
+    check_regular(&f)?;
+    Ok(f)
 }
 
 /// Create or truncate `rel` under `root` for writing with `mode`, creating missing
@@ -119,17 +112,48 @@ pub fn open_write(root: &Path, rel: &Path, mode: u32) -> io::Result<File> {
         ));
     };
     let parent_fd = make_dirs(&dir, parent)?;
-    let fd = open_beneath(
+    let name = Path::new(name);
+    // Not truncating yet: only a regular file is truncated, and a FIFO opened
+    // without a reader fails (ENXIO) instead of waiting for one.
+    let opened = open_beneath(
         &parent_fd,
-        Path::new(name),
-        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_NONBLOCK,
         mode,
-    )?;
+    )
+    .map(File::from);
+    let file = match opened {
+        Ok(f) if f.metadata()?.file_type().is_file() => {
+            f.set_len(0)?;
+            f
+        }
+        Ok(_) => replace(&parent_fd, name, mode)?,
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => replace(&parent_fd, name, mode)?,
+        Err(e) => return Err(e),
+    };
     // The mode applies only to a new file; an existing one gets it too.
-    let file = File::from(fd);
     use std::os::unix::fs::PermissionsExt;
     file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     Ok(file)
+}
+
+/// Remove what is at `name` (not a regular file, not a directory) and create a
+/// regular file in its place.
+fn replace(parent: &OwnedFd, name: &Path, mode: u32) -> io::Result<File> {
+    let cname = cstr(name)?;
+    // SAFETY: `parent` is a valid directory descriptor and `cname` a valid C
+    // string naming one entry in it; unlinkat never follows a symlink.
+    if unsafe { libc::unlinkat(parent.as_raw_fd(), cname.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let f = File::from(open_beneath(
+        parent,
+        name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        mode,
+    )?);
+    check_regular(&f)?;
+    Ok(f)
 }
 
 /// Open directory `rel` beneath `dir`, creating each missing component.
@@ -177,6 +201,26 @@ mod tests {
         assert_eq!(relative_under(root, Path::new("/s/box/work/../../x")), None);
         assert_eq!(relative_under(root, Path::new("/etc/passwd")), None);
         assert_eq!(relative_under(root, Path::new("/s/boxer")), None);
+    }
+
+    #[test]
+    fn fifos_are_refused_for_reading_and_replaced_for_writing() -> io::Result<()> {
+        let root = tempfile::tempdir()?;
+        let r = root.path();
+        let fifo = r.join("snap.0");
+        let c = cstr(&fifo)?;
+        // SAFETY: `c` is a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Both would block forever on a FIFO with no peer.
+        let e = open_read(r, Path::new("snap.0")).err();
+        assert_eq!(e.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
+        open_write(r, Path::new("snap.0"), 0o600)?.write_all(b"data")?;
+        assert!(std::fs::symlink_metadata(&fifo)?.file_type().is_file());
+        assert_eq!(std::fs::read(&fifo)?, b"data");
+        // A longer file is truncated, not overwritten in part.
+        open_write(r, Path::new("snap.0"), 0o600)?.write_all(b"x")?;
+        assert_eq!(std::fs::read(&fifo)?, b"x");
+        Ok(())
     }
 
     #[test]

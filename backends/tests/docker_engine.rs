@@ -56,7 +56,7 @@ async fn spawn_streams_stdio_env_and_exit_code() -> TestResult {
             SpawnOpts {
                 env: vec![("FOO".into(), "bar baz".into())],
                 cwd: Some("/tmp".into()),
-                tty: false,
+                ..Default::default()
             },
         )
         .await?;
@@ -108,5 +108,51 @@ async fn spawn_streams_stdio_env_and_exit_code() -> TestResult {
             return Err(format!("a bad cwd spawned a process ({st:?})").into());
         }
     }
+    Ok(())
+}
+
+/// berth's seccomp profile: no socket family outside the allow-list (AF_VSOCK
+/// reaches the host's hypervisor sockets), no namespaces, no setuid bits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seccomp_profile_holds_in_the_container() -> TestResult {
+    let b = backend().await?;
+    let (sb, _g) = sandbox(&b, "seccomp").await?;
+    let script = r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+sc = libc.syscall
+sc.restype = ctypes.c_long
+res = []
+for name, fam in [("unix", 1), ("inet", 2), ("netlink", 16), ("vsock", 40), ("alg", 38)]:
+    try:
+        socket.socket(fam, socket.SOCK_DGRAM, 0).close()
+        res.append(name + ":open")
+    except OSError as e:
+        res.append("%s:%d" % (name, e.errno))
+r = sc(56, 0x10000000 | 17, 0, 0, 0, 0)
+if r == 0:
+    os._exit(0)
+res.append("userns:%d" % (ctypes.get_errno() if r < 0 else 0))
+r = sc(435, 0, 0)
+res.append("clone3:%d" % (ctypes.get_errno() if r < 0 else 0))
+open("f", "w").close()
+r = sc(452, -100, b"f", 0o4755, 0)
+res.append("fchmodat2:%d" % (ctypes.get_errno() if r < 0 else 0))
+print(" ".join(res))
+"#;
+    let argv: Vec<String> = ["bash", "-c", "cd /tmp && python3 -c \"$0\"", script]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let c =
+        berth_core::backend::run_to_end(sb.as_ref(), &argv, None, 4096, Duration::from_secs(30))
+            .await?;
+    let out = String::from_utf8_lossy(&c.stdout);
+    assert_eq!(
+        out.trim(),
+        "unix:open inet:1 netlink:1 vsock:1 alg:1 userns:1 clone3:38 fchmodat2:1",
+        "stderr: {}",
+        String::from_utf8_lossy(&c.stderr)
+    );
     Ok(())
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use berth_backends::docker::{LABEL_MANAGED, LABEL_SANDBOX, container_name};
+use berth_backends::docker::{LABEL_MANAGED, LABEL_SANDBOX};
 use berth_core::Error;
 use berth_core::backend::{Backend, RemoveOpts, Sandbox, SandboxSpec, SpawnOpts};
 use common::*;
@@ -36,7 +36,7 @@ async fn a_default_sandbox_is_hardened() -> TestResult {
     let (sb, _g) = sandbox(&b, "hard").await?;
     let c = b
         .client()
-        .inspect_container(&container_name(sb.name()), None)
+        .inspect_container(&b.names().container(sb.name()), None)
         .await?;
     let hc = c.host_config.clone().ok_or("no host config")?;
     let config = c.config.clone().ok_or("no config")?;
@@ -86,7 +86,7 @@ async fn a_default_sandbox_is_hardened() -> TestResult {
 async fn read_only_root_keeps_tmp_and_workspace_writable() -> TestResult {
     let b = backend().await?;
     let name = unique("ro");
-    let _g = Cleanup { name: name.clone() };
+    let _g = Cleanup::of(&b, name.clone());
     let mut spec = SandboxSpec::named(&name);
     spec.options.insert("read_only".into(), "true".into());
     let sb = b.provision(&spec).await?.sandbox;
@@ -163,7 +163,7 @@ async fn provision_restarts_recreates_and_remove_cleans_up() -> TestResult {
 
     // Stopped from outside: provision starts it again and says so.
     b.client()
-        .stop_container(&container_name(&name), None)
+        .stop_container(&b.names().container(&name), None)
         .await?;
     assert!(!sb.alive().await?);
     let p = b.provision(&spec).await?;
@@ -176,7 +176,9 @@ async fn provision_restarts_recreates_and_remove_cleans_up() -> TestResult {
     );
 
     // Paused from outside: not alive; provision unpauses it.
-    b.client().pause_container(&container_name(&name)).await?;
+    b.client()
+        .pause_container(&b.names().container(&name))
+        .await?;
     assert!(!sb.alive().await?);
     let why = b
         .provision(&spec)
@@ -189,7 +191,7 @@ async fn provision_restarts_recreates_and_remove_cleans_up() -> TestResult {
     // Removed from outside: provision recreates it on the volumes.
     b.client()
         .remove_container(
-            &container_name(&name),
+            &b.names().container(&name),
             Some(bollard::query_parameters::RemoveContainerOptions {
                 force: true,
                 ..Default::default()
@@ -203,11 +205,20 @@ async fn provision_restarts_recreates_and_remove_cleans_up() -> TestResult {
     assert!(why.contains("gone"), "{why}");
     assert_eq!(p.sandbox.read_file("keep.txt", 100).await?, b"kept");
 
-    // remove without volumes keeps the workspace; with volumes, it is gone.
+    // remove without volumes keeps the workspace but not berth's state: the
+    // next sandbox of the name starts with the files and a fresh state volume.
+    sb.write_file("/var/lib/berth/marker", b"old state", 0o644)
+        .await?;
     b.remove(&name, RemoveOpts { volumes: false }).await?;
+    assert!(volume_exists(&b, &b.names().workspace_volume(&name)).await?);
+    assert!(!volume_exists(&b, &b.names().state_volume(&name)).await?);
     let p = b.provision(&spec).await?;
     assert!(p.recreated.is_some());
     assert_eq!(p.sandbox.read_file("keep.txt", 100).await?, b"kept");
+    assert!(matches!(
+        p.sandbox.read_file("/var/lib/berth/marker", 100).await,
+        Err(Error::NotFound { .. })
+    ));
     b.remove(&name, RemoveOpts { volumes: true }).await?;
     assert!(!b.list().await?.iter().any(|i| i.name == name));
     match b.remove(&name, RemoveOpts { volumes: true }).await {
@@ -231,7 +242,7 @@ async fn gc_removes_exited_containers_only() -> TestResult {
     let (running, _g1) = sandbox(&b, "gc-run").await?;
     let (stopped, _g2) = sandbox(&b, "gc-stop").await?;
     b.client()
-        .stop_container(&container_name(stopped.name()), None)
+        .stop_container(&b.names().container(stopped.name()), None)
         .await?;
     // Only this test's sandboxes: other tests stop and restart theirs meanwhile.
     let mine = [running.name().to_string(), stopped.name().to_string()];
@@ -271,9 +282,7 @@ async fn bad_specs_are_refused_clearly() -> TestResult {
     assert!(e.to_string().contains("invalid sandbox name"), "{e}");
     let mut spec = SandboxSpec::named(unique("noimg"));
     spec.image = Some("no-such-image-berth:1".into());
-    let _g = Cleanup {
-        name: spec.name.clone(),
-    };
+    let _g = Cleanup::of(&b, spec.name.clone());
     match b.provision(&spec).await {
         Err(Error::NotFound {
             what: "image",
@@ -290,7 +299,7 @@ async fn bad_specs_are_refused_clearly() -> TestResult {
 async fn limits_and_network_follow_the_spec() -> TestResult {
     let b = backend().await?;
     let name = unique("limits");
-    let _g = Cleanup { name: name.clone() };
+    let _g = Cleanup::of(&b, name.clone());
     let mut spec = SandboxSpec::named(&name);
     spec.network = true;
     spec.limits.memory_mb = Some(256);
@@ -300,7 +309,7 @@ async fn limits_and_network_follow_the_spec() -> TestResult {
     let sb = b.provision(&spec).await?.sandbox;
     let c = b
         .client()
-        .inspect_container(&container_name(&name), None)
+        .inspect_container(&b.names().container(&name), None)
         .await?;
     let hc = c.host_config.ok_or("no host config")?;
     assert_eq!(hc.memory, Some(256 * 1024 * 1024));
@@ -321,5 +330,113 @@ async fn limits_and_network_follow_the_spec() -> TestResult {
         forked < 64,
         "{forked} processes forked under a pids limit of 64"
     );
+    Ok(())
+}
+
+async fn volume_exists(b: &berth_backends::docker::DockerBackend, v: &str) -> TestResult<bool> {
+    match b.client().inspect_volume(v).await {
+        Ok(_) => Ok(true),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Two installations (two state dirs, or two users) on one daemon: the same
+/// sandbox name gives each its own container and volumes, and neither lists,
+/// attaches to or collects the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installations_never_share_sandboxes() -> TestResult {
+    let a = backend().await?;
+    let b = backend().await?;
+    assert_ne!(a.names().installation(), b.names().installation());
+    let name = unique("owner");
+    let _ga = Cleanup::of(&a, name.clone());
+    let _gb = Cleanup::of(&b, name.clone());
+    let sa = a.provision(&SandboxSpec::named(&name)).await?.sandbox;
+    sa.write_file("mine.txt", b"a's", 0o644).await?;
+    sa.write_file("/var/lib/berth/marker", b"a's state", 0o644)
+        .await?;
+    let pb = b.provision(&SandboxSpec::named(&name)).await?;
+    assert!(pb.created, "b attached to a's sandbox: {:?}", pb.recreated);
+    assert!(matches!(
+        pb.sandbox.read_file("mine.txt", 100).await,
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        pb.sandbox.read_file("/var/lib/berth/marker", 100).await,
+        Err(Error::NotFound { .. })
+    ));
+    let c = a
+        .client()
+        .inspect_container(&a.names().container(&name), None)
+        .await?;
+    let labels = c.config.and_then(|c| c.labels).unwrap_or_default();
+    assert_eq!(
+        labels.get(berth_backends::docker::LABEL_INSTALLATION),
+        Some(&a.names().installation().to_string())
+    );
+    // Removing b's sandbox leaves a's whole.
+    b.remove(&name, RemoveOpts { volumes: true }).await?;
+    assert!(!b.list().await?.iter().any(|i| i.name == name));
+    assert!(a.list().await?.iter().any(|i| i.name == name));
+    assert_eq!(sa.read_file("mine.txt", 100).await?, b"a's");
+    // A volume of the same name but another owner is refused, never mounted.
+    let intruder = a.names().workspace_volume(&unique("squat"));
+    let squat = intruder
+        .trim_start_matches(&format!("berth-{}-", a.names().installation()))
+        .trim_end_matches("-workspace")
+        .to_string();
+    let _gs = Cleanup::of(&a, squat.clone());
+    a.client()
+        .create_volume(bollard::models::VolumeCreateRequest {
+            name: Some(intruder.clone()),
+            ..Default::default()
+        })
+        .await?;
+    match a.provision(&SandboxSpec::named(&squat)).await {
+        Err(e) => assert!(e.to_string().contains("did not create it"), "{e}"),
+        Ok(_) => return Err("a foreign volume was mounted".into()),
+    }
+    a.client()
+        .remove_volume(
+            &intruder,
+            None::<bollard::query_parameters::RemoveVolumeOptions>,
+        )
+        .await?;
+    Ok(())
+}
+
+/// `gc_volumes` collects this installation's orphaned state volumes (no
+/// container, not on record), workspaces only when asked, and nothing of
+/// another installation's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_collects_orphaned_volumes_of_its_own_installation() -> TestResult {
+    let a = backend().await?;
+    let other = backend().await?;
+    let (orphan, _g1) = sandbox(&a, "orph").await?;
+    let (kept, _g2) = sandbox(&a, "onrec").await?;
+    let (foreign, _g3) = sandbox(&other, "foreign").await?;
+    for (b, sb) in [(&a, &orphan), (&a, &kept), (&other, &foreign)] {
+        b.client()
+            .remove_container(
+                &b.names().container(sb.name()),
+                Some(bollard::query_parameters::RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await?;
+    }
+    let on_record = kept.name().to_string();
+    let removed = a.gc_volumes(|n| n == on_record, false).await?;
+    assert_eq!(removed, vec![a.names().state_volume(orphan.name())]);
+    assert!(volume_exists(&a, &a.names().workspace_volume(orphan.name())).await?);
+    assert!(volume_exists(&a, &a.names().state_volume(kept.name())).await?);
+    let removed = a.gc_volumes(|n| n == on_record, true).await?;
+    assert_eq!(removed, vec![a.names().workspace_volume(orphan.name())]);
+    assert!(volume_exists(&other, &other.names().state_volume(foreign.name())).await?);
+    assert!(volume_exists(&other, &other.names().workspace_volume(foreign.name())).await?);
     Ok(())
 }

@@ -3,6 +3,8 @@
 //! issue lists: a killed connection, a changed or unknown host key, wrong
 //! credentials, a refused connection, a stalling server, config aliases.
 
+#![cfg(feature = "ssh")]
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -464,5 +466,100 @@ async fn a_killing_signal_is_reported_as_a_signal() -> TestResult {
     let st = p.wait().await?;
     assert_eq!((st.code, st.signal), (None, Some(15)));
     assert_eq!(st.shell_code(), 143);
+    Ok(())
+}
+
+/// A bastion and a target, each a real sshd: the target is reached through the
+/// bastion over a direct-tcpip channel (`ProxyJump`), from the options (`-J`)
+/// and from ~/.ssh/config, and the bastion's host key is checked as strictly
+/// as the target's: a changed or unknown bastion key refuses the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_jump_through_a_bastion_checks_every_host_key()
+-> Result<(), Box<dyn std::error::Error>> {
+    let bastion = Sshd::start()?;
+    let target = Sshd::start()?;
+    let both = target.path("known_hosts_both");
+    std::fs::write(
+        &both,
+        std::fs::read_to_string(bastion.known_hosts())?
+            + &std::fs::read_to_string(target.known_hosts())?,
+    )?;
+    let jump_opts = |known: &Path| {
+        let mut o = target.options();
+        o.known_hosts = Some(known.to_path_buf());
+        o.identity_files = vec![target.user_key(), bastion.user_key()];
+        o.proxy_jump = Some(bastion.host());
+        o
+    };
+
+    // -J: the command runs on the target, and the bastion saw the login.
+    let (b, sb) = provision(jump_opts(&both), "jump").await?;
+    let mut s = Session::open(sb.clone(), SessionConfig::named("jump")).await?;
+    let r = s
+        .exec("echo through; echo $SSH_CONNECTION", ExecOpts::default())
+        .await?;
+    let out = r.output.text();
+    assert!(out.starts_with("through\n"), "{out}");
+    assert!(
+        out.contains(&format!(" {}\n", target.port())),
+        "the session is not on the target: {out}"
+    );
+    s.close().await;
+    assert!(
+        bastion.log().contains("Accepted publickey"),
+        "{}",
+        bastion.log()
+    );
+    b.remove("jump", RemoveOpts { volumes: true }).await?;
+
+    // ProxyJump from ~/.ssh/config, for an alias.
+    let mut o = jump_opts(&both);
+    o.proxy_jump = None;
+    std::fs::write(
+        target.home().join(".ssh/config"),
+        format!(
+            "Host behind\n  HostName 127.0.0.1\n  Port {}\n  ProxyJump {}\n",
+            target.port(),
+            bastion.host()
+        ),
+    )?;
+    o.host = Some(format!("{}@behind", target.user()));
+    let (b, sb) = provision(o, "jumpcfg").await?;
+    let mut s = Session::open(sb.clone(), SessionConfig::named("jumpcfg")).await?;
+    assert_eq!(
+        s.exec("echo via-config", ExecOpts::default())
+            .await?
+            .output
+            .text(),
+        "via-config\n"
+    );
+    s.close().await;
+    b.remove("jumpcfg", RemoveOpts { volumes: true }).await?;
+
+    // The bastion offers a key other than the recorded one: refused, named.
+    let other = target.path("other_host_key");
+    keygen(&other, "")?;
+    let other_pub = std::fs::read_to_string(other.with_extension("pub"))?;
+    let mut f = other_pub.split_whitespace();
+    let (alg, b64) = (f.next().ok_or("key")?, f.next().ok_or("key")?);
+    let forged = target.path("known_hosts_forged");
+    std::fs::write(
+        &forged,
+        format!("[127.0.0.1]:{} {alg} {b64}\n", bastion.port())
+            + &std::fs::read_to_string(target.known_hosts())?,
+    )?;
+    let msg = err_text(provision(jump_opts(&forged), "jumpbad").await);
+    assert!(msg.contains("HOST KEY CHANGED"), "{msg}");
+    assert!(
+        msg.contains(&format!("jump host {}", bastion.host())),
+        "{msg}"
+    );
+
+    // An unknown bastion is refused too, not trusted because the target is known.
+    let only_target = target.path("known_hosts_target");
+    std::fs::copy(target.known_hosts(), &only_target)?;
+    let msg = err_text(provision(jump_opts(&only_target), "jumpunknown").await);
+    assert!(msg.contains("is not in"), "{msg}");
+    assert!(msg.contains("jump host"), "{msg}");
     Ok(())
 }

@@ -131,8 +131,58 @@ pub struct SpawnOpts {
     pub env: Vec<(String, String)>,
     /// Working directory; the sandbox's workdir when `None`.
     pub cwd: Option<String>,
-    /// Ask for a terminal. Backends without one ignore it.
+    /// Run the program on a terminal (a PTY): its stdin and stdout are the
+    /// terminal, stderr is merged into stdout, and it leads a session whose
+    /// controlling terminal that is. Backends without terminals refuse it.
     pub tty: bool,
+    /// The terminal's size when `tty` is set; [`TermSize::default`] when `None`.
+    pub tty_size: Option<TermSize>,
+    /// berth's own short helper (a tree kill, a job's status or log), never
+    /// agent code. Where a backend confines each spawn's signals to its own
+    /// process tree, a helper may reach every process of the sandbox.
+    pub helper: bool,
+}
+
+/// A terminal's size in character cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermSize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+impl Default for TermSize {
+    /// 80x24, what a terminal is when nobody said otherwise.
+    fn default() -> Self {
+        TermSize { cols: 80, rows: 24 }
+    }
+}
+
+impl std::str::FromStr for TermSize {
+    type Err = Error;
+
+    /// `COLSxROWS`, e.g. `120x40`.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::InvalidInput(format!(
+                "terminal size {s:?} is not COLSxROWS with both between 1 and 65535, e.g. 120x40"
+            ))
+        };
+        let (c, r) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+        let cols: u16 = c.trim().parse().map_err(|_| bad())?;
+        let rows: u16 = r.trim().parse().map_err(|_| bad())?;
+        if cols == 0 || rows == 0 {
+            return Err(bad());
+        }
+        Ok(TermSize { cols, rows })
+    }
+}
+
+impl std::fmt::Display for TermSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.cols, self.rows)
+    }
 }
 
 /// How a process ended.
@@ -206,6 +256,14 @@ pub trait Process: Send {
     }
     /// Wait for the process to end.
     async fn wait(&mut self) -> Result<ExitStatus>;
+    /// Change the size of the process's terminal (spawned with `tty`); the
+    /// kernel then sends its foreground process group SIGWINCH.
+    async fn resize(&mut self, size: TermSize) -> Result<()> {
+        let _ = size;
+        Err(Error::Unsupported(
+            "resizing a process that has no terminal (spawn it with `tty`)".into(),
+        ))
+    }
     /// Tear the process down from outside: the transport's own kill (a signal
     /// locally, closing the exec or channel elsewhere). Used when a shell is replaced.
     async fn terminate(&mut self) -> Result<()>;
@@ -254,7 +312,11 @@ pub async fn run_to_end(
     timeout: std::time::Duration,
 ) -> Result<Collected> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut p = sandbox.spawn(argv, SpawnOpts::default()).await?;
+    let opts = SpawnOpts {
+        helper: true,
+        ..SpawnOpts::default()
+    };
+    let mut p = sandbox.spawn(argv, opts).await?;
     let input = p.take_stdin();
     let out = p.take_stdout();
     let err = p.take_stderr();

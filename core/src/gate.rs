@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_policies::shell::Defined;
 use berth_policies::{Action, Limits, Policy, Redactor, Verdict};
 use serde_json::json;
 
@@ -76,6 +77,12 @@ impl Gate {
         self.policy.rules.check(command, backend)
     }
 
+    /// The verdict for running `command` on `backend` in a session that
+    /// defined `defined`: its aliases and functions are resolved first.
+    pub fn check_in(&self, command: &str, backend: &str, defined: &Defined) -> Verdict {
+        self.policy.rules.check_in(command, backend, defined)
+    }
+
     /// The part of berth's environment a sandbox may see.
     pub fn sandbox_env(&self) -> &BTreeMap<String, String> {
         &self.sandbox_env
@@ -95,31 +102,15 @@ impl Gate {
     pub fn limits(&self, sandbox: &str) -> &Limits {
         self.policy.limits.for_sandbox(sandbox)
     }
+}
 
-    /// The argv prefix that runs local sandbox processes through the kernel
-    /// restrictions (`berth __sandbox-exec …`); `{sandbox_dir}`, `{sandbox}` and
-    /// `{network}` are filled in by the local backend.
-    pub fn local_wrapper(&self, berth_exe: &Path, unrestricted: bool) -> Result<Vec<String>> {
-        let policy = serde_json::to_string(&self.policy.local)
-            .map_err(|e| Error::InvalidInput(format!("local policy: {e}")))?;
-        let mut argv = vec![
-            berth_exe.display().to_string(),
-            "__sandbox-exec".into(),
-            "--policy".into(),
-            policy,
-            "--sandbox-dir".into(),
-            "{sandbox_dir}".into(),
-            "--name".into(),
-            "{sandbox}".into(),
-            "--network".into(),
-            "{network}".into(),
-        ];
-        if unrestricted {
-            argv.push("--unrestricted".into());
-        }
-        argv.push("--".into());
-        Ok(argv)
-    }
+/// A command and the rules' verdict on it.
+#[derive(Clone, Debug)]
+pub struct Judged<'a> {
+    /// The command text.
+    pub command: &'a str,
+    /// What the rules decided.
+    pub verdict: Verdict,
 }
 
 /// Where a command stands after the gate.
@@ -156,6 +147,41 @@ impl Gate {
         notice: Option<&ApprovalNotice>,
     ) -> Result<Admission> {
         let verdict = self.check(command, backend);
+        let judged = Judged { command, verdict };
+        self.admit_judged(store, call_id, backend, sandbox, judged, notice)
+            .await
+    }
+
+    /// [`Gate::admit`] for a verdict already reached (a file rule's, say):
+    /// `command` is the text an approval shows and is matched on.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn admit_verdict(
+        &self,
+        verdict: Verdict,
+        store: &Store,
+        call_id: &str,
+        backend: &str,
+        sandbox: &str,
+        command: &str,
+        notice: Option<&ApprovalNotice>,
+    ) -> Result<Admission> {
+        let judged = Judged { command, verdict };
+        self.admit_judged(store, call_id, backend, sandbox, judged, notice)
+            .await
+    }
+
+    /// [`Gate::admit`] for a verdict already reached (say, with the session's
+    /// aliases and functions resolved by [`Gate::check_in`]).
+    pub async fn admit_judged(
+        &self,
+        store: &Store,
+        call_id: &str,
+        backend: &str,
+        sandbox: &str,
+        judged: Judged<'_>,
+        notice: Option<&ApprovalNotice>,
+    ) -> Result<Admission> {
+        let Judged { command, verdict } = judged;
         let event = |kind: &str, detail: serde_json::Value| Event {
             kind: kind.into(),
             call_id: Some(call_id.into()),
@@ -349,8 +375,5 @@ mod tests {
             g.redact("k=sk-test-0123456789abcdefghij"),
             "k=[REDACTED:OPENAI_API_KEY]"
         );
-        let w = g.local_wrapper(Path::new("/usr/bin/berth"), false).unwrap();
-        assert_eq!(w[1], "__sandbox-exec");
-        assert_eq!(w.last().map(String::as_str), Some("--"));
     }
 }

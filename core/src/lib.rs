@@ -4,6 +4,7 @@
 //! sandbox; the runtime finds or provisions the sandbox through a [`backend::Backend`],
 //! drives its persistent [`session::Session`], and records the call in the [`store::Store`].
 
+pub mod agent;
 pub mod approvals;
 pub mod backend;
 pub mod error;
@@ -14,4 +15,5 @@ pub mod session;
 pub mod reaper;
 pub mod runtime;
 pub mod store;
+pub mod tools;
 pub use error::{Error, Result};

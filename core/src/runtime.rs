@@ -33,6 +33,8 @@ pub const DEFAULT_SANDBOX: &str = "default";
 pub const MAIN_SESSION: &str = "main";
 /// How many spooled outputs are kept.
 const SPOOL_KEEP: usize = 200;
+/// The most the spool directory holds by default; the oldest outputs go first.
+pub const DEFAULT_SPOOL_DIR_CAP: u64 = 1024 * 1024 * 1024;
 
 /// Opens backends by name. The binary implements it over `berth-backends`, which
 /// core cannot depend on.
@@ -51,6 +53,10 @@ pub struct RuntimeConfig {
     pub grace: Duration,
     /// In-memory output budget per command.
     pub limits: CaptureLimits,
+    /// The most output one command's spool file keeps (its first and last halves).
+    pub spool_file_cap: u64,
+    /// The most all spool files together hold; the oldest are removed past it.
+    pub spool_dir_cap: u64,
 }
 
 impl RuntimeConfig {
@@ -60,6 +66,8 @@ impl RuntimeConfig {
             state_dir,
             grace: Duration::from_millis(1000),
             limits: CaptureLimits::default(),
+            spool_file_cap: crate::session::capture::DEFAULT_SPOOL_CAP,
+            spool_dir_cap: DEFAULT_SPOOL_DIR_CAP,
         }
     }
 }
@@ -85,6 +93,8 @@ pub struct ExecRequest {
     pub on_approval: Option<ApprovalNotice>,
     /// Already admitted by the gate: berth's own launcher for an admitted job.
     pub admitted: bool,
+    /// The id to record the call under (a tool call's own); a new one when `None`.
+    pub call_id: Option<String>,
 }
 
 /// What `exec` returns.
@@ -119,13 +129,19 @@ pub struct SandboxStatus {
 
 type SessionKey = (String, String);
 
+/// One sandbox's place in the session map. Its own lock is held while the
+/// sandbox is provisioned and its shell opened, so a slow docker create
+/// blocks only calls for that sandbox; the map's lock is held only to find
+/// the slot.
+type SessionSlot = Arc<Mutex<Option<Arc<Mutex<Session>>>>>;
+
 /// The runtime.
 pub struct Runtime {
     store: Arc<Store>,
     source: Arc<dyn BackendSource>,
     cfg: RuntimeConfig,
     backends: Mutex<HashMap<String, Arc<dyn Backend>>>,
-    sessions: Mutex<HashMap<SessionKey, Arc<Mutex<Session>>>>,
+    sessions: Mutex<HashMap<SessionKey, SessionSlot>>,
     gate: Option<Arc<Gate>>,
     approval_notice: Option<ApprovalNotice>,
 }
@@ -246,9 +262,12 @@ impl Runtime {
     /// Remove a sandbox from the backend and the store.
     pub async fn remove_sandbox(&self, backend: &str, name: &str, volumes: bool) -> Result<()> {
         let key = (backend.to_string(), name.to_string());
-        if let Some(s) = self.sessions.lock().await.remove(&key) {
-            let s = s.lock().await;
-            drop(s);
+        let slot = self.sessions.lock().await.remove(&key);
+        if let Some(slot) = slot {
+            // Wait for a running command, then let the shell go.
+            if let Some(s) = slot.lock().await.take() {
+                drop(s.lock().await);
+            }
         }
         let known = self.store.sandbox(backend, name)?.is_some();
         let b = self.backend(backend).await?;
@@ -338,9 +357,9 @@ impl Runtime {
         backend: &str,
         sandbox: &str,
     ) -> Result<(Arc<Mutex<Session>>, Option<String>)> {
-        let key = (backend.to_string(), sandbox.to_string());
-        let mut map = self.sessions.lock().await;
-        if let Some(s) = map.get(&key) {
+        let slot = self.slot(backend, sandbox).await;
+        let mut slot = slot.lock().await;
+        if let Some(s) = slot.as_ref() {
             return Ok((s.clone(), None));
         }
         let row = self.sandbox_row(backend, sandbox)?;
@@ -372,17 +391,52 @@ impl Runtime {
         }
         let session = Session::open(p.sandbox, cfg).await?;
         let s = Arc::new(Mutex::new(session));
-        map.insert(key, s.clone());
+        *slot = Some(s.clone());
         Ok((s, p.recreated))
+    }
+
+    /// The slot of a sandbox's session, made on first use.
+    async fn slot(&self, backend: &str, sandbox: &str) -> SessionSlot {
+        let key = (backend.to_string(), sandbox.to_string());
+        self.sessions.lock().await.entry(key).or_default().clone()
+    }
+
+    /// The open session of a sandbox, if any, without waiting for one being
+    /// opened.
+    fn open_session(&self, slot: &SessionSlot) -> Option<Arc<Mutex<Session>>> {
+        slot.try_lock().ok().and_then(|s| s.clone())
+    }
+
+    /// True when a command is running (or a shell is being opened) in the
+    /// sandbox's session, so a new command would wait for it.
+    pub async fn is_busy(&self, backend: &str, sandbox: &str) -> bool {
+        let slot = self.slot(backend, sandbox).await;
+        if slot.try_lock().is_err() {
+            return true;
+        }
+        self.open_session(&slot)
+            .is_some_and(|s| s.try_lock().is_err())
+    }
+
+    /// How many sandboxes have an open shell.
+    pub async fn open_sessions(&self) -> usize {
+        let slots: Vec<SessionSlot> = self.sessions.lock().await.values().cloned().collect();
+        slots
+            .iter()
+            .filter(|s| self.open_session(s).is_some())
+            .count()
     }
 
     /// A live handle on a sandbox, without opening a session: the running
     /// session's sandbox if there is one, else a provision of the stored spec.
     pub async fn attach(&self, backend: &str, sandbox: &str) -> Result<Arc<dyn Sandbox>> {
-        let key = (backend.to_string(), sandbox.to_string());
-        let existing = self.sessions.lock().await.get(&key).cloned();
-        if let Some(s) = existing {
-            return Ok(s.lock().await.sandbox().clone());
+        let slot = self.slot(backend, sandbox).await;
+        let existing = self.open_session(&slot);
+        // Not behind a running command: a busy session's sandbox is provisioned
+        // again (idempotent, a re-attach), so file reads and job queries answer
+        // while a command runs.
+        if let Some(Ok(s)) = existing.as_ref().map(|s| s.try_lock()) {
+            return Ok(s.sandbox().clone());
         }
         let row = self.sandbox_row(backend, sandbox)?;
         let b = self.backend(backend).await?;
@@ -391,10 +445,8 @@ impl Runtime {
 
     /// Forget a session (after its sandbox died), so the next call re-provisions.
     pub async fn forget_session(&self, backend: &str, sandbox: &str) {
-        self.sessions
-            .lock()
-            .await
-            .remove(&(backend.to_string(), sandbox.to_string()));
+        let slot = self.slot(backend, sandbox).await;
+        slot.lock().await.take();
     }
 
     /// Run one command.
@@ -409,9 +461,10 @@ impl Runtime {
                 "timeout must be greater than zero seconds".into(),
             ));
         }
-        let call_id = new_call_id();
+        let call_id = req.call_id.clone().unwrap_or_else(new_call_id);
         let mut req = req;
         let mut verdict = None;
+        let mut admitted_as = None;
         if let Some(g) = self.gate.as_ref().filter(|_| !req.admitted) {
             req.timeout = Some(
                 g.limits(&req.sandbox)
@@ -429,6 +482,7 @@ impl Runtime {
                 )
                 .await?;
             verdict = Some(admission.summary());
+            admitted_as = Some(admission.verdict.action);
         }
         if let Some(g) = &self.gate {
             req.tee = req.tee.take().map(|t| g.redacting_tee(t));
@@ -444,7 +498,7 @@ impl Runtime {
             verdict,
             ..Default::default()
         })?;
-        let mut outcome = self.exec_inner(&req, &call_id).await;
+        let mut outcome = self.exec_inner(&req, &call_id, admitted_as).await;
         if let (Some(g), Ok(r)) = (&self.gate, &mut outcome) {
             g.redact_output(&mut r.result.output);
         }
@@ -490,9 +544,57 @@ impl Runtime {
         outcome
     }
 
-    async fn exec_inner(&self, req: &ExecRequest, call_id: &str) -> Result<ExecReport> {
+    /// Judge the command again with the session's aliases and functions
+    /// resolved, when it names one of them: `alias e='env '` in one call and
+    /// `e rm f` in the next must meet `deny rm`. The text alone was judged
+    /// before the session was opened; only a stricter verdict acts here.
+    async fn readmit_with_session(
+        &self,
+        gate: &Gate,
+        session: &mut Session,
+        req: &ExecRequest,
+        call_id: &str,
+        first: berth_policies::Action,
+    ) -> Result<()> {
+        let Some(names) = session.names() else {
+            return Ok(());
+        };
+        if !names.iter().any(|n| req.command.contains(n.as_str())) {
+            return Ok(());
+        }
+        let defined = session.definitions().await;
+        let verdict = gate.check_in(&req.command, &req.backend, &defined);
+        if verdict.action <= first {
+            return Ok(());
+        }
+        let judged = crate::gate::Judged {
+            command: &req.command,
+            verdict,
+        };
+        gate.admit_judged(
+            &self.store,
+            call_id,
+            &req.backend,
+            &req.sandbox,
+            judged,
+            req.on_approval.as_ref().or(self.approval_notice.as_ref()),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn exec_inner(
+        &self,
+        req: &ExecRequest,
+        call_id: &str,
+        admitted_as: Option<berth_policies::Action>,
+    ) -> Result<ExecReport> {
         let (session, recreated) = self.session(&req.backend, &req.sandbox).await?;
         let mut session = session.lock().await;
+        if let (Some(g), Some(first)) = (&self.gate, admitted_as) {
+            self.readmit_with_session(g, &mut session, req, call_id, first)
+                .await?;
+        }
         let limits = match &self.gate {
             Some(g) => {
                 let cap = g.limits(&req.sandbox).output_cap_bytes as usize;
@@ -508,6 +610,7 @@ impl Runtime {
             stdin: req.stdin.clone(),
             limits,
             spool: Some(self.spool_path(call_id)),
+            spool_cap: Some(self.cfg.spool_file_cap),
             cancel: req.cancel.clone(),
             tee: req.tee.clone(),
         };
@@ -550,23 +653,31 @@ impl Runtime {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return;
         };
-        let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        let mut files: Vec<(std::time::SystemTime, PathBuf, u64)> = entries
             .flatten()
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, e.path(), m.len()))
+            })
             .collect();
-        if files.len() <= SPOOL_KEEP {
-            return;
-        }
-        files.sort();
-        for (_, p) in &files[..files.len() - SPOOL_KEEP] {
-            let _ = std::fs::remove_file(p);
+        // Newest first: keep them while both the count and the size allow.
+        files.sort_by_key(|f| std::cmp::Reverse(f.0));
+        let mut used = 0u64;
+        for (i, (_, p, len)) in files.iter().enumerate() {
+            used = used.saturating_add(*len);
+            if i >= SPOOL_KEEP || (i > 0 && used > self.cfg.spool_dir_cap) {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 
     /// Close every session's shell.
     pub async fn shutdown(&self) {
-        let sessions: Vec<_> = self.sessions.lock().await.drain().collect();
-        for (_, s) in sessions {
+        let slots: Vec<_> = self.sessions.lock().await.drain().collect();
+        for (_, slot) in slots {
+            let Some(s) = slot.lock().await.take() else {
+                continue;
+            };
             if let Ok(s) = Arc::try_unwrap(s) {
                 s.into_inner().close().await;
             }
@@ -574,7 +685,8 @@ impl Runtime {
     }
 }
 
-fn new_call_id() -> String {
+/// A fresh id for a call in the event log.
+pub fn new_call_id() -> String {
     let n: u64 = rand::random();
     format!("c{n:016x}")
 }

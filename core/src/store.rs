@@ -78,6 +78,8 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 3: approvals.
     crate::approvals::SCHEMA,
+    // 4: agent runs (`berth run`): the journal of every step and tool call.
+    crate::agent::journal::SCHEMA,
 ];
 
 /// Milliseconds since the Unix epoch.
@@ -143,13 +145,15 @@ pub struct Store {
 impl Store {
     /// Open (and migrate) the store in `state_dir`.
     pub fn open(state_dir: &Path) -> Result<Store> {
-        std::fs::create_dir_all(state_dir).map_err(|e| state_dir_error(state_dir, e))?;
+        private_dir(state_dir).map_err(|e| state_dir_error(state_dir, e))?;
         // Probe writability up front: SQLite's own error for a read-only directory
         // ("unable to open database file") names nothing the user can act on.
         let probe = state_dir.join(".berth-write-probe");
         std::fs::write(&probe, b"").map_err(|e| state_dir_error(state_dir, e))?;
         let _ = std::fs::remove_file(&probe);
         let path = state_dir.join("berth.db");
+        // SQLite gives its WAL and shm files the database file's mode.
+        private_file(&path).map_err(|e| state_dir_error(state_dir, e))?;
         let conn = Connection::open(&path).map_err(|e| {
             Error::Store(format!(
                 "cannot open {}: {e}; check the state dir's permissions or pass --state-dir",
@@ -396,6 +400,42 @@ impl Store {
         let mut conn = self.conn()?;
         Ok(f(&mut conn)?)
     }
+}
+
+/// Create `dir` (and missing parents) readable by this user only, and take
+/// group and other access away from it if it existed: it holds the event log,
+/// output spools and sandboxes. A shared directory (sticky, like `/tmp`, or
+/// someone else's) is left as it is.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    let mode = meta.permissions().mode();
+    // SAFETY: geteuid has no preconditions.
+    let mine = meta.uid() == unsafe { libc::geteuid() };
+    if mine && mode & 0o1000 == 0 && mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o7700))?;
+    }
+    Ok(())
+}
+
+/// Create `path` as an empty file readable by this user only, or take group
+/// and other access away from an existing one.
+pub fn private_file(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    let mode = f.metadata()?.permissions().mode();
+    if mode & 0o077 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(mode & 0o7700))?;
+    }
+    Ok(())
 }
 
 fn state_dir_error(dir: &Path, e: std::io::Error) -> Error {

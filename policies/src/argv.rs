@@ -2,10 +2,18 @@
 //! leading assignments are peeled off, program paths are reduced to their
 //! names, and strings handed to a shell (`bash -c`, `eval`, …) are found.
 
-/// `NAME=value` as (name, value), if `w` is an assignment word.
+/// `NAME=value` as (name, value), if `w` is an assignment word. `NAME+=value`,
+/// `NAME[i]=value` and `NAME[i]+=value` are assignments too; the name returned
+/// keeps any subscript and drops the `+`.
 pub fn assignment(w: &str) -> Option<(&str, &str)> {
     let (k, v) = w.split_once('=')?;
-    let mut cs = k.chars();
+    let k = k.strip_suffix('+').unwrap_or(k);
+    let name = match k.find('[') {
+        Some(i) if k.ends_with(']') => &k[..i],
+        Some(_) => return None,
+        None => k,
+    };
+    let mut cs = name.chars();
     let ok = matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && cs.all(|c| c.is_ascii_alphanumeric() || c == '_');
     ok.then_some((k, v))
@@ -103,7 +111,7 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
     let rest = &argv[1..];
     match prog {
         "sudo" | "doas" | "env" | "command" | "builtin" | "exec" | "nohup" | "time" | "nice"
-        | "ionice" | "stdbuf" | "xargs" | "setsid" | "unbuffer" | "flock" | "timeout" | "watch"
+        | "ionice" | "stdbuf" | "xargs" | "setsid" | "unbuffer" | "flock" | "timeout"
         | "chronic" | "caffeinate" | "systemd-run" | "runuser" | "chroot" | "taskset" | "chrt"
         | "busybox" | "torsocks" | "proxychains" | "proxychains4" => {}
         _ => return None,
@@ -124,15 +132,30 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
             break;
         }
         // `env -S 'cmd args'` is found by shell_strings; stop here.
-        if prog == "env" && (a == "-S" || a.starts_with("--split-string")) {
+        if prog == "env"
+            && (env_split_string(&rest[i..]).is_some() || a.starts_with("--split-string"))
+        {
             return None;
         }
-        let opt = a.split_once('=').map(|(o, _)| o).unwrap_or(a);
-        if a.contains('=') || !takes_value(prog, opt) {
-            // `-n5` style clusters carry their value inline.
-            i += 1;
-        } else {
-            i += 2;
+        if a.starts_with("--") {
+            let opt = a.split_once('=').map(|(o, _)| o).unwrap_or(a);
+            i += if a.contains('=') || !takes_value(prog, opt) {
+                1
+            } else {
+                2
+            };
+            continue;
+        }
+        // A cluster of short options (`-Eu root`, `-n5`): the first letter that
+        // takes a value takes the rest of the cluster, or the next word.
+        i += 1;
+        for (k, l) in a.char_indices().skip(1) {
+            if takes_value(prog, &format!("-{l}")) {
+                if k + l.len_utf8() == a.len() {
+                    i += 1;
+                }
+                break;
+            }
         }
     }
     // Positional operands that come before the command.
@@ -196,7 +219,9 @@ pub fn shell_strings(argv: &[String]) -> Vec<String> {
                 }
             }
             "env" => {
-                if let Some(k) = args.iter().position(|a| a == "-S" || a == "--split-string") {
+                if let Some(code) = env_split_string(args) {
+                    out.push(code);
+                } else if let Some(k) = args.iter().position(|a| a == "--split-string") {
                     out.push(args[k + 1..].join(" "));
                 } else if let Some(s) = args.iter().position(|a| a.starts_with("--split-string=")) {
                     let first = args[s].trim_start_matches("--split-string=").to_string();
@@ -217,10 +242,76 @@ pub fn shell_strings(argv: &[String]) -> Vec<String> {
                     out.push(code.clone());
                 }
             }
+            // These hand a string to `sh -c`.
+            "script" | "flock" => {
+                let dash_c = |a: &String| {
+                    a == "--command"
+                        || (a.starts_with('-') && !a.starts_with("--") && a.ends_with('c'))
+                };
+                if let Some(k) = args.iter().position(dash_c) {
+                    if let Some(code) = args.get(k + 1) {
+                        out.push(code.clone());
+                    }
+                } else if let Some(code) = args.iter().find_map(|a| a.strip_prefix("--command=")) {
+                    out.push(code.to_string());
+                }
+            }
+            "watch" => {
+                let mut i = 0;
+                while let Some(a) = args.get(i) {
+                    if !a.starts_with('-') {
+                        break;
+                    }
+                    i += if !a.contains('=') && takes_value("watch", a) {
+                        2
+                    } else {
+                        1
+                    };
+                }
+                if let Some(rest) = args.get(i..).filter(|r| !r.is_empty()) {
+                    out.push(rest.join(" "));
+                }
+            }
             _ => {}
         }
     }
     out
+}
+
+/// The string `env -S` splits into a command (with the words after it), when
+/// one of `env`'s leading short-option clusters holds `S`: `-S 'cmd'`,
+/// `-iS'cmd'`, `-S'cmd' more`.
+pub fn env_split_string(args: &[String]) -> Option<String> {
+    let mut k = 0;
+    while let Some(a) = args.get(k) {
+        if a == "--" || !a.starts_with('-') || a.starts_with("--") || a == "-" {
+            return None;
+        }
+        let mut skip_next = false;
+        for (j, l) in a.char_indices().skip(1) {
+            match l {
+                'S' => {
+                    let inline = &a[j + 1..];
+                    let (first, next) = if inline.is_empty() {
+                        (args.get(k + 1)?.as_str(), k + 2)
+                    } else {
+                        (inline, k + 1)
+                    };
+                    let mut parts = vec![first];
+                    parts.extend(args.get(next..).unwrap_or(&[]).iter().map(String::as_str));
+                    return Some(parts.join(" "));
+                }
+                // Options that take the rest of the cluster or the next word.
+                'u' | 'C' => {
+                    skip_next = j + 1 == a.len();
+                    break;
+                }
+                _ => {}
+            }
+        }
+        k += if skip_next { 2 } else { 1 };
+    }
+    None
 }
 
 /// Whether `argv` is a shell that reads its script from stdin (`sh`, `bash -s`,
@@ -231,6 +322,12 @@ pub fn reads_code_from_stdin(argv: &[String]) -> bool {
         return false;
     };
     let args = &inner[1..];
+    if matches!(prog, "at" | "batch") {
+        // They queue the commands they read, for `sh` to run later.
+        return !args
+            .iter()
+            .any(|a| a.starts_with("-f") || a == "-l" || a == "-d" || a == "-r" || a == "-c");
+    }
     let args = if prog == "busybox" {
         match args.first().map(String::as_str) {
             Some(s) if SHELLS.contains(&s) => &args[1..],

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::argv;
+use crate::caution;
 use crate::shell::Script;
 
 /// A known-dangerous form a rule can name with `pattern = "…"`.
@@ -25,6 +26,23 @@ pub enum Pattern {
     RecursivePermissionsRoot,
     /// `shutdown`, `reboot`, `halt`, `poweroff`, `init 0|6`, `systemctl reboot`, …
     Shutdown,
+    /// `git reset --hard`, `git clean -f`, `git push --force` and their kin.
+    GitDiscard,
+    /// `rm -r` of anything.
+    RmRecursive,
+    /// `find … -delete` or `find … -exec rm`.
+    FindDelete,
+    /// `chmod -R` to a mode others can write (`777`, `o+w`).
+    ChmodWorldWritable,
+    /// Writing a file that grants access or runs at login: `/etc/*`,
+    /// `~/.ssh/authorized_keys`, `~/.bashrc` and kin.
+    SensitiveFileWrite,
+    /// `kill … -1`: a signal to every process the user may signal.
+    KillAll,
+    /// A request to a cloud metadata service (`169.254.169.254` and its spellings).
+    MetadataEndpoint,
+    /// SQL `DROP`, `DELETE` or `TRUNCATE` through a database client.
+    SqlDestructive,
 }
 
 impl Pattern {
@@ -39,9 +57,29 @@ impl Pattern {
         Pattern::Shutdown,
     ];
 
+    /// The `standard` profile's ask tier.
+    pub const CAUTION: &[Pattern] = &[
+        Pattern::GitDiscard,
+        Pattern::RmRecursive,
+        Pattern::FindDelete,
+        Pattern::ChmodWorldWritable,
+        Pattern::SensitiveFileWrite,
+        Pattern::KillAll,
+        Pattern::MetadataEndpoint,
+        Pattern::SqlDestructive,
+    ];
+
     /// The name used in policy files.
     pub fn name(self) -> &'static str {
         match self {
+            Pattern::GitDiscard => "git-discard",
+            Pattern::RmRecursive => "rm-recursive",
+            Pattern::FindDelete => "find-delete",
+            Pattern::ChmodWorldWritable => "chmod-world-writable",
+            Pattern::SensitiveFileWrite => "sensitive-file-write",
+            Pattern::KillAll => "kill-all",
+            Pattern::MetadataEndpoint => "metadata-endpoint",
+            Pattern::SqlDestructive => "sql-destructive",
             Pattern::RmRecursiveRoot => "rm-recursive-root",
             Pattern::Mkfs => "mkfs",
             Pattern::DeviceWrite => "device-write",
@@ -60,7 +98,8 @@ impl Pattern {
         let args = inner.get(1..).unwrap_or(&[]);
         match self {
             Pattern::RmRecursiveRoot => rm_root(prog, args),
-            Pattern::Mkfs => (prog.starts_with("mkfs")
+            Pattern::Mkfs => (prog == "mkfs"
+                || prog.starts_with("mkfs.")
                 || matches!(prog, "mke2fs" | "mkswap" | "mkdosfs" | "mkntfs"))
             .then(|| format!("`{prog}` makes a filesystem, destroying what was there")),
             Pattern::DeviceWrite => device_write(prog, args, cmd),
@@ -72,6 +111,14 @@ impl Pattern {
                 })
             }
             Pattern::RecursivePermissionsRoot => perms_root(prog, args),
+            Pattern::GitDiscard => caution::git_discard(prog, args),
+            Pattern::RmRecursive => caution::rm_recursive(prog, args),
+            Pattern::FindDelete => caution::find_delete(prog, args),
+            Pattern::ChmodWorldWritable => caution::chmod_world_writable(prog, args),
+            Pattern::SensitiveFileWrite => caution::sensitive_write(prog, args, cmd),
+            Pattern::KillAll => caution::kill_all(prog, args),
+            Pattern::MetadataEndpoint => caution::metadata(prog, args, cmd),
+            Pattern::SqlDestructive => caution::sql_destructive(script, idx, prog, args),
             Pattern::Shutdown => shutdown(prog, args),
         }
     }
@@ -82,10 +129,15 @@ impl std::str::FromStr for Pattern {
     fn from_str(s: &str) -> Result<Self, String> {
         Pattern::ALL
             .iter()
+            .chain(Pattern::CAUTION)
             .copied()
             .find(|p| p.name() == s)
             .ok_or_else(|| {
-                let names: Vec<&str> = Pattern::ALL.iter().map(|p| p.name()).collect();
+                let names: Vec<&str> = Pattern::ALL
+                    .iter()
+                    .chain(Pattern::CAUTION)
+                    .map(|p| p.name())
+                    .collect();
                 format!(
                     "unknown pattern `{s}`; known patterns: {}",
                     names.join(", ")
@@ -165,13 +217,13 @@ pub fn is_protected_target(w: &str) -> bool {
     SYSTEM_DIRS.contains(&norm.as_str())
 }
 
-struct Flags {
-    recursive: bool,
-    no_preserve_root: bool,
-    operands: Vec<String>,
+pub(crate) struct Flags {
+    pub(crate) recursive: bool,
+    pub(crate) no_preserve_root: bool,
+    pub(crate) operands: Vec<String>,
 }
 
-fn flags(args: &[String], recursive_letters: &[char]) -> Flags {
+pub(crate) fn flags(args: &[String], recursive_letters: &[char]) -> Flags {
     let mut f = Flags {
         recursive: false,
         no_preserve_root: false,

@@ -1,7 +1,10 @@
 //! The policy file (TOML) and the built-in defaults it extends.
 //!
 //! ```toml
+//! profile = "standard"       # optional: built-in rules to start from (see below)
 //! default = "allow"          # verdict for commands no rule matches
+//! opaque = "ask"             # verdict for commands berth cannot read exactly
+//! unparsable = "deny"        # verdict for text that does not parse
 //! builtins = true            # the deny rules for known-dangerous forms
 //!
 //! [[rules]]
@@ -52,9 +55,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::dangerous::Pattern;
 use crate::env::EnvFilter;
+use crate::files::{FileRules, RawFiles, ToolSwitches};
 use crate::limits::{Limits, LimitsTable};
 use crate::profile::LocalPolicy;
-use crate::rules::{Action, CommandRules, Matcher, Rule, builtin_rules};
+use crate::rules::{Action, CommandRules, Matcher, Rule, builtin_rules, standard_rules};
 
 /// Errors reading or changing a policy file.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +84,10 @@ pub enum PolicyError {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
+    profile: Option<String>,
     default: Option<Action>,
+    opaque: Option<Action>,
+    unparsable: Option<Action>,
     builtins: Option<bool>,
     #[serde(default)]
     rules: Vec<RawRule>,
@@ -89,6 +96,8 @@ struct RawFile {
     limits: Option<RawLimits>,
     local: Option<LocalPolicy>,
     approvals: Option<Approvals>,
+    files: Option<RawFiles>,
+    tools: Option<ToolSwitches>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -155,6 +164,10 @@ pub struct Policy {
     pub local: LocalPolicy,
     /// Approval settings.
     pub approvals: Approvals,
+    /// File rules for the file tools ([`crate::files`]).
+    pub files: FileRules,
+    /// Tools that are off unless turned on.
+    pub tools: ToolSwitches,
 }
 
 impl Policy {
@@ -182,6 +195,15 @@ impl Policy {
         } else {
             Vec::new()
         };
+        match raw.profile.as_deref() {
+            None | Some("builtin") => {}
+            Some("standard") => rules.extend(standard_rules()),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "unknown profile `{other}`: use `standard` or `builtin`"
+                )));
+            }
+        }
         for (i, r) in raw.rules.into_iter().enumerate() {
             let n = i + 1;
             let name = r.name.unwrap_or_else(|| format!("rule-{n}"));
@@ -230,11 +252,15 @@ impl Policy {
             rules: CommandRules {
                 rules,
                 default: raw.default.unwrap_or(Action::Allow),
+                opaque: raw.opaque.unwrap_or(Action::Ask),
+                unparsable: raw.unparsable.unwrap_or(Action::Deny),
             },
             env: EnvFilter::with_allowed(raw.env.allow),
             limits,
             local: raw.local.unwrap_or_default(),
             approvals: raw.approvals.unwrap_or_default(),
+            files: raw.files.unwrap_or_default().build().map_err(invalid)?,
+            tools: raw.tools.unwrap_or_default(),
         })
     }
 }

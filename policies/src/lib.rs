@@ -9,15 +9,19 @@
 //! - [`Redactor`] masks secrets in output and event text ([`redact`]).
 //! - [`Limits`] holds timeouts, output caps and idle lifetimes ([`limits`]).
 //! - [`SandboxProfile`] is what the local exec wrapper enforces ([`profile`]).
+//! - [`FileRules`] judge the file tools' reads and writes by path ([`files`]).
 //!
 //! Nothing here runs commands or touches the kernel; enforcement lives at the
 //! seams that use these decisions.
 
 pub mod argv;
+pub mod caution;
 pub mod dangerous;
 pub mod env;
 pub mod file;
+pub mod files;
 pub mod limits;
+pub mod opaque;
 pub mod profile;
 pub mod redact;
 pub mod rules;
@@ -26,6 +30,7 @@ pub mod shell;
 pub use dangerous::Pattern;
 pub use env::EnvFilter;
 pub use file::{Approvals, Policy, PolicyError, append_allow_rule};
+pub use files::{FileOp, FileRule, FileRules, FileVerdict, ToolSwitches};
 pub use limits::{Limits, LimitsTable, TimeoutTooLong};
 pub use profile::{LocalPolicy, RLimits, SandboxProfile};
 pub use redact::Redactor;

@@ -11,7 +11,9 @@ pub const SYSTEM_READ_EXEC: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
 ];
 
-/// Device files a shell reads and writes.
+/// Device files a shell reads and writes. Not `/dev/pts` (another terminal,
+/// the operator's included, would take escape sequences from the sandbox), not
+/// `/dev/ptmx`, and not `/dev/shm` (shared by every sandbox and the host).
 pub const DEVICES_RW: &[&str] = &[
     "/dev/null",
     "/dev/zero",
@@ -19,11 +21,36 @@ pub const DEVICES_RW: &[&str] = &[
     "/dev/tty",
     "/dev/urandom",
     "/dev/random",
-    "/dev/pts",
-    "/dev/ptmx",
-    "/dev/shm",
     "/dev/fd",
 ];
+
+/// Host secrets that are never granted, even below a granted directory (see
+/// [`is_secret`]; every `/etc/ssh/*_key` is one too).
+pub const SECRETS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/security/opasswd",
+    "/etc/ssl/private",
+    "/etc/krb5.keytab",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+    "/root",
+];
+
+/// Whether `p` is a host secret: one of [`SECRETS`] or below one, or an ssh
+/// host key (`/etc/ssh/*_key`).
+pub fn is_secret(p: &Path) -> bool {
+    if SECRETS.iter().any(|s| p.starts_with(s)) {
+        return true;
+    }
+    p.parent() == Some(Path::new("/etc/ssh"))
+        && p.file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with("_key"))
+}
 
 /// Process limits applied with setrlimit (soft = hard).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +94,9 @@ pub struct LocalPolicy {
     pub write: Vec<PathBuf>,
     /// Process limits.
     pub rlimits: RLimits,
+    /// On a kernel without Landlock scopes (ABI < 6), run anyway, though a
+    /// sandbox can then signal every process of berth's user. Off: refuse.
+    pub unscoped_signals: bool,
 }
 
 impl Default for LocalPolicy {
@@ -77,6 +107,7 @@ impl Default for LocalPolicy {
             read: Vec::new(),
             write: Vec::new(),
             rlimits: RLimits::default(),
+            unscoped_signals: false,
         }
     }
 }
@@ -95,6 +126,8 @@ pub struct SandboxProfile {
     pub network: bool,
     /// Process limits.
     pub rlimits: RLimits,
+    /// Run without signal scoping where the kernel cannot scope signals.
+    pub allow_unscoped_signals: bool,
 }
 
 impl LocalPolicy {
@@ -131,6 +164,7 @@ impl LocalPolicy {
             read_write,
             network: self.network,
             rlimits: self.rlimits.clone(),
+            allow_unscoped_signals: self.unscoped_signals,
         }
     }
 }
@@ -161,5 +195,28 @@ mod tests {
                 .all(|w| !w.starts_with("/state/berth.db"))
         );
         assert!(!p.network);
+        for shared in ["/dev/pts", "/dev/ptmx", "/dev/shm"] {
+            assert!(!p.read_write.contains(&PathBuf::from(shared)), "{shared}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_named() {
+        for s in [
+            "/etc/shadow",
+            "/etc/sudoers.d/x",
+            "/etc/ssh/ssh_host_ed25519_key",
+            "/root/.ssh",
+        ] {
+            assert!(is_secret(Path::new(s)), "{s}");
+        }
+        for s in [
+            "/etc/passwd",
+            "/etc/ssh/ssh_host_ed25519_key.pub",
+            "/etc/ssh/sshd_config",
+            "/rootfs",
+        ] {
+            assert!(!is_secret(Path::new(s)), "{s}");
+        }
     }
 }

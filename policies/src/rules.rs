@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::argv;
 use crate::dangerous::Pattern;
-use crate::shell::{self, Script};
+use crate::opaque;
+use crate::shell::{self, Defined, Script};
 
 /// What a rule (or the default) decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -178,6 +179,34 @@ pub fn builtin_rules() -> Vec<Rule> {
         .collect()
 }
 
+/// The `standard` profile's ask tier: commands that are destructive but have
+/// legitimate uses, so a person says yes to each (see [`crate::caution`]).
+pub fn standard_rules() -> Vec<Rule> {
+    let mut rules: Vec<Rule> = Pattern::CAUTION
+        .iter()
+        .map(|p| Rule {
+            name: format!("standard:{}", p.name()),
+            action: Action::Ask,
+            matcher: Matcher::Pattern(*p),
+            backends: Vec::new(),
+            reason: None,
+            answers_ask: false,
+        })
+        .collect();
+    // `ask` prefix rules also see wrapper layers, so every form of these asks.
+    for p in ["sudo", "doas", "su", "pkexec", "run0"] {
+        rules.push(Rule {
+            name: "standard:privilege".into(),
+            action: Action::Ask,
+            matcher: Matcher::Prefix(vec![PrefixWord(vec![p.to_string()])]),
+            backends: Vec::new(),
+            reason: Some("it runs with another user's rights".into()),
+            answers_ask: false,
+        });
+    }
+    rules
+}
+
 /// The decision for a command, with its explanation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Verdict {
@@ -207,6 +236,12 @@ pub struct CommandRules {
     pub rules: Vec<Rule>,
     /// What an unmatched command gets.
     pub default: Action,
+    /// What a command berth cannot read exactly gets: a command word built at
+    /// run time, inline interpreter code, `eval` of an expansion, a name the
+    /// session defined whose definition berth cannot see (see [`crate::opaque`]).
+    pub opaque: Action,
+    /// What text that does not parse gets.
+    pub unparsable: Action,
 }
 
 impl Default for CommandRules {
@@ -214,6 +249,8 @@ impl Default for CommandRules {
         Self {
             rules: builtin_rules(),
             default: Action::Allow,
+            opaque: Action::Ask,
+            unparsable: Action::Deny,
         }
     }
 }
@@ -221,11 +258,17 @@ impl Default for CommandRules {
 impl CommandRules {
     /// Judge shell text for a backend.
     pub fn check(&self, text: &str, backend: &str) -> Verdict {
-        let script = match shell::parse(text) {
+        self.check_in(text, backend, &Defined::default())
+    }
+
+    /// Judge shell text for a backend, in a session that defined `defined`:
+    /// its aliases and functions are expanded before the rules apply.
+    pub fn check_in(&self, text: &str, backend: &str, defined: &Defined) -> Verdict {
+        let script = match shell::parse_with(text, defined) {
             Ok(s) => s,
             Err(e) => {
                 return Verdict {
-                    action: Action::Deny,
+                    action: self.unparsable,
                     rule: "unparsable".into(),
                     reason: format!(
                         "{e}; berth only runs commands it can read, so fix the quoting or nesting"
@@ -241,8 +284,23 @@ impl CommandRules {
     /// Judge an already parsed script.
     pub fn check_script(&self, script: &Script, backend: &str) -> Verdict {
         let mut best: Option<Verdict> = None;
-        for idx in 0..script.commands.len() {
-            if let Some(v) = self.check_one(script, idx, backend) {
+        let found = script.opaque.iter().map(|o| {
+            let cmd = o.command.and_then(|i| script.commands.get(i));
+            Verdict {
+                action: self.opaque,
+                rule: "opaque".into(),
+                reason: format!(
+                    "{}; the policy's verdict for what berth cannot read is {}",
+                    o.why, self.opaque
+                ),
+                part: cmd.map(|c| c.display()).unwrap_or_default(),
+                argv: cmd.map(|c| argv::inner(&c.argv)).unwrap_or_default(),
+            }
+        });
+        let judged =
+            (0..script.commands.len()).filter_map(|idx| self.check_one(script, idx, backend));
+        for v in found.chain(judged) {
+            {
                 let stricter = match &best {
                     None => true,
                     Some(b) => {
@@ -255,6 +313,13 @@ impl CommandRules {
                 }
             }
         }
+        // Reasons quote words of the command: keep its control characters out
+        // of terminals and logs.
+        let best = best.map(|v| Verdict {
+            reason: shell::printable(&v.reason).into_owned(),
+            part: shell::printable(&v.part).into_owned(),
+            ..v
+        });
         best.unwrap_or_else(|| Verdict {
             action: Action::Allow,
             rule: "empty".into(),
@@ -306,6 +371,23 @@ impl CommandRules {
             shell::Via::Top => String::new(),
             _ => " (nested in the command)".to_string(),
         };
+        let opaque = opaque::reason(script, idx).map(|why| {
+            let lifted = self.opaque == Action::Ask && answer.is_some();
+            let (action, rule) = match (&answer, lifted) {
+                (Some((r, _)), true) => (Action::Allow, r.name.clone()),
+                _ => (self.opaque, "opaque".to_string()),
+            };
+            Verdict {
+                action,
+                rule,
+                reason: format!(
+                    "{why}{via}; the policy's verdict for what berth cannot read is {}",
+                    self.opaque
+                ),
+                part: part.clone(),
+                argv: inner.clone(),
+            }
+        });
         let default = (!inner_matched && !inner.is_empty()).then(|| Verdict {
             action: self.default,
             rule: "default".into(),
@@ -330,9 +412,13 @@ impl CommandRules {
                 argv: inner.clone(),
             }
         });
-        match (matched, default) {
-            (Some(m), Some(d)) => Some(if d.action > m.action { d } else { m }),
-            (m, d) => m.or(d),
+        let mut out = matched;
+        for v in [opaque, default].into_iter().flatten() {
+            out = match out {
+                Some(m) if m.action >= v.action => Some(m),
+                _ => Some(v),
+            };
         }
+        out
     }
 }

@@ -6,15 +6,18 @@
 
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "testing")]
 use berth_core::backend::{Backend, SandboxSpec};
 use berth_core::error::{Error, Result};
+#[cfg(feature = "testing")]
 use berth_core::session::{ExecOpts, Session, SessionConfig};
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures::StreamExt;
 
-use super::{DockerBackend, container_name};
+use super::DockerBackend;
 
+#[cfg(feature = "testing")]
 /// What [`run`] measured.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchReport {
@@ -26,6 +29,7 @@ pub struct BenchReport {
     pub fresh_exec_per_command: Duration,
 }
 
+#[cfg(feature = "testing")]
 impl BenchReport {
     /// How many times faster the session is per command.
     pub fn speedup(&self) -> f64 {
@@ -33,6 +37,7 @@ impl BenchReport {
     }
 }
 
+#[cfg(feature = "testing")]
 impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -46,6 +51,7 @@ impl std::fmt::Display for BenchReport {
     }
 }
 
+#[cfg(feature = "testing")]
 /// Run `true` `n` times through a persistent session in sandbox `sandbox`
 /// (provisioned if needed), then `n` times as a fresh exec in the same container.
 pub async fn run(backend: &DockerBackend, sandbox: &str, n: usize) -> Result<BenchReport> {
@@ -71,7 +77,13 @@ pub async fn run(backend: &DockerBackend, sandbox: &str, n: usize) -> Result<Ben
     }
     let session_total = t.elapsed();
     session.close().await;
-    let fresh = fresh_execs(backend.client(), &container_name(sandbox), n, PROBE).await?;
+    let fresh = fresh_execs(
+        backend.client(),
+        &backend.names().container(sandbox),
+        n,
+        PROBE,
+    )
+    .await?;
     Ok(BenchReport {
         commands: n,
         session_per_command: session_total / n as u32,
@@ -79,6 +91,7 @@ pub async fn run(backend: &DockerBackend, sandbox: &str, n: usize) -> Result<Ben
     })
 }
 
+#[cfg(feature = "testing")]
 /// The probe both series run.
 const PROBE: &str = "echo hi";
 
@@ -88,7 +101,13 @@ const PROBE: &str = "echo hi";
 /// `DOCKER_HOST`. The probe must print `hi`.
 pub async fn fresh_exec_per_command(sandbox: &str, n: usize, probe: &str) -> Result<Duration> {
     let backend = DockerBackend::connect().await?;
-    fresh_execs(backend.client(), &container_name(sandbox), n.max(1), probe).await
+    fresh_execs(
+        backend.client(),
+        &backend.names().container(sandbox),
+        n.max(1),
+        probe,
+    )
+    .await
 }
 
 async fn fresh_execs(

@@ -3,6 +3,8 @@
 //! Defaults, each overridable per sandbox:
 //! - every capability dropped (`cap_add` option adds some back);
 //! - `no-new-privileges`, so setuid binaries cannot raise privileges;
+//! - berth's own seccomp profile ([`super::seccomp`]): socket families an
+//!   allow-list, no namespaces, no io_uring, no setuid/setgid mode bits;
 //! - pids, memory and CPU limits (`spec.limits`);
 //! - network mode `none` unless `spec.network`;
 //! - a non-root user (`user` option, default uid:gid 1000:1000, `berth` in our image);
@@ -17,9 +19,7 @@ use berth_core::backend::SandboxSpec;
 use berth_core::error::{Error, Result};
 use bollard::models::{ContainerCreateBody, HostConfig};
 
-use super::{
-    BERTH_DIR, LABEL_MANAGED, LABEL_SANDBOX, SANDBOX_PATH, WORKDIR, state_volume, workspace_volume,
-};
+use super::{BERTH_DIR, Names, SANDBOX_PATH, WORKDIR};
 
 /// Default memory ceiling, MiB.
 pub const DEFAULT_MEMORY_MB: u64 = 2048;
@@ -136,11 +136,9 @@ pub fn container_body(
     spec: &SandboxSpec,
     plan: &ContainerPlan,
     image: &str,
+    names: &Names,
 ) -> ContainerCreateBody {
-    let labels = HashMap::from([
-        (LABEL_MANAGED.to_string(), "1".to_string()),
-        (LABEL_SANDBOX.to_string(), spec.name.clone()),
-    ]);
+    let labels = names.labels(&spec.name);
     let memory_mb = spec.limits.memory_mb.unwrap_or(DEFAULT_MEMORY_MB);
     let milli_cpu = spec.limits.milli_cpu.unwrap_or(DEFAULT_MILLI_CPU);
     let pids = spec.limits.pids.unwrap_or(DEFAULT_PIDS);
@@ -153,12 +151,15 @@ pub fn container_body(
     });
     let host_config = HostConfig {
         binds: Some(vec![
-            format!("{}:{WORKDIR}", workspace_volume(&spec.name)),
-            format!("{}:{BERTH_DIR}", state_volume(&spec.name)),
+            format!("{}:{WORKDIR}", names.workspace_volume(&spec.name)),
+            format!("{}:{BERTH_DIR}", names.state_volume(&spec.name)),
         ]),
         cap_drop: Some(vec!["ALL".to_string()]),
         cap_add: (!plan.cap_add.is_empty()).then(|| plan.cap_add.clone()),
-        security_opt: Some(vec!["no-new-privileges".to_string()]),
+        security_opt: Some(vec![
+            "no-new-privileges".to_string(),
+            super::seccomp::security_opt(spec.network),
+        ]),
         network_mode: Some(if spec.network { "bridge" } else { "none" }.to_string()),
         memory: Some(memory),
         // Same as memory: no swap on top.
@@ -231,8 +232,23 @@ mod tests {
     fn defaults_are_hardened() -> Result<()> {
         let spec = SandboxSpec::named("t");
         let plan = ContainerPlan::from_spec(&spec)?;
-        let body = container_body(&spec, &plan, "img");
+        let body = container_body(&spec, &plan, "img", &Names::new("0123456789"));
+        // Named and labelled for its installation, volumes included.
+        let labels = body.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels
+                .get(crate::docker::LABEL_INSTALLATION)
+                .map(String::as_str),
+            Some("0123456789")
+        );
         let hc = body.host_config.unwrap_or_default();
+        assert_eq!(
+            hc.binds,
+            Some(vec![
+                "berth-0123456789-t-workspace:/workspace".to_string(),
+                "berth-0123456789-t-state:/var/lib/berth".to_string(),
+            ])
+        );
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(hc.cap_add, None);
         assert_eq!(hc.network_mode.as_deref(), Some("none"));

@@ -1,9 +1,11 @@
 //! Sandbox lifecycle: provision (attach, start or recreate), list, remove, gc.
 //!
-//! A sandbox `NAME` is the container `berth-NAME` plus the volumes
-//! `berth-NAME-workspace` and `berth-NAME-state`. The container is disposable;
-//! the volumes are what survive: a later `provision` of a killed or removed
-//! container brings the workspace and the session snapshot back.
+//! A sandbox `NAME` of installation `I` is the container `berth-I-NAME` plus the
+//! volumes `berth-I-NAME-workspace` and `berth-I-NAME-state`, all labelled with
+//! `I`. The container is disposable; the volumes are what survive a killed
+//! container: a later `provision` brings the workspace and the session snapshot
+//! back. Removing the sandbox removes its state volume too (a new sandbox of the
+//! same name starts fresh), and its workspace unless asked to keep it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,8 +23,8 @@ use tracing::{debug, info};
 
 use super::config::{self, ContainerPlan};
 use super::{
-    DockerBackend, DockerSandbox, KIND, LABEL_MANAGED, LABEL_SANDBOX, api_error, container_name,
-    state_volume, status_of, unreachable, workspace_volume,
+    DockerBackend, DockerSandbox, KIND, LABEL_INSTALLATION, LABEL_SANDBOX, Names, api_error,
+    status_of, unreachable,
 };
 
 /// What [`DockerBackend::gc`] did.
@@ -30,6 +32,9 @@ use super::{
 pub struct GcReport {
     /// Sandboxes whose containers were removed.
     pub removed: Vec<String>,
+    /// Orphaned volumes removed: this installation's volumes whose sandbox has
+    /// no container and is not kept.
+    pub removed_volumes: Vec<String>,
     /// berth containers left alone (running, or too young).
     pub kept: usize,
 }
@@ -44,16 +49,19 @@ enum Found {
 
 impl DockerBackend {
     async fn find(&self, name: &str) -> Result<Found> {
-        let cname = container_name(name);
+        let cname = self.names.container(name);
         match self.docker.inspect_container(&cname, None).await {
             Ok(c) => {
                 let labels = c.config.as_ref().and_then(|c| c.labels.as_ref());
-                let ours = labels
-                    .and_then(|l| l.get(LABEL_SANDBOX))
-                    .is_some_and(|s| s == name);
+                let ours = labels.is_some_and(|l| {
+                    l.get(LABEL_SANDBOX).is_some_and(|s| s == name)
+                        && l.get(LABEL_INSTALLATION)
+                            .is_some_and(|i| i == self.names.installation())
+                });
                 if !ours {
                     return Err(Error::InvalidInput(format!(
-                        "a container named `{cname}` exists but berth did not create it (no {LABEL_SANDBOX}={name} label); rename or remove it, or choose another sandbox name"
+                        "a container named `{cname}` exists but this berth installation did not create it (no {LABEL_SANDBOX}={name} and {} labels); rename or remove it, or choose another sandbox name",
+                        self.names.filter()
                     )));
                 }
                 let state = c.state.unwrap_or_default();
@@ -80,22 +88,35 @@ impl DockerBackend {
         }
     }
 
-    async fn volume_exists(&self, volume: &str) -> Result<bool> {
+    /// Whether `volume` exists; one with the name but not this installation's
+    /// labels is refused, never mounted.
+    async fn volume_exists(&self, volume: &str, sandbox: &str) -> Result<bool> {
         match self.docker.inspect_volume(volume).await {
-            Ok(_) => Ok(true),
+            Ok(v) => {
+                let want = self.names.labels(sandbox);
+                if want.iter().any(|(k, val)| v.labels.get(k) != Some(val)) {
+                    return Err(Error::InvalidInput(format!(
+                        "a volume named `{volume}` exists but this berth installation did not create it (labels {:?}); remove it, or choose another sandbox name",
+                        v.labels
+                    )));
+                }
+                Ok(true)
+            }
             Err(e) if status_of(&e) == Some(404) => Ok(false),
             Err(e) => Err(api_error(&self.host, volume, "inspecting a volume", e)),
         }
     }
 
     async fn create_volumes(&self, name: &str) -> Result<()> {
-        for volume in [workspace_volume(name), state_volume(name)] {
+        for volume in [
+            self.names.workspace_volume(name),
+            self.names.state_volume(name),
+        ] {
+            // Never mount a same-named volume of another installation.
+            self.volume_exists(&volume, name).await?;
             let req = VolumeCreateRequest {
                 name: Some(volume.clone()),
-                labels: Some(HashMap::from([
-                    (LABEL_MANAGED.to_string(), "1".to_string()),
-                    (LABEL_SANDBOX.to_string(), name.to_string()),
-                ])),
+                labels: Some(self.names.labels(name)),
                 ..Default::default()
             };
             // Creating a volume that exists returns it unchanged.
@@ -116,9 +137,9 @@ impl DockerBackend {
             None => self.ensure_image().await?,
         };
         self.create_volumes(&spec.name).await?;
-        let body = config::container_body(spec, plan, &image);
+        let body = config::container_body(spec, plan, &image, &self.names);
         let opts = CreateContainerOptions {
-            name: Some(container_name(&spec.name)),
+            name: Some(self.names.container(&spec.name)),
             ..Default::default()
         };
         match self.docker.create_container(Some(opts), body).await {
@@ -140,7 +161,7 @@ impl DockerBackend {
     async fn start(&self, name: &str) -> Result<()> {
         match self
             .docker
-            .start_container(&container_name(name), None)
+            .start_container(&self.names.container(name), None)
             .await
         {
             Ok(()) => Ok(()),
@@ -208,12 +229,60 @@ impl DockerBackend {
         Ok(report)
     }
 
+    /// Remove this installation's orphaned volumes: those whose sandbox has no
+    /// container and for which `known` (the sandboxes on record) says no. A
+    /// state volume is useless without its sandbox; a workspace volume may be
+    /// one kept on purpose (`sandbox rm --keep-workspace`), so it goes only
+    /// with `workspaces`. Returns the volumes removed.
+    pub async fn gc_volumes(
+        &self,
+        known: impl Fn(&str) -> bool + Send,
+        workspaces: bool,
+    ) -> Result<Vec<String>> {
+        let with_container: std::collections::HashSet<String> = self
+            .berth_containers()
+            .await?
+            .iter()
+            .map(|c| label_name(&c.labels))
+            .collect();
+        let opts = bollard::query_parameters::ListVolumesOptions {
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![self.names.filter()],
+            )])),
+        };
+        let listed = self
+            .docker
+            .list_volumes(Some(opts))
+            .await
+            .map_err(|e| api_error(&self.host, "-", "listing volumes", e))?;
+        let mut removed = Vec::new();
+        for v in listed.volumes.unwrap_or_default() {
+            let Some(sandbox) = v.labels.get(LABEL_SANDBOX).cloned() else {
+                continue;
+            };
+            if with_container.contains(&sandbox) || known(&sandbox) {
+                continue;
+            }
+            let is_state = v.name == self.names.state_volume(&sandbox);
+            let is_workspace = v.name == self.names.workspace_volume(&sandbox);
+            if (is_state || (workspaces && is_workspace))
+                && remove_volume(&self.docker, &self.host, &sandbox, &v.name).await?
+            {
+                info!(sandbox = %sandbox, volume = %v.name, "gc removed orphaned volume");
+                removed.push(v.name);
+            }
+        }
+        removed.sort();
+        Ok(removed)
+    }
+
     async fn berth_containers(&self) -> Result<Vec<bollard::models::ContainerSummary>> {
         let opts = ListContainersOptions {
             all: true,
             filters: Some(HashMap::from([(
                 "label".to_string(),
-                vec![format!("{LABEL_MANAGED}=1")],
+                vec![self.names.filter()],
             )])),
             ..Default::default()
         };
@@ -246,7 +315,7 @@ impl Backend for DockerBackend {
             Found::Running => {}
             Found::Paused => {
                 self.docker
-                    .unpause_container(&container_name(name))
+                    .unpause_container(&self.names.container(name))
                     .await
                     .map_err(|e| api_error(&self.host, name, "unpausing its container", e))?;
                 recreated = Some("its container was paused; it was unpaused".to_string());
@@ -259,7 +328,7 @@ impl Backend for DockerBackend {
                         // A container that cannot start (its image or a mount is
                         // gone) is replaced; the volumes carry the state over.
                         info!(sandbox = %name, error = %e, "replacing container that will not start");
-                        remove_container(&self.docker, &self.host, name).await?;
+                        remove_container(&self.docker, &self.host, &self.names, name).await?;
                         self.create_container(spec, &plan).await?;
                         self.start(name).await?;
                         recreated = Some(format!(
@@ -269,7 +338,9 @@ impl Backend for DockerBackend {
                 }
             }
             Found::Missing => {
-                let had_volume = self.volume_exists(&workspace_volume(name)).await?;
+                let had_volume = self
+                    .volume_exists(&self.names.workspace_volume(name), name)
+                    .await?;
                 self.create_container(spec, &plan).await?;
                 self.start(name).await?;
                 if had_volume {
@@ -308,7 +379,8 @@ impl Backend for DockerBackend {
 
     async fn remove(&self, name: &str, opts: RemoveOpts) -> Result<()> {
         config::check_name(name)?;
-        let found = remove_sandbox(&self.docker, &self.host, name, opts.volumes).await?;
+        let found =
+            remove_sandbox(&self.docker, &self.host, &self.names, name, opts.volumes).await?;
         if found {
             Ok(())
         } else {
@@ -328,37 +400,52 @@ fn force_remove() -> RemoveContainerOptions {
     }
 }
 
-/// Remove the sandbox's container and, with `volumes`, its volumes. Returns
-/// whether anything existed.
+/// Remove the sandbox's container and its state volume (the session snapshot
+/// belongs to this sandbox alone: a new one of the same name must not restore
+/// it), and with `volumes` its workspace volume too. Returns whether anything
+/// existed.
 pub(crate) async fn remove_sandbox(
     docker: &Docker,
     host: &str,
+    names: &Names,
     name: &str,
     volumes: bool,
 ) -> Result<bool> {
-    let mut found = remove_container(docker, host, name).await?;
+    let mut found = remove_container(docker, host, names, name).await?;
+    let mut doomed = vec![names.state_volume(name)];
     if volumes {
-        for volume in [workspace_volume(name), state_volume(name)] {
-            match docker
-                .remove_volume(
-                    &volume,
-                    None::<bollard::query_parameters::RemoveVolumeOptions>,
-                )
-                .await
-            {
-                Ok(()) => found = true,
-                Err(e) if status_of(&e) == Some(404) => {}
-                Err(e) => return Err(api_error(host, name, "removing its volume", e)),
-            }
-        }
+        doomed.push(names.workspace_volume(name));
+    }
+    for volume in doomed {
+        found |= remove_volume(docker, host, name, &volume).await?;
     }
     Ok(found)
 }
 
-/// Remove the sandbox's container, whatever its state. Returns whether it existed.
-pub(crate) async fn remove_container(docker: &Docker, host: &str, name: &str) -> Result<bool> {
+/// Remove one volume. Returns whether it existed.
+async fn remove_volume(docker: &Docker, host: &str, name: &str, volume: &str) -> Result<bool> {
     match docker
-        .remove_container(&container_name(name), Some(force_remove()))
+        .remove_volume(
+            volume,
+            None::<bollard::query_parameters::RemoveVolumeOptions>,
+        )
+        .await
+    {
+        Ok(()) => Ok(true),
+        Err(e) if status_of(&e) == Some(404) => Ok(false),
+        Err(e) => Err(api_error(host, name, "removing its volume", e)),
+    }
+}
+
+/// Remove the sandbox's container, whatever its state. Returns whether it existed.
+pub(crate) async fn remove_container(
+    docker: &Docker,
+    host: &str,
+    names: &Names,
+    name: &str,
+) -> Result<bool> {
+    match docker
+        .remove_container(&names.container(name), Some(force_remove()))
         .await
     {
         Ok(()) => Ok(true),

@@ -6,9 +6,11 @@
 //!   does (`DOCKER_HOST`, else the local socket) and negotiates the API version.
 //! - `provision` ([`lifecycle`]) builds the sandbox image if it is missing
 //!   ([`image`]), then re-attaches to, starts, or (re)creates the container
-//!   `berth-<name>` with the hardened config from [`config`] and two named
-//!   volumes: the workspace and berth's private state (session snapshots), so
-//!   both survive a container's recreation.
+//!   `berth-<installation>-<name>` with the hardened config from [`config`] and
+//!   two named volumes: the workspace and berth's private state (session
+//!   snapshots), so both survive a container's recreation.
+//! - Everything carries the installation id ([`Names`]): one berth state dir
+//!   never attaches to another's containers or volumes on a shared daemon.
 //! - [`DockerSandbox::spawn`] is one attached exec ([`process`]): stdin in,
 //!   stdout and stderr demultiplexed out. The session engine runs one bash over
 //!   one such exec for the sandbox's whole life.
@@ -22,6 +24,7 @@ pub mod files;
 pub mod image;
 pub mod lifecycle;
 pub mod process;
+pub mod seccomp;
 
 use std::collections::BTreeMap;
 
@@ -39,6 +42,8 @@ pub const KIND: &str = "docker";
 pub const LABEL_MANAGED: &str = "berth.managed";
 /// The label naming the sandbox a container or volume belongs to.
 pub const LABEL_SANDBOX: &str = "berth.sandbox";
+/// The label naming the berth installation (state dir) that owns a container or volume.
+pub const LABEL_INSTALLATION: &str = "berth.installation";
 /// Where the workspace volume is mounted: the session's first cwd.
 pub const WORKDIR: &str = "/workspace";
 /// Where berth's private state volume (snapshots, stdin files) is mounted.
@@ -56,6 +61,8 @@ pub struct DockerBackend {
     /// Serialises image builds within this process; [`image`] also takes a
     /// file lock so parallel processes do not build twice.
     pub(crate) build_lock: tokio::sync::Mutex<()>,
+    /// Names and labels of this installation's containers and volumes.
+    pub(crate) names: Names,
 }
 
 /// The daemon address the Docker client would use: `DOCKER_HOST`, else the
@@ -90,7 +97,21 @@ impl DockerBackend {
             recipe: ImageRecipe::builtin(),
             progress: None,
             build_lock: tokio::sync::Mutex::new(()),
+            names: Names::new(&crate::new_installation_id()),
         })
+    }
+
+    /// Act as the installation `id` (see [`crate::installation_id`]): find and
+    /// create only its containers and volumes. Without this, a backend has a
+    /// fresh id of its own and finds nothing made by another.
+    pub fn with_installation(mut self, id: &str) -> Self {
+        self.names = Names::new(id);
+        self
+    }
+
+    /// How this installation names its containers and volumes.
+    pub fn names(&self) -> &Names {
+        &self.names
     }
 
     /// Report image-build progress (stages, downloads, import) to `f`.
@@ -123,19 +144,55 @@ impl DockerBackend {
     }
 }
 
-/// The container's name for a sandbox.
-pub fn container_name(sandbox: &str) -> String {
-    format!("berth-{sandbox}")
+/// How one installation names its containers and volumes: every name carries
+/// the installation id, so two state dirs (or two users) on one daemon can both
+/// have a sandbox `web` without meeting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    installation: String,
 }
 
-/// The workspace volume's name for a sandbox.
-pub fn workspace_volume(sandbox: &str) -> String {
-    format!("berth-{sandbox}-workspace")
-}
+impl Names {
+    /// The names of installation `id`.
+    pub fn new(id: &str) -> Self {
+        Self {
+            installation: id.to_string(),
+        }
+    }
 
-/// berth's private state volume's name for a sandbox.
-pub fn state_volume(sandbox: &str) -> String {
-    format!("berth-{sandbox}-state")
+    /// The installation id.
+    pub fn installation(&self) -> &str {
+        &self.installation
+    }
+
+    /// The container's name for a sandbox.
+    pub fn container(&self, sandbox: &str) -> String {
+        format!("berth-{}-{sandbox}", self.installation)
+    }
+
+    /// The workspace volume's name for a sandbox.
+    pub fn workspace_volume(&self, sandbox: &str) -> String {
+        format!("berth-{}-{sandbox}-workspace", self.installation)
+    }
+
+    /// berth's private state volume's name for a sandbox.
+    pub fn state_volume(&self, sandbox: &str) -> String {
+        format!("berth-{}-{sandbox}-state", self.installation)
+    }
+
+    /// The labels every container and volume of sandbox `sandbox` carries.
+    pub fn labels(&self, sandbox: &str) -> std::collections::HashMap<String, String> {
+        std::collections::HashMap::from([
+            (LABEL_MANAGED.to_string(), "1".to_string()),
+            (LABEL_INSTALLATION.to_string(), self.installation.clone()),
+            (LABEL_SANDBOX.to_string(), sandbox.to_string()),
+        ])
+    }
+
+    /// The label filter that selects this installation's objects.
+    pub fn filter(&self) -> String {
+        format!("{LABEL_INSTALLATION}={}", self.installation)
+    }
 }
 
 /// The HTTP status of a daemon error, if it was one.
@@ -217,6 +274,7 @@ pub struct DockerSandbox {
     pub(crate) env: BTreeMap<String, String>,
     /// The user processes run as, and the owner of written files.
     pub(crate) user: config::SandboxUser,
+    pub(crate) names: Names,
 }
 
 impl DockerSandbox {
@@ -230,13 +288,14 @@ impl DockerSandbox {
             docker: backend.docker.clone(),
             host: backend.host.clone(),
             name: name.to_string(),
-            container: container_name(name),
+            container: backend.names.container(name),
             layout: Layout {
                 workdir: WORKDIR.to_string(),
                 berth_dir: BERTH_DIR.to_string(),
             },
             env,
             user,
+            names: backend.names.clone(),
         }
     }
 
@@ -299,7 +358,7 @@ impl Sandbox for DockerSandbox {
     /// Remove the container and its volumes, like the local backend removes its
     /// directory. `Backend::remove` without volumes keeps the workspace instead.
     async fn destroy(&self) -> Result<()> {
-        lifecycle::remove_sandbox(&self.docker, &self.host, &self.name, true).await?;
+        lifecycle::remove_sandbox(&self.docker, &self.host, &self.names, &self.name, true).await?;
         Ok(())
     }
 }

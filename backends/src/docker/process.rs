@@ -17,11 +17,10 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts};
+use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts, TermSize};
 use berth_core::error::{Error, Result, SpawnFailure};
 use bollard::Docker;
 use bollard::container::LogOutput;
@@ -29,11 +28,11 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::query_parameters::{ContainerArchiveInfoOptions, WaitContainerOptions};
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, warn};
 
 use super::{DockerSandbox, api_error, gone, status_of};
+use crate::chan_reader::channel_reader;
 
 /// Output chunks buffered per stream before the pump waits for the reader.
 const CHANNEL_CHUNKS: usize = 64;
@@ -53,10 +52,32 @@ pub(crate) async fn spawn(
     let Some(program) = argv.first() else {
         return Err(Error::InvalidInput("empty argv".into()));
     };
-    let mut cmd = vec!["setsid".to_string(), "-w".to_string()];
+    let mut cmd = Vec::new();
+    if opts.tty {
+        // An exec with a terminal already leads its own session, with that
+        // terminal as its controlling one (the runtime sets both up), so no
+        // setsid here: it could not take the terminal from that session.
+        // The exec API takes no size at creation; `stty` sets it before the
+        // program starts.
+        let size = opts.tty_size.unwrap_or_default();
+        cmd.extend([
+            "sh".to_string(),
+            "-c".to_string(),
+            format!(
+                "stty cols {} rows {} 2>/dev/null; exec \"$@\"",
+                size.cols, size.rows
+            ),
+            "berth-tty".to_string(),
+        ]);
+    } else {
+        cmd.extend(["setsid".to_string(), "-w".to_string()]);
+    }
     cmd.extend(argv.iter().cloned());
     // The environment travels in the API request, never in argv.
     let mut env = vec![format!("BERTH_SANDBOX={}", sb.name)];
+    if opts.tty && !opts.env.iter().any(|(k, _)| k == "TERM") {
+        env.push("TERM=xterm-256color".to_string());
+    }
     env.extend(sb.env.iter().map(|(k, v)| format!("{k}={v}")));
     env.extend(opts.env.iter().map(|(k, v)| format!("{k}={v}")));
     let cwd = opts
@@ -115,9 +136,10 @@ pub(crate) async fn spawn(
         sandbox: sb.name.clone(),
         container: sb.container.clone(),
         exec_id: exec.id,
+        tty: opts.tty,
         stdin: Some(input),
-        stdout: Some(Box::pin(ChanReader::new(out_rx))),
-        stderr: Some(Box::pin(ChanReader::new(err_rx))),
+        stdout: Some(channel_reader(out_rx)),
+        stderr: Some(channel_reader(err_rx)),
         pump,
         done,
     }))
@@ -249,43 +271,6 @@ async fn pump(
     done.notify.notify_waiters();
 }
 
-/// An `AsyncRead` over a channel of byte chunks.
-struct ChanReader {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    cur: Bytes,
-}
-
-impl ChanReader {
-    fn new(rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
-        Self {
-            rx,
-            cur: Bytes::new(),
-        }
-    }
-}
-
-impl AsyncRead for ChanReader {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        while self.cur.is_empty() {
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(Ok(b))) => self.cur = b,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
-                // EOF: the pump is done and dropped its sender.
-                Poll::Ready(None) => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        let n = self.cur.len().min(buf.remaining());
-        let chunk = self.cur.split_to(n);
-        buf.put_slice(&chunk);
-        Poll::Ready(Ok(()))
-    }
-}
-
 /// A process in a docker sandbox: one exec.
 struct DockerProcess {
     docker: Docker,
@@ -293,6 +278,8 @@ struct DockerProcess {
     sandbox: String,
     container: String,
     exec_id: String,
+    /// Spawned on a terminal (resizable).
+    tty: bool,
     stdin: Option<BoxWrite>,
     stdout: Option<BoxRead>,
     stderr: Option<BoxRead>,
@@ -319,6 +306,16 @@ const CONTAINER_STOP_WATCH: Duration = Duration::from_millis(500);
 
 /// Whether the container stops within a moment (it was killed or stopped from
 /// outside, taking an exec with it).
+/// Whether the daemon says `container` is running. An error counts as not
+/// running: the caller then reports the sandbox as gone, which the next call
+/// re-checks by provisioning.
+async fn container_running(docker: Docker, container: String) -> bool {
+    match docker.inspect_container(&container, None).await {
+        Ok(c) => c.state.and_then(|s| s.running) == Some(true),
+        Err(_) => false,
+    }
+}
+
 async fn container_stopping(docker: Docker, container: String) -> bool {
     let opts = WaitContainerOptions {
         condition: "not-running".to_string(),
@@ -353,6 +350,7 @@ impl Process for DockerProcess {
     async fn wait(&mut self) -> Result<ExitStatus> {
         let mut pause = Duration::from_millis(2);
         let mut ended: Option<Instant> = None;
+        let mut no_code: Option<Instant> = None;
         loop {
             if self.done.cut.load(Ordering::SeqCst) {
                 return Err(cut_error(&self.sandbox));
@@ -393,7 +391,20 @@ impl Process for DockerProcess {
                         code: Some(code as i32),
                         signal: None,
                     }),
-                    // The exec never got an exit code: its container died under it.
+                    // No exit code yet. Under load the daemon can show an exec
+                    // as no longer running a moment before it records the code
+                    // (seen after a `kill -9` of the process). Only a container
+                    // that is really down means it died under the exec.
+                    None if container_running(self.docker.clone(), self.container.clone())
+                        .await =>
+                    {
+                        let since = *no_code.get_or_insert_with(Instant::now);
+                        if since.elapsed() > STREAM_END_GRACE {
+                            return Err(cut_error(&self.sandbox));
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
                     None => Err(gone(
                         &self.sandbox,
                         "the process's container stopped while it ran",
@@ -414,6 +425,22 @@ impl Process for DockerProcess {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
+    }
+
+    async fn resize(&mut self, size: TermSize) -> Result<()> {
+        if !self.tty {
+            return Err(Error::Unsupported(
+                "resizing a process that has no terminal (spawn it with `tty`)".into(),
+            ));
+        }
+        let opts = bollard::exec::ResizeExecOptions {
+            width: size.cols,
+            height: size.rows,
+        };
+        self.docker
+            .resize_exec(&self.exec_id, opts)
+            .await
+            .map_err(|e| api_error(&self.host, &self.sandbox, "resizing a terminal", e))
     }
 
     /// Drop the exec's streams. The Engine API cannot signal or kill an exec; the

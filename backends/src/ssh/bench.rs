@@ -9,14 +9,20 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "testing")]
 use berth_core::backend::{Backend, SandboxSpec};
 use berth_core::error::{Error, Result};
+#[cfg(feature = "testing")]
 use berth_core::session::{ExecOpts, Session, SessionConfig};
+#[cfg(feature = "testing")]
 use serde::Serialize;
 
-use super::{KIND, SshBackend, Target};
+#[cfg(feature = "testing")]
+use super::SshBackend;
+use super::{KIND, Target};
 use crate::SshOptions;
 
+#[cfg(feature = "testing")]
 /// What one benchmark run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
@@ -32,6 +38,7 @@ pub struct BenchReport {
     pub speedup: f64,
 }
 
+#[cfg(feature = "testing")]
 impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -46,6 +53,7 @@ impl std::fmt::Display for BenchReport {
     }
 }
 
+#[cfg(feature = "testing")]
 /// Run `n` round trips of `true` each way against `host`.
 pub async fn run(opts: SshOptions, host: &str, n: usize) -> Result<BenchReport> {
     let n = n.max(1);

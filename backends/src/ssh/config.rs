@@ -50,6 +50,8 @@ pub struct HostSettings {
     pub alive_count_max: Option<usize>,
     /// `HostKeyAlias`: the name looked up in known_hosts instead of the host.
     pub host_key_alias: Option<String>,
+    /// `ProxyJump`: the jump hosts, comma-separated, outermost first (`none`: none).
+    pub proxy_jump: Option<String>,
 }
 
 impl SshConfig {
@@ -163,6 +165,7 @@ impl SshConfig {
                         })?)
                     }
                     "hostkeyalias" if s.host_key_alias.is_none() => s.host_key_alias = Some(first),
+                    "proxyjump" if s.proxy_jump.is_none() => s.proxy_jump = Some(first),
                     _ => {}
                 }
             }

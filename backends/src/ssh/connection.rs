@@ -65,11 +65,48 @@ pub struct Target {
     pub keepalive: Duration,
     /// Unanswered keepalives before the connection is dropped.
     pub keepalive_max: usize,
+    /// Jump hosts to go through, outermost first (`ProxyJump`, `-J`). Each is
+    /// dialled through the one before it, over a direct-tcpip channel, and its
+    /// host key checked against known_hosts like the target's.
+    pub jumps: Vec<Target>,
+    /// The config's `ProxyJump` for this host, until `resolve` has used it.
+    config_jump: Option<String>,
 }
 
 impl Target {
-    /// Resolve `spec` (`alias`, `host`, `user@host`, `host:port`, `user@[v6]:port`).
+    /// Resolve `spec` (`alias`, `host`, `user@host`, `host:port`, `user@[v6]:port`),
+    /// with its jump hosts: `opts.proxy_jump` (`-J`), else the config's `ProxyJump`.
     pub fn resolve(opts: &SshOptions, spec: &str) -> Result<Target> {
+        let mut t = Self::resolve_one(opts, spec)?;
+        let jump = opts.proxy_jump.clone().or(t.config_jump.take());
+        if let Some(list) = jump.filter(|j| !j.trim().eq_ignore_ascii_case("none")) {
+            for hop in list.split(',').map(str::trim) {
+                if hop.is_empty() {
+                    return Err(Error::InvalidInput(format!(
+                        "ssh: ProxyJump `{list}` has an empty hop; write host1,host2"
+                    )));
+                }
+                if hop.contains("://") {
+                    return Err(Error::InvalidInput(format!(
+                        "ssh: jump host `{hop}`: ssh:// URIs are not supported; write [user@]host[:port]"
+                    )));
+                }
+                // A hop's own ProxyJump is not followed: the chain is the list.
+                let mut h = Self::resolve_one(opts, hop)?;
+                h.config_jump = None;
+                t.jumps.push(h);
+            }
+            if t.jumps.len() > 8 {
+                return Err(Error::InvalidInput(format!(
+                    "ssh: ProxyJump `{list}` has {} hops; berth allows at most 8",
+                    t.jumps.len()
+                )));
+            }
+        }
+        Ok(t)
+    }
+
+    fn resolve_one(opts: &SshOptions, spec: &str) -> Result<Target> {
         let spec = spec.trim();
         if spec.is_empty() {
             return Err(Error::InvalidInput(
@@ -111,6 +148,8 @@ impl Target {
             .or(hs.known_hosts.clone())
             .unwrap_or_else(|| home.join(".ssh/known_hosts"));
         Ok(Target {
+            jumps: Vec::new(),
+            config_jump: hs.proxy_jump.clone(),
             spec: spec.to_string(),
             host_key_name: hs.host_key_alias.clone().unwrap_or(hs.hostname.clone()),
             host: hs.hostname,
@@ -283,6 +322,8 @@ enum Attempt {
 
 struct State {
     handle: Option<Arc<SshHandle>>,
+    /// The jump hosts' connections the handle runs through, outermost first.
+    hops: Vec<SshHandle>,
     /// Bumped on every new connection; channels and the SFTP session remember it.
     generation: u64,
     /// Ever connected: the first dial is not retried, a redial is.
@@ -304,6 +345,7 @@ impl Connection {
             opts,
             state: tokio::sync::Mutex::new(State {
                 handle: None,
+                hops: Vec::new(),
                 generation: 0,
                 connected_once: false,
             }),
@@ -337,9 +379,10 @@ impl Connection {
                 tokio::time::sleep(BACKOFF[i - 1]).await;
             }
             match self.dial().await {
-                Ok(h) => {
+                Ok((h, hops)) => {
                     let h = Arc::new(h);
                     st.handle = Some(h.clone());
+                    st.hops = hops;
                     st.generation += 1;
                     st.connected_once = true;
                     return Ok((h, st.generation));
@@ -363,6 +406,11 @@ impl Connection {
             let _ = h
                 .disconnect(russh::Disconnect::ByApplication, "", "en")
                 .await;
+            for hop in std::mem::take(&mut st.hops).into_iter().rev() {
+                let _ = hop
+                    .disconnect(russh::Disconnect::ByApplication, "", "en")
+                    .await;
+            }
         }
     }
 
@@ -371,6 +419,11 @@ impl Connection {
         let mut st = self.state.lock().await;
         if let Some(h) = st.handle.take() {
             let _ = h
+                .disconnect(russh::Disconnect::ByApplication, "berth is done", "en")
+                .await;
+        }
+        for hop in std::mem::take(&mut st.hops).into_iter().rev() {
+            let _ = hop
                 .disconnect(russh::Disconnect::ByApplication, "berth is done", "en")
                 .await;
         }
@@ -419,20 +472,70 @@ impl Connection {
         }
     }
 
-    async fn dial(&self) -> std::result::Result<SshHandle, Attempt> {
+    /// Dial the target, through its jump hosts if it has any. Returns the
+    /// target's handle and the jump hosts' handles, which must live as long as it.
+    async fn dial(&self) -> std::result::Result<(SshHandle, Vec<SshHandle>), Attempt> {
         let t = &self.target;
-        let known = KnownHosts::new(&t.known_hosts);
+        let fut = async {
+            let chain: Vec<&Target> = t.jumps.iter().chain(std::iter::once(t)).collect();
+            let mut handles: Vec<SshHandle> = Vec::with_capacity(chain.len());
+            for (i, hop) in chain.iter().enumerate() {
+                let handle = match handles.last() {
+                    None => {
+                        let tcp = tokio::net::TcpStream::connect((hop.host.as_str(), hop.port))
+                            .await
+                            .map_err(|e| self.tcp_error(hop, e))?;
+                        let _ = tcp.set_nodelay(true);
+                        self.handshake(hop, tcp).await?
+                    }
+                    Some(prev) => {
+                        let via = chain[i - 1].label();
+                        let ch = prev
+                            .channel_open_direct_tcpip(hop.host.clone(), u32::from(hop.port), "127.0.0.1", 0)
+                            .await
+                            .map_err(|e| {
+                                Attempt::Retry(self.unreachable_at(
+                                    hop,
+                                    format!("the jump host {via} could not open a tunnel to it: {e} (does its sshd allow TCP forwarding?)"),
+                                ))
+                            })?;
+                        self.handshake(hop, ch.into_stream()).await?
+                    }
+                };
+                handles.push(handle);
+            }
+            match handles.pop() {
+                Some(target) => Ok((target, handles)),
+                None => Err(Attempt::Final(self.unreachable("nothing to dial".into()))),
+            }
+        };
+        match tokio::time::timeout(t.connect_timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(Attempt::TimedOut(self.unreachable(format!(
+                "no complete SSH handshake within the connect timeout of {:?} (the server accepted nothing, or said nothing)",
+                t.connect_timeout
+            )))),
+        }
+    }
+
+    /// The SSH handshake and authentication with `hop` over `stream`; its host
+    /// key is checked against its known_hosts exactly as the target's is.
+    async fn handshake<S>(&self, hop: &Target, stream: S) -> std::result::Result<SshHandle, Attempt>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let known = KnownHosts::new(&hop.known_hosts);
         let verdict = Arc::new(Mutex::new(None));
         let handler = HostKeyCheck {
             known: known.clone(),
-            name: t.host_key_name.clone(),
-            port: t.port,
+            name: hop.host_key_name.clone(),
+            port: hop.port,
             accept_new: self.opts.accept_new,
             verdict: verdict.clone(),
         };
         let mut config = russh::client::Config {
-            keepalive_interval: Some(t.keepalive),
-            keepalive_max: t.keepalive_max,
+            keepalive_interval: Some(hop.keepalive),
+            keepalive_max: hop.keepalive_max,
             nodelay: true,
             ..Default::default()
         };
@@ -450,56 +553,64 @@ impl Connection {
         );
         prefer_known_algorithms(
             &mut config.preferred,
-            &known.known_algorithms(&t.host_key_name, t.port),
+            &known.known_algorithms(&hop.host_key_name, hop.port),
         );
-        let config = Arc::new(config);
-        let fut = async {
-            let tcp = tokio::net::TcpStream::connect((t.host.as_str(), t.port))
-                .await
-                .map_err(|e| self.tcp_error(e))?;
-            let _ = tcp.set_nodelay(true);
-            let mut handle = match russh::client::connect_stream(config, tcp, handler).await {
+        let mut handle =
+            match russh::client::connect_stream(Arc::new(config), stream, handler).await {
                 Ok(h) => h,
                 Err(e) => {
                     let refused = verdict.lock().ok().and_then(|v| v.clone());
                     return Err(match refused {
                         Some(KeyVerdict::Refused(why)) => Attempt::Final(Error::Backend {
                             backend: KIND,
-                            detail: format!("{}: {why}", t.label()),
+                            detail: self.at(hop, why),
                         }),
                         None => Attempt::Retry(
-                            self.unreachable(format!("the SSH handshake failed: {e}")),
+                            self.unreachable_at(hop, format!("the SSH handshake failed: {e}")),
                         ),
                     });
                 }
             };
-            auth::authenticate(&mut handle, t, &self.opts)
-                .await
-                .map_err(Attempt::Final)?;
-            Ok(handle)
-        };
-        match tokio::time::timeout(t.connect_timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(Attempt::TimedOut(self.unreachable(format!(
-                "no complete SSH handshake within the connect timeout of {:?} (the server accepted nothing, or said nothing)",
-                t.connect_timeout
-            )))),
+        auth::authenticate(&mut handle, hop, &self.opts)
+            .await
+            .map_err(Attempt::Final)?;
+        Ok(handle)
+    }
+
+    /// `detail` about `hop`, named as a jump host when it is one.
+    fn at(&self, hop: &Target, detail: String) -> String {
+        if std::ptr::eq(hop, &self.target) {
+            format!("{}: {detail}", self.target.label())
+        } else {
+            format!(
+                "{} (via jump host {}): jump host {}: {detail}",
+                self.target.label(),
+                hop.label(),
+                hop.label()
+            )
         }
     }
 
-    fn tcp_error(&self, e: std::io::Error) -> Attempt {
+    /// An `Unreachable` error about `hop` on the way to the target.
+    fn unreachable_at(&self, hop: &Target, detail: String) -> Error {
+        Error::Unreachable {
+            backend: KIND,
+            detail: self.at(hop, detail),
+            hint: "check that the host is up and reachable (`ssh HOST true`); berth redials on the next command".into(),
+        }
+    }
+
+    fn tcp_error(&self, hop: &Target, e: std::io::Error) -> Attempt {
         let what = match e.kind() {
             std::io::ErrorKind::ConnectionRefused => {
                 "connection refused: nothing listens on that port (is sshd running? is the port right?)".to_string()
             }
             _ => format!("cannot connect: {e}"),
         };
-        Attempt::Retry(self.unreachable(what))
+        Attempt::Retry(self.unreachable_at(hop, what))
     }
 }
 
-/// Put the host key algorithms known_hosts has on record first, so the server
-/// proves the identity berth can check (OpenSSH does the same).
 fn prefer_known_algorithms(preferred: &mut russh::Preferred, known: &[Algorithm]) {
     if known.is_empty() {
         return;

@@ -33,9 +33,10 @@ enum SftpState {
     Unavailable,
 }
 
-const READ_SCRIPT: &str = r#"[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; head -c "$2" -- "$1""#;
-const WRITE_SCRIPT: &str =
-    r#"d=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1" && chmod "$2" -- "$1""#;
+// Only regular files: a FIFO would block the open (and, over SFTP, the whole
+// single-threaded server). A read refuses one; a write replaces it.
+const READ_SCRIPT: &str = r#"[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 45; [ -f "$1" ] || exit 46; head -c "$2" -- "$1""#;
+const WRITE_SCRIPT: &str = r#"d=$(dirname -- "$1") && mkdir -p -- "$d" && { [ ! -e "$1" ] && [ ! -L "$1" ] || [ -f "$1" ] || rm -f -- "$1"; } && cat > "$1" && chmod "$2" -- "$1""#;
 
 impl Files {
     /// The SFTP session for the live connection, or `None` when the server has none.
@@ -109,14 +110,18 @@ impl Files {
     pub async fn read(&self, conn: &Arc<Connection>, path: &str, limit: u64) -> Result<Vec<u8>> {
         if let Some(sftp) = self.sftp(conn).await? {
             let r = async {
+                if !sftp.metadata(path).await?.file_type().is_file() {
+                    return Ok(None);
+                }
                 let f = sftp.open_with_flags(path, OpenFlags::READ).await?;
                 let mut buf = Vec::new();
                 f.take(limit).read_to_end(&mut buf).await?;
-                Ok::<_, russh_sftp::client::error::Error>(buf)
+                Ok::<_, russh_sftp::client::error::Error>(Some(buf))
             }
             .await;
             return match r {
-                Ok(b) => Ok(b),
+                Ok(Some(b)) => Ok(b),
+                Ok(None) => Err(not_regular(path)),
                 Err(e) if is_not_found(&e) => Err(not_found(path)),
                 Err(e) => {
                     self.reset().await;
@@ -133,6 +138,7 @@ impl Files {
             Some(45) => Err(Error::InvalidInput(format!(
                 "{path} is a directory, not a file"
             ))),
+            Some(46) => Err(not_regular(path)),
             _ => Err(exec_error(conn, "reading", path, &err)),
         }
     }
@@ -148,6 +154,11 @@ impl Files {
         if let Some(sftp) = self.sftp(conn).await? {
             let r = async {
                 mkdir_p(&sftp, parent(path)).await;
+                if let Ok(m) = sftp.metadata(path).await
+                    && m.file_type().is_other()
+                {
+                    sftp.remove_file(path).await?;
+                }
                 let attrs = FileAttributes {
                     permissions: Some(mode),
                     ..FileAttributes::empty()
@@ -216,6 +227,12 @@ async fn mkdir_p(sftp: &SftpSession, dir: &str) {
 
 fn is_not_found(e: &russh_sftp::client::error::Error) -> bool {
     matches!(e, russh_sftp::client::error::Error::Status(s) if s.status_code == StatusCode::NoSuchFile)
+}
+
+fn not_regular(path: &str) -> Error {
+    Error::InvalidInput(format!(
+        "{path} is not a regular file (a FIFO, device or socket); berth reads only regular files"
+    ))
 }
 
 fn not_found(path: &str) -> Error {

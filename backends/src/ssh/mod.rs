@@ -45,6 +45,7 @@ pub mod connection;
 pub mod files;
 pub mod known_hosts;
 pub mod process;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 use std::collections::HashMap;
@@ -323,7 +324,13 @@ impl Sandbox for SshSandbox {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         }
-        match process::spawn(&self.link.conn, argv, &env, &cwd).await {
+        let spawned = if opts.tty {
+            let size = opts.tty_size.unwrap_or_default();
+            process::spawn_terminal(&self.link.conn, argv, &env, &cwd, size).await
+        } else {
+            process::spawn(&self.link.conn, argv, &env, &cwd).await
+        };
+        match spawned {
             Ok(p) => Ok(Box::new(p)),
             Err(Error::Spawn {
                 kind: berth_core::error::SpawnFailure::BadCwd,

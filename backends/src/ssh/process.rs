@@ -22,17 +22,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process};
+use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, TermSize};
 use berth_core::error::{Error, Result, SpawnFailure};
 use berth_core::session::script::quote;
 use bytes::Bytes;
 use russh::client::Msg;
 use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf, Sig};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
 use super::connection::Connection;
+use crate::chan_reader::channel_reader;
 
 /// The token the launcher prints once the program is about to start.
 const READY: &[u8] = b"berth-spawn-ready\n";
@@ -48,12 +49,52 @@ const PIPE_DEPTH: usize = 256;
 /// It holds no backslash, so any POSIX login shell passes it through unchanged.
 const LAUNCHER: &str = r#"while IFS= read -r -d '' __kv && [ -n "$__kv" ]; do export "$__kv" 2>/dev/null || exit 121; done; unset __kv; cd -- "$1" 2>/dev/null || exit 122; shift; command -v -- "$1" >/dev/null 2>&1 || exit 123; printf '%s\n' berth-spawn-ready; exec "$@""#;
 
+/// The launcher for a program on a terminal. The terminal starts raw and
+/// silent (see [`RAW_MODES`]) so the environment block is neither echoed
+/// back nor edited by the line discipline; once it is read, `stty sane` gives
+/// the program an ordinary terminal. The ready token is printed before, while
+/// output is still untranslated, so it arrives byte for byte.
+const TERMINAL_LAUNCHER: &str = r#"while IFS= read -r -d '' __kv && [ -n "$__kv" ]; do export "$__kv" 2>/dev/null || exit 121; done; unset __kv; cd -- "$1" 2>/dev/null || exit 122; shift; command -v -- "$1" >/dev/null 2>&1 || exit 123; printf '%s\n' berth-spawn-ready; stty sane 2>/dev/null; exec "$@""#;
+
+/// The modes a terminal is asked for: no echo, no line editing, no signals,
+/// no translation either way, until the launcher runs `stty sane`.
+const RAW_MODES: &[(russh::Pty, u32)] = &[
+    (russh::Pty::ECHO, 0),
+    (russh::Pty::ICANON, 0),
+    (russh::Pty::ISIG, 0),
+    (russh::Pty::IEXTEN, 0),
+    (russh::Pty::ICRNL, 0),
+    (russh::Pty::IXON, 0),
+    (russh::Pty::OPOST, 0),
+];
+
 /// Start `argv` in `cwd` with `env` on `conn`.
 pub async fn spawn(
     conn: &Arc<Connection>,
     argv: &[String],
     env: &[(String, String)],
     cwd: &str,
+) -> Result<SshProcess> {
+    launch(conn, argv, env, cwd, None).await
+}
+
+/// Start `argv` like [`spawn`], on a terminal of `size` (a `pty-req`).
+pub async fn spawn_terminal(
+    conn: &Arc<Connection>,
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &str,
+    size: TermSize,
+) -> Result<SshProcess> {
+    launch(conn, argv, env, cwd, Some(size)).await
+}
+
+async fn launch(
+    conn: &Arc<Connection>,
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &str,
+    tty: Option<TermSize>,
 ) -> Result<SshProcess> {
     let Some(program) = argv.first().cloned() else {
         return Err(Error::InvalidInput("empty argv".into()));
@@ -74,7 +115,11 @@ pub async fn spawn(
         }
     }
     let mut command = String::from("exec bash --noprofile --norc -c ");
-    command.push_str(&quote(LAUNCHER));
+    command.push_str(&quote(if tty.is_some() {
+        TERMINAL_LAUNCHER
+    } else {
+        LAUNCHER
+    }));
     command.push_str(" berth-spawn ");
     command.push_str(&quote(cwd));
     for a in argv {
@@ -97,6 +142,21 @@ pub async fn spawn(
             "the connection failed while starting `{program}`: {e}"
         ))
     };
+    if let Some(size) = tty {
+        // No reply asked: a refusal would read as the exec's own failure.
+        channel
+            .request_pty(
+                false,
+                "xterm-256color",
+                u32::from(size.cols),
+                u32::from(size.rows),
+                0,
+                0,
+                RAW_MODES,
+            )
+            .await
+            .map_err(lost)?;
+    }
     channel.exec(true, command).await.map_err(lost)?;
     let (read, write) = channel.split();
     let write = Arc::new(write);
@@ -129,19 +189,14 @@ pub async fn spawn(
             half: write.clone(),
             shut: false,
         })),
-        stdout: Some(Box::pin(Pipe {
-            rx: out_rx,
-            cur: None,
-        })),
-        stderr: Some(Box::pin(Pipe {
-            rx: err_rx,
-            cur: None,
-        })),
+        stdout: Some(channel_reader(out_rx)),
+        stderr: Some(channel_reader(err_rx)),
         exit: Some(exit_rx),
         status: None,
         write,
         program,
         label,
+        tty: tty.is_some(),
     })
 }
 
@@ -222,7 +277,7 @@ async fn pump(
             ChannelMsg::Data { data } => {
                 if ready_tx.is_some() {
                     pre.extend_from_slice(&data);
-                    if let Some(i) = memmem(&pre, READY) {
+                    if let Some(i) = memchr::memmem::find(&pre, READY) {
                         if let Some(tx) = ready_tx.take() {
                             let _ = tx.send(Ok(()));
                         }
@@ -315,10 +370,6 @@ async fn send(pipe: &mut Option<mpsc::Sender<io::Result<Bytes>>>, data: Bytes) {
     }
 }
 
-fn memmem(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
 /// The Linux number of a signal named in an `exit-signal` message.
 fn signal_number(sig: &Sig) -> Option<i32> {
     Some(match sig {
@@ -368,6 +419,8 @@ pub struct SshProcess {
     write: Arc<ChannelWriteHalf<Msg>>,
     program: String,
     label: String,
+    /// Spawned on a terminal (resizable).
+    tty: bool,
 }
 
 impl SshProcess {
@@ -409,6 +462,18 @@ impl SshProcess {
 impl Process for SshProcess {
     fn take_stdin(&mut self) -> Option<BoxWrite> {
         self.stdin.take()
+    }
+
+    async fn resize(&mut self, size: TermSize) -> Result<()> {
+        if !self.tty {
+            return Err(Error::Unsupported(
+                "resizing a process that has no terminal (spawn it with `tty`)".into(),
+            ));
+        }
+        self.write
+            .window_change(u32::from(size.cols), u32::from(size.rows), 0, 0)
+            .await
+            .map_err(|e| Error::stream("resizing the remote terminal", io::Error::other(e)))
     }
 
     fn take_stdout(&mut self) -> Option<BoxRead> {
@@ -492,37 +557,6 @@ impl Drop for Stdin {
             rt.spawn(async move {
                 let _ = half.eof().await;
             });
-        }
-    }
-}
-
-/// stdout or stderr: chunks from the pump.
-struct Pipe {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    cur: Option<Bytes>,
-}
-
-impl AsyncRead for Pipe {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        loop {
-            if let Some(cur) = self.cur.as_mut() {
-                if !cur.is_empty() {
-                    let n = cur.len().min(buf.remaining());
-                    buf.put_slice(&cur.split_to(n));
-                    return Poll::Ready(Ok(()));
-                }
-                self.cur = None;
-            }
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(Ok(b))) => self.cur = Some(b),
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
-                Poll::Ready(None) => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            }
         }
     }
 }

@@ -37,11 +37,24 @@ pub fn unique(prefix: &str) -> String {
 /// Removes the sandbox (container and volumes) when dropped, even if the test failed.
 pub struct Cleanup {
     pub name: String,
+    /// The installation the sandbox belongs to (see `DockerBackend::names`).
+    pub installation: String,
+}
+
+impl Cleanup {
+    /// A guard for sandbox `name` of `b`'s installation.
+    pub fn of(b: &DockerBackend, name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            installation: b.names().installation().to_string(),
+        }
+    }
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let installation = self.installation.clone();
         // A fresh runtime on its own thread: the test's runtime may be gone.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -50,6 +63,7 @@ impl Drop for Cleanup {
             if let Ok(rt) = rt {
                 rt.block_on(async {
                     if let Ok(b) = DockerBackend::connect().await {
+                        let b = b.with_installation(&installation);
                         let _ = b.remove(&name, RemoveOpts { volumes: true }).await;
                     }
                 });
@@ -62,7 +76,7 @@ impl Drop for Cleanup {
 /// Provision a fresh sandbox with a unique name; it is removed when the guard drops.
 pub async fn sandbox(b: &DockerBackend, prefix: &str) -> TestResult<(Arc<dyn Sandbox>, Cleanup)> {
     let name = unique(prefix);
-    let guard = Cleanup { name: name.clone() };
+    let guard = Cleanup::of(b, name.clone());
     let p = b.provision(&SandboxSpec::named(&name)).await?;
     assert!(p.created, "a fresh name must be created");
     Ok((p.sandbox, guard))

@@ -140,6 +140,8 @@ const WATCH_EVENTS_PER_REFRESH: usize = 10;
 /// Most output one refresh scans per job.
 const SCAN_CHUNK: usize = 4 * 1024 * 1024;
 const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `kill_job` lets a job's group outlive its signal before SIGKILL.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
 const COLUMNS: &str = "id, name, backend, sandbox, command, state, exit_code, pid, created_at, ended_at, reason, watch, scan_offset, out_bytes, kill_signal";
 
@@ -469,7 +471,10 @@ impl Runtime {
     ) -> Result<()> {
         job.state = state;
         job.exit_code = code;
-        job.reason = reason;
+        // A kill's own account (an escalation to SIGKILL) outlives the ending.
+        if reason.is_some() || state != JobState::Killed {
+            job.reason = reason;
+        }
         job.ended_at = Some(now_ms());
         self.store().save_job(job)?;
         self.job_event(job, &format!("job.{}", state.as_str()), None)
@@ -486,6 +491,8 @@ impl Runtime {
         let file = crate::session::script::quote(&format!("{}/out", job.dir(sb)));
         let mut recorded = 0usize;
         let mut dropped = 0usize;
+        // Names this refresh's scan, so a reader can check the limit per refresh.
+        let window = job.scan_offset;
         loop {
             let cmd = format!(
                 "tail -c +{} -- {file} 2>/dev/null | head -c {SCAN_CHUNK}",
@@ -524,7 +531,9 @@ impl Runtime {
                     self.job_event(
                         job,
                         "job.watch",
-                        Some(serde_json::json!({ "pattern": src, "line": shown })),
+                        Some(
+                            serde_json::json!({ "pattern": src, "line": shown, "window": window }),
+                        ),
                     )?;
                 } else {
                     dropped += 1;
@@ -539,7 +548,11 @@ impl Runtime {
             self.job_event(
                 job,
                 "job.watch.dropped",
-                Some(serde_json::json!({ "dropped": dropped, "limit": WATCH_EVENTS_PER_REFRESH })),
+                Some(serde_json::json!({
+                    "dropped": dropped,
+                    "limit": WATCH_EVENTS_PER_REFRESH,
+                    "window": window,
+                })),
             )?;
         }
         Ok(())
@@ -575,7 +588,12 @@ impl Runtime {
             &offset.to_string(),
             &wrapper,
         ]);
-        let mut p = sb.spawn(&args, SpawnOpts::default()).await?;
+        // A helper: `tail --pid` must see the job's wrapper, an earlier spawn.
+        let opts = SpawnOpts {
+            helper: true,
+            ..SpawnOpts::default()
+        };
+        let mut p = sb.spawn(&args, opts).await?;
         drop(p.take_stdin());
         let mut pos = offset;
         if let Some(mut out) = p.take_stdout() {
@@ -652,8 +670,23 @@ impl Runtime {
         self.job(&job.id).await
     }
 
-    /// Signal a job's whole process group.
+    /// End a job's whole process group: `signal`, then SIGKILL if anything of it is
+    /// left after [`DEFAULT_KILL_GRACE`]. Returns once the group is gone.
     pub async fn kill_job(&self, id: &str, signal: crate::backend::Signal) -> Result<KillOutcome> {
+        self.kill_job_with_grace(id, signal, DEFAULT_KILL_GRACE)
+            .await
+    }
+
+    /// [`Runtime::kill_job`] with its own grace period between `signal` and SIGKILL.
+    ///
+    /// The job ends `killed`; its `kill_signal` names the signal that ended it and,
+    /// when SIGKILL had to follow, its `reason` says so.
+    pub async fn kill_job_with_grace(
+        &self,
+        id: &str,
+        signal: crate::backend::Signal,
+        grace: Duration,
+    ) -> Result<KillOutcome> {
         let mut job = self.job(id).await?;
         if job.state.is_final() {
             return Ok(KillOutcome::AlreadyEnded(job.state, job.exit_code));
@@ -662,6 +695,7 @@ impl Runtime {
         job.kill_signal = Some(signal.name().into());
         self.store().save_job(&job)?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let grace_ms = grace.as_millis().min(u32::MAX as u128).to_string();
         let args = argv(&[
             "bash",
             "-c",
@@ -669,27 +703,38 @@ impl Runtime {
             "berth-kill",
             &job.dir(sb.as_ref()),
             signal.name(),
+            &grace_ms,
         ]);
-        let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
+        let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT + grace).await?;
         if c.status.code != Some(0) {
             let now = self.job(&job.id).await?;
-            if now.state.is_final() {
+            if now.state.is_final() && c.status.code != Some(5) {
                 return Ok(KillOutcome::AlreadyEnded(now.state, now.exit_code));
             }
             return Err(Error::Backend {
                 backend: sb.kind(),
                 detail: format!(
-                    "could not signal job {}: {}",
+                    "could not end job {}: {}",
                     job.id,
                     String::from_utf8_lossy(&c.stderr).trim()
                 ),
             });
         }
-        self.job_event(
-            &job,
-            "job.signalled",
-            Some(serde_json::json!({ "signal": signal.name() })),
-        )?;
+        let escalated = String::from_utf8_lossy(&c.stdout).trim() == "escalated";
+        let mut detail = serde_json::json!({ "signal": signal.name() });
+        if escalated {
+            job.kill_signal = Some(crate::backend::Signal::Kill.name().into());
+            job.reason = Some(format!(
+                "it outlived SIG{} by {} ms; ended with SIGKILL",
+                signal.name(),
+                grace.as_millis()
+            ));
+            self.store().save_job(&job)?;
+            detail["escalated_to"] = "KILL".into();
+        }
+        self.job_event(&job, "job.signalled", Some(detail))?;
+        // The group is gone and its status recorded: bring the row up to date.
+        self.job(&job.id).await?;
         Ok(KillOutcome::Signalled)
     }
 

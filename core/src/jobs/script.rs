@@ -6,23 +6,32 @@
 //! - `in`: a FIFO for its stdin; `holder` keeps a writer open on it until `--eof`;
 //! - `pid`: the job's pid, which is also its process group and session id;
 //! - `wrapper`: the pid of the wrapper that waits for it;
-//! - `status`: the exit status, written by the wrapper when the job ends.
+//! - `status`: the exit status, written by the wrapper when the job ends;
+//! - `lock`: the wrapper holds an exclusive `flock` on it for as long as it lives.
 //!
 //! The wrapper runs in a session of its own and the job in another, so a group kill
 //! of the job spares the wrapper, which then records how the job ended. Neither
 //! depends on berth or on the shell that launched them.
+//!
+//! Waking on a job's end is an event, not a poll: a waiter asks for a shared lock on
+//! `lock`, and the kernel grants it the moment the wrapper exits, which it does right
+//! after writing `status`. The same works in a container or over SSH, because the
+//! waiter is a process in the sandbox whose end berth sees as the end of a stream.
 
 use crate::session::script::quote;
 
 /// The wrapper: `bash -c WRAPPER berth-job <dir>`.
 pub const WRAPPER: &str = r#"d=$1
+# Taken before the launcher returns, so a waiter never finds it free too early.
+# The job and the holder must not inherit it: only the wrapper's exit frees it.
+exec 8>>"$d/lock" && flock -x 8
 printf '%s\n' "$$" > "$d/wrapper"
 # Exists before the launcher returns, so a reader that starts at once finds it.
 : >>"$d/out"
-sleep infinity 3<>"$d/in" >/dev/null 2>&1 &
+sleep infinity 3<>"$d/in" >/dev/null 2>&1 8>&- &
 h=$!
 printf '%s\n' "$h" > "$d/holder"
-setsid bash "$d/cmd" <"$d/in" >>"$d/out" 2>&1 &
+setsid bash "$d/cmd" <"$d/in" >>"$d/out" 2>&1 8>&- &
 j=$!
 printf '%s\n' "$j" > "$d/pid"
 printf '%s\n' "$j" 1<>"$d/ready"
@@ -62,9 +71,31 @@ for id in "$@"; do
 done
 "#;
 
-/// Signals a job's process group: `$1` dir, `$2` signal name.
-pub const KILL: &str = r#"read -r p < "$1/pid" || exit 3
-kill -s "$2" -- "-$p" 2>/dev/null || kill -s "$2" "$p" 2>/dev/null || exit 4
+/// Ends a job's process group: `$1` dir, `$2` signal name, `$3` grace in ms.
+///
+/// Sends the signal to the group; if any of the group is still there after the
+/// grace, sends SIGKILL. Returns once the group is gone and the wrapper has
+/// recorded the status, printing `signalled` or `escalated`.
+pub const KILL: &str = r#"d=$1; sig=$2; grace=$3
+read -r p < "$d/pid" || exit 3
+kill -s "$sig" -- "-$p" 2>/dev/null || kill -s "$sig" "$p" 2>/dev/null || exit 4
+# No event tells when the last process of a group is gone: look every 20 ms.
+gone() {
+  local i=0
+  while kill -0 -- "-$p" 2>/dev/null || kill -0 "$p" 2>/dev/null; do
+    [ "$i" -ge "$1" ] && return 1
+    i=$((i + 20)); sleep 0.02
+  done
+}
+how=signalled
+if [ "$sig" != KILL ] && ! gone "$grace"; then
+  how=escalated
+  kill -s KILL -- "-$p" 2>/dev/null || kill -s KILL "$p" 2>/dev/null
+fi
+gone 10000 || { echo "process group $p is still there after SIGKILL" >&2; exit 5; }
+# The wrapper records the status as soon as the group leader is reaped.
+[ -e "$d/lock" ] && flock -w 10 -s 8 8<"$d/lock"
+echo "$how"
 "#;
 
 /// Closes a job's stdin: stop the holder so the job reads EOF after pending data.
@@ -73,9 +104,15 @@ kill "$h" 2>/dev/null || exit 4
 "#;
 
 /// Waits (in the sandbox) until the job's wrapper exits, then prints the status.
+/// The lock is opened read-only, so a job started before locks existed (no `lock`
+/// file) falls back to watching the wrapper's pid.
 pub const WAIT: &str = r#"d=$1
-read -r w < "$d/wrapper" 2>/dev/null
-[ -n "$w" ] && tail --pid="$w" -f /dev/null 2>/dev/null
+if [ -e "$d/lock" ] && command -v flock >/dev/null 2>&1; then
+  flock -s 8 8<"$d/lock"
+else
+  read -r w < "$d/wrapper" 2>/dev/null
+  [ -n "$w" ] && tail --pid="$w" -s 0.05 -f /dev/null 2>/dev/null
+fi
 read -r st < "$d/status" 2>/dev/null && printf '%s' "$st"
 "#;
 

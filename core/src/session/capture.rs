@@ -1,8 +1,13 @@
 //! Bounded output capture: the first and last bytes of a command's output, exact
 //! counts of everything, and an optional spool of the whole for paging.
+//!
+//! The spool is bounded too (`yes` writes gigabytes in seconds): past its cap it
+//! keeps the first half and a rolling last half, written as a ring in the file's
+//! second half, which `finish` puts back in order with a line saying how much
+//! was left out.
 
 use std::collections::VecDeque;
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +32,9 @@ impl Default for CaptureLimits {
     }
 }
 
+/// The largest spool file by default.
+pub const DEFAULT_SPOOL_CAP: u64 = 64 * 1024 * 1024;
+
 /// A live copy of output as it arrives (for a terminal), unbounded by the capture.
 pub type Tee = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
 
@@ -38,6 +46,7 @@ pub struct Capture {
     tail: VecDeque<u8>,
     total: u64,
     spool: Option<(PathBuf, std::io::BufWriter<std::fs::File>)>,
+    spool_cap: u64,
 }
 
 impl Capture {
@@ -46,11 +55,19 @@ impl Capture {
         let spool = match spool {
             Some(path) => {
                 if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)
+                    crate::store::private_dir(parent)
                         .map_err(|e| Error::io("creating spool directory", parent, e))?;
                 }
-                let f = std::fs::File::create(&path)
-                    .map_err(|e| Error::io("creating spool file", &path, e))?;
+                // Output can hold anything a command printed: this user's only.
+                let f = std::os::unix::fs::OpenOptionsExt::mode(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true),
+                    0o600,
+                )
+                .open(&path)
+                .map_err(|e| Error::io("creating spool file", &path, e))?;
                 Some((path, std::io::BufWriter::with_capacity(64 * 1024, f)))
             }
             None => None,
@@ -62,7 +79,14 @@ impl Capture {
             tail: VecDeque::new(),
             total: 0,
             spool,
+            spool_cap: DEFAULT_SPOOL_CAP,
         })
+    }
+
+    /// Keep at most `cap` bytes of output in the spool file (at least 2).
+    pub fn with_spool_cap(mut self, cap: u64) -> Self {
+        self.spool_cap = cap.max(2);
+        self
     }
 
     /// Also hand every chunk to `tee` as it arrives.
@@ -79,9 +103,10 @@ impl Capture {
         if let Some(tee) = &self.tee {
             tee(chunk);
         }
+        let at = self.total;
         self.total += chunk.len() as u64;
         if let Some((path, w)) = &mut self.spool
-            && let Err(e) = w.write_all(chunk)
+            && let Err(e) = spool_write(w, at, chunk, self.spool_cap)
         {
             let path = path.clone();
             self.spool = None;
@@ -109,10 +134,16 @@ impl Capture {
 
     /// Finish: flush the spool and return what was kept.
     pub fn finish(mut self) -> Result<Output> {
+        let spool_omitted = self.total.saturating_sub(self.spool_cap);
         let spool = match self.spool.take() {
             Some((path, mut w)) => {
                 w.flush()
                     .map_err(|e| Error::io("flushing output spool", &path, e))?;
+                drop(w);
+                if spool_omitted > 0 {
+                    unroll_spool(&path, self.total, self.spool_cap)
+                        .map_err(|e| Error::io("ordering the capped output spool", &path, e))?;
+                }
                 Some(path)
             }
             None => None,
@@ -124,9 +155,76 @@ impl Capture {
             tail,
             total_bytes: self.total,
             omitted_bytes: self.total.saturating_sub(kept),
+            spool_omitted: if spool.is_some() { spool_omitted } else { 0 },
             spool,
         })
     }
+}
+
+/// Where the spool's ring begins, and how long it is, for a cap.
+fn ring(cap: u64) -> (u64, u64) {
+    let head = cap / 2;
+    (head, cap - head)
+}
+
+/// Write `chunk`, which starts at output offset `at`, into a spool capped at
+/// `cap`: offsets below the cap go where they are, later ones wrap around the
+/// ring, overwriting the oldest bytes of the tail.
+fn spool_write(
+    w: &mut std::io::BufWriter<std::fs::File>,
+    mut at: u64,
+    mut chunk: &[u8],
+    cap: u64,
+) -> std::io::Result<()> {
+    let (head, len) = ring(cap);
+    while !chunk.is_empty() {
+        if at < cap {
+            let n = chunk
+                .len()
+                .min(usize::try_from(cap - at).unwrap_or(usize::MAX));
+            w.write_all(&chunk[..n])?;
+            at += n as u64;
+            chunk = &chunk[n..];
+            continue;
+        }
+        let off = head + (at - head) % len;
+        if off == head {
+            w.seek(SeekFrom::Start(head))?;
+        }
+        let n = chunk
+            .len()
+            .min(usize::try_from(head + len - off).unwrap_or(usize::MAX));
+        w.write_all(&chunk[..n])?;
+        at += n as u64;
+        chunk = &chunk[n..];
+    }
+    Ok(())
+}
+
+/// Rewrite a spool whose ring wrapped: the head, a line saying what was left
+/// out, then the tail from its oldest byte. Copies through a second file, so
+/// memory stays small.
+fn unroll_spool(path: &std::path::Path, total: u64, cap: u64) -> std::io::Result<()> {
+    let (head, len) = ring(cap);
+    let oldest = head + (total - head) % len;
+    let mut src = std::fs::File::open(path)?;
+    let tmp = path.with_extension("unroll");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    std::io::copy(&mut (&mut src).take(head), &mut out)?;
+    write!(
+        out,
+        "\n[... berth: {} of {} bytes left out of this spool (cap {} bytes) ...]\n",
+        total - cap,
+        total,
+        cap
+    )?;
+    src.seek(SeekFrom::Start(oldest))?;
+    std::io::copy(&mut (&mut src).take(head + len - oldest), &mut out)?;
+    src.seek(SeekFrom::Start(head))?;
+    std::io::copy(&mut (&mut src).take(oldest - head), &mut out)?;
+    out.flush()?;
+    drop(out);
+    std::fs::rename(&tmp, path)
 }
 
 /// A command's output as captured.
@@ -140,8 +238,11 @@ pub struct Output {
     pub total_bytes: u64,
     /// Bytes between head and tail that were not kept.
     pub omitted_bytes: u64,
-    /// Where the whole output was spooled, if it was.
+    /// Where the output was spooled, if it was.
     pub spool: Option<PathBuf>,
+    /// Bytes the spool left out, past its cap: it keeps the first and last
+    /// halves, with a line between them saying so.
+    pub spool_omitted: u64,
 }
 
 impl Output {
@@ -259,6 +360,35 @@ mod tests {
         let out = c.finish()?;
         assert_eq!(out.bytes(), vec![0xff, b'a']);
         assert_eq!(out.text(), "\u{fffd}a");
+        Ok(())
+    }
+
+    #[test]
+    fn the_spool_keeps_its_head_and_a_rolling_tail() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", "/tmp", e))?;
+        let path = dir.path().join("s.out");
+        // Under the cap: the whole output, as is.
+        let mut c = Capture::new(CaptureLimits::default(), Some(path.clone()))?.with_spool_cap(10);
+        c.push(b"0123456789")?;
+        let out = c.finish()?;
+        assert_eq!(out.spool_omitted, 0);
+        assert_eq!(std::fs::read(&path).unwrap_or_default(), b"0123456789");
+        // Over it, in chunks that wrap the ring more than once.
+        let data: Vec<u8> = (0..100u8).map(|i| b'a' + i % 26).collect();
+        for step in [1, 3, 7, 100] {
+            let mut c =
+                Capture::new(CaptureLimits::default(), Some(path.clone()))?.with_spool_cap(10);
+            for part in data.chunks(step) {
+                c.push(part)?;
+            }
+            let out = c.finish()?;
+            assert_eq!(out.spool_omitted, 90);
+            let got = std::fs::read(&path).unwrap_or_default();
+            let text = String::from_utf8_lossy(&got);
+            assert!(got.starts_with(&data[..5]), "{text}");
+            assert!(got.ends_with(&data[95..]), "{text}");
+            assert!(text.contains("90 of 100 bytes left out"), "{text}");
+        }
         Ok(())
     }
 

@@ -8,7 +8,8 @@
 //!   [`Capture`] until the nonce-bearing end marker arrives, and returns exit code
 //!   and cwd. The shell writes a snapshot before every marker.
 //! - A timeout or interrupt signals the command's process tree (INT, TERM, KILL)
-//!   through a second spawn, so the shell survives with its state. If no marker
+//!   through a second spawn, and signals the shell to abandon the rest of the
+//!   command's list, so the shell survives with its state. If no marker
 //!   arrives even then, the shell is killed and replaced, never trusted again; the
 //!   next command gets a new shell restored from the snapshot.
 
@@ -37,6 +38,8 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 const STDERR_KEEP: usize = 4096;
 /// The largest snapshot berth will read back.
 const SNAPSHOT_LIMIT: u64 = 8 * 1024 * 1024;
+/// How long the gate waits to read the session's definitions from its snapshot.
+const DEFINITIONS_READ_LIMIT: Duration = Duration::from_secs(10);
 /// How long the engine polls a local shell's stdout without sleeping after it
 /// sends a command. Most commands answer within it, and a thread that never
 /// sleeps needs no wake-up, which on a VM costs tens of microseconds. The cost is
@@ -83,8 +86,11 @@ pub struct ExecOpts {
     pub stdin: Option<Vec<u8>>,
     /// How much output to keep in memory.
     pub limits: CaptureLimits,
-    /// Spool the whole output to this local file.
+    /// Spool the output to this local file.
     pub spool: Option<PathBuf>,
+    /// The most output the spool keeps (its first and last halves);
+    /// [`capture::DEFAULT_SPOOL_CAP`] when `None`.
+    pub spool_cap: Option<u64>,
     /// Interrupt the command when this is cancelled.
     pub cancel: Option<CancellationToken>,
     /// A live copy of the output as it arrives.
@@ -98,6 +104,7 @@ impl std::fmt::Debug for ExecOpts {
             .field("stdin", &self.stdin.as_ref().map(Vec::len))
             .field("limits", &self.limits)
             .field("spool", &self.spool)
+            .field("spool_cap", &self.spool_cap)
             .field("tee", &self.tee.is_some())
             .finish()
     }
@@ -253,7 +260,7 @@ impl Session {
             notices: Vec::new(),
             restored: None,
         };
-        s.ensure_shell().await?;
+        s.ensure_shell(STARTUP_DEADLINE).await?;
         Ok(s)
     }
 
@@ -307,6 +314,14 @@ impl Session {
                     .into(),
             ));
         }
+        let started = Instant::now();
+        // One deadline for the whole call: starting and restoring a shell count
+        // against the caller's timeout too, so a shell that cannot start (say, one
+        // a snapshot breaks) cannot hold the caller past it.
+        let startup = opts
+            .timeout
+            .unwrap_or(STARTUP_DEADLINE)
+            .min(STARTUP_DEADLINE);
         if self.shell_gone() {
             // It died while idle (killed, or its transport dropped): replace it
             // now rather than fail a command that never reached it.
@@ -318,31 +333,52 @@ impl Session {
                 "the shell ended while idle ({status}); a new shell was started from the last snapshot"
             ));
         }
-        self.ensure_shell().await?;
+        self.ensure_shell(startup).await?;
         let stdin_path = match &opts.stdin {
             Some(data) => {
                 let path = format!("{}/stdin", self.sandbox.layout().berth_dir);
-                self.sandbox.write_file(&path, data, 0o600).await?;
+                let write = self.sandbox.write_file(&path, data, 0o600);
+                match tokio::time::timeout(startup, write).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        return Err(self.session_error(&format!(
+                            "writing the command's stdin to {path} did not finish within {}s",
+                            startup.as_secs_f64()
+                        )));
+                    }
+                }
                 Some(path)
             }
             None => None,
         };
         let mode = self.snapshot_mode(command);
-        let started = Instant::now();
-        let mut capture = Capture::new(opts.limits, opts.spool.clone())?.with_tee(opts.tee.clone());
+        let timeout = opts.timeout.map(|t| {
+            t.saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1))
+        });
+        let mut capture = Capture::new(opts.limits, opts.spool.clone())?
+            .with_tee(opts.tee.clone())
+            .with_spool_cap(opts.spool_cap.unwrap_or(capture::DEFAULT_SPOOL_CAP));
         let outcome = self
             .run_framed(
                 command,
                 stdin_path.is_some(),
                 mode,
                 &mut capture,
-                opts.timeout,
+                timeout,
                 opts.cancel.clone(),
             )
             .await;
         let output = capture.finish()?;
         let (ending, stopped) = outcome?;
         let mut notices = self.take_notices();
+        if output.spool_omitted > 0 {
+            notices.push(format!(
+                "the output spool is capped: it keeps the first and last halves of {} bytes and left out {} bytes in between",
+                output.spool_omitted + opts.spool_cap.unwrap_or(capture::DEFAULT_SPOOL_CAP).max(2),
+                output.spool_omitted
+            ));
+        }
         let restored_from = self.restored.take();
         let timed_out = stopped == Some(Stop::Timeout);
         let interrupted = stopped == Some(Stop::Interrupt);
@@ -361,7 +397,7 @@ impl Session {
                 // (background children ignore SIGINT). The shell is idle again, so
                 // whatever was created since the command began is its leftover.
                 if stopped.is_some()
-                    && let Err(e) = self.kill_tree("KILL", Some(watermark_before)).await
+                    && let Err(e) = self.kill_tree("KILL", Some(watermark_before), None).await
                 {
                     warn!(session = %self.cfg.name, error = %e, "could not reap a stopped command's leftovers");
                 }
@@ -377,21 +413,31 @@ impl Session {
                     ));
                 } else if !snapshotted && stopped.is_none() {
                     snapshotted = self.backstop_snapshot().await;
+                    notices.append(&mut self.notices);
                 }
                 (code, Some(cwd))
             }
             Some(Ending::Eof) => {
                 // A transport that lost its link reports that as an error: the
                 // command's outcome is unknown, and must not read as an exit code.
-                let status = self.reap_dead_shell().await?;
-                // An unreachable host is not a vanished sandbox: report it as such.
-                if !self.sandbox.alive().await? {
+                let status = self.reap_dead_shell().await;
+                // An unreachable host is not a vanished sandbox: report it as
+                // such. A lost stream (the transport's error above) is the
+                // sandbox's death when the sandbox is gone.
+                let alive = self.sandbox.alive().await;
+                if matches!(alive, Ok(false)) {
                     return Err(Error::SandboxGone {
                         sandbox: self.sandbox.name().to_string(),
                         backend: self.sandbox.kind(),
                         reason: "the sandbox went away while the command ran".into(),
                         hint: "run the command again: berth recreates the sandbox and restores the session from its last snapshot".into(),
                     });
+                }
+                let status = status?;
+                alive?;
+                if is_lost_framing(&status) {
+                    // This command never ran.
+                    return Err(self.lost_framing());
                 }
                 notices.push(format!(
                     "the shell exited ({}); the next command starts a new shell restored from the last snapshot",
@@ -464,8 +510,16 @@ impl Session {
             return false;
         }
         debug!(session = %self.cfg.name, place = ?shell.last_place, "state moved without a snapshot; writing one");
-        // `__berth_rs` returns the last status, so `$?` is kept for the next command.
-        match self.internal("__berth_rs", SnapshotMode::Force).await {
+        // The loop defines `__berth_rs` before running this whenever the last
+        // status was not 0, so `$?` is kept for the next command.
+        match self
+            .internal(
+                "[[ $__berth_rc == 0 ]] || __berth_rs && :",
+                SnapshotMode::Force,
+                STARTUP_DEADLINE,
+            )
+            .await
+        {
             Ok(_) => true,
             Err(e) => {
                 warn!(session = %self.cfg.name, error = %e, "could not write a snapshot");
@@ -482,7 +536,7 @@ impl Session {
         if let Some(mut shell) = self.shell.take() {
             // An `exit` frame, for transports where closing stdin does not reach
             // the shell as an end of file; the end of file ends its loop anyway.
-            let bye = script::frame(&new_nonce(), "exit 0", SnapshotMode::Never, false);
+            let bye = script::frame(&new_nonce(), "exit 0", SnapshotMode::Never, false, true);
             let _ = shell.stdin.write_all(&bye).await;
             let _ = shell.stdin.shutdown().await;
             if tokio::time::timeout(Duration::from_secs(2), shell.process.wait())
@@ -494,10 +548,43 @@ impl Session {
         }
     }
 
-    async fn ensure_shell(&mut self) -> Result<()> {
+    /// Start a shell if there is none, restored from the last snapshot, within
+    /// `limit`. A snapshot the shell cannot replay within it is set aside: a
+    /// clean shell starts instead, and says so.
+    async fn ensure_shell(&mut self, limit: Duration) -> Result<()> {
         if self.shell.is_some() {
             return Ok(());
         }
+        let until = Instant::now() + limit;
+        self.start_shell(limit).await?;
+        let Some((seq, text)) = self.newest_snapshot(limit).await else {
+            return Ok(());
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        match self.replay(seq, &text, left).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                warn!(session = %self.cfg.name, seq, error = %e, "could not restore snapshot");
+                self.drop_shell().await;
+                self.notices.push(format!(
+                    "snapshot {seq} could not be restored ({e}); the session started from a clean shell"
+                ));
+                let left = until.saturating_duration_since(Instant::now());
+                self.start_shell(left.max(Duration::from_secs(1))).await?;
+                // Carry on the sequence, so the next snapshot supersedes the bad one.
+                self.internal(
+                    &format!("__berth_seq={seq}"),
+                    SnapshotMode::Never,
+                    STARTUP_DEADLINE,
+                )
+                .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Spawn a shell, send it the loop, and learn its pid and session id.
+    async fn start_shell(&mut self, limit: Duration) -> Result<()> {
         let layout = self.sandbox.layout().clone();
         let argv: Vec<String> = ["bash", "--noprofile", "--norc"]
             .iter()
@@ -510,7 +597,8 @@ impl Session {
                 SpawnOpts {
                     env: self.cfg.env.clone(),
                     cwd: Some(layout.workdir.clone()),
-                    tty: false,
+                    helper: false,
+                    ..SpawnOpts::default()
                 },
             )
             .await?;
@@ -569,7 +657,9 @@ impl Session {
         }
         self.shell = Some(shell);
 
-        let hello = self.internal(script::HELLO, SnapshotMode::Never).await?;
+        let hello = self
+            .internal(script::HELLO, SnapshotMode::Never, limit)
+            .await?;
         let mut parts = hello.split_whitespace().map(str::parse::<u32>);
         let (pid, sid) = match (parts.next(), parts.next()) {
             (Some(Ok(p)), Some(Ok(s))) => (p, s),
@@ -587,19 +677,53 @@ impl Session {
         if pid != sid {
             debug!(session = %self.cfg.name, pid, sid, "shell is not a session leader; tree kills use descent only");
         }
-        self.restore().await
+        Ok(())
     }
 
-    /// Find the newest intact snapshot and replay it into the new shell.
-    async fn restore(&mut self) -> Result<()> {
+    /// The shell's function and alias names as of its last snapshot.
+    pub fn names(&self) -> Option<&HashSet<String>> {
+        self.shell.as_ref()?.names.as_ref()
+    }
+
+    /// What the session's aliases and functions run, read from its newest
+    /// snapshot, so the policy gate can judge a call of one by its body. Every
+    /// command that can define one writes a snapshot (see [`effects`]), so the
+    /// newest snapshot holds every definition the names list.
+    pub async fn definitions(&mut self) -> berth_policies::shell::Defined {
+        let names = self.names().cloned().unwrap_or_default();
+        if names.is_empty() {
+            return berth_policies::shell::Defined::default();
+        }
+        let text = self
+            .newest_snapshot(DEFINITIONS_READ_LIMIT)
+            .await
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        // berth's own loop functions are in the snapshot too; only the user's
+        // definitions are for the gate to read.
+        berth_policies::shell::Defined::read(names, &script::strip_own(&text))
+    }
+
+    /// The newest intact snapshot in the sandbox, if any. Each read is bounded by
+    /// `limit`: the files live where commands can replace them (by a FIFO, say).
+    async fn newest_snapshot(&mut self, limit: Duration) -> Option<(u64, String)> {
         let dir = self.sandbox.layout().berth_dir.clone();
         let mut best: Option<(u64, String)> = None;
         for slot in 0..2 {
             let path = format!("{dir}/snap.{slot}");
-            let data = match self.sandbox.read_file(&path, SNAPSHOT_LIMIT).await {
-                Ok(d) => d,
-                Err(Error::NotFound { .. }) => continue,
-                Err(e) => {
+            let read = self.sandbox.read_file(&path, SNAPSHOT_LIMIT);
+            let data = match tokio::time::timeout(limit, read).await {
+                Ok(Ok(d)) => d,
+                Ok(Err(Error::NotFound { .. })) => continue,
+                Err(_) => {
+                    warn!(session = %self.cfg.name, %path, "reading a snapshot timed out");
+                    self.notices.push(format!(
+                        "snapshot {path} could not be read within {}s; ignored",
+                        limit.as_secs_f64()
+                    ));
+                    continue;
+                }
+                Ok(Err(e)) => {
                     warn!(session = %self.cfg.name, %path, error = %e, "cannot read snapshot");
                     self.notices
                         .push(format!("snapshot {path} could not be read ({e}); ignored"));
@@ -620,11 +744,13 @@ impl Session {
                 }
             }
         }
-        let Some((seq, text)) = best else {
-            return Ok(());
-        };
-        let replay = format!("{text}\n{}{}", script::RETIRED, script::FUNCTIONS);
-        let out = self.internal(&replay, SnapshotMode::Force).await?;
+        best
+    }
+
+    /// Replay a snapshot into the new shell.
+    async fn replay(&mut self, seq: u64, text: &str, limit: Duration) -> Result<()> {
+        let replay = script::strip_own(text);
+        let out = self.internal(&replay, SnapshotMode::Force, limit).await?;
         debug!(session = %self.cfg.name, seq, output = %out, "restored snapshot");
         if let Some(sh) = self.shell.as_mut() {
             sh.info.restored_seq = Some(seq);
@@ -634,7 +760,12 @@ impl Session {
     }
 
     /// Run berth's own command in the shell and return its output as text.
-    async fn internal(&mut self, text: &str, snapshot: SnapshotMode) -> Result<String> {
+    async fn internal(
+        &mut self,
+        text: &str,
+        snapshot: SnapshotMode,
+        limit: Duration,
+    ) -> Result<String> {
         let mut capture = Capture::new(
             CaptureLimits {
                 head: 64 * 1024,
@@ -642,37 +773,45 @@ impl Session {
             },
             None,
         )?;
-        let (ending, _) = self
-            .run_framed(
-                text,
-                false,
-                snapshot,
-                &mut capture,
-                Some(STARTUP_DEADLINE),
-                None,
-            )
-            .await?;
+        // berth's own commands finish at once: one that does not is not stopped
+        // step by step like a user's, its shell is replaced.
+        let framed = self.run_framed(text, false, snapshot, &mut capture, None, None);
+        let Ok(framed) = tokio::time::timeout(limit, framed).await else {
+            self.replace_shell().await;
+            return Err(self.session_error(&format!(
+                "the shell did not answer berth's own command within {:.1}s; it was replaced",
+                limit.as_secs_f64()
+            )));
+        };
+        let (ending, _) = framed?;
         let out = capture.finish()?.text();
-        match ending {
-            Some(Ending::Marker { .. }) => Ok(out),
-            _ => {
-                // Its last words (say, the sandbox wrapper's refusal) may still
-                // be in flight on stderr: give the reader a moment to finish.
-                if let Some(reader) = self.shell.as_mut().and_then(|s| s.stderr_reader.take()) {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
-                }
-                let stderr = self.stderr_text();
-                self.drop_shell().await;
-                Err(self.session_error(&format!(
-                    "the shell died while starting{}",
-                    if stderr.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {stderr}")
-                    }
-                )))
-            }
+        if let Some(Ending::Marker { .. }) = ending {
+            return Ok(out);
         }
+        // The shell ended. Its last words (say, the sandbox wrapper's refusal)
+        // may still be in flight on stderr: give the reader a moment to finish,
+        // and keep them before the shell is reaped, which drops its stderr.
+        if let Some(reader) = self.shell.as_mut().and_then(|s| s.stderr_reader.take()) {
+            let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+        }
+        let stderr = self.stderr_text();
+        if matches!(ending, Some(Ending::Eof))
+            && self
+                .reap_dead_shell()
+                .await
+                .is_ok_and(|st| is_lost_framing(&st))
+        {
+            return Err(self.lost_framing());
+        }
+        self.drop_shell().await;
+        Err(self.session_error(&format!(
+            "the shell died while starting{}",
+            if stderr.is_empty() {
+                String::new()
+            } else {
+                format!(": {stderr}")
+            }
+        )))
     }
 
     /// Send one framed command and read until its marker, the shell's end, or the
@@ -695,11 +834,20 @@ impl Session {
             )));
         }
         let nonce = new_nonce();
-        let frame = script::frame(&nonce, text, snapshot, with_stdin);
+        // The guard runs after anything that may define a function; the engine's
+        // reading of the text sends every such command with a snapshot.
+        let guard = snapshot != SnapshotMode::Auto
+            || !self.cfg.read_commands
+            || text.contains("builtin")
+            || text.contains("enable");
+        let frame = script::frame(&nonce, text, snapshot, with_stdin, guard);
 
         let start_pat = format!("\u{1e}{nonce}:").into_bytes();
         let end_pat = format!(":{nonce}\u{1e}").into_bytes();
         let cancel = cancel.unwrap_or_default();
+        // A command that sets traps may have replaced the one that abandons it
+        // on an interrupt: stopping it kills its shell instead.
+        let distrust = text.contains("trap");
         let mut deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut stop: Option<Stop> = None;
         let mut stage = 0usize;
@@ -713,7 +861,8 @@ impl Session {
             shell.stdin.write_all(&frame).await?;
             shell.stdin.flush().await
         };
-        match tokio::time::timeout(STARTUP_DEADLINE, write).await {
+        let write_limit = timeout.unwrap_or(STARTUP_DEADLINE).min(STARTUP_DEADLINE);
+        match tokio::time::timeout(write_limit, write).await {
             Ok(Ok(())) => {}
             // A closed stdin means the shell is gone; its stdout ends too and the
             // loop below reports that.
@@ -779,7 +928,7 @@ impl Session {
                 _ = sleep => {
                     let why = stop.unwrap_or(Stop::Timeout);
                     stop = Some(why);
-                    if !self.escalate(stage).await {
+                    if !self.escalate(stage, why, distrust).await {
                         return Ok((None, stop));
                     }
                     stage += 1;
@@ -787,7 +936,7 @@ impl Session {
                 }
                 _ = cancel.cancelled(), if stop.is_none() => {
                     stop = Some(Stop::Interrupt);
-                    if !self.escalate(stage).await {
+                    if !self.escalate(stage, Stop::Interrupt, distrust).await {
                         return Ok((None, stop));
                     }
                     stage += 1;
@@ -798,7 +947,11 @@ impl Session {
     }
 
     /// One step of the stop sequence. Returns false once the shell was replaced.
-    async fn escalate(&mut self, stage: usize) -> bool {
+    ///
+    /// The first step also tells the shell to abandon the rest of the command's
+    /// list (say, the `rm` of `sleep 60; rm x`), as Ctrl-C does at a terminal;
+    /// see `script::traps`. `distrust` kills the shell instead.
+    async fn escalate(&mut self, stage: usize, why: Stop, distrust: bool) -> bool {
         let sig = match stage {
             0 => "INT",
             1 => "TERM",
@@ -808,7 +961,13 @@ impl Session {
                 return false;
             }
         };
-        if let Err(e) = self.kill_tree(sig, None).await {
+        let cut = match (stage, why) {
+            (0, _) if distrust => Some("KILL"),
+            (0, Stop::Timeout) => Some("USR1"),
+            (0, Stop::Interrupt) => Some("USR2"),
+            _ => None,
+        };
+        if let Err(e) = self.kill_tree(sig, None, cut).await {
             warn!(session = %self.cfg.name, error = %e, "could not signal the command's processes");
         }
         true
@@ -816,12 +975,18 @@ impl Session {
 
     /// Signal the running command's process tree through a second spawn: every
     /// process newer than `watermark` (the shell's current one by default).
-    async fn kill_tree(&self, sig: &str, watermark: Option<u64>) -> Result<()> {
+    /// `cut`, when given, is the signal sent to the shell itself (see `KILL_TREE`).
+    async fn kill_tree(
+        &mut self,
+        sig: &str,
+        watermark: Option<u64>,
+        cut: Option<&str>,
+    ) -> Result<()> {
         let Some(shell) = self.shell.as_ref() else {
             return Ok(());
         };
         let watermark = watermark.unwrap_or(shell.watermark).to_string();
-        let argv = vec![
+        let mut argv = vec![
             "bash".to_string(),
             "-c".to_string(),
             script::KILL_TREE.to_string(),
@@ -831,13 +996,14 @@ impl Session {
             watermark,
             sig.to_string(),
         ];
+        argv.extend(cut.map(str::to_string));
         self.run_helper(&argv).await.map(|out| {
             debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
         })
     }
 
     /// Run a short helper process in the sandbox and return its stdout.
-    async fn run_helper(&self, argv: &[String]) -> Result<String> {
+    async fn run_helper(&mut self, argv: &[String]) -> Result<String> {
         let c = crate::backend::run_to_end(
             self.sandbox.as_ref(),
             argv,
@@ -905,12 +1071,25 @@ impl Session {
             .unwrap_or_default()
     }
 
+    /// The loop found no nonce record where one belongs: a command read the
+    /// loop's private input, and may have ended itself with a forged marker.
+    fn lost_framing(&self) -> Error {
+        self.session_error(
+            "the shell lost its framing: a command read berth's private input, so the last result it reported may be false; the shell was replaced, run the command again",
+        )
+    }
+
     fn session_error(&self, detail: &str) -> Error {
         Error::Session {
             session: self.cfg.name.clone(),
             detail: detail.to_string(),
         }
     }
+}
+
+/// Whether a dead shell's status says its loop lost the framing.
+fn is_lost_framing(status: &str) -> bool {
+    status == format!("exit code {}", script::LOST_FRAMING)
 }
 
 /// Why a command was stopped.
@@ -1001,7 +1180,8 @@ fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
     let nl = memchr::memchr(b'\n', data)?;
     let first = std::str::from_utf8(&data[..nl]).ok()?;
     let seq: u64 = first
-        .strip_prefix("# berth snapshot v1 seq=")?
+        .strip_prefix("# berth snapshot v2 seq=")
+        .or_else(|| first.strip_prefix("# berth snapshot v1 seq="))?
         .parse()
         .ok()?;
     let trailer = format!("\n# berth snapshot end seq={seq}\n");

@@ -3,14 +3,15 @@
 //! The shell runs one resident loop, parsed once at start-up, that reads frames
 //! from a private copy of its original stdin and runs them at top level:
 //! ```text
-//! <nonce:16 hex><length:8 hex><snapshot><stdin><encoding><reserved>   28 bytes
+//! <length:8 hex><snapshot><stdin><encoding><guard>      12 bytes
 //! <command text: length bytes>
+//! N<nonce:16 hex>                                       17 bytes
 //! ```
-//! Both parts are read with `read -N`, which takes them a buffer at a time instead
-//! of a byte per syscall the way bash reads a pipe for its parser. `read -N` counts
-//! characters in the shell's locale, so the text is always sent as ASCII: text with
-//! other bytes is escaped (`\\` and `\xHH`) and decoded with `printf %b`, which
-//! gives back the exact bytes.
+//! All three parts are read with `read -N`, which takes them a buffer at a time
+//! instead of a byte per syscall the way bash reads a pipe for its parser. `read
+//! -N` counts characters in the shell's locale, so the text is always sent as
+//! ASCII: text with other bytes is escaped (`\\` and `\xHH`) and decoded with
+//! `printf %b`, which gives back the exact bytes.
 //!
 //! The command lives only in a variable and runs through `eval` at top level, so
 //! unbalanced quotes or a stray heredoc cannot break the framing, and `cd`,
@@ -18,8 +19,17 @@
 //! stdin is `/dev/null` and its stderr is its stdout for good, so a command needs
 //! no redirection of its own (unless it is given input).
 //!
+//! The nonce: the engine writes it behind the text in the same write, and the
+//! loop reads it only after the command has ended. While the command runs, the
+//! nonce is in no variable, no environment and nowhere in the shell's memory, so
+//! the command cannot learn it from the shell, and any marker it prints is
+//! output. What it could still do is read the loop's private input itself (the
+//! descriptor is the shell's); the loop then finds something other than `N` where
+//! the record belongs, or nothing at all, and exits with [`LOST_FRAMING`]: the
+//! engine replaces the shell and says so.
+//!
 //! After the command, the shell writes a snapshot when the engine asked for one
-//! (see below), then the end marker
+//! (see below), reads the nonce, then writes the end marker
 //! `\x1e<nonce>:<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>:<nonce>\x1e`
 //! on stdout, where
 //! - `<names>` is `-` or, after a snapshot, `=` and the shell's function and alias
@@ -27,6 +37,13 @@
 //!   state); a leading `!` says the shell is exiting (`exit`, `set -e`);
 //! - `<watermark>` is the last pid allocated when the shell started or a command
 //!   last left a background job (see [`KILL_TREE`]).
+//!
+//! Names a command can redefine: the loop and its functions are parsed before any
+//! command runs, so no alias reaches them. Every builtin they run goes through
+//! `builtin`, which skips functions, and after every command the loop removes a
+//! function named `builtin` through POSIX-mode lookup (the `GUARD` text). Its own
+//! functions are defined again right before each use, and the EXIT trap names
+//! its function with a backslash, which no alias matches.
 //!
 //! Snapshots: the `<snapshot>` flag is `1` (write one), `0` (the engine found
 //! nothing in the text that can change state; it compares cwd and the length of
@@ -37,12 +54,17 @@
 //! alternating, each closed by a trailer, so a shell killed mid-write leaves the
 //! other one intact. Files are rewritten in place with `1<>`, never truncated with
 //! `>`: on ext4, truncating a file and writing it again forces a flush on close
-//! (`auto_da_alloc`), which cost milliseconds. Readers stop at the trailer.
+//! (`auto_da_alloc`), which cost milliseconds. Readers stop at the trailer. A
+//! snapshot file that is not a regular file (a FIFO a command planted) is
+//! removed first. A snapshot restores exports, then cwd, then functions, then
+//! aliases, so nothing it defines is in effect while berth's own lines run.
 //!
 //! `break` or `continue` in a command cannot derail the loop: an inner loop runs
 //! the commands and an outer one restarts it, and a command that breaks out of
 //! both, exits, or trips `set -e` ends the shell through its EXIT trap, which
-//! still reports the command and saves its state.
+//! still reports the command and saves its state. A stopped command is
+//! abandoned the same way, by a trap that breaks out of every loop (see
+//! [`traps`]).
 
 /// Shell-quote a string with single quotes.
 pub fn quote(s: &str) -> String {
@@ -60,7 +82,14 @@ pub fn quote(s: &str) -> String {
 }
 
 /// Bytes in a frame header.
-pub const HEADER_LEN: usize = 28;
+pub const HEADER_LEN: usize = 12;
+
+/// Bytes in the nonce record that follows a frame's text: `N` and 16 hex digits.
+pub const NONCE_LEN: usize = 17;
+
+/// The exit code of a shell whose loop found something other than a nonce record
+/// where one belongs: a command read the loop's private input.
+pub const LOST_FRAMING: i32 = 97;
 
 /// When a command's snapshot is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,16 +102,19 @@ pub enum SnapshotMode {
     Never,
 }
 
-/// Frame one command for the shell's loop.
-pub fn frame(nonce: &str, text: &str, snapshot: SnapshotMode, stdin: bool) -> Vec<u8> {
+/// Frame one command for the shell's loop: the header, the text, and the nonce
+/// record the loop reads once the command has ended.
+///
+/// `guard` asks the loop to check, after the command, that the names it relies
+/// on still resolve to the builtins (see `GUARD`).
+pub fn frame(nonce: &str, text: &str, snapshot: SnapshotMode, stdin: bool, guard: bool) -> Vec<u8> {
     debug_assert_eq!(nonce.len(), 16);
     let (body, encoded) = if text.is_ascii() {
         (std::borrow::Cow::Borrowed(text.as_bytes()), false)
     } else {
         (std::borrow::Cow::Owned(escape(text.as_bytes())), true)
     };
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(nonce.as_bytes());
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len() + NONCE_LEN);
     out.extend_from_slice(format!("{:08x}", body.len()).as_bytes());
     out.push(match snapshot {
         SnapshotMode::Auto => b'0',
@@ -91,8 +123,10 @@ pub fn frame(nonce: &str, text: &str, snapshot: SnapshotMode, stdin: bool) -> Ve
     });
     out.push(if stdin { b'1' } else { b'0' });
     out.push(if encoded { b'1' } else { b'0' });
-    out.push(b'.');
+    out.push(if guard { b'g' } else { b'.' });
     out.extend_from_slice(&body);
+    out.push(b'N');
+    out.extend_from_slice(nonce.as_bytes());
     out
 }
 
@@ -116,12 +150,13 @@ pub const MAX_TEXT: usize = 0xffff_ffff / 4;
 ///
 /// `berth_dir` is berth's private directory inside the sandbox, `workdir` the first
 /// cwd. This is the only text bash's parser reads from the pipe; everything after
-/// it is framed.
+/// it is framed. Since it is parsed before any command runs, no alias a command
+/// defines can reach into it.
 ///
 /// The loop is written for speed: the common case (flags `000`: no snapshot, no
 /// stdin, ASCII text) runs with no function call, since
 /// each costs bash microseconds. `$?` is restored before the command (a `case`
-/// for 0 and 1, a function for the rest) so `echo $?` sees the last command's
+/// for 0, a function for the rest) so `echo $?` sees the last command's
 /// status, as at a prompt.
 pub fn bootstrap(berth_dir: &str, workdir: &str) -> String {
     let dir = quote(berth_dir);
@@ -134,17 +169,122 @@ __berth_work={work}
 cd -- "$__berth_work" 2>/dev/null
 __berth_seq=${{__berth_seq:-0}}
 mkdir -p -- "$__berth_dir" 2>/dev/null
-{functions}
-__berth_rc=0 __berth_busy= __berth_bg= __berth_wm=
-trap __berth_exit EXIT
+__berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_n=
+trap '\__berth_exit' EXIT
 {main_loop}
 "#,
-        functions = FUNCTIONS,
-        main_loop = MAIN_LOOP,
+        main_loop = main_loop(),
     )
 }
 
-/// The resident loop, on one line so bash parses it whole before it runs.
+/// Undo what a command may have done to the names the loop relies on. Every
+/// builtin the loop runs goes through `builtin`, so a function named `read` or
+/// `printf` is never called; that leaves `builtin` itself (and `enable`, which
+/// puts back a disabled `builtin`), which a function can shadow. In POSIX mode
+/// special builtins (`unset`, `export`) are found before functions, and
+/// assigning `POSIXLY_CORRECT` (syntax, no lookup) enters it, so those two
+/// functions are removed through names no command can redefine, and the
+/// command's output says so. Leaving POSIX mode that way resets five `shopt`
+/// options (`expand_aliases` among them), which are put back as they were
+/// (unconditionally: `BASHOPTS` does not follow that reset).
+/// Builtins a command disabled (`enable -n`) are enabled again.
+///
+/// It runs after every command the engine marks (flag `g`: any command that may
+/// change state, or names `builtin` or `enable`), which is every command that
+/// can define a function.
+const GUARD: &str = concat!(
+    r#"if [[ :$SHELLOPTS: == *:posix:* ]]; then "#,
+    r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x"; __berth_gone+=" $__berth_x"; }; done; "#,
+    r#"enable builtin 2>/dev/null; "#,
+    r#"else __berth_o=:$BASHOPTS:; POSIXLY_CORRECT=y; "#,
+    r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x"; __berth_gone+=" $__berth_x"; }; done; "#,
+    r#"enable builtin 2>/dev/null; builtin unset POSIXLY_CORRECT; "#,
+    r#"__berth_on= __berth_off=; for __berth_x in expand_aliases inherit_errexit shift_verbose sourcepath interactive_comments; do "#,
+    r#"if [[ $__berth_o == *:$__berth_x:* ]]; then __berth_on+=" $__berth_x"; else __berth_off+=" $__berth_x"; fi; done; "#,
+    r#"[[ -z $__berth_on ]] || builtin shopt -s $__berth_on; [[ -z $__berth_off ]] || builtin shopt -u $__berth_off; fi; "#,
+    r#"[[ -z ${__berth_gone-} ]] || { builtin printf 'berth: removed the function(s)%s: the session'\''s shell needs the builtins\n' "$__berth_gone"; __berth_gone=; }; "#,
+    r#"builtin enable builtin read printf eval return unset export declare alias compgen cd command shopt; "#,
+);
+
+/// The traps that abandon a command the engine interrupted (see [`KILL_TREE`]):
+/// `USR1` for a timeout (`$?` 124), `USR2` for an interrupt (130).
+///
+/// While a command runs (`__berth_busy`), the handler breaks out of every loop
+/// (`break` with a count above any nesting ends them all), which ends the eval
+/// and the rest of the command's list; the loop then sees `__berth_cut`, reports
+/// the command and starts itself again (see [`main_loop`]). Bash defers the
+/// handler until the foreground child the tree kill ended has gone, so it runs
+/// at the first point the command would have gone on. Inside a function `break`
+/// reaches no loop (bash resets loop nesting per call), so there it exits
+/// instead: the EXIT trap reports the command and saves the state, and the
+/// engine starts a new shell restored from it. While the shell is idle the
+/// handler does nothing. Every word is quoted or an assignment, so no alias
+/// reaches it, and `builtin` skips functions; the guard reinstalls the traps
+/// after every command that may change state, and the kill script checks that
+/// the shell still catches the signal before relying on it.
+fn traps() -> String {
+    let one = |code: u8| {
+        quote(&format!(
+            r#"__berth_cut=${{__berth_busy:+{code}}}; __berth_f=${{FUNCNAME[0]:+exit}}; \builtin eval "${{__berth_cut:+\\builtin ${{__berth_f:-break 999999}}${{__berth_f:+ $__berth_cut}}}}""#
+        ))
+    };
+    format!(
+        "builtin trap {} USR1; builtin trap {} USR2; ",
+        one(124),
+        one(130)
+    )
+}
+
+/// [`GUARD`] and the traps.
+fn guard() -> String {
+    format!("{GUARD}{}", traps())
+}
+
+/// The function that reports a command and writes its snapshot. It is defined
+/// again right before each call, so a command that redefines it changes nothing.
+const POST: &str = r#"__berth_post() {
+  __berth_busy=
+  if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
+    __berth_bg=${!-}
+    IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
+  fi
+  if [[ ${__berth_h:8:1} == 1 ]]; then
+    __berth_seq=$((__berth_seq + 1))
+    __berth_s=$__berth_dir/snap.$((__berth_seq % 2))
+    [[ ! -L $__berth_s && ( -f $__berth_s || ! -e $__berth_s ) ]] || builtin command -p rm -f -- "$__berth_s" 2>/dev/null
+    {
+      builtin printf '# berth snapshot v2 seq=%s\n__berth_seq=%s\n' "$__berth_seq" "$__berth_seq"
+      builtin export -p
+      builtin printf 'builtin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
+      builtin declare -f
+      builtin printf '# berth aliases\n'
+      builtin alias -p
+      builtin printf '# berth snapshot end seq=%s\n' "$__berth_seq"
+    } 1<> "$__berth_s" 2>/dev/null || :
+  fi
+  builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98
+  [[ $__berth_n == N* ]] || builtin exit 97
+  if [[ ${__berth_h:8:1} == 1 ]]; then
+    builtin printf '\036%s:%s\037%s=' "${__berth_n:1}" "$__berth_rc" "${1-}"
+    builtin compgen -A function -A alias || :
+    builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
+  else
+    builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
+  fi
+  __berth_n=
+}
+"#;
+
+/// The EXIT trap's function: a command that exits (or trips `set -e`) is still
+/// reported and its state saved. Defined again before every command.
+fn exit_fn() -> String {
+    format!(
+        "__berth_exit() {{ __berth_rc=$?; if [[ -n $__berth_busy ]]; then {guard}\n{POST}\n[[ ${{__berth_h:8:1}} == 2 ]] || __berth_h=${{__berth_h:0:8}}1${{__berth_h:9}}; __berth_post !; fi; }}\n",
+        guard = guard()
+    )
+}
+
+/// The resident loop, parsed whole before it runs.
 ///
 /// - `read -N` ignores `IFS`, so the reads need no `IFS=`: a temporary `IFS` cost
 ///   bash a quarter of the loop's instructions (callgrind).
@@ -153,73 +293,121 @@ trap __berth_exit EXIT
 ///   caught by the busy check at the top.
 /// - Flags `000` (no snapshot, no stdin, ASCII) take the fast path, which calls
 ///   no function unless the command left a background job.
+/// - The nonce is read after the command has ended: while it runs, the nonce is
+///   in no variable, so a command cannot print a marker the engine accepts.
 /// - It survives a user's `set -euo pipefail`: `${!-}` and `${1-}` for what may be
 ///   unset, and `$?` is restored with `__berth_rs && :`, a failure `set -e`
 ///   ignores.
-const MAIN_LOOP: &str = concat!(
-    r#"exec {__berth_fd}<&0 </dev/null 2>&1; while :; do "#,
-    r#"while [[ -z $__berth_busy ]] || { __berth_rc=0; __berth_post; }; "#,
-    r#"builtin read -r -u "$__berth_fd" -N 28 __berth_h && "#,
-    r#"builtin read -r -u "$__berth_fd" -N $((16#${__berth_h:16:8})) __berth_c; do "#,
-    r#"__berth_busy=1; "#,
-    r#"case ${__berth_h:24:3} in "#,
-    r#"000) case $__berth_rc in 0) ;; *) __berth_rs && : ;; esac; builtin eval "$__berth_c"; __berth_rc=$?; "#,
-    r#"if [[ ${!-} == "$__berth_bg" ]]; then "#,
-    r#"__berth_busy=; builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_h:0:16}" "$__berth_rc" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_h:0:16}"; "#,
-    r#"else __berth_post; fi ;; "#,
-    r#"*) [[ ${__berth_h:26:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
-    r#"__berth_in=/dev/null; [[ ${__berth_h:25:1} != 1 ]] || __berth_in=$__berth_dir/stdin; "#,
-    r#"case $__berth_rc in 0) ;; *) __berth_rs && : ;; esac; builtin eval "$__berth_c" <"$__berth_in"; "#,
-    r#"__berth_rc=$?; __berth_post ;; "#,
-    r#"esac; done; [[ -n $__berth_busy ]] || break; __berth_rc=0; __berth_post; done"#,
-);
-
-/// The helper functions. They are re-sent after a restore, so a snapshot taken
-/// by an older berth cannot leave stale versions behind.
-pub const FUNCTIONS: &str = r#"__berth_rs() { return "$__berth_rc"; }
-__berth_post() {
-  __berth_busy=
-  if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
-    __berth_bg=${!-}
-    IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
-  fi
-  local n=${__berth_h:0:16} s=${__berth_h:24:1}
-  if [[ $s == 1 ]]; then
-    __berth_seq=$((__berth_seq + 1))
-    {
-      builtin printf '# berth snapshot v1 seq=%s\n__berth_seq=%s\n' "$__berth_seq" "$__berth_seq"
-      builtin export -p
-      builtin declare -f
-      builtin alias -p
-      builtin printf 'cd -- %q 2>/dev/null || cd -- "$__berth_work" 2>/dev/null\n# berth snapshot end seq=%s\n' "$PWD" "$__berth_seq"
-    } 1<> "$__berth_dir/snap.$((__berth_seq % 2))" 2>/dev/null || :
-    builtin printf '\036%s:%s\037%s=' "$n" "$__berth_rc" "${1-}"
-    builtin compgen -A function -A alias || :
-    builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "$n"
-  else
-    builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "$n" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "$n"
-  fi
+fn main_loop() -> String {
+    let rs = r#"case $__berth_rc in 0) ;; *) __berth_rs() { builtin return "$__berth_rc"; }; __berth_rs && : ;; esac; "#;
+    let exit = exit_fn();
+    let guard = guard();
+    // The loop itself, run through `eval` so the engine's interrupt can break
+    // out of it and start it again (see [`traps`]). The first run restores
+    // `expand_aliases`, which a restart turns off while bash parses the loop, so
+    // no alias a command defined reaches into it.
+    let body = [
+        "{ [[ -z $__berth_ea ]] || builtin shopt -s expand_aliases; __berth_ea=\n",
+        &exit,
+        "while :; do\n",
+        "while [[ -z $__berth_busy ]] || { __berth_rc=0; ",
+        &guard,
+        "\n",
+        POST,
+        "__berth_post; }; ",
+        r#"builtin read -r -u "$__berth_fd" -N 12 __berth_h && "#,
+        r#"builtin read -r -u "$__berth_fd" -N $((16#${__berth_h:0:8})) __berth_c; do "#,
+        "__berth_busy=1\n",
+        &exit,
+        r#"case ${__berth_h:8:4} in "#,
+        "000.) ",
+        rs,
+        r#"builtin eval "$__berth_c"; __berth_rc=$?; "#,
+        r#"if [[ ${!-} == "$__berth_bg" ]]; then __berth_busy=; "#,
+        r#"builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98; [[ $__berth_n == N* ]] || builtin exit 97; "#,
+        r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"; __berth_n=; "#,
+        "else\n",
+        POST,
+        "__berth_post; fi ;;\n",
+        r#"*) [[ ${__berth_h:10:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
+        r#"__berth_in=/dev/null; [[ ${__berth_h:9:1} != 1 ]] || __berth_in=$__berth_dir/stdin; "#,
+        rs,
+        r#"builtin eval "$__berth_c" <"$__berth_in"; "#,
+        "__berth_rc=$?; ",
+        &guard,
+        "\n",
+        POST,
+        "__berth_post ;;\n",
+        "esac; done; [[ -n $__berth_busy ]] || break; __berth_rc=0; ",
+        &guard,
+        "\n",
+        POST,
+        "__berth_post; done\n",
+        // An interrupted command: report it with its status, then run the loop
+        // again. Each restart nests one `eval` deeper, one per interrupt.
+        "[[ -z $__berth_cut ]] || { __berth_rc=$__berth_cut; __berth_cut=; ",
+        &guard,
+        "\n",
+        POST,
+        "__berth_post; if builtin shopt -q expand_aliases; then __berth_ea=1; else __berth_ea=; fi; ",
+        "builtin shopt -u expand_aliases; builtin eval \"$__berth_L\"; }\n}",
+    ]
+    .concat();
+    // One compound command, so bash parses all of it before the `exec` below
+    // points its stdin elsewhere.
+    format!(
+        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n__berth_ea=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
+        traps = traps(),
+        loop_text = quote(&body),
+    )
 }
-__berth_exit() {
-  __berth_rc=$?
-  if [[ -n $__berth_busy ]]; then
-    [[ ${__berth_h:24:1} == 2 ]] || __berth_h=${__berth_h:0:24}1${__berth_h:25}
-    __berth_post !
-  fi
-}
-"#;
 
-/// Helpers of earlier berth versions, which their snapshots carry: dropped on
-/// restore so they do not linger in every later snapshot.
-pub const RETIRED: &str = "unset -f __b __berth_next __berth_prep __berth_mark __berth_snap 2>/dev/null\nunalias __berth_run __berth_run_in 2>/dev/null\n";
+/// Functions of this and earlier berth versions, which snapshots carry: they are
+/// left out when a snapshot is replayed (see [`strip_own`]).
+pub fn is_own_function(name: &str) -> bool {
+    name == "__b" || name.starts_with("__berth_")
+}
+
+/// Drop berth's own functions and aliases from a snapshot's text before it is
+/// replayed: the loop defines its functions itself, and a stale copy (or a
+/// planted one) must not shadow them. `declare -f` prints each function as a
+/// `name () ` line through a `}` line at column 0; `alias -p` one `alias` line each.
+pub fn strip_own(snapshot: &str) -> String {
+    let mut out = String::with_capacity(snapshot.len());
+    let mut skipping = false;
+    for line in snapshot.split_inclusive('\n') {
+        let bare = line.trim_end_matches('\n');
+        if skipping {
+            if bare == "}" {
+                skipping = false;
+            }
+            continue;
+        }
+        if let Some(name) = bare.strip_suffix(" () ")
+            && is_own_function(name)
+        {
+            skipping = true;
+            continue;
+        }
+        if let Some(rest) = bare.strip_prefix("alias ")
+            && rest.split('=').next().is_some_and(is_own_function)
+        {
+            continue;
+        }
+        out.push_str(line);
+    }
+    out
+}
 
 /// The handshake command: prints the shell's pid and session id.
-pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__berth_stat##*) }; read -r -a __berth_f <<< "$__berth_stat"; printf '%s %s' "$$" "${__berth_f[3]}"; unset __berth_stat __berth_f"#;
+pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__berth_stat##*) }; builtin read -r -a __berth_f <<< "$__berth_stat"; builtin printf '%s %s' "$$" "${__berth_f[3]}"; builtin unset __berth_stat __berth_f"#;
 
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///
 /// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the shell's pid
-/// watermark as its end markers report it, `$4` the signal name. The watermark
+/// watermark as its end markers report it, `$4` the signal name, `$5` (optional)
+/// the signal that makes the shell abandon the rest of the command (see
+/// [`traps`]), or `KILL` to kill the shell itself. The watermark
 /// is the last pid allocated (from `/proc/loadavg`, which is per pid namespace)
 /// when the shell started and whenever a command left a background job (`$!`
 /// changed); reading it before every command cost more than the rest of the
@@ -233,7 +421,7 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 ///
 /// Pids rather than start times: start times tick at 10 ms, too coarse to tell
 /// two quick commands apart.
-pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4; cut=${5-}
 start=$((10#${start:-0}))
 IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
 # Created since the command began; after a wrap at pid_max, the range is split.
@@ -263,6 +451,15 @@ for v in "${victims[@]}"; do
     *) out+=("$v") ;;
   esac
 done
+# Abandon the rest of the command's list (first, so the shell has the signal
+# pending before its command ends and it would go on): the loop's trap for this signal does,
+# if the shell still catches it; a shell that no longer does (a command reset
+# or ignored the trap) is killed, and the engine replaces it.
+if [ -n "$cut" ]; then
+  cgt=0; while read -r k v; do [ "$k" = SigCgt: ] && cgt=$v; done < "/proc/$shell/status"
+  case "$cut" in USR1) bit=9 ;; USR2) bit=11 ;; *) bit=-1 ;; esac
+  if [ "$bit" -ge 0 ] && (( (16#$cgt >> bit) & 1 )); then kill -s "$cut" "$shell" 2>/dev/null; else kill -s KILL "$shell" 2>/dev/null; fi
+fi
 [ ${#out[@]} -gt 0 ] && kill -s "$sig" "${out[@]}" 2>/dev/null
 printf '%s\n' "${#out[@]}"
 "#;
@@ -272,23 +469,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_frame_is_a_fixed_header_then_the_text() {
-        let f = frame("0123456789abcdef", "echo hi", SnapshotMode::Auto, false);
-        assert_eq!(f, b"0123456789abcdef00000007000.echo hi");
-        let f = frame("0123456789abcdef", "", SnapshotMode::Never, true);
-        assert_eq!(f, b"0123456789abcdef00000000210.");
-        let f = frame("0123456789abcdef", "x", SnapshotMode::Force, false);
-        assert_eq!(&f[24..28], b"100.");
+    fn a_frame_is_a_fixed_header_the_text_then_the_nonce() {
+        let f = frame(
+            "0123456789abcdef",
+            "echo hi",
+            SnapshotMode::Auto,
+            false,
+            false,
+        );
+        assert_eq!(f, b"00000007000.echo hiN0123456789abcdef");
+        let f = frame("0123456789abcdef", "", SnapshotMode::Never, true, false);
+        assert_eq!(f, b"00000000210.N0123456789abcdef");
+        let f = frame("0123456789abcdef", "x", SnapshotMode::Force, false, true);
+        assert_eq!(&f[8..12], b"100g");
     }
 
     #[test]
     fn non_ascii_text_is_escaped_to_ascii() {
-        let f = frame("0123456789abcdef", "echo é\\c", SnapshotMode::Auto, false);
-        let body = &f[HEADER_LEN..];
+        let f = frame(
+            "0123456789abcdef",
+            "echo é\\c",
+            SnapshotMode::Auto,
+            false,
+            false,
+        );
+        let body = &f[HEADER_LEN..f.len() - NONCE_LEN];
         assert!(body.is_ascii());
         assert_eq!(body, br"echo \xc3\xa9\\c");
-        assert_eq!(&f[26..27], b"1");
-        let len = usize::from_str_radix(std::str::from_utf8(&f[16..24]).unwrap_or("x"), 16);
+        assert_eq!(&f[10..11], b"1");
+        let len = usize::from_str_radix(std::str::from_utf8(&f[..8]).unwrap_or("x"), 16);
         assert_eq!(len, Ok(body.len()));
+    }
+
+    #[test]
+    fn own_functions_and_aliases_are_left_out_of_a_replay() {
+        let snap = "# berth snapshot v2 seq=1\ndeclare -x A=\"1\"\n__berth_post () \n{ \n    if x; then\n        y\n    fi\n}\nmine () \n{ \n    echo hi\n}\n__b () \n{ \n    :\n}\n# berth aliases\nalias __berth_run='x'\nalias ll='ls -l'\n";
+        let out = strip_own(snap);
+        assert!(!out.contains("__berth_post"), "{out}");
+        assert!(!out.contains("__b "), "{out}");
+        assert!(!out.contains("__berth_run"), "{out}");
+        assert!(out.contains("mine () \n{ \n    echo hi\n}\n"), "{out}");
+        assert!(out.contains("alias ll='ls -l'"));
+        assert!(out.contains("declare -x A"));
     }
 }

@@ -1,0 +1,568 @@
+//! The durable run: every step written to the store before the next begins.
+//!
+//! Flow at a glance:
+//! - [`create`] writes the run with its frozen setup (system prompt, tool
+//!   schemas, providers, budgets), so a resume sends byte-identical prompts;
+//! - each model answer is one [`append_message`] plus one [`put_step`];
+//! - each tool call is written `started` ([`call_started`]) before it runs and
+//!   `finished` together with its result message ([`call_finished`], one
+//!   transaction) after, so a `kill -9` leaves at worst a started call, which a
+//!   resume reports to the model as cut off instead of running it again;
+//! - the run's state ends as one of the exit reasons ([`set_state`]).
+
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::provider::{Attempt, Message, Usage};
+use crate::error::{Error, Result};
+use crate::store::{Store, now_ms};
+
+/// The tables; a migration of the store.
+pub const SCHEMA: &str = "
+CREATE TABLE runs (
+    id          TEXT PRIMARY KEY,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    task        TEXT NOT NULL,
+    backend     TEXT NOT NULL,
+    sandbox     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    reason      TEXT,
+    setup       TEXT NOT NULL,
+    parent      TEXT,
+    parent_step INTEGER,
+    owner_pid   INTEGER
+);
+CREATE TABLE run_messages (
+    run_id  TEXT NOT NULL REFERENCES runs(id),
+    seq     INTEGER NOT NULL,
+    step    INTEGER NOT NULL,
+    ts_ms   INTEGER NOT NULL,
+    body    TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE run_steps (
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    step        INTEGER NOT NULL,
+    provider    TEXT,
+    attempts    TEXT NOT NULL,
+    usage       TEXT NOT NULL,
+    cost        REAL,
+    started_ms  INTEGER NOT NULL,
+    ended_ms    INTEGER NOT NULL,
+    summary     INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, step)
+);
+CREATE TABLE run_calls (
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    call_id     TEXT NOT NULL,
+    step        INTEGER NOT NULL,
+    idx         INTEGER NOT NULL,
+    name        TEXT NOT NULL,
+    args        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    verdict     TEXT,
+    approval    INTEGER,
+    result      TEXT,
+    started_ms  INTEGER NOT NULL,
+    ended_ms    INTEGER,
+    PRIMARY KEY (run_id, call_id)
+);
+";
+
+/// Why a run stopped (or that it has not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Going, or killed while going (a resume continues it).
+    Running,
+    /// The model gave its final answer.
+    Done,
+    /// A budget ran out; the model summarised.
+    BudgetSpent,
+    /// A person pressed Ctrl-C.
+    Interrupted,
+    /// A tool call waits for `berth approve`.
+    AwaitingApproval,
+    /// No provider answered.
+    ProviderFailed,
+    /// Anything else.
+    Error,
+}
+
+impl RunState {
+    /// Its name in the store and in `--json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Done => "done",
+            RunState::BudgetSpent => "budget_spent",
+            RunState::Interrupted => "interrupted",
+            RunState::AwaitingApproval => "awaiting_approval",
+            RunState::ProviderFailed => "provider_failed",
+            RunState::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "running" => RunState::Running,
+            "done" => RunState::Done,
+            "budget_spent" => RunState::BudgetSpent,
+            "interrupted" => RunState::Interrupted,
+            "awaiting_approval" => RunState::AwaitingApproval,
+            "provider_failed" => RunState::ProviderFailed,
+            "error" => RunState::Error,
+            other => return Err(Error::Store(format!("run in unknown state `{other}`"))),
+        })
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A run's header row.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunRow {
+    /// Its id.
+    pub id: String,
+    /// Creation time, ms since the epoch.
+    pub created_ms: i64,
+    /// Last write, ms since the epoch.
+    pub updated_ms: i64,
+    /// The first task.
+    pub task: String,
+    /// Backend.
+    pub backend: String,
+    /// Sandbox.
+    pub sandbox: String,
+    /// Where it stands.
+    pub state: RunState,
+    /// Words on why.
+    pub reason: Option<String>,
+    /// The frozen setup (JSON).
+    pub setup: Value,
+    /// The run this was forked from.
+    pub parent: Option<String>,
+    /// And at which step.
+    pub parent_step: Option<i64>,
+}
+
+/// One step: one model call.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StepRow {
+    /// 1-based.
+    pub step: i64,
+    /// Who answered.
+    pub provider: Option<String>,
+    /// Every provider tried, and why those that did not answer were skipped.
+    pub attempts: Vec<Attempt>,
+    /// Tokens.
+    pub usage: Usage,
+    /// Cost at the provider's prices, if known.
+    pub cost: Option<f64>,
+    /// When the call started, ms since the epoch.
+    pub started_ms: i64,
+    /// When it ended.
+    pub ended_ms: i64,
+    /// The budget's last, tool-less call.
+    pub summary: bool,
+}
+
+/// One tool call as journaled.
+#[derive(Clone, Debug, Serialize)]
+pub struct CallRow {
+    /// The provider's call id.
+    pub call_id: String,
+    /// The step that made it.
+    pub step: i64,
+    /// Its place in that step.
+    pub idx: i64,
+    /// Tool name.
+    pub name: String,
+    /// Arguments as the model wrote them (redacted).
+    pub args: String,
+    /// `started`, `finished`, `rejected` or `awaiting_approval`.
+    pub state: String,
+    /// The policy's word, if any.
+    pub verdict: Option<String>,
+    /// The approval it waits on or waited on.
+    pub approval: Option<i64>,
+    /// The outcome (JSON).
+    pub result: Option<Value>,
+    /// ms since the epoch.
+    pub started_ms: i64,
+    /// ms since the epoch.
+    pub ended_ms: Option<i64>,
+}
+
+fn json_err(e: serde_json::Error) -> Error {
+    Error::Store(format!("run journal: {e}"))
+}
+
+/// A new run id.
+pub fn new_run_id() -> String {
+    let n: u32 = rand::random();
+    format!("r{:x}{n:08x}", now_ms())
+}
+
+/// Write a new run.
+pub fn create(
+    store: &Store,
+    id: &str,
+    task: &str,
+    backend: &str,
+    sandbox: &str,
+    setup: &Value,
+    parent: Option<(&str, i64)>,
+) -> Result<()> {
+    let now = now_ms();
+    store.with_db(|c| {
+        c.execute(
+            "INSERT INTO runs (id, created_ms, updated_ms, task, backend, sandbox, state, setup, parent, parent_step)
+             VALUES (?1, ?2, ?2, ?3, ?4, ?5, 'running', ?6, ?7, ?8)",
+            params![id, now, task, backend, sandbox, setup.to_string(), parent.map(|p| p.0), parent.map(|p| p.1)],
+        )?;
+        Ok(())
+    })
+}
+
+/// Set where a run stands; a stopped run has no owner.
+pub fn set_state(store: &Store, id: &str, state: RunState, reason: Option<&str>) -> Result<()> {
+    store.with_db(|c| {
+        c.execute(
+            "UPDATE runs SET state = ?2, reason = ?3, updated_ms = ?4,
+                owner_pid = CASE WHEN ?2 = 'running' THEN owner_pid ELSE NULL END
+             WHERE id = ?1",
+            params![id, state.as_str(), reason, now_ms()],
+        )?;
+        Ok(())
+    })
+}
+
+/// Take run `id` for this process, so two berths never carry on one run (and
+/// run its calls twice). A run whose owner died (`kill -9`) is free again.
+pub fn claim(store: &Store, id: &str) -> Result<()> {
+    let me = std::process::id() as i64;
+    store.with_conn(|c| {
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let owner: Option<(String, Option<i64>)> = tx
+            .query_row(
+                "SELECT state, owner_pid FROM runs WHERE id = ?1",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        if let Some((state, Some(pid))) = &owner
+            && state == "running"
+            && *pid != me
+            && alive(*pid)
+        {
+            return Ok(Some(*pid));
+        }
+        tx.execute(
+            "UPDATE runs SET state = 'running', reason = NULL, owner_pid = ?2, updated_ms = ?3 WHERE id = ?1",
+            params![id, me, now_ms()],
+        )?;
+        tx.commit()?;
+        Ok(None)
+    })
+    .and_then(|busy| match busy {
+        Some(pid) => Err(Error::InvalidInput(format!(
+            "run {id} is being carried on by another berth (pid {pid}); wait for it to stop, or stop it first"
+        ))),
+        None => Ok(()),
+    })
+}
+
+fn alive(pid: i64) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(RunRow, String)> {
+    let state: String = r.get(6)?;
+    let setup: String = r.get(8)?;
+    Ok((
+        RunRow {
+            id: r.get(0)?,
+            created_ms: r.get(1)?,
+            updated_ms: r.get(2)?,
+            task: r.get(3)?,
+            backend: r.get(4)?,
+            sandbox: r.get(5)?,
+            state: RunState::Running,
+            reason: r.get(7)?,
+            setup: serde_json::from_str(&setup).unwrap_or(Value::Null),
+            parent: r.get(9)?,
+            parent_step: r.get(10)?,
+        },
+        state,
+    ))
+}
+
+const RUN_COLUMNS: &str =
+    "id, created_ms, updated_ms, task, backend, sandbox, state, reason, setup, parent, parent_step";
+
+/// One run.
+pub fn run(store: &Store, id: &str) -> Result<Option<RunRow>> {
+    let found = store.with_db(|c| {
+        Ok(c.query_row(
+            &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+            params![id],
+            row_to_run,
+        )
+        .optional()?)
+    })?;
+    found
+        .map(|(mut row, state)| {
+            row.state = RunState::parse(&state)?;
+            Ok(row)
+        })
+        .transpose()
+}
+
+/// The latest runs, newest first.
+pub fn runs(store: &Store, limit: usize) -> Result<Vec<RunRow>> {
+    let rows = store.with_db(|c| {
+        let mut stmt = c.prepare(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs ORDER BY created_ms DESC, id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt
+            .query_map(params![limit as i64], row_to_run)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })?;
+    rows.into_iter()
+        .map(|(mut row, state)| {
+            row.state = RunState::parse(&state)?;
+            Ok(row)
+        })
+        .collect()
+}
+
+/// Append a message to the transcript.
+pub fn append_message(store: &Store, run: &str, step: i64, m: &Message) -> Result<()> {
+    let body = serde_json::to_string(m).map_err(json_err)?;
+    store.with_db(|c| {
+        c.execute(
+            "INSERT INTO run_messages (run_id, seq, step, ts_ms, body)
+             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_messages WHERE run_id = ?1), ?2, ?3, ?4)",
+            params![run, step, now_ms(), body],
+        )?;
+        Ok(())
+    })
+}
+
+/// The transcript, with each message's step, in order.
+pub fn messages(store: &Store, run: &str) -> Result<Vec<(i64, Message)>> {
+    let rows: Vec<(i64, String)> = store.with_db(|c| {
+        let mut stmt =
+            c.prepare("SELECT step, body FROM run_messages WHERE run_id = ?1 ORDER BY seq")?;
+        let rows = stmt
+            .query_map(params![run], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })?;
+    rows.into_iter()
+        .map(|(s, b)| Ok((s, serde_json::from_str(&b).map_err(json_err)?)))
+        .collect()
+}
+
+/// Record a model call.
+pub fn put_step(store: &Store, run: &str, s: &StepRow) -> Result<()> {
+    let attempts = serde_json::to_string(&s.attempts).map_err(json_err)?;
+    let usage = serde_json::to_string(&s.usage).map_err(json_err)?;
+    store.with_db(|c| {
+        c.execute(
+            "INSERT OR REPLACE INTO run_steps (run_id, step, provider, attempts, usage, cost, started_ms, ended_ms, summary)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![run, s.step, s.provider, attempts, usage, s.cost, s.started_ms, s.ended_ms, s.summary],
+        )?;
+        c.execute("UPDATE runs SET updated_ms = ?2 WHERE id = ?1", params![run, now_ms()])?;
+        Ok(())
+    })
+}
+
+/// Every step of a run.
+pub fn steps(store: &Store, run: &str) -> Result<Vec<StepRow>> {
+    store.with_db(|c| {
+        let mut stmt = c.prepare(
+            "SELECT step, provider, attempts, usage, cost, started_ms, ended_ms, summary
+             FROM run_steps WHERE run_id = ?1 ORDER BY step",
+        )?;
+        let rows = stmt
+            .query_map(params![run], |r| {
+                let attempts: String = r.get(2)?;
+                let usage: String = r.get(3)?;
+                Ok(StepRow {
+                    step: r.get(0)?,
+                    provider: r.get(1)?,
+                    attempts: serde_json::from_str(&attempts).unwrap_or_default(),
+                    usage: serde_json::from_str(&usage).unwrap_or_default(),
+                    cost: r.get(4)?,
+                    started_ms: r.get(5)?,
+                    ended_ms: r.get(6)?,
+                    summary: r.get(7)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })
+}
+
+/// A tool call is about to run (or to wait on an approval).
+#[allow(clippy::too_many_arguments)]
+pub fn call_started(
+    store: &Store,
+    run: &str,
+    call_id: &str,
+    step: i64,
+    idx: i64,
+    name: &str,
+    args: &str,
+) -> Result<()> {
+    store.with_db(|c| {
+        c.execute(
+            "INSERT INTO run_calls (run_id, call_id, step, idx, name, args, state, started_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'started', ?7)
+             ON CONFLICT(run_id, call_id) DO UPDATE SET state = 'started', started_ms = excluded.started_ms",
+            params![run, call_id, step, idx, name, args, now_ms()],
+        )?;
+        Ok(())
+    })
+}
+
+/// A call waits for approval `approval`.
+pub fn call_awaiting(store: &Store, run: &str, call_id: &str, approval: i64) -> Result<()> {
+    store.with_db(|c| {
+        c.execute(
+            "UPDATE run_calls SET state = 'awaiting_approval', approval = ?3, verdict = 'ask'
+             WHERE run_id = ?1 AND call_id = ?2",
+            params![run, call_id, approval],
+        )?;
+        Ok(())
+    })
+}
+
+/// A call ended (`state` is `finished` or `rejected`): its row and its result
+/// message are written in one transaction, so either both exist or neither.
+#[allow(clippy::too_many_arguments)]
+pub fn call_finished(
+    store: &Store,
+    run: &str,
+    step: i64,
+    call: (&str, i64, &str, &str),
+    state: &str,
+    verdict: Option<&str>,
+    result: &Value,
+    message: &Message,
+) -> Result<()> {
+    let (call_id, idx, name, args) = call;
+    let body = serde_json::to_string(message).map_err(json_err)?;
+    let now = now_ms();
+    store.with_conn(|c| {
+        let tx = c.transaction()?;
+        tx.execute(
+            "INSERT INTO run_calls (run_id, call_id, step, idx, name, args, state, verdict, result, started_ms, ended_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+             ON CONFLICT(run_id, call_id) DO UPDATE SET state = excluded.state,
+                verdict = COALESCE(excluded.verdict, verdict), result = excluded.result, ended_ms = excluded.ended_ms",
+            params![run, call_id, step, idx, name, args, state, verdict, result.to_string(), now],
+        )?;
+        tx.execute(
+            "INSERT INTO run_messages (run_id, seq, step, ts_ms, body)
+             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_messages WHERE run_id = ?1), ?2, ?3, ?4)",
+            params![run, step, now, body],
+        )?;
+        tx.execute("UPDATE runs SET updated_ms = ?2 WHERE id = ?1", params![run, now])?;
+        tx.commit()?;
+        Ok(())
+    })
+}
+
+/// Every tool call of a run, in order.
+pub fn calls(store: &Store, run: &str) -> Result<Vec<CallRow>> {
+    calls_where(store, run, None)
+}
+
+/// The tool calls of one step.
+pub fn calls_of_step(store: &Store, run: &str, step: i64) -> Result<Vec<CallRow>> {
+    calls_where(store, run, Some(step))
+}
+
+fn calls_where(store: &Store, run: &str, step: Option<i64>) -> Result<Vec<CallRow>> {
+    store.with_db(|c| {
+        let mut stmt = c.prepare_cached(
+            "SELECT call_id, step, idx, name, args, state, verdict, approval, result, started_ms, ended_ms
+             FROM run_calls WHERE run_id = ?1 AND (?2 IS NULL OR step = ?2) ORDER BY step, idx",
+        )?;
+        let rows = stmt
+            .query_map(params![run, step], |r| {
+                let result: Option<String> = r.get(8)?;
+                Ok(CallRow {
+                    call_id: r.get(0)?,
+                    step: r.get(1)?,
+                    idx: r.get(2)?,
+                    name: r.get(3)?,
+                    args: r.get(4)?,
+                    state: r.get(5)?,
+                    verdict: r.get(6)?,
+                    approval: r.get(7)?,
+                    result: result.and_then(|s| serde_json::from_str(&s).ok()),
+                    started_ms: r.get(9)?,
+                    ended_ms: r.get(10)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn one_live_berth_owns_a_run_and_a_dead_one_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        create(&store, "r1", "t", "local", "default", &Value::Null, None).unwrap();
+        claim(&store, "r1").unwrap();
+        // Owned by a live process (init): refused.
+        let set_owner = |pid: i64| {
+            store
+                .with_conn(|c| {
+                    c.execute(
+                        "UPDATE runs SET owner_pid = ?1 WHERE id = 'r1'",
+                        params![pid],
+                    )
+                })
+                .unwrap();
+        };
+        set_owner(1);
+        let e = claim(&store, "r1").unwrap_err().to_string();
+        assert!(e.contains("another berth (pid 1)"), "{e}");
+        // Owned by a process that has exited (a kill -9'd berth): free.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i64;
+        child.wait().unwrap();
+        set_owner(pid);
+        claim(&store, "r1").unwrap();
+        // A stopped run has no owner.
+        set_state(&store, "r1", RunState::Done, None).unwrap();
+        assert_eq!(run(&store, "r1").unwrap().unwrap().state, RunState::Done);
+        set_owner(1);
+        set_state(&store, "r1", RunState::Interrupted, None).unwrap();
+        claim(&store, "r1").unwrap();
+    }
+}

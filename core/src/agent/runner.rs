@@ -1,0 +1,857 @@
+//! The loop: a bounded state machine over a journaled transcript.
+//!
+//! Flow at a glance, for [`Agent::run`]:
+//! 1. load the run's transcript and frozen setup from the journal;
+//! 2. settle the last model turn's tool calls that have no result yet: a call
+//!    journaled *started* but never *finished* (berth was killed under it) is
+//!    reported to the model as cut off, never rerun; a call waiting on an
+//!    approval runs once approved, is refused once denied, or pauses the run;
+//!    any other is validated, journaled started, run, journaled finished;
+//! 3. stop at a final answer; when a budget is spent, make one last call with
+//!    tools off for a summary;
+//! 4. otherwise ask the model (with failover), journal its turn, and go to 2.
+//!
+//! Every exit writes its reason to the run: `done`, `budget_spent`,
+//! `interrupted`, `awaiting_approval`, `provider_failed` or `error`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::host::{ToolHost, ToolOutcome, ToolSpec};
+use super::journal::{self, RunState, StepRow};
+use super::provider::{
+    Attempt, Failover, Message, ProviderConfig, ProviderError, Request, Role, Stop, ToolChoice,
+    Usage,
+};
+use super::validate;
+use crate::approvals::{self, ApprovalState};
+use crate::error::{Error, Result};
+use crate::store::{Store, now_ms};
+
+/// The largest tool result a model is sent, in bytes; the rest is elided in
+/// the middle (head and tail kept, with the exact count left out).
+const RESULT_LIMIT: usize = 48 * 1024;
+/// How often a waiting run (`--wait`) re-reads its approval.
+const APPROVAL_POLL: Duration = Duration::from_millis(200);
+
+/// What a run may spend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    /// Model calls.
+    pub max_steps: Option<u32>,
+    /// Input plus output tokens, over all steps.
+    pub max_tokens: Option<u64>,
+    /// Money, at the providers' configured prices.
+    pub max_cost: Option<f64>,
+}
+
+/// The part of a run that must not change between its steps: the prompt
+/// prefix (for provider caches) and the rules the model was told.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Setup {
+    /// The system prompt.
+    pub system: String,
+    /// The tools, in order, as first sent.
+    pub tools: Vec<ToolSpec>,
+    /// Tool calls one turn may make.
+    pub max_calls_per_turn: usize,
+    /// The providers it was started with, without header values (a resume
+    /// with no provider flags uses these, refreshed from the config file).
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+}
+
+/// The system prompt of a new run.
+pub fn default_system(backend: &str, sandbox: &str) -> String {
+    format!(
+        "You are an agent that completes tasks by running tools in the sandbox `{sandbox}` (backend {backend}) through berth.\n\
+         - `terminal` runs bash commands in one persistent session: the working directory, exported variables and functions carry over between calls.\n\
+         - `read_file` and `write_file` read and write files in the sandbox.\n\
+         - A tool result that starts with `[berth:` is berth talking to you: it says what was wrong with a call, or what happened to it.\n\
+         Work step by step, check your results, and when the task is done answer with a short summary and no tool call."
+    )
+}
+
+/// What the loop tells its front end, in order. `--json` prints these, one per line.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentEvent {
+    /// A run starts or resumes.
+    Run {
+        /// Its id.
+        run_id: String,
+        /// Resumed rather than new.
+        resumed: bool,
+        /// Backend.
+        backend: String,
+        /// Sandbox.
+        sandbox: String,
+    },
+    /// A model call starts.
+    Step {
+        /// 1-based.
+        step: i64,
+        /// The budget's summarising call.
+        summary: bool,
+    },
+    /// Model text as it arrives.
+    Text {
+        /// The new piece.
+        delta: String,
+    },
+    /// A provider failed or was skipped; the next is tried.
+    Failover {
+        /// What happened.
+        #[serde(flatten)]
+        attempt: Attempt,
+    },
+    /// A model call ended.
+    StepEnd {
+        /// 1-based.
+        step: i64,
+        /// Who answered.
+        provider: String,
+        /// Tokens.
+        usage: Usage,
+        /// Tool calls it made.
+        tool_calls: usize,
+        /// Wall time of the call.
+        duration_ms: u64,
+    },
+    /// A tool call starts.
+    ToolCall {
+        /// The step that made it.
+        step: i64,
+        /// The provider's id.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// Its arguments (redacted).
+        args: Value,
+        /// A line for people.
+        describe: String,
+    },
+    /// A call was refused before running, or waits for a person.
+    Verdict {
+        /// The call.
+        call_id: String,
+        /// `invalid`, `ask`, `denied`, `cut_off`.
+        verdict: String,
+        /// Why.
+        detail: String,
+        /// The approval to answer, for `ask`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        approval: Option<i64>,
+    },
+    /// A call ended.
+    Result {
+        /// The call.
+        call_id: String,
+        /// It failed or was refused.
+        is_error: bool,
+        /// Bytes of result text sent to the model.
+        bytes: usize,
+        /// Facts: exit code, output size, spool path.
+        detail: Value,
+        /// Wall time.
+        duration_ms: u64,
+    },
+    /// The run stopped.
+    Exit {
+        /// Its id.
+        run_id: String,
+        /// `done`, `budget_spent`, ...
+        reason: RunState,
+        /// Words on why.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+        /// Model calls so far.
+        steps: i64,
+        /// Tokens so far.
+        usage: Usage,
+        /// The final answer, when there is one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        answer: Option<String>,
+    },
+}
+
+/// Receives the loop's events.
+pub type EventSink = Arc<dyn Fn(&AgentEvent) + Send + Sync>;
+/// Masks secrets in text bound for the journal and the front end.
+pub type Redact = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
+/// How a run ended.
+#[derive(Clone, Debug, Serialize)]
+pub struct Exit {
+    /// The run.
+    pub run_id: String,
+    /// Why.
+    pub reason: RunState,
+    /// Words on why.
+    pub detail: Option<String>,
+}
+
+/// The agent: providers, tools and the journal, driving runs.
+pub struct Agent {
+    store: Arc<Store>,
+    host: Arc<dyn ToolHost>,
+    failover: Failover,
+    budget: Budget,
+    wait_approvals: bool,
+    events: EventSink,
+    redact: Redact,
+}
+
+struct Totals {
+    steps: i64,
+    usage: Usage,
+    cost: f64,
+}
+
+impl Agent {
+    /// An agent over these parts.
+    pub fn new(
+        store: Arc<Store>,
+        host: Arc<dyn ToolHost>,
+        failover: Failover,
+        budget: Budget,
+        events: EventSink,
+        redact: Redact,
+    ) -> Self {
+        Self {
+            store,
+            host,
+            failover,
+            budget,
+            wait_approvals: false,
+            events,
+            redact,
+        }
+    }
+
+    /// Wait for approvals instead of pausing the run.
+    pub fn wait_for_approvals(mut self, yes: bool) -> Self {
+        self.wait_approvals = yes;
+        self
+    }
+
+    /// Start a run of `task` (journaled; [`Agent::run`] carries it out).
+    pub fn start(&self, task: &str, backend: &str, sandbox: &str) -> Result<String> {
+        let setup = Setup {
+            system: default_system(backend, sandbox),
+            tools: self.host.specs(),
+            max_calls_per_turn: 8,
+            providers: self
+                .failover
+                .providers()
+                .iter()
+                .map(|p| ProviderConfig {
+                    headers: Default::default(),
+                    ..p.clone()
+                })
+                .collect(),
+        };
+        let id = journal::new_run_id();
+        let setup = serde_json::to_value(&setup).map_err(|e| Error::Store(e.to_string()))?;
+        journal::create(&self.store, &id, task, backend, sandbox, &setup, None)?;
+        journal::append_message(&self.store, &id, 0, &Message::user(task))?;
+        Ok(id)
+    }
+
+    /// A new run from run `from`'s transcript through step `at` (its model
+    /// turn and that turn's tool results). Its commands run in the sandbox as
+    /// it is now.
+    pub fn fork(store: &Store, from: &str, at: i64) -> Result<String> {
+        let Some(parent) = journal::run(store, from)? else {
+            return Err(not_found(from));
+        };
+        let msgs = journal::messages(store, from)?;
+        let last = msgs.iter().map(|(s, _)| *s).max().unwrap_or(0);
+        if at < 1 || at > last {
+            return Err(Error::InvalidInput(format!(
+                "run {from} has steps 1 to {last}; pick --at within them"
+            )));
+        }
+        let id = journal::new_run_id();
+        journal::create(
+            store,
+            &id,
+            &parent.task,
+            &parent.backend,
+            &parent.sandbox,
+            &parent.setup,
+            Some((from, at)),
+        )?;
+        for (s, m) in msgs.iter().filter(|(s, _)| *s <= at) {
+            journal::append_message(store, &id, *s, m)?;
+        }
+        Ok(id)
+    }
+
+    /// Add a person's message to a run (a chat turn).
+    pub fn say(&self, run: &str, text: &str) -> Result<()> {
+        let step = journal::messages(&self.store, run)?
+            .last()
+            .map(|(s, _)| *s)
+            .unwrap_or(0);
+        journal::append_message(&self.store, run, step, &Message::user(text))
+    }
+
+    /// Carry run `id` forward until it stops. `cancel` is Ctrl-C.
+    pub async fn run(&mut self, id: &str, cancel: &CancellationToken) -> Result<Exit> {
+        let Some(row) = journal::run(&self.store, id)? else {
+            return Err(not_found(id));
+        };
+        let setup: Setup = serde_json::from_value(row.setup.clone())
+            .map_err(|e| Error::Store(format!("run {id}: unreadable setup: {e}")))?;
+        journal::claim(&self.store, id)?;
+        let mut msgs = journal::messages(&self.store, id)?;
+        let resumed = msgs.iter().any(|(_, m)| m.role != Role::User);
+        (self.events)(&AgentEvent::Run {
+            run_id: id.into(),
+            resumed,
+            backend: row.backend.clone(),
+            sandbox: row.sandbox.clone(),
+        });
+        // A run that spent its budget and is resumed (with a new one) carries on.
+        if row.state == RunState::BudgetSpent
+            && let Some((s, m)) = msgs.last()
+            && m.role == Role::Assistant
+            && m.tool_calls.is_empty()
+        {
+            let m = Message::user("[berth: the budget was raised; carry on with the task.]");
+            journal::append_message(&self.store, id, *s, &m)?;
+            msgs.push((*s, m));
+        }
+        let steps = journal::steps(&self.store, id)?;
+        let mut totals = Totals {
+            steps: steps.iter().filter(|s| !s.summary).count() as i64,
+            usage: Usage::default(),
+            cost: 0.0,
+        };
+        for s in &steps {
+            add(&mut totals.usage, &s.usage);
+            totals.cost += s.cost.unwrap_or(0.0);
+        }
+        let mut step = steps
+            .iter()
+            .map(|s| s.step)
+            .chain(msgs.iter().map(|(s, _)| *s))
+            .max()
+            .unwrap_or(0);
+        let result = self
+            .drive(id, &setup, &mut msgs, &mut step, &mut totals, cancel)
+            .await;
+        let (reason, detail, answer) = match result {
+            Ok(x) => x,
+            Err(e) => (RunState::Error, Some(e.to_string()), None),
+        };
+        let detail = detail.map(|d| (self.redact)(&d));
+        journal::set_state(&self.store, id, reason, detail.as_deref())?;
+        (self.events)(&AgentEvent::Exit {
+            run_id: id.into(),
+            reason,
+            detail: detail.clone(),
+            steps: totals.steps,
+            usage: totals.usage,
+            answer,
+        });
+        Ok(Exit {
+            run_id: id.into(),
+            reason,
+            detail,
+        })
+    }
+
+    async fn drive(
+        &mut self,
+        id: &str,
+        setup: &Setup,
+        msgs: &mut Vec<(i64, Message)>,
+        step: &mut i64,
+        totals: &mut Totals,
+        cancel: &CancellationToken,
+    ) -> Result<(RunState, Option<String>, Option<String>)> {
+        loop {
+            if let Some(stop) = self.settle(id, setup, msgs, cancel).await? {
+                return Ok(stop);
+            }
+            if let Some((_, m)) = msgs.last()
+                && m.role == Role::Assistant
+            {
+                return Ok((RunState::Done, None, Some(m.text.clone())));
+            }
+            if cancel.is_cancelled() {
+                return Ok((
+                    RunState::Interrupted,
+                    Some("interrupted by the user".into()),
+                    None,
+                ));
+            }
+            let spent = self.spent(totals);
+            if let Some(why) = &spent {
+                let note = Message::user(format!(
+                    "[berth: the run's budget is spent ({why}). Tools are off now. Summarise where the task stands: what is done, what is not, and what should happen next.]"
+                ));
+                journal::append_message(&self.store, id, *step, &note)?;
+                msgs.push((*step, note));
+            }
+            *step += 1;
+            let summary = spent.is_some();
+            (self.events)(&AgentEvent::Step {
+                step: *step,
+                summary,
+            });
+            let transcript: Vec<Message> = msgs.iter().map(|(_, m)| m.clone()).collect();
+            let req = Request {
+                system: &setup.system,
+                messages: &transcript,
+                tools: &setup.tools,
+                tool_choice: if summary {
+                    ToolChoice::None
+                } else {
+                    ToolChoice::Auto
+                },
+            };
+            let events = self.events.clone();
+            let mut on_text = |t: &str| events(&AgentEvent::Text { delta: t.into() });
+            let events = self.events.clone();
+            let mut on_retry = |a: &Attempt| events(&AgentEvent::Failover { attempt: a.clone() });
+            let started_ms = now_ms();
+            let t0 = Instant::now();
+            let answer = self
+                .failover
+                .complete(&req, &mut on_text, &mut on_retry, cancel)
+                .await;
+            let answer = match answer {
+                Ok(a) => a,
+                Err((ProviderError::Cancelled, _)) => {
+                    return Ok((
+                        RunState::Interrupted,
+                        Some("interrupted by the user while the model was answering".into()),
+                        None,
+                    ));
+                }
+                Err((e, attempts)) => {
+                    let why: Vec<String> = attempts
+                        .iter()
+                        .map(|a| {
+                            format!(
+                                "{} {}: {}",
+                                a.provider,
+                                a.outcome,
+                                a.why.clone().unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                    return Ok((
+                        RunState::ProviderFailed,
+                        Some(format!(
+                            "no provider answered step {step}: {e} ({})",
+                            why.join("; ")
+                        )),
+                        None,
+                    ));
+                }
+            };
+            let provider = &self.failover.providers()[answer.provider];
+            let cost = provider.cost(&answer.turn.usage);
+            let mut turn = answer.turn;
+            if summary {
+                // Tools are off: anything it tried to call is not run.
+                turn.tool_calls.clear();
+            }
+            let msg = Message {
+                role: Role::Assistant,
+                text: turn.text.clone(),
+                tool_calls: turn.tool_calls.clone(),
+                tool_call_id: None,
+                is_error: false,
+                // Kept with the message, so a resume validates the same way.
+                truncated: turn.stop == Stop::MaxTokens,
+            };
+            journal::put_step(
+                &self.store,
+                id,
+                &StepRow {
+                    step: *step,
+                    provider: Some(provider.name.clone()),
+                    attempts: answer.attempts,
+                    usage: turn.usage,
+                    cost,
+                    started_ms,
+                    ended_ms: now_ms(),
+                    summary,
+                },
+            )?;
+            journal::append_message(&self.store, id, *step, &msg)?;
+            msgs.push((*step, msg));
+            if !summary {
+                totals.steps += 1;
+            }
+            add(&mut totals.usage, &turn.usage);
+            totals.cost += cost.unwrap_or(0.0);
+            (self.events)(&AgentEvent::StepEnd {
+                step: *step,
+                provider: provider.name.clone(),
+                usage: turn.usage,
+                tool_calls: turn.tool_calls.len(),
+                duration_ms: t0.elapsed().as_millis() as u64,
+            });
+            if summary {
+                return Ok((RunState::BudgetSpent, spent, Some(turn.text)));
+            }
+        }
+    }
+
+    fn spent(&self, t: &Totals) -> Option<String> {
+        if let Some(n) = self.budget.max_steps
+            && t.steps >= n as i64
+        {
+            return Some(format!("{} of {n} steps used", t.steps));
+        }
+        if let Some(n) = self.budget.max_tokens
+            && t.usage.total() >= n
+        {
+            return Some(format!("{} of {n} tokens used", t.usage.total()));
+        }
+        if let Some(c) = self.budget.max_cost
+            && t.cost >= c
+        {
+            return Some(format!("cost {:.4} of {c:.4} spent", t.cost));
+        }
+        None
+    }
+}
+
+/// Where an approval stands for the loop.
+enum Decision {
+    Approved,
+    Denied(String),
+    Pending(i64),
+    Cancelled,
+}
+
+type Stopped = Option<(RunState, Option<String>, Option<String>)>;
+
+impl Agent {
+    /// Give every tool call of the last model turn a result, in order.
+    /// Returns `Some` when the run must stop here.
+    async fn settle(
+        &mut self,
+        id: &str,
+        setup: &Setup,
+        msgs: &mut Vec<(i64, Message)>,
+        cancel: &CancellationToken,
+    ) -> Result<Stopped> {
+        let Some(pos) = msgs.iter().rposition(|(_, m)| m.role == Role::Assistant) else {
+            return Ok(None);
+        };
+        let (step, turn) = (msgs[pos].0, msgs[pos].1.clone());
+        let answered: HashSet<String> = msgs[pos + 1..]
+            .iter()
+            .filter_map(|(_, m)| m.tool_call_id.clone())
+            .collect();
+        if turn.tool_calls.iter().all(|c| answered.contains(&c.id)) {
+            return Ok(None);
+        }
+        let stop = if turn.truncated {
+            Stop::MaxTokens
+        } else {
+            Stop::ToolUse
+        };
+        let checked = validate::turn(
+            &turn.tool_calls,
+            stop,
+            &setup.tools,
+            setup.max_calls_per_turn,
+        );
+        let journaled = journal::calls_of_step(&self.store, id, step)?;
+        for (idx, (call, check)) in turn.tool_calls.iter().zip(checked).enumerate() {
+            if answered.contains(&call.id) {
+                continue;
+            }
+            let args_text = (self.redact)(&call.arguments);
+            let key = (
+                call.id.as_str(),
+                idx as i64,
+                call.name.as_str(),
+                args_text.as_str(),
+            );
+            let prior = journaled
+                .iter()
+                .find(|c| c.call_id == call.id && c.step == step);
+            match prior.map(|p| (p.state.as_str(), p.approval)) {
+                Some(("started", _)) => {
+                    let text = "[berth: this call was cut off: berth stopped while it was running, so its outcome is unknown. It was not run again. Check the sandbox's state (files, processes) before you repeat it.]";
+                    self.verdict(&call.id, "cut_off", text, None);
+                    self.finish(
+                        id,
+                        step,
+                        key,
+                        "cut_off",
+                        Some("cut_off"),
+                        json!({ "cut_off": true }),
+                        text,
+                        true,
+                        msgs,
+                    )?;
+                    continue;
+                }
+                Some(("awaiting_approval", Some(a))) => match self.decision(a, cancel).await? {
+                    Decision::Approved => {}
+                    Decision::Denied(why) => {
+                        let text = format!(
+                            "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
+                        );
+                        self.verdict(&call.id, "denied", &why, Some(a));
+                        self.finish(
+                            id,
+                            step,
+                            key,
+                            "rejected",
+                            Some("denied"),
+                            json!({ "approval": a, "denied": why }),
+                            &text,
+                            true,
+                            msgs,
+                        )?;
+                        continue;
+                    }
+                    Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
+                    Decision::Cancelled => return Ok(Some(interrupted())),
+                },
+                _ => {}
+            }
+            let args = match check {
+                Ok(a) => a,
+                Err(why) => {
+                    let text = format!("[berth: {why}]");
+                    self.verdict(&call.id, "invalid", &why, None);
+                    self.finish(
+                        id,
+                        step,
+                        key,
+                        "rejected",
+                        Some("invalid"),
+                        json!({ "invalid": why }),
+                        &text,
+                        true,
+                        msgs,
+                    )?;
+                    continue;
+                }
+            };
+            loop {
+                journal::call_started(
+                    &self.store,
+                    id,
+                    &call.id,
+                    step,
+                    idx as i64,
+                    &call.name,
+                    &args_text,
+                )?;
+                (self.events)(&AgentEvent::ToolCall {
+                    step,
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    args: serde_json::from_str(&args_text).unwrap_or(Value::Null),
+                    describe: self.host.describe(&call.name, &args),
+                });
+                let t0 = Instant::now();
+                let outcome = self
+                    .host
+                    .call(&call.name, &args, cancel.child_token())
+                    .await;
+                match outcome {
+                    ToolOutcome::NeedsApproval { approval, reason } => {
+                        journal::call_awaiting(&self.store, id, &call.id, approval)?;
+                        self.verdict(&call.id, "ask", &reason, Some(approval));
+                        if !self.wait_approvals {
+                            return Ok(Some(self.paused(id, &call.id, approval)));
+                        }
+                        match self.decision(approval, cancel).await? {
+                            Decision::Approved => continue,
+                            Decision::Denied(why) => {
+                                let text = format!(
+                                    "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
+                                );
+                                self.verdict(&call.id, "denied", &why, Some(approval));
+                                self.finish(
+                                    id,
+                                    step,
+                                    key,
+                                    "rejected",
+                                    Some("denied"),
+                                    json!({ "approval": approval, "denied": why }),
+                                    &text,
+                                    true,
+                                    msgs,
+                                )?;
+                                break;
+                            }
+                            Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
+                            Decision::Cancelled => return Ok(Some(interrupted())),
+                        }
+                    }
+                    ToolOutcome::Done {
+                        text,
+                        is_error,
+                        detail,
+                    } => {
+                        let sent = bound(&text, RESULT_LIMIT);
+                        (self.events)(&AgentEvent::Result {
+                            call_id: call.id.clone(),
+                            is_error,
+                            bytes: sent.len(),
+                            detail: detail.clone(),
+                            duration_ms: t0.elapsed().as_millis() as u64,
+                        });
+                        self.finish(
+                            id,
+                            step,
+                            key,
+                            "finished",
+                            None,
+                            json!({ "is_error": is_error, "detail": detail }),
+                            &sent,
+                            is_error,
+                            msgs,
+                        )?;
+                        if cancel.is_cancelled() {
+                            return Ok(Some(interrupted()));
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn verdict(&self, call_id: &str, verdict: &str, detail: &str, approval: Option<i64>) {
+        (self.events)(&AgentEvent::Verdict {
+            call_id: call_id.into(),
+            verdict: verdict.into(),
+            detail: detail.into(),
+            approval,
+        });
+    }
+
+    fn paused(
+        &self,
+        id: &str,
+        call_id: &str,
+        approval: i64,
+    ) -> (RunState, Option<String>, Option<String>) {
+        (
+            RunState::AwaitingApproval,
+            Some(format!(
+                "tool call {call_id} waits for approval #{approval}: answer it with `berth approve {approval}` or `berth deny {approval}`, then carry on with `berth run --resume {id}`"
+            )),
+            None,
+        )
+    }
+
+    /// Where approval `a` stands; with `--wait`, wait until someone answers.
+    async fn decision(&self, a: i64, cancel: &CancellationToken) -> Result<Decision> {
+        let mut ap = self.store.with_db(|c| approvals::get(c, a))?;
+        if ap.state == ApprovalState::Pending && self.wait_approvals {
+            // A week: the person decides; the policy's timeout applies to
+            // commands that block, not to a run that is saved either way.
+            let wait = approvals::wait(
+                &self.store,
+                a,
+                Duration::from_secs(7 * 86400),
+                APPROVAL_POLL,
+            );
+            ap = tokio::select! {
+                r = wait => r?,
+                _ = cancel.cancelled() => return Ok(Decision::Cancelled),
+            };
+        }
+        Ok(match ap.state {
+            ApprovalState::Approved => Decision::Approved,
+            ApprovalState::Pending => Decision::Pending(a),
+            ApprovalState::Denied => Decision::Denied(format!(
+                "approval #{a} was denied by {}",
+                ap.decided_by.unwrap_or_else(|| "someone".into())
+            )),
+            ApprovalState::Expired => Decision::Denied(format!(
+                "nobody answered approval #{a} in time, so it was denied"
+            )),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        id: &str,
+        step: i64,
+        key: (&str, i64, &str, &str),
+        state: &str,
+        verdict: Option<&str>,
+        result: Value,
+        text: &str,
+        is_error: bool,
+        msgs: &mut Vec<(i64, Message)>,
+    ) -> Result<()> {
+        let m = Message::tool(key.0, text, is_error);
+        let result = serde_json::from_str(&(self.redact)(&result.to_string())).unwrap_or(result);
+        journal::call_finished(&self.store, id, step, key, state, verdict, &result, &m)?;
+        msgs.push((step, m));
+        Ok(())
+    }
+}
+
+fn interrupted() -> (RunState, Option<String>, Option<String>) {
+    (
+        RunState::Interrupted,
+        Some("interrupted by the user during a tool call".into()),
+        None,
+    )
+}
+
+fn not_found(id: &str) -> Error {
+    Error::NotFound {
+        what: "run",
+        name: id.into(),
+        hint: "list runs with `berth runs ls`".into(),
+    }
+}
+
+fn add(total: &mut Usage, u: &Usage) {
+    total.input_tokens += u.input_tokens;
+    total.output_tokens += u.output_tokens;
+    total.cached_input_tokens += u.cached_input_tokens;
+    total.cache_write_tokens += u.cache_write_tokens;
+}
+
+/// `text` cut to about `limit` bytes: its head and tail, with the exact count
+/// of what was left out between them.
+pub fn bound(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let mut head = limit / 2;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - (limit - limit / 2);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}\n[berth: {} of {} bytes omitted]\n{}",
+        &text[..head],
+        tail - head,
+        text.len(),
+        &text[tail..]
+    )
+}

@@ -1,0 +1,299 @@
+//! `terminal`: a command in the sandbox's persistent session, or a background job.
+//!
+//! Flow at a glance: check the arguments (a timeout must be a finite, positive
+//! number within the sandbox's maximum), admit the command through the gate
+//! ([`admit`]: wait for an approval or defer it, as the context says), run it in
+//! the session with the call's id, cancellation token and a byte counter for
+//! progress, and turn the result into text that ends with the exit code.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use berth_policies::{Action, Verdict};
+use rusqlite::{OptionalExtension, params};
+use serde_json::json;
+
+use super::args::TerminalArgs;
+use super::{ApprovalMode, Call, OutcomeKind, ToolOutcome};
+use crate::approvals::{self, ApprovalState, NewApproval};
+use crate::gate::ApprovalNotice;
+use crate::runtime::ExecRequest;
+use crate::session::capture::strip_ansi;
+use crate::session::script::quote;
+use crate::store::Event;
+
+/// A timeout in seconds from a model, checked: finite, positive, representable.
+pub(crate) fn seconds(what: &str, secs: f64) -> Result<Duration, ToolOutcome> {
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(ToolOutcome::invalid(format!(
+            "invalid argument `{what}`: {secs} is not a positive number of seconds"
+        )));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| {
+        ToolOutcome::invalid(format!(
+            "invalid argument `{what}`: {secs} seconds is too long"
+        ))
+    })
+}
+
+pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
+    let ctx = call.ctx;
+    let rt = &ctx.runtime;
+    if a.command.trim().is_empty() {
+        return ToolOutcome::invalid("invalid argument `command`: it is empty");
+    }
+    let requested = match a.timeout.map(|t| seconds("timeout", t)).transpose() {
+        Ok(t) => t,
+        Err(o) => return o,
+    };
+    let timeout = match rt.gate() {
+        Some(g) => match g.limits(&ctx.sandbox).timeout(requested) {
+            Ok(t) => t,
+            Err(e) => return ToolOutcome::invalid(format!("invalid argument `timeout`: {e}")),
+        },
+        None => requested.unwrap_or(Duration::from_secs(600)),
+    };
+    let command = match a.workdir.as_deref().filter(|w| !w.is_empty()) {
+        // A subshell, so the session's own cwd stays where it was.
+        Some(w) => format!("( cd -- {} || exit; {}\n)", quote(w), a.command),
+        None => a.command.clone(),
+    };
+    if a.background == Some(true) {
+        // start_job admits the command itself (and would wait on an ask):
+        // in Defer mode, answer an unanswered ask here first.
+        if ctx.approval == ApprovalMode::Defer
+            && let Some(g) = rt.gate()
+        {
+            let v = g.check(&command, &ctx.backend);
+            if v.action == Action::Ask
+                && let Err(o) = defer(call, &command, &v)
+            {
+                return o;
+            }
+        }
+        return match rt
+            .start_job(
+                &ctx.backend,
+                &ctx.sandbox,
+                &command,
+                None,
+                a.watch.clone().unwrap_or_default(),
+            )
+            .await
+        {
+            Ok(job) => ToolOutcome::ok(
+                format!(
+                    "started background job {} (pid {}); follow it with the process tool (action log, wait or kill, job_id {})",
+                    job.id,
+                    job.pid.unwrap_or(0),
+                    job.id
+                ),
+                json!({ "job_id": job.id, "pid": job.pid }),
+            ),
+            Err(e) => e.into(),
+        };
+    }
+    let verdict = tokio::select! {
+        v = admit(call, &command, None) => v,
+        _ = ctx.cancel.cancelled() => {
+            return ToolOutcome::new(OutcomeKind::Cancelled, "cancelled by the caller before the command ran");
+        }
+    };
+    if let Err(o) = verdict {
+        return o;
+    }
+    let live = call.live.clone();
+    let tee: crate::session::Tee = Arc::new(move |chunk: &[u8]| {
+        live.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    });
+    let report = rt
+        .exec(ExecRequest {
+            backend: ctx.backend.clone(),
+            sandbox: ctx.sandbox.clone(),
+            command,
+            timeout: Some(timeout),
+            cancel: Some(ctx.cancel.clone()),
+            tee: Some(tee),
+            admitted: rt.gate().is_some(),
+            call_id: Some(call.id.clone()),
+            ..Default::default()
+        })
+        .await;
+    let r = match report {
+        Ok(r) => r,
+        Err(e) => return e.into(),
+    };
+    let res = &r.result;
+    let mut text = strip_ansi(&res.output.text());
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    if let Some(why) = &r.recreated {
+        text.push_str(&format!(
+            "[berth: the sandbox was recreated first: {why}]\n"
+        ));
+    }
+    let kind = if res.timed_out {
+        text.push_str(&format!(
+            "[berth: timed out after {}s; the command and its processes were stopped; the session is still usable]\n",
+            timeout.as_secs_f64()
+        ));
+        OutcomeKind::TimedOut
+    } else if res.interrupted {
+        text.push_str("[berth: cancelled; the command and its processes were stopped]\n");
+        OutcomeKind::Cancelled
+    } else {
+        OutcomeKind::Ok
+    };
+    for n in &res.notices {
+        text.push_str(&format!("[berth: {n}]\n"));
+    }
+    if res.output.truncated()
+        && let Some(p) = &res.output.spool
+    {
+        text.push_str(&format!(
+            "[berth: the whole output is in {}]\n",
+            p.display()
+        ));
+    }
+    text.push_str(&format!("[exit code {}]", res.exit_code));
+    let mut o = ToolOutcome::new(kind, text).with_data(json!({
+        "exit_code": res.exit_code,
+        "cwd": res.cwd,
+        "timed_out": res.timed_out,
+        "cancelled": res.interrupted,
+        "truncated": res.output.truncated(),
+        "bytes": res.output.total_bytes,
+        "duration_ms": res.duration.as_millis() as u64,
+    }));
+    if res.output.truncated() {
+        o.spool = res.output.spool.clone();
+    }
+    o
+}
+
+/// Admit `subject` (a command, or a file operation's description with its
+/// `verdict`) through the gate. In [`ApprovalMode::Wait`] an *ask* waits for an
+/// answer; in [`ApprovalMode::Defer`] it returns `AwaitingApproval` at once,
+/// and the same call dispatched again later finds the answer.
+pub(crate) async fn admit(
+    call: &Call<'_>,
+    subject: &str,
+    verdict: Option<Verdict>,
+) -> Result<(), ToolOutcome> {
+    let ctx = call.ctx;
+    let rt = &ctx.runtime;
+    let Some(g) = rt.gate() else {
+        return Ok(());
+    };
+    let verdict = verdict.unwrap_or_else(|| g.check(subject, &ctx.backend));
+    if ctx.approval == ApprovalMode::Defer && verdict.action == Action::Ask {
+        defer(call, subject, &verdict)?;
+    }
+    let live = call.live.clone();
+    let notice: ApprovalNotice = Arc::new(move |a: &approvals::Approval| {
+        live.approval.store(a.id, Ordering::Relaxed);
+    });
+    let r = g
+        .admit_verdict(
+            verdict,
+            rt.store(),
+            &call.id,
+            &ctx.backend,
+            &ctx.sandbox,
+            subject,
+            Some(&notice),
+        )
+        .await;
+    call.live.approval.store(0, Ordering::Relaxed);
+    r.map(|_| ()).map_err(ToolOutcome::from)
+}
+
+/// The non-waiting half of an *ask*: `Ok` when an approval already lets it
+/// run, else the outcome to return now (awaiting, or denied by the answer).
+fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOutcome> {
+    let ctx = call.ctx;
+    let rt = &ctx.runtime;
+    let store = rt.store();
+    let latest = store.with_db(|c| {
+        let id: Option<i64> = c
+            .query_row(
+                "SELECT id FROM approvals WHERE sandbox = ?1 AND backend = ?2 AND command = ?3 AND used = 0
+                 ORDER BY id DESC LIMIT 1",
+                params![ctx.sandbox, ctx.backend, subject],
+                |r| r.get(0),
+            )
+            .optional()?;
+        id.map(|id| approvals::get(c, id)).transpose()
+    });
+    let latest = latest.map_err(ToolOutcome::from)?;
+    let awaiting = |id: i64| {
+        ToolOutcome::new(
+            OutcomeKind::AwaitingApproval { id },
+            format!(
+                "awaiting approval (id {id}): `{}` needs a person's approval (rule `{}`: {}); run `berth approve {id}` or `berth deny {id}`",
+                subject, verdict.rule, verdict.reason
+            ),
+        )
+        .with_data(json!({ "approval": id, "rule": verdict.rule }))
+    };
+    match latest {
+        Some(a) if a.state == ApprovalState::Approved => Ok(()),
+        Some(a) if a.state == ApprovalState::Pending => Err(awaiting(a.id)),
+        Some(a) => {
+            // Denied or expired: this answer is spent on this call.
+            let _ = store.with_db(|c| approvals::mark_used(c, a.id));
+            let why = if a.state == ApprovalState::Expired {
+                format!("nobody answered approval #{} in time", a.id)
+            } else {
+                format!(
+                    "approval #{} was denied by {}",
+                    a.id,
+                    a.decided_by.as_deref().unwrap_or("someone")
+                )
+            };
+            Err(ToolOutcome::new(
+                OutcomeKind::Denied {
+                    rule: verdict.rule.clone(),
+                },
+                format!(
+                    "policy refused `{subject}`: {why} (rule `{}`); calling it again asks again",
+                    verdict.rule
+                ),
+            ))
+        }
+        None => {
+            let a = store
+                .with_db(|c| {
+                    approvals::create(
+                        c,
+                        &NewApproval {
+                            sandbox: ctx.sandbox.clone(),
+                            backend: ctx.backend.clone(),
+                            command: subject.into(),
+                            part: verdict.part.clone(),
+                            argv: verdict.argv.clone(),
+                            rule: verdict.rule.clone(),
+                            reason: verdict.reason.clone(),
+                        },
+                    )
+                })
+                .map_err(ToolOutcome::from)?;
+            let _ = store.append(&Event {
+                kind: "approval.requested".into(),
+                call_id: Some(call.id.clone()),
+                backend: Some(ctx.backend.clone()),
+                sandbox: Some(ctx.sandbox.clone()),
+                command: Some(rt.redact(subject)),
+                verdict: Some(format!("ask (rule {})", verdict.rule)),
+                detail: Some(rt.redact(
+                    &json!({ "approval": a.id, "rule": verdict.rule, "reason": verdict.reason, "deferred": true })
+                        .to_string(),
+                )),
+                ..Default::default()
+            });
+            Err(awaiting(a.id))
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Which commands can change what a session's snapshot holds.
+//!
+//! A snapshot records the shell's cwd, exported variables, functions and
+//! aliases. Only the shell itself can change those: an external program runs in
+//! a child process and cannot touch them. So a command whose text runs nothing
+//! but external programs and harmless builtins leaves the snapshot current, and
+//! the session engine skips writing it (the shell still checks cwd and `PATH`
+//! itself).
+//!
+//! This reads the same [`Script`] the policy gate judges, and errs one way only:
+//! anything not understood counts as a possible change. Text that does not
+//! parse, a command word built at run time, a name the session defined, a
+//! stateful builtin anywhere (even in a subshell, where it is harmless), and
+//! every state fact the reader records all say "may change". A wrong "may
+//! change" costs one snapshot (tens of microseconds); a wrong "cannot change"
+//! would leave the snapshot behind the live shell.
+
+use std::collections::HashSet;
+
+use super::{Script, parse};
+use crate::argv;
+
+/// Builtins that can change cwd, variables, functions or aliases, or run text
+/// the reader cannot see (`eval`, `source`, `.`).
+const STATEFUL: &[&str] = &[
+    ".",
+    "alias",
+    "builtin",
+    "cd",
+    "command",
+    "coproc",
+    "declare",
+    "enable",
+    "eval",
+    "exec",
+    "export",
+    "getopts",
+    "hash",
+    "let",
+    "local",
+    "mapfile",
+    "popd",
+    "pushd",
+    "read",
+    "readarray",
+    "readonly",
+    "set",
+    "shopt",
+    "source",
+    "trap",
+    "typeset",
+    "unalias",
+    "unset",
+    "umask",
+    "ulimit",
+];
+
+/// Builtins whose effect outlasts the command: once seen, every later command in
+/// the session counts as a possible change (a trap can run any code later).
+const STICKY: &[&str] = &["trap", "enable"];
+
+/// What reading a command found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// The command may change the shell's state.
+    pub may_change: bool,
+    /// The command sets up something (a trap) that can change state later.
+    pub sticky: bool,
+}
+
+/// Read `text` and tell whether running it at the shell's top level may change
+/// the state a snapshot holds. `names` are the shell's function and alias names:
+/// calling one of those can do anything.
+pub fn effects(text: &str, names: &HashSet<String>) -> Effects {
+    let Ok(script) = parse(text) else {
+        return Effects {
+            may_change: true,
+            sticky: false,
+        };
+    };
+    of_script(&script, names)
+}
+
+/// [`effects`] of text already read.
+pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
+    let mut fx = Effects {
+        may_change: !script.state.is_empty() || !script.opaque.is_empty(),
+        sticky: false,
+    };
+    for cmd in &script.commands {
+        let first = cmd.argv.iter().position(|w| argv::assignment(w).is_none());
+        let Some(first) = first else {
+            continue;
+        };
+        if !cmd.is_literal(first) {
+            fx.may_change = true;
+        }
+        for view in argv::views(&cmd.argv) {
+            let Some(prog) = view.first().map(String::as_str) else {
+                continue;
+            };
+            if STICKY.contains(&prog) {
+                fx.sticky = true;
+            }
+            if STATEFUL.contains(&prog) || names.contains(prog) {
+                fx.may_change = true;
+            }
+            if prog == "printf" && view.iter().any(|a| a.starts_with("-v")) {
+                fx.may_change = true;
+            }
+        }
+        // The word as written, before wrappers are peeled: `ll` may be an alias
+        // even where `views` would read it as a path.
+        if names.contains(&cmd.argv[first]) {
+            fx.may_change = true;
+        }
+    }
+    fx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(text: &str) -> bool {
+        effects(text, &HashSet::new()).may_change
+    }
+
+    #[test]
+    fn plain_programs_cannot_change_state() {
+        for t in [
+            "echo hi",
+            "ls -la | grep foo > out.txt 2>&1",
+            "python3 -c 'import os; os.chdir(\"/\")'",
+            "git commit -m \"export stuff; cd /\"",
+            "cargo test --release -- --nocapture",
+            "if [ -f x ]; then cat x; else echo none; fi",
+            "[[ -f x ]] && cat x",
+            "[ 1 -eq 1 ] && echo same",
+            "grep -rn 'declare' src/ || true",
+            "echo $HOME \"$PWD\" ${USER}",
+            "find . -name '*.rs' -exec wc -l {} +",
+            "curl -s http://x/?a=b",
+            "echo hi # cd /tmp",
+            "printf '%s\\n' a b",
+            "sleep 100 & sleep 100; wait",
+            "cat <<EOF\nhello\nEOF",
+            "uname -a && whoami",
+            "make -j2 2>&1 | tail -n 20",
+            "case x in a) echo a ;; *) echo b ;; esac",
+            "echo $((1 + 2))",
+            "[[ $x =~ ^a(b|c)$ ]] && echo y",
+        ] {
+            assert!(!changes(t), "{t:?} was read as changing state");
+        }
+    }
+
+    #[test]
+    fn state_changes_are_seen() {
+        for t in [
+            "cd /tmp",
+            "mkdir -p a && cd a",
+            "export A=1",
+            "A=1",
+            "PATH=$PATH:/opt/bin",
+            "arr[3]=x",
+            "x+=y",
+            "a=(1 2 3)",
+            "arr+=(x)",
+            "declare -a a=(1 2)",
+            "unset A",
+            "declare -x A=1",
+            "typeset -A m",
+            "source .venv/bin/activate",
+            ". ./env.sh",
+            "true; . ./env.sh",
+            "eval \"$(ssh-agent)\"",
+            "f() { echo hi; }",
+            "f () { echo hi; }",
+            "function f { echo hi; }",
+            "alias ll='ls -l'",
+            "unalias ll",
+            "pushd /tmp",
+            "popd",
+            "set -a",
+            "shopt -s extglob",
+            "read -r line < file",
+            "mapfile -t lines < file",
+            "for f in *; do echo $f; done",
+            "for ((i=0;i<3;i++)); do :; done",
+            "((i++))",
+            "echo $((x = 1))",
+            "echo $[x=1]",
+            ": ${A:=default}",
+            "echo ${A=default}",
+            "printf -v out '%s' x",
+            "$cmd arg",
+            "\"$EDITOR\" file",
+            "$(which cd) /tmp",
+            "`echo cd` /tmp",
+            "exec bash",
+            "command cd /tmp",
+            "builtin cd /tmp",
+            "time cd /tmp",
+            "! cd /nope",
+            "{ cd /tmp; }",
+            "ls; cd /tmp",
+            "ls && cd /tmp",
+            "ls || cd /tmp",
+            "ls | cd /tmp",
+            "(cd /tmp)",
+            "'cd' /tmp",
+            "c\\d /tmp",
+            "trap 'cd /' DEBUG",
+            "hash -r",
+            "let x=1",
+            "getopts ab opt",
+            "coproc cat",
+            "while read l; do :; done < f",
+            "[[ 1 -eq PATH=5 ]]",
+            "[[ -v 'a[PATH=1]' ]]",
+            "echo hi {fd}>/dev/null",
+            "case $x in (a) cd /tmp ;; esac",
+            "echo $(case a in a) cd / ;; esac)",
+            "umask 077",
+            "echo 'unterminated",
+        ] {
+            assert!(changes(t), "{t:?} was read as unable to change state");
+        }
+    }
+
+    #[test]
+    fn functions_and_aliases_count_as_changes() {
+        let names: HashSet<String> = ["nvm", "ll"].iter().map(|s| s.to_string()).collect();
+        assert!(effects("nvm use 18", &names).may_change);
+        assert!(effects("ls && ll", &names).may_change);
+        assert!(effects("echo x | ll", &names).may_change);
+        assert!(effects("sudo ll", &names).may_change);
+        assert!(!effects("ls -l", &names).may_change);
+    }
+
+    #[test]
+    fn traps_are_sticky() {
+        assert!(effects("trap 'export X=1' DEBUG", &HashSet::new()).sticky);
+        assert!(effects("enable -f ./x.so x", &HashSet::new()).sticky);
+        assert!(!effects("grep -rn trap src", &HashSet::new()).sticky);
+        assert!(!effects("cd /tmp", &HashSet::new()).sticky);
+    }
+}

@@ -1,0 +1,315 @@
+//! bash's simple commands: assignments (arrays too), words and redirections,
+//! function definitions, and what the command runs besides itself: the strings
+//! it hands to a shell, code fed to a shell's stdin, `find -exec` payloads, and
+//! the aliases and functions it calls.
+
+use super::grammar::{Ctx, Parser, PendingHereDoc, parse_into};
+use super::{Opaque, ParseError, Redirect, Via, quote_for_display};
+use crate::argv;
+
+/// The builtins whose `NAME=(…)` arguments bash reads as array assignments.
+const DECLARERS: &[&str] = &["declare", "typeset", "local", "export", "readonly"];
+
+impl Parser<'_, '_> {
+    /// A simple command: assignments, words and redirections up to an operator.
+    pub(super) fn simple(&mut self) -> Result<(), ParseError> {
+        let idx = self.push_command();
+        let saved_cur = self.cur.replace(idx);
+        let r = self.simple_words(idx);
+        self.cur = saved_cur;
+        r?;
+        let cmd = &self.sh.commands[idx];
+        if cmd.argv.is_empty() {
+            return Ok(());
+        }
+        let argv = cmd.argv.clone();
+        let literal = cmd.literal.clone();
+        let assigns = argv
+            .iter()
+            .take_while(|w| argv::assignment(w).is_some())
+            .count();
+        if assigns > 0 {
+            self.sh.state.push("a variable assignment");
+        }
+        if assigns == argv.len() {
+            for (w, lit) in argv.iter().zip(&literal) {
+                if let Some((k, v)) = argv::assignment(w) {
+                    if *lit {
+                        self.sh.vars.insert(k.to_string(), v.to_string());
+                    } else {
+                        self.sh.vars.remove(k);
+                    }
+                }
+            }
+            return Ok(());
+        }
+        if self.expand_alias_or_function(idx)? {
+            return Ok(());
+        }
+        // Most commands run a plain program: look at the layers' names once,
+        // and read further only for the programs that run more code.
+        let views = argv::views(&argv);
+        let runs_code = views.iter().any(|v| {
+            v.first().is_some_and(|p| {
+                argv::SHELLS.contains(&p.as_str())
+                    || matches!(
+                        p.as_str(),
+                        "eval"
+                            | "su"
+                            | "runuser"
+                            | "env"
+                            | "alias"
+                            | "trap"
+                            | "find"
+                            | "watch"
+                            | "flock"
+                            | "script"
+                            | "at"
+                            | "batch"
+                    )
+            })
+        });
+        if !runs_code {
+            return Ok(());
+        }
+        let inner = views.last().cloned().unwrap_or_default();
+        if inner.first().map(String::as_str) == Some("alias") {
+            for (w, lit) in argv.iter().zip(&literal).skip(argv.len() - inner.len() + 1) {
+                if let Some((k, v)) = w.split_once('=')
+                    && *lit
+                {
+                    self.sh.aliases.push((k.to_string(), v.to_string()));
+                }
+            }
+        }
+        for code in argv::shell_strings(&argv) {
+            self.nested(&code, idx, Via::ShellString)?;
+        }
+        // Code fed to a shell's stdin: `sh <<< 'code'`, `echo code | sh`.
+        if argv::reads_code_from_stdin(&argv) {
+            let mut fed: Vec<String> = self.sh.commands[idx]
+                .redirects
+                .iter()
+                .filter(|r| r.op == "<<<")
+                .map(|r| r.target.clone())
+                .collect();
+            if let Some(&(pid, stage)) = self.ctx.pipes.last()
+                && stage > 0
+            {
+                for c in &self.sh.commands {
+                    if c.pipes.last() == Some(&(pid, stage - 1)) {
+                        let up = argv::inner(&c.argv);
+                        if matches!(up.first().map(String::as_str), Some("echo" | "printf")) {
+                            let words: Vec<&str> = up[1..]
+                                .iter()
+                                .filter(|w| !w.starts_with('-'))
+                                .map(String::as_str)
+                                .collect();
+                            fed.push(words.join(" "));
+                        }
+                    }
+                }
+            }
+            for code in fed {
+                self.nested(&code, idx, Via::ShellString)?;
+            }
+        }
+        for payload in argv::exec_payloads(&argv) {
+            let code = payload
+                .iter()
+                .map(|w| quote_for_display(w))
+                .collect::<Vec<_>>()
+                .join(" ");
+            self.nested(&code, idx, Via::ShellString)?;
+        }
+        Ok(())
+    }
+
+    /// Read `code` as commands run by command `idx`.
+    pub(super) fn nested(&mut self, code: &str, idx: usize, via: Via) -> Result<(), ParseError> {
+        let ctx = Ctx {
+            parent: Some(idx),
+            via,
+            pipes: self.ctx.pipes.clone(),
+            function: self.ctx.function.clone(),
+        };
+        parse_into(code, self.sh, ctx, self.depth + 1)
+    }
+
+    /// If command `idx` calls an alias or function defined earlier (in this text
+    /// or by the session), read what it really runs. Returns whether its words
+    /// were replaced by an alias's.
+    pub(super) fn expand_alias_or_function(&mut self, idx: usize) -> Result<bool, ParseError> {
+        let cmd = &self.sh.commands[idx];
+        let assigns = cmd
+            .argv
+            .iter()
+            .take_while(|w| argv::assignment(w).is_some())
+            .count();
+        let Some(word) = cmd.argv.get(assigns) else {
+            return Ok(false);
+        };
+        let known = self.sh.defined.names.contains(word)
+            || self.sh.defined.aliases.contains_key(word)
+            || self.sh.defined.functions.contains_key(word)
+            || self.sh.aliases.iter().any(|(k, _)| k == word)
+            || self.sh.function_bodies.iter().any(|(k, _)| k == word);
+        if !known || !cmd.is_literal(assigns) || self.sh.expanding.contains(word) {
+            return Ok(false);
+        }
+        let word = word.clone();
+        let alias = self.alias(&word);
+        let function = self
+            .sh
+            .function_bodies
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == word)
+            .map(|(_, v)| v.clone())
+            .or_else(|| self.sh.defined.functions.get(&word).cloned());
+        let rest: Vec<String> = cmd.argv[assigns + 1..]
+            .iter()
+            .map(|w| quote_for_display(w))
+            .collect();
+        self.sh.expanding.insert(word.clone());
+        let r = if let Some(value) = alias {
+            // bash reads the alias text in place of the word; a value ending in
+            // a blank makes the next word an alias candidate too.
+            let mut code = value.clone();
+            let mut last = value;
+            let mut k = 0;
+            while last.ends_with([' ', '\t']) && k < rest.len() {
+                let next_word = &self.sh.commands[idx].argv[assigns + 1 + k];
+                match self
+                    .alias(next_word)
+                    .filter(|_| self.sh.commands[idx].is_literal(assigns + 1 + k))
+                {
+                    Some(v) => {
+                        code.push_str(&v);
+                        last = v;
+                        k += 1;
+                    }
+                    None => break,
+                }
+            }
+            code.push(' ');
+            code.push_str(&rest[k..].join(" "));
+            let r = self.nested(&code, idx, Via::Alias);
+            // bash never runs the alias's own name.
+            self.sh.commands[idx].argv.clear();
+            self.sh.commands[idx].literal.clear();
+            r.map(|_| true)
+        } else if let Some(body) = function {
+            self.nested(&body, idx, Via::Function).map(|_| false)
+        } else {
+            if self.sh.defined.names.contains(&word) {
+                self.sh.opaque.push(Opaque {
+                    command: Some(idx),
+                    why: format!(
+                        "`{word}` is a function or alias the session defined, and berth cannot see what it runs"
+                    ),
+                });
+            }
+            Ok(false)
+        };
+        self.sh.expanding.remove(&word);
+        r
+    }
+
+    /// The value of alias `name`, defined in this text or by the session.
+    pub(super) fn alias(&self, name: &str) -> Option<String> {
+        self.sh
+            .aliases
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| self.sh.defined.aliases.get(name).cloned())
+    }
+
+    pub(super) fn simple_words(&mut self, idx: usize) -> Result<(), ParseError> {
+        loop {
+            self.skip_blanks();
+            let Some(c) = self.peek() else { return Ok(()) };
+            match c {
+                '\n' | ';' | ')' | '|' => return Ok(()),
+                '&' if self.peek_at(1) != Some('>') => return Ok(()),
+                '(' => {
+                    let cmd = &self.sh.commands[idx];
+                    if cmd.argv.len() == 1 && cmd.redirects.is_empty() && cmd.literal[0] {
+                        // NAME () body: a function definition.
+                        self.i += 1;
+                        self.skip_blanks();
+                        if self.peek() != Some(')') {
+                            return Err(self.err("expected `)` in function definition"));
+                        }
+                        self.i += 1;
+                        let name = self.sh.commands[idx].argv.remove(0);
+                        self.sh.commands[idx].literal.remove(0);
+                        return self.function_body(name);
+                    }
+                    return Err(self.err("unexpected `(`"));
+                }
+                _ => {}
+            }
+            if self.redirection(idx)? {
+                continue;
+            }
+            let cmd = &self.sh.commands[idx];
+            // `NAME=(…)` is an array in assignment position and as an argument
+            // of a declaring builtin.
+            let in_assignments = cmd.argv.iter().all(|w| argv::assignment(w).is_some());
+            let declaring = cmd
+                .argv
+                .iter()
+                .find(|w| argv::assignment(w).is_none())
+                .is_some_and(|w| DECLARERS.contains(&argv::program_name(w)));
+            self.split_word = false;
+            let (w, lit) = self.word_allowing_array(in_assignments || declaring)?;
+            let split = std::mem::take(&mut self.split_word);
+            let cmd = &mut self.sh.commands[idx];
+            if split {
+                for part in super::ifs_split(&w) {
+                    cmd.argv.push(part.to_string());
+                    cmd.literal.push(false);
+                }
+            } else {
+                cmd.argv.push(w);
+                cmd.literal.push(lit);
+            }
+        }
+    }
+
+    /// A redirection at the cursor, read into command `idx`. Returns whether
+    /// there was one.
+    pub(super) fn redirection(&mut self, idx: usize) -> Result<bool, ParseError> {
+        let Some((fd, op)) = self.redirect_op() else {
+            return Ok(false);
+        };
+        if fd.starts_with('{') {
+            self.sh
+                .state
+                .push("`{name}>` assigns a file descriptor variable");
+        }
+        self.skip_blanks();
+        let quoted_start = self.i;
+        let (target, _) = self.word()?;
+        if target.is_empty() && self.i == quoted_start {
+            return Err(self.err(format!("`{op}` without a target")));
+        }
+        if op == "<<" || op == "<<-" {
+            let raw = self.text(quoted_start, self.i);
+            let expands = !raw.contains(['\'', '"', '\\']);
+            self.heredocs.push(PendingHereDoc {
+                delim: target.clone(),
+                expands,
+                strip_tabs: op == "<<-",
+                owner: Some(idx),
+            });
+        }
+        self.sh.commands[idx]
+            .redirects
+            .push(Redirect { fd, op, target });
+        Ok(true)
+    }
+}

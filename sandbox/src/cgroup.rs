@@ -1,0 +1,243 @@
+//! The pids cgroup of a local sandbox: one per sandbox directory, shared by
+//! every process of that sandbox, so a fork bomb meets a bound even when berth
+//! runs as root (root is exempt from RLIMIT_NPROC).
+//!
+//! Flow at a glance:
+//! - the wrapper finds the cgroup ([`dir_for`]), sweeps away other `berth-*`
+//!   cgroups whose processes have all ended, and joins its own ([`join`]);
+//! - the local backend removes a sandbox's cgroup once the process it waited
+//!   for has ended and nothing else is left in it ([`remove_if_empty`]);
+//! - removing a sandbox kills what is left in it, waits until the tree is
+//!   gone and removes the cgroup ([`remove`]).
+//!
+//! An ordinary user can only use a pids cgroup that was delegated to them
+//! (systemd's `Delegate=yes`, or a user session's own subtree). Without one the
+//! bound is RLIMIT_NPROC, which counts all of the user's processes.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use berth_policies::SandboxProfile;
+
+use crate::error::{Error, Result};
+
+/// The prefix of every sandbox cgroup's name.
+const PREFIX: &str = "berth-";
+/// `<pids controller mount>/<our cgroup>/berth-<name>-<hash of dir>`, if a pids
+/// controller is mounted (cgroup v1, or v2 with pids enabled for children).
+pub fn dir_for(name: &str, sandbox_dir: &Path) -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let leaf = format!(
+        "berth-{name}-{:08x}",
+        fnv1a(sandbox_dir.as_os_str().as_encoded_bytes())
+    );
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut post_f = post.split_whitespace();
+        let fstype = post_f.next().unwrap_or("");
+        let opts = post_f.nth(1).unwrap_or("");
+        let Some(mount_point) = pre.split_whitespace().nth(4) else {
+            continue;
+        };
+        if fstype == "cgroup" && opts.split(',').any(|o| o == "pids") {
+            let rel = cgroups
+                .lines()
+                .find_map(|l| {
+                    let mut f = l.splitn(3, ':');
+                    let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+                    ctrl.split(',')
+                        .any(|c| c == "pids")
+                        .then(|| path.to_string())
+                })
+                .unwrap_or_else(|| "/".into());
+            return Some(
+                Path::new(mount_point)
+                    .join(rel.trim_start_matches('/'))
+                    .join(leaf),
+            );
+        }
+    }
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        if post.split_whitespace().next() != Some("cgroup2") {
+            continue;
+        }
+        let Some(mount_point) = pre.split_whitespace().nth(4) else {
+            continue;
+        };
+        let rel = cgroups
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("/");
+        let parent = Path::new(mount_point).join(rel.trim_start_matches('/'));
+        let control =
+            std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+        if control.split_whitespace().any(|c| c == "pids") {
+            return Some(parent.join(leaf));
+        }
+    }
+    None
+}
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in bytes {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Create the cgroup with `max` processes and move the calling process into
+/// it. A concurrent sweep may remove the fresh, still empty directory between
+/// the two steps, so a vanished directory is made again.
+pub fn join(dir: &Path, max: u64) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        let r = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(dir.join("pids.max"), max.to_string()))
+            .and_then(|()| {
+                std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+            });
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 5 => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+/// Join the sandbox's pids cgroup, as the profile asks. Root is refused
+/// without one (nothing else bounds its processes); an ordinary user falls
+/// back to RLIMIT_NPROC.
+pub fn join_for(profile: &SandboxProfile, sandbox_dir: &Path) -> Result<()> {
+    let max = profile.rlimits.pids;
+    if max == 0 {
+        return Ok(());
+    }
+    let root = nix::unistd::geteuid().is_root();
+    match dir_for(&profile.name, sandbox_dir) {
+        Some(dir) => {
+            if let Some(parent) = dir.parent() {
+                sweep(parent, &dir);
+            }
+            match join(&dir, max) {
+                Ok(()) => Ok(()),
+                Err(e) if root => Err(Error::Unsupported(format!(
+                    "cannot bound processes: joining pids cgroup {} failed ({e}); RLIMIT_NPROC does not apply to root",
+                    dir.display()
+                ))),
+                Err(_) => Ok(()),
+            }
+        }
+        None if root => Err(Error::Unsupported(
+            "cannot bound processes for root: no writable pids cgroup controller is mounted, and RLIMIT_NPROC does not apply to root; run berth as a non-root user, mount the pids controller, or set `rlimits.pids = 0` under [local] to accept no bound".into(),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Whether any process is left in the cgroup (or below it).
+fn populated(dir: &Path) -> bool {
+    if let Ok(events) = std::fs::read_to_string(dir.join("cgroup.events")) {
+        return events.lines().any(|l| l == "populated 1");
+    }
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|p| !p.trim().is_empty())
+        .unwrap_or(false)
+}
+
+/// Remove `berth-*` cgroups under `parent` whose processes have all ended
+/// (other than `keep`): sandboxes whose last process ended while no berth was
+/// waiting for it. A cgroup in use refuses rmdir, so this cannot hurt one.
+pub fn sweep(parent: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let ours = e.file_name().to_string_lossy().starts_with(PREFIX);
+        if ours && p != keep && e.file_type().is_ok_and(|t| t.is_dir()) && !populated(&p) {
+            let _ = std::fs::remove_dir(&p);
+        }
+    }
+}
+
+/// Remove the cgroup if nothing runs in it any more. Absent or busy is fine.
+pub fn remove_if_empty(dir: &Path) {
+    if !populated(dir) {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Kill whatever still runs in the cgroup, wait until all of it is gone (a
+/// fork bomb included: `cgroup.kill` takes new children too), then remove the
+/// cgroup. Absent is fine.
+pub fn remove(dir: &Path) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if !dir.exists() {
+            return Ok(());
+        }
+        // cgroup v2 (5.14+) kills the whole subtree at once, forks in flight too.
+        if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // A pid that already exited gives ESRCH, which is fine.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("processes of the sandbox were still alive after 10s: {e}"),
+                ));
+            }
+            // Killed processes leave the cgroup once reaped; try again shortly.
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_joined_cgroup_reads_back_and_goes_away() {
+        let name = format!("readback{}", std::process::id());
+        let sandbox_dir = std::env::temp_dir().join(&name);
+        let Some(dir) = dir_for(&name, &sandbox_dir) else {
+            panic!("no pids cgroup controller: the read-back needs one (as root, or delegated)");
+        };
+        let r = crate::readback::in_child(
+            "cgroup::tests::a_joined_cgroup_reads_back_and_goes_away",
+            || {
+                join(&dir, 7).unwrap();
+                let max = std::fs::read_to_string(dir.join("pids.max")).unwrap();
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+                let me = std::process::id().to_string();
+                format!(
+                    "max={} member={}",
+                    max.trim(),
+                    procs.lines().any(|l| l == me)
+                )
+            },
+        );
+        r.expect_line("max=7 member=true");
+        // The child has exited: nothing is left, so it can go.
+        remove_if_empty(&dir);
+        assert!(!dir.exists(), "{} outlived its last process", dir.display());
+    }
+}

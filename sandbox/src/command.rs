@@ -1,0 +1,127 @@
+//! The wrapper's command line, built by type: berth's side of the contract
+//! with [`crate::exec`], which parses the same flags with clap. Nothing else in
+//! berth spells the hidden subcommand or its flags.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use berth_policies::LocalPolicy;
+
+use crate::error::{Error, Result};
+use crate::exec::SUBCOMMAND;
+
+/// How to start a process inside a local sandbox: `berth __sandbox-exec …`
+/// with the policy, ready to be given each spawn's [`SpawnTarget`].
+#[derive(Clone, Debug)]
+pub struct WrapperCommand {
+    exe: PathBuf,
+    policy: String,
+    unrestricted: bool,
+}
+
+/// The one spawn a wrapper argv is for.
+#[derive(Clone, Copy, Debug)]
+pub struct SpawnTarget<'a> {
+    /// The sandbox's directory (holding `work/`, `tmp/`, `.berth/`).
+    pub dir: &'a Path,
+    /// The sandbox's name.
+    pub name: &'a str,
+    /// Whether the sandbox's own spec asks for network (the policy can also).
+    pub network: bool,
+    /// berth's own helper (a tree kill, a job's status), which must reach every
+    /// process of the sandbox, also those of earlier spawns: it runs without
+    /// the Landlock signal scope that confines agent code to its own tree.
+    pub helper: bool,
+}
+
+impl WrapperCommand {
+    /// The wrapper at `exe` (berth's own executable) enforcing `policy`.
+    pub fn new(exe: impl Into<PathBuf>, policy: &LocalPolicy) -> Result<Self> {
+        let policy = serde_json::to_string(policy)
+            .map_err(|e| Error::Usage(format!("local policy: {e}")))?;
+        Ok(Self {
+            exe: exe.into(),
+            policy,
+            unrestricted: false,
+        })
+    }
+
+    /// Run processes WITHOUT kernel restrictions (the wrapper says so loudly).
+    pub fn unrestricted(mut self, yes: bool) -> Self {
+        self.unrestricted = yes;
+        self
+    }
+
+    /// Whether this wrapper leaves processes unconfined.
+    pub fn is_unrestricted(&self) -> bool {
+        self.unrestricted
+    }
+
+    /// The argv prefix for one spawn; the program and its arguments follow.
+    pub fn argv(&self, t: &SpawnTarget<'_>) -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec![
+            self.exe.clone().into(),
+            SUBCOMMAND.into(),
+            "--policy".into(),
+            self.policy.clone().into(),
+            "--sandbox-dir".into(),
+            t.dir.into(),
+            "--name".into(),
+            t.name.into(),
+            "--network".into(),
+            if t.network { "on" } else { "off" }.into(),
+        ];
+        if t.helper {
+            v.push("--helper".into());
+        }
+        if self.unrestricted {
+            v.push("--unrestricted".into());
+        }
+        v.push("--".into());
+        v
+    }
+
+    /// The argv that kills what is left of a sandbox and removes its pids cgroup.
+    pub fn remove_cgroup_argv(&self, dir: &Path, name: &str) -> Vec<OsString> {
+        vec![
+            self.exe.clone().into(),
+            SUBCOMMAND.into(),
+            "--sandbox-dir".into(),
+            dir.into(),
+            "--name".into(),
+            name.into(),
+            "--remove-cgroup".into(),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn argv_is_what_the_wrapper_parses() {
+        let w = WrapperCommand::new("/usr/bin/berth", &LocalPolicy::default()).unwrap();
+        let t = SpawnTarget {
+            dir: Path::new("/s/d"),
+            name: "d",
+            network: true,
+            helper: false,
+        };
+        let argv = w.argv(&t);
+        assert_eq!(argv[1], SUBCOMMAND);
+        assert_eq!(argv.last().unwrap(), "--");
+        let mut full: Vec<OsString> = argv[2..].to_vec();
+        full.push("true".into());
+        let parsed = crate::exec::parse_args(full).unwrap();
+        assert_eq!(parsed.sandbox_dir, Path::new("/s/d"));
+        assert_eq!(parsed.name, "d");
+        assert!(
+            parsed.policy.network,
+            "the spec's network reaches the policy"
+        );
+        assert!(!parsed.helper && !parsed.unrestricted);
+        assert_eq!(parsed.argv, vec![OsString::from("true")]);
+    }
+}

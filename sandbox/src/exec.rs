@@ -1,0 +1,192 @@
+//! `berth __sandbox-exec`: the exec wrapper of the local backend.
+//!
+//! Flow at a glance, in a fresh single-threaded process (nothing of berth's
+//! async runtime exists yet):
+//! 1. parse the wrapper's own flags (clap) and build the
+//!    [`SandboxProfile`] from the local policy and the sandbox dir;
+//! 2. check that this kernel can enforce all of it, else refuse and say what is
+//!    missing (exit 125);
+//! 3. mark inherited fds close-on-exec, join the sandbox's pids cgroup, set
+//!    rlimits, drop capabilities, set no_new_privs, apply Landlock (files, TCP,
+//!    scopes), install seccomp;
+//! 4. exec.
+//!
+//! It must run before any thread exists and must end in `exec`: capabilities,
+//! Landlock and seccomp bind the calling thread, so called from a
+//! multi-threaded process they would cover one thread only. That is why the
+//! entry is [`dispatch`], called first thing in `main`, and not a library call.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use berth_policies::{LocalPolicy, SandboxProfile};
+use clap::Parser;
+
+use crate::error::{Error, Result};
+
+/// The hidden subcommand's name.
+pub const SUBCOMMAND: &str = "__sandbox-exec";
+
+/// Exit code when the kernel cannot enforce the profile.
+pub const EXIT_UNSUPPORTED: u8 = 125;
+/// Exit code when the wrapper's own setup failed or the program cannot run.
+pub const EXIT_FAILED: u8 = 126;
+
+/// If this process was started as the wrapper, run it (never returns on
+/// success, since it execs). Call this first thing in `main`.
+pub fn dispatch() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    let _self = args.next();
+    if args.next().as_deref() != Some(OsStr::new(SUBCOMMAND)) {
+        return None;
+    }
+    let err = match run(args.collect()) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    Some(match err {
+        Error::Unsupported(what) => {
+            eprintln!(
+                "berth: refusing to run: this kernel cannot enforce the local sandbox policy: {what}. \
+                 Use a kernel with Landlock ABI >= 4 and seccomp filters, or set `restricted = false` \
+                 under [local] in the policy file (or pass --unrestricted) to run WITHOUT kernel restrictions."
+            );
+            ExitCode::from(EXIT_UNSUPPORTED)
+        }
+        other => {
+            eprintln!("berth: sandbox setup failed: {other}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    })
+}
+
+/// The wrapper's flags. Built by [`crate::WrapperCommand`]; parsed here.
+#[derive(Debug, Parser)]
+#[command(name = "berth __sandbox-exec", no_binary_name = true)]
+pub(crate) struct Args {
+    /// The `[local]` policy as JSON.
+    #[arg(long, value_parser = parse_policy, default_value = "{}")]
+    pub policy: LocalPolicy,
+    /// The sandbox's directory (holding work/, tmp/, .berth/).
+    #[arg(long)]
+    pub sandbox_dir: PathBuf,
+    /// The sandbox's name (its directory's name when absent).
+    #[arg(long, default_value = "")]
+    pub name: String,
+    /// Network for this sandbox (`on` also when the policy says so).
+    #[arg(long, value_parser = ["on", "off"], default_value = "off")]
+    network: String,
+    /// Run WITHOUT kernel restrictions.
+    #[arg(long)]
+    pub unrestricted: bool,
+    /// berth's own helper: may signal every process of the sandbox.
+    #[arg(long)]
+    pub helper: bool,
+    /// Kill what is left of the sandbox and remove its pids cgroup, then exit.
+    #[arg(long)]
+    pub remove_cgroup: bool,
+    /// The program and its arguments.
+    #[arg(last = true)]
+    pub argv: Vec<OsString>,
+}
+
+fn parse_policy(s: &str) -> std::result::Result<LocalPolicy, String> {
+    serde_json::from_str(s).map_err(|e| format!("--policy is not a valid local policy: {e}"))
+}
+
+pub(crate) fn parse_args(args: Vec<OsString>) -> Result<Args> {
+    let mut a = Args::try_parse_from(args).map_err(|e| Error::Usage(e.to_string()))?;
+    if a.network == "on" {
+        a.policy.network = true;
+    }
+    if a.argv.is_empty() && !a.remove_cgroup {
+        return Err(Error::Usage(
+            "no program to run; usage: berth __sandbox-exec [--policy JSON] --sandbox-dir DIR --name NAME [--network on|off] [--helper] [--unrestricted] -- ARGV...".into(),
+        ));
+    }
+    if a.name.is_empty() {
+        a.name = a
+            .sandbox_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+    }
+    Ok(a)
+}
+
+enum Never {}
+
+fn run(args: Vec<OsString>) -> Result<Never> {
+    let args = parse_args(args)?;
+    if args.remove_cgroup {
+        if let Some(dir) = crate::cgroup::dir_for(&args.name, &args.sandbox_dir) {
+            crate::cgroup::remove(&dir)
+                .map_err(|e| Error::setup(format!("removing pids cgroup {}", dir.display()), e))?;
+        }
+        std::process::exit(0);
+    }
+    crate::env::close_inherited_fds()?;
+    if args.unrestricted || !args.policy.restricted {
+        eprintln!(
+            "berth: WARNING: sandbox `{}` runs WITHOUT kernel restrictions (no Landlock, no seccomp, no rlimits): \
+             its processes can read and write anything this user can, including ~/.ssh and berth's state.",
+            args.name
+        );
+        return exec(&args.argv);
+    }
+    let profile = args
+        .policy
+        .profile(&args.name, &args.sandbox_dir, |p: &Path| p.exists());
+    let abi = crate::landlock::abi();
+    check_support(&profile, abi)?;
+    crate::cgroup::join_for(&profile, &args.sandbox_dir)?;
+    crate::rlimits::apply(&profile.rlimits)?;
+    crate::caps::drop_all()?;
+    set_no_new_privs()?;
+    crate::landlock::apply(&profile, abi, !args.helper)?;
+    crate::seccomp::apply(&profile)?;
+    exec(&args.argv)
+}
+
+fn exec(argv: &[OsString]) -> Result<Never> {
+    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+    Err(Error::setup(
+        format!("cannot run {:?}", argv[0].to_string_lossy()),
+        err,
+    ))
+}
+
+fn check_support(profile: &SandboxProfile, abi: i32) -> Result<()> {
+    if abi < 1 {
+        return Err(Error::Unsupported(
+            "Landlock is not available (not built in or not enabled in the `lsm=` boot parameter), so file access cannot be confined".into(),
+        ));
+    }
+    if !profile.network && abi < 4 {
+        return Err(Error::Unsupported(format!(
+            "the policy turns the network off, which needs Landlock ABI 4 to deny TCP connect and bind; this kernel has ABI {abi}"
+        )));
+    }
+    if abi < 6 && !profile.allow_unscoped_signals {
+        return Err(Error::Unsupported(format!(
+            "confining signals and abstract unix sockets to the sandbox needs Landlock ABI 6; this kernel has ABI {abi}. \
+             Set `unscoped_signals = true` under [local] to accept that a sandbox can signal this user's other processes"
+        )));
+    }
+    // SAFETY: PR_GET_SECCOMP takes no pointers and only reports the mode.
+    let mode = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+    if mode < 0 {
+        return Err(Error::Unsupported(
+            "seccomp is not available (kernel built without CONFIG_SECCOMP)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Without no_new_privs a setuid binary would shed seccomp and Landlock's
+/// limits on exec; with it, exec can never gain privileges.
+pub fn set_no_new_privs() -> Result<()> {
+    nix::sys::prctl::set_no_new_privs().map_err(|e| Error::setup("setting no_new_privs", e))
+}

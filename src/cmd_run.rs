@@ -1,0 +1,616 @@
+//! `berth run "TASK"`: the agent loop from the command line; `berth runs
+//! ls|show`: its journal.
+//!
+//! Flow at a glance: resolve the providers (config file by name, or an ad-hoc
+//! one from `--base-url`/`--model`), open the runtime and the run's sandbox,
+//! start, resume or fork a run, and drive it with Ctrl-C wired to a cancel
+//! token (a second Ctrl-C exits at once; the journal is consistent either
+//! way). Events are printed for people, or as one JSON object per line.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use berth_core::agent::journal::{self, RunState};
+use berth_core::agent::provider::{Api, Failover, ProviderConfig};
+use berth_core::agent::runner::{Agent, AgentEvent, Budget, EventSink, Setup};
+use berth_core::agent::{RegistryTools, ToolHost};
+use berth_core::store::Store;
+use clap::{Args, Subcommand};
+use serde::Deserialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::context;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+berth run --base-url http://127.0.0.1:8080/v1 --model qwen 'count the files in /etc'\n  \
+berth run --provider claude,local --max-steps 20 'make the tests pass'\n  \
+berth run --resume r18f3c2a9b1   # after Ctrl-C, a crash, or `berth approve N`\n  \
+berth run --fork r18f3c2a9b1 --at 2 --provider other\n\n\
+Exit codes: 0 done, 2 budget spent, 3 awaiting approval, 4 provider failed, 130 interrupted, 125 error.")]
+pub struct RunArgs {
+    /// The task. Without one on a terminal, berth asks for it and then chats.
+    pub task: Option<String>,
+    /// Backend of the sandbox (local, docker, ssh).
+    #[arg(long, default_value = context::DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Sandbox to work in (`default` is created on first use).
+    #[arg(long, default_value = berth_core::runtime::DEFAULT_SANDBOX)]
+    pub sandbox: String,
+    /// Providers from the config file to try in order, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub provider: Vec<String>,
+    /// An ad-hoc provider's API root, e.g. http://127.0.0.1:8080/v1.
+    #[arg(long, requires = "model")]
+    pub base_url: Option<String>,
+    /// The ad-hoc provider's model.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The ad-hoc provider's wire format.
+    #[arg(long, default_value = "openai")]
+    pub api: Api,
+    /// The variable holding the ad-hoc provider's key (default OPENAI_API_KEY
+    /// or ANTHROPIC_API_KEY; a local server needs none).
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// Ask the ad-hoc provider for whole answers instead of a stream.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Model calls the run may make.
+    #[arg(long)]
+    pub max_steps: Option<u32>,
+    /// Tokens (input plus output) the run may use.
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+    /// Money the run may spend, at the providers' configured prices.
+    #[arg(long)]
+    pub max_cost: Option<f64>,
+    /// Wait for approvals instead of saving the run and exiting.
+    #[arg(long)]
+    pub wait: bool,
+    /// One JSON event per line on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Carry on a run after Ctrl-C, a crash or an approval.
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["task", "fork"])]
+    pub resume: Option<String>,
+    /// Start a new run from a past run's transcript (with --at).
+    #[arg(long, value_name = "RUN", requires = "at", conflicts_with = "task")]
+    pub fork: Option<String>,
+    /// The step to fork after: the new run keeps steps 1..=STEP.
+    #[arg(long, value_name = "STEP")]
+    pub at: Option<i64>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RunsCmd {
+    /// List runs, newest first.
+    Ls {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// A run's transcript, step by step, with timings and its exit reason.
+    Show {
+        /// The run's id.
+        id: String,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// berth's config file (TOML).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    /// Providers by name.
+    #[serde(default)]
+    providers: Vec<ProviderConfig>,
+    /// The provider(s) used when none is named.
+    #[serde(default)]
+    default_provider: Option<String>,
+}
+
+/// The config file: BERTH_CONFIG, else $XDG_CONFIG_HOME/berth/config.toml,
+/// else ~/.config/berth/config.toml. It need not exist.
+fn config_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BERTH_CONFIG").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("berth/config.toml"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .context("neither BERTH_CONFIG, XDG_CONFIG_HOME nor HOME is set; set BERTH_CONFIG=FILE")?;
+    Ok(PathBuf::from(home).join(".config/berth/config.toml"))
+}
+
+fn load_config() -> Result<(Config, PathBuf)> {
+    let path = config_path()?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Config::default(), path)),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let cfg: Config = toml::from_str(&text)
+        .with_context(|| format!("{} is not a valid berth config", path.display()))?;
+    Ok((cfg, path))
+}
+
+/// The providers to use, in order.
+fn providers(a: &RunArgs, stored: &[ProviderConfig]) -> Result<Vec<ProviderConfig>> {
+    let (cfg, path) = load_config()?;
+    let by_name = |n: &str| -> Result<ProviderConfig> {
+        cfg.providers
+            .iter()
+            .find(|p| p.name == n)
+            .cloned()
+            .with_context(|| {
+                let known: Vec<&str> = cfg.providers.iter().map(|p| p.name.as_str()).collect();
+                format!(
+                    "no provider `{n}` in {} (it has: {}); add a [[providers]] entry or pass --base-url and --model",
+                    path.display(),
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )
+            })
+    };
+    let mut out = Vec::new();
+    for n in &a.provider {
+        out.push(by_name(n)?);
+    }
+    if let (Some(url), Some(model)) = (&a.base_url, &a.model) {
+        let mut p = ProviderConfig::new("adhoc", a.api, url, model);
+        p.api_key_env = a.api_key_env.clone();
+        p.stream = !a.no_stream;
+        out.push(p);
+    }
+    if out.is_empty() && !stored.is_empty() {
+        // A resume or fork keeps the run's providers, refreshed from the config.
+        for s in stored {
+            out.push(
+                cfg.providers
+                    .iter()
+                    .find(|p| p.name == s.name)
+                    .cloned()
+                    .unwrap_or_else(|| s.clone()),
+            );
+        }
+    }
+    if out.is_empty() {
+        if let Some(d) = &cfg.default_provider {
+            for n in d.split(',') {
+                out.push(by_name(n.trim())?);
+            }
+        } else if let Some(p) = cfg.providers.first() {
+            out.push(p.clone());
+        }
+    }
+    if out.is_empty() {
+        bail!(
+            "no model provider: pass --base-url URL --model NAME (OpenAI-compatible; --api anthropic for Anthropic), or add [[providers]] to {}",
+            path.display()
+        );
+    }
+    Ok(out)
+}
+
+pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
+    let rt = Arc::new(context::runtime(state_dir)?);
+    let store = rt.store().clone();
+    // Which run, in which sandbox.
+    let (run_id, backend, sandbox, stored) = match (&a.resume, &a.fork) {
+        (Some(id), _) => {
+            let row = journal::run(&store, id)?
+                .with_context(|| format!("no run `{id}`; list runs with `berth runs ls`"))?;
+            if row.state == RunState::Done {
+                eprintln!(
+                    "berth: run {id} is done; continuing it needs a new message (chat) or a fork"
+                );
+            }
+            let setup: Setup = serde_json::from_value(row.setup.clone())?;
+            (Some(id.clone()), row.backend, row.sandbox, setup.providers)
+        }
+        (None, Some(from)) => {
+            let at = a.at.context("--fork needs --at STEP")?;
+            let id = Agent::fork(&store, from, at)?;
+            let row = journal::run(&store, &id)?.context("the forked run vanished")?;
+            let setup: Setup = serde_json::from_value(row.setup.clone())?;
+            eprintln!(
+                "berth: run {id} forked from {from} after step {at}; its commands see the sandbox as it is now, not as it was then"
+            );
+            (Some(id), row.backend, row.sandbox, setup.providers)
+        }
+        (None, None) => (None, a.backend.clone(), a.sandbox.clone(), vec![]),
+    };
+    let providers = providers(&a, &stored)?;
+    // Fail early, with the runtime's own hint, if the sandbox cannot be had.
+    rt.attach(&backend, &sandbox)
+        .await
+        .with_context(|| format!("sandbox `{sandbox}` ({backend})"))?;
+    let host: Arc<dyn ToolHost> = Arc::new(RegistryTools::new(rt.clone(), &backend, &sandbox));
+    let printer = Arc::new(Printer::new(a.json));
+    let sink: EventSink = {
+        let p = printer.clone();
+        Arc::new(move |e: &AgentEvent| p.event(e))
+    };
+    let redact = {
+        let rt = rt.clone();
+        Arc::new(move |t: &str| rt.redact(t))
+    };
+    let mut agent = Agent::new(
+        store.clone(),
+        host,
+        Failover::new(providers)?,
+        Budget {
+            max_steps: a.max_steps,
+            max_tokens: a.max_tokens,
+            max_cost: a.max_cost,
+        },
+        sink,
+        redact,
+    )
+    .wait_for_approvals(a.wait);
+    let chat = a.task.is_none() && run_id.is_none() && std::io::stdin().is_terminal();
+    let run_id = match run_id {
+        Some(id) => id,
+        None => {
+            let task = match &a.task {
+                Some(t) => t.clone(),
+                None if chat => match ask("task> ")? {
+                    Some(t) => t,
+                    None => return Ok(0),
+                },
+                None => bail!(
+                    "give the task as an argument: berth run \"TASK\" (or run on a terminal to be asked)"
+                ),
+            };
+            agent.start(&task, &backend, &sandbox)?
+        }
+    };
+    let cancel = CancellationToken::new();
+    let watcher = tokio::spawn(ctrl_c(cancel.clone()));
+    let mut exit = agent.run(&run_id, &cancel).await?;
+    // A chat: each answer of the person is a step of the same durable run.
+    while chat && exit.reason == RunState::Done && !cancel.is_cancelled() {
+        let Some(more) = ask("you> ")? else { break };
+        agent.say(&run_id, &more)?;
+        exit = agent.run(&run_id, &cancel).await?;
+    }
+    watcher.abort();
+    rt.shutdown().await;
+    Ok(match exit.reason {
+        RunState::Done | RunState::Running => 0,
+        RunState::BudgetSpent => 2,
+        RunState::AwaitingApproval => 3,
+        RunState::ProviderFailed => 4,
+        RunState::Interrupted => 130,
+        RunState::Error => crate::EXIT_BERTH_ERROR,
+    })
+}
+
+/// First Ctrl-C: interrupt (the tool's process tree is killed, the run is
+/// saved as interrupted). Second: exit now; every journal write is a
+/// transaction, so what is on disk is consistent, and a call left `started`
+/// is reported as cut off on resume.
+async fn ctrl_c(cancel: CancellationToken) {
+    if tokio::signal::ctrl_c().await.is_err() {
+        return;
+    }
+    eprintln!("\nberth: interrupting; press Ctrl-C again to exit at once");
+    cancel.cancel();
+    if tokio::signal::ctrl_c().await.is_ok() {
+        eprintln!("berth: exiting now; resume with `berth run --resume ID`");
+        std::process::exit(130);
+    }
+}
+
+fn ask(prompt: &str) -> Result<Option<String>> {
+    eprint!("{prompt}");
+    std::io::stderr().flush()?;
+    let mut line = String::new();
+    if std::io::stdin().read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let line = line.trim().to_string();
+    Ok(if line.is_empty() { None } else { Some(line) })
+}
+
+/// Shows events: JSON lines, or text for a person with a spinner while a
+/// tool runs.
+struct Printer {
+    json: bool,
+    tty: bool,
+    spinner: std::sync::Mutex<Option<(Arc<AtomicBool>, Instant)>>,
+    mid_line: AtomicBool,
+}
+
+impl Printer {
+    fn new(json: bool) -> Self {
+        Self {
+            json,
+            tty: std::io::stderr().is_terminal(),
+            spinner: std::sync::Mutex::new(None),
+            mid_line: AtomicBool::new(false),
+        }
+    }
+
+    fn stop_spinner(&self) -> Option<Duration> {
+        let s = self.spinner.lock().ok()?.take()?;
+        s.0.store(true, Ordering::Relaxed);
+        if self.tty {
+            eprint!("\r\x1b[2K");
+        }
+        Some(s.1.elapsed())
+    }
+
+    fn newline(&self) {
+        if self.mid_line.swap(false, Ordering::Relaxed) {
+            println!();
+        }
+    }
+
+    fn event(&self, e: &AgentEvent) {
+        if self.json {
+            if let Ok(line) = serde_json::to_string(e) {
+                println!("{line}");
+            }
+            return;
+        }
+        match e {
+            AgentEvent::Run {
+                run_id,
+                resumed,
+                backend,
+                sandbox,
+            } => eprintln!(
+                "berth: {} run {run_id} in {backend}/{sandbox}",
+                if *resumed { "resuming" } else { "starting" }
+            ),
+            AgentEvent::Step { step, summary } if *summary => {
+                eprintln!("berth: step {step}: budget spent, asking for a summary (tools off)")
+            }
+            AgentEvent::Step { .. } => {}
+            AgentEvent::Text { delta } => {
+                print!("{delta}");
+                let _ = std::io::stdout().flush();
+                self.mid_line
+                    .store(!delta.ends_with('\n'), Ordering::Relaxed);
+            }
+            AgentEvent::Failover { attempt } => {
+                self.newline();
+                eprintln!(
+                    "berth: provider {} {}: {}",
+                    attempt.provider,
+                    attempt.outcome,
+                    attempt.why.clone().unwrap_or_default()
+                );
+            }
+            AgentEvent::StepEnd { .. } => self.newline(),
+            AgentEvent::ToolCall { describe, .. } => {
+                self.newline();
+                eprintln!("▸ {describe}");
+                let done = Arc::new(AtomicBool::new(false));
+                if let Ok(mut s) = self.spinner.lock() {
+                    *s = Some((done.clone(), Instant::now()));
+                }
+                if self.tty {
+                    tokio::spawn(async move {
+                        let t0 = Instant::now();
+                        let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+                        let mut i = 0;
+                        while !done.load(Ordering::Relaxed) {
+                            eprint!(
+                                "\r  {} {:.1}s",
+                                frames[i % frames.len()],
+                                t0.elapsed().as_secs_f64()
+                            );
+                            i += 1;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    });
+                }
+            }
+            AgentEvent::Verdict {
+                verdict, detail, ..
+            } => {
+                self.stop_spinner();
+                eprintln!("  {verdict}: {detail}");
+            }
+            AgentEvent::Result {
+                is_error,
+                bytes,
+                detail,
+                duration_ms,
+                ..
+            } => {
+                self.stop_spinner();
+                let code = detail["exit_code"]
+                    .as_i64()
+                    .map(|c| format!("exit {c} · "))
+                    .unwrap_or_default();
+                let out = detail["bytes"].as_u64().unwrap_or(*bytes as u64);
+                eprintln!(
+                    "  {}{code}{out} bytes · {:.1}s",
+                    if *is_error { "error · " } else { "" },
+                    *duration_ms as f64 / 1000.0
+                );
+            }
+            AgentEvent::Exit {
+                run_id,
+                reason,
+                detail,
+                steps,
+                usage,
+                ..
+            } => {
+                self.stop_spinner();
+                self.newline();
+                eprintln!(
+                    "berth: run {run_id}: {reason} after {steps} step(s), {} tokens in ({} cached), {} out{}",
+                    usage.input_tokens,
+                    usage.cached_input_tokens,
+                    usage.output_tokens,
+                    detail
+                        .as_ref()
+                        .map(|d| format!(": {d}"))
+                        .unwrap_or_default()
+                );
+                if matches!(
+                    reason,
+                    RunState::Interrupted
+                        | RunState::ProviderFailed
+                        | RunState::Error
+                        | RunState::BudgetSpent
+                ) {
+                    eprintln!("berth: carry on with `berth run --resume {run_id}`");
+                }
+            }
+        }
+    }
+}
+
+pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
+    let dir = context::state_dir(state_dir)?;
+    let store = Store::open(&dir)?;
+    match cmd {
+        RunsCmd::Ls { json, limit } => {
+            let rows = journal::runs(&store, limit)?;
+            for r in &rows {
+                let steps = journal::steps(&store, &r.id)?;
+                let tokens: u64 = steps.iter().map(|s| s.usage.total()).sum();
+                if json {
+                    println!(
+                        "{}",
+                        json!({
+                            "id": r.id, "state": r.state, "reason": r.reason, "task": r.task,
+                            "backend": r.backend, "sandbox": r.sandbox, "steps": steps.len(),
+                            "tokens": tokens, "created_ms": r.created_ms, "updated_ms": r.updated_ms,
+                            "parent": r.parent, "parent_step": r.parent_step,
+                        })
+                    );
+                } else {
+                    let task: String = r.task.chars().take(50).collect();
+                    println!(
+                        "{:<20} {:<18} {:>5} {:>8}  {}",
+                        r.id,
+                        r.state.as_str(),
+                        steps.len(),
+                        tokens,
+                        task.replace('\n', " ")
+                    );
+                }
+            }
+            if !json && rows.is_empty() {
+                eprintln!("berth: no runs yet; start one with `berth run \"TASK\"`");
+            }
+            Ok(0)
+        }
+        RunsCmd::Show { id, json } => {
+            let row = journal::run(&store, &id)?
+                .with_context(|| format!("no run `{id}`; list runs with `berth runs ls`"))?;
+            let steps = journal::steps(&store, &id)?;
+            let msgs = journal::messages(&store, &id)?;
+            let calls = journal::calls(&store, &id)?;
+            if json {
+                let messages: Vec<_> = msgs
+                    .iter()
+                    .map(|(s, m)| json!({ "step": s, "message": m }))
+                    .collect();
+                println!(
+                    "{}",
+                    json!({ "run": row, "steps": steps, "messages": messages, "calls": calls })
+                );
+                return Ok(0);
+            }
+            println!(
+                "run {}  {}  {}/{}",
+                row.id, row.state, row.backend, row.sandbox
+            );
+            if let Some(r) = &row.reason {
+                println!("  reason: {r}");
+            }
+            if let Some(p) = &row.parent {
+                println!(
+                    "  forked from {p} after step {}",
+                    row.parent_step.unwrap_or(0)
+                );
+            }
+            let last = msgs.iter().map(|(s, _)| *s).max().unwrap_or(0);
+            for n in 0..=last {
+                if let Some(s) = steps.iter().find(|s| s.step == n) {
+                    let skipped: Vec<String> = s
+                        .attempts
+                        .iter()
+                        .filter(|a| a.outcome != "answered")
+                        .map(|a| {
+                            format!(
+                                "{} {} ({})",
+                                a.provider,
+                                a.outcome,
+                                a.why.clone().unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                    println!(
+                        "\n── step {n}{} · {} · {} ms · {} in ({} cached) / {} out{}",
+                        if s.summary { " (summary)" } else { "" },
+                        s.provider.clone().unwrap_or_default(),
+                        s.ended_ms - s.started_ms,
+                        s.usage.input_tokens,
+                        s.usage.cached_input_tokens,
+                        s.usage.output_tokens,
+                        if skipped.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" · before it: {}", skipped.join("; "))
+                        }
+                    );
+                }
+                for (_, m) in msgs.iter().filter(|(s, _)| *s == n) {
+                    match m.role {
+                        berth_core::agent::provider::Role::User => println!("user: {}", m.text),
+                        berth_core::agent::provider::Role::Assistant => {
+                            if !m.text.is_empty() {
+                                println!("model: {}", m.text);
+                            }
+                            for c in &m.tool_calls {
+                                let state = calls
+                                    .iter()
+                                    .find(|x| x.call_id == c.id)
+                                    .map(|x| {
+                                        let ms = x
+                                            .ended_ms
+                                            .map(|e| format!(", {} ms", e - x.started_ms))
+                                            .unwrap_or_default();
+                                        format!("{}{ms}", x.state)
+                                    })
+                                    .unwrap_or_else(|| "not run".into());
+                                println!("call {} {} {} [{state}]", c.id, c.name, c.arguments);
+                            }
+                        }
+                        berth_core::agent::provider::Role::Tool => {
+                            let preview: String = m.text.chars().take(400).collect();
+                            println!(
+                                "result {}{}: {}",
+                                m.tool_call_id.clone().unwrap_or_default(),
+                                if m.is_error { " (error)" } else { "" },
+                                preview
+                            );
+                        }
+                    }
+                }
+            }
+            Ok(0)
+        }
+    }
+}

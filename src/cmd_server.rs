@@ -1,0 +1,138 @@
+//! `berth serve` and `berth server status|stop`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::context;
+use crate::server::{self, client};
+
+/// Exit code of `berth server status` when no server runs.
+const EXIT_NOT_RUNNING: u8 = 3;
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The server holds berth's runtime for one user and state dir: warm shells, backend \
+connections, the policy gate and approvals. CLI calls reach it over <state dir>/server.sock (mode \
+0600; other uids are refused). With BERTH_SERVER=auto (the default) the CLI starts it on demand; \
+BERTH_SERVER=off runs every command in-process."
+)]
+pub struct ServeArgs {
+    /// Exit after SECS seconds with no call running [default: BERTH_SERVER_IDLE, else 300].
+    #[arg(long, value_name = "SECS")]
+    pub idle: Option<u64>,
+    /// Report this version in the handshake (tests of a version mismatch).
+    #[arg(long, hide = true)]
+    pub pretend_version: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ServerCmd {
+    /// Is a server running for this state dir? Exits 3 when none is.
+    Status(JsonArg),
+    /// Stop the server: its running commands are interrupted, its shells closed.
+    Stop(JsonArg),
+}
+
+#[derive(Args, Debug)]
+pub struct JsonArg {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<u8> {
+    let dir = context::state_dir(state_dir)?;
+    server::daemon::check_socket_path(&dir)?;
+    let idle = match a.idle {
+        Some(s) => s,
+        None => server::idle_from_env()?,
+    };
+    if idle == 0 {
+        bail!("--idle must be at least 1 second");
+    }
+    let rt = context::runtime(Some(dir.clone()))?;
+    let version = a
+        .pretend_version
+        .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
+    server::daemon::serve(dir, rt, Duration::from_secs(idle), version).await
+}
+
+pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
+    let dir = context::state_dir(state_dir)?;
+    match cmd {
+        ServerCmd::Status(a) => match client::running(&dir).await? {
+            None => {
+                if a.json {
+                    context::print_json(&json!({ "running": false, "state_dir": dir }));
+                } else {
+                    println!("no berth server runs for {}", dir.display());
+                }
+                Ok(EXIT_NOT_RUNNING)
+            }
+            Some(s) => {
+                let h = &s.hello;
+                if a.json {
+                    context::print_json(&json!({
+                        "running": true, "pid": h.pid, "version": h.version,
+                        "protocol": h.protocol, "uptime_ms": h.uptime_ms,
+                        "active_calls": h.active_calls, "sessions": h.sessions,
+                        "idle_secs": h.idle_secs, "state_dir": h.state_dir,
+                        "socket": server::socket_path(&dir),
+                    }));
+                } else {
+                    println!(
+                        "berth server pid {} (version {}), up {}s, {} call(s) running, {} open session(s), exits after {}s idle\nsocket: {}",
+                        h.pid,
+                        h.version,
+                        h.uptime_ms / 1000,
+                        h.active_calls,
+                        h.sessions,
+                        h.idle_secs,
+                        server::socket_path(&dir).display()
+                    );
+                }
+                Ok(0)
+            }
+        },
+        ServerCmd::Stop(a) => {
+            let Some(mut s) = client::running(&dir).await? else {
+                if a.json {
+                    context::print_json(&json!({ "stopped": false, "running": false }));
+                } else {
+                    println!("no berth server runs for {}", dir.display());
+                }
+                return Ok(0);
+            };
+            let pid = s.shutdown(true).await?;
+            let gone = wait_gone(pid, Duration::from_secs(20)).await;
+            if a.json {
+                context::print_json(&json!({ "stopped": gone, "pid": pid }));
+            } else if gone {
+                println!("stopped the berth server (pid {pid})");
+            } else {
+                eprintln!(
+                    "berth: the server (pid {pid}) gave up its socket but is still finishing; it exits once its commands end"
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Wait for process `pid` to exit.
+async fn wait_gone(pid: u32, deadline: Duration) -> bool {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        // SAFETY: signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+        if !alive {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}

@@ -1,0 +1,159 @@
+//! `berth mcp --listen`: the streamable HTTP transport behind a bearer token.
+//!
+//! Flow at a glance: bind (a bare port means loopback), print the address and
+//! the token on stderr, then serve each TCP connection with hyper. Every request
+//! is checked for `Authorization: Bearer <token>` (compared in constant time)
+//! before rmcp's service sees it; anything else gets 401.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tower_service::Service;
+
+use super::{BerthServer, Shared};
+
+/// The address to bind: `HOST:PORT`, `[V6]:PORT`, or a bare port on loopback.
+pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if let Some(port) = s.strip_prefix("localhost:") {
+        let port = port.parse::<u16>().context("--listen: bad port")?;
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    s.parse::<SocketAddr>()
+        .with_context(|| format!("--listen {s:?}: give HOST:PORT (e.g. 127.0.0.1:8765) or a port"))
+}
+
+fn new_token() -> String {
+    let bytes: [u8; 24] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(req: &Request<Incoming>, token: &str) -> bool {
+    req.headers()
+        .get_all(hyper::header::AUTHORIZATION)
+        .iter()
+        .any(|v| {
+            let v = v.as_bytes();
+            v.len() > 7
+                && v[..7].eq_ignore_ascii_case(b"bearer ")
+                && same(v[7..].trim_ascii(), token.as_bytes())
+        })
+}
+
+pub(crate) async fn serve(shared: Arc<Shared>, addr: &str, token: Option<String>) -> Result<()> {
+    let addr = listen_addr(addr)?;
+    let token = match token.filter(|t| !t.is_empty()) {
+        Some(t) if t.len() < 16 => {
+            bail!("BERTH_MCP_TOKEN / --token is too short: use 16 characters or more")
+        }
+        Some(t) => t,
+        None => new_token(),
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".into(),
+        "::1".into(),
+        local.ip().to_string(),
+    ];
+    if !local.ip().is_loopback() && !local.ip().is_unspecified() {
+        hosts.push(local.to_string());
+    }
+    // Any Host is accepted on a wildcard bind: the token is what guards it.
+    let config = if local.ip().is_unspecified() {
+        StreamableHttpServerConfig::default().disable_allowed_hosts()
+    } else {
+        StreamableHttpServerConfig::default().with_allowed_hosts(hosts)
+    };
+    let factory_shared = shared.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(BerthServer::new(factory_shared.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    eprintln!("berth mcp: serving MCP over HTTP at http://{local}/mcp");
+    eprintln!("berth mcp: bearer token: {token}");
+    eprintln!(
+        "berth mcp: client config: {{\"mcpServers\": {{\"berth\": {{\"type\": \"http\", \"url\": \"http://{local}/mcp\", \"headers\": {{\"Authorization\": \"Bearer {token}\"}}}}}}}}"
+    );
+    let token = Arc::new(token);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let service = service.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let mut service = service.clone();
+                let ok = authorized(&req, &token);
+                async move {
+                    if !ok {
+                        let body = Full::new(Bytes::from_static(
+                            b"{\"error\":\"unauthorized: send Authorization: Bearer <token> (printed by berth mcp --listen, or BERTH_MCP_TOKEN)\"}",
+                        ))
+                        .map_err(|e| match e {})
+                        .boxed();
+                        let mut r = Response::new(body);
+                        *r.status_mut() = StatusCode::UNAUTHORIZED;
+                        r.headers_mut().insert(
+                            hyper::header::WWW_AUTHENTICATE,
+                            hyper::header::HeaderValue::from_static("Bearer"),
+                        );
+                        r.headers_mut().insert(
+                            hyper::header::CONTENT_TYPE,
+                            hyper::header::HeaderValue::from_static("application/json"),
+                        );
+                        return Ok::<_, std::convert::Infallible>(r);
+                    }
+                    service.call(req).await
+                }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), handler)
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_default_to_loopback() {
+        let a = listen_addr("8765").map_err(|e| e.to_string());
+        assert_eq!(
+            a,
+            Ok("127.0.0.1:8765".parse().unwrap_or_else(|_| unreachable!()))
+        );
+        assert!(listen_addr("localhost:1").is_ok_and(|a| a.ip().is_loopback()));
+        assert!(listen_addr("0.0.0.0:80").is_ok_and(|a| a.ip().is_unspecified()));
+        assert!(listen_addr("nonsense").is_err());
+        assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"ab", b"abc"));
+    }
+}

@@ -1,0 +1,195 @@
+//! `berth mcp`: the tool registry as an MCP server, on the official Rust SDK (rmcp).
+//!
+//! Flow at a glance:
+//! - one [`Registry`] and one [`Runtime`] for the life of the server, so a
+//!   command costs one round trip to an already-running shell;
+//! - transport: stdio by default ([`stdio`]: bounded lines, and a protocol
+//!   error for bytes that are not a JSON-RPC message, never a crash), or
+//!   streamable HTTP with `--listen` ([`http`]: bearer token on every request,
+//!   loopback unless an address says otherwise);
+//! - rmcp runs every request as its own task, so `ping` and other calls are
+//!   answered while a command runs; `notifications/cancelled` cancels the
+//!   call's token, which stops the command's process tree;
+//! - a call with a progress token gets progress notifications (elapsed time,
+//!   bytes so far, or the approval it waits for);
+//! - [`notify`] reports job completions and watch matches of this sandbox as
+//!   logging notifications to every connected client;
+//! - nothing but protocol goes to stdout: diagnostics go to stderr.
+
+mod http;
+mod notify;
+mod stdio;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Result;
+use berth_core::runtime::{DEFAULT_SANDBOX, Runtime};
+use berth_core::tools::{OutcomeKind, Progress, ProgressSink, Registry, ToolContext};
+use clap::Args;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::Value;
+
+use crate::context::{self, DEFAULT_BACKEND};
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Register it with an MCP client, e.g.:\n  {\"mcpServers\": {\"berth\": {\"command\": \"berth\", \"args\": [\"mcp\", \"--backend\", \"docker\", \"--sandbox\", \"agent\"]}}}\nOver HTTP: berth mcp --listen 127.0.0.1:8765 (prints the bearer token; or set BERTH_MCP_TOKEN)"
+)]
+pub struct McpArgs {
+    /// Backend the tools run on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Sandbox the tools run in (created on first use if it is `default`).
+    #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
+    pub sandbox: String,
+    /// Serve streamable HTTP on ADDR (`127.0.0.1:8765`, or a bare port for
+    /// loopback) instead of stdio. Every request needs the bearer token.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The bearer token for --listen (default: a new random one, printed on stderr).
+    #[arg(
+        long,
+        env = "BERTH_MCP_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+}
+
+/// What every connection of the server shares.
+pub(crate) struct Shared {
+    rt: Arc<Runtime>,
+    registry: Registry,
+    tools: Vec<Tool>,
+    backend: String,
+    sandbox: String,
+    notifier: notify::Notifier,
+}
+
+/// One client connection's handler.
+#[derive(Clone)]
+pub(crate) struct BerthServer {
+    shared: Arc<Shared>,
+}
+
+pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
+    let rt = Arc::new(context::runtime(state_dir)?);
+    let registry = Registry::new(&rt);
+    let tools = registry
+        .specs()
+        .into_iter()
+        .map(|s| {
+            let schema = match s.input_schema {
+                Value::Object(o) => o,
+                _ => Default::default(),
+            };
+            Tool::new(s.name, s.description, Arc::new(schema))
+        })
+        .collect();
+    let shared = Arc::new(Shared {
+        rt: rt.clone(),
+        registry,
+        tools,
+        backend: a.backend.clone(),
+        sandbox: a.sandbox.clone(),
+        notifier: notify::Notifier::default(),
+    });
+    let watcher = tokio::spawn(notify::watch_jobs(shared.clone()));
+    let result = match &a.listen {
+        Some(addr) => http::serve(shared.clone(), addr, a.token.clone()).await,
+        None => stdio::serve(shared.clone()).await,
+    };
+    watcher.abort();
+    rt.shutdown().await;
+    result.map(|()| 0)
+}
+
+impl BerthServer {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+impl ServerHandler for BerthServer {
+    fn get_info(&self) -> ServerConfig {
+        #[allow(deprecated)]
+        let caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_logging()
+            .build();
+        let mut info = ServerConfig::new(caps);
+        info.server_info = Implementation::new("berth", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(format!(
+            "Commands run in a persistent bash session in sandbox `{}` ({}): cd, exported variables, functions and aliases carry over between calls. Long-running work belongs in background jobs (terminal with background=true, then the process tool); their completions arrive as logging notifications.",
+            self.shared.sandbox, self.shared.backend
+        ));
+        info
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.shared.tools.clone()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let s = &self.shared;
+        let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
+        let mut ctx =
+            ToolContext::new(s.rt.clone(), &s.backend, &s.sandbox).with_cancel(context.ct.clone());
+        if let Some(token) = context.meta.get_progress_token() {
+            let peer = context.peer.clone();
+            let sink: ProgressSink = Arc::new(move |p: &Progress| {
+                let param = ProgressNotificationParam::new(token.clone(), p.elapsed.as_secs_f64())
+                    .with_message(p.message.clone());
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let _ = peer.notify_progress(param).await;
+                });
+            });
+            ctx = ctx.with_progress(sink);
+        }
+        let o = s.registry.dispatch(&ctx, &request.name, args).await;
+        if o.kind == OutcomeKind::UnknownTool {
+            return Err(McpError::invalid_params(o.text, None));
+        }
+        let mut structured = match o.data {
+            Value::Object(m) => m,
+            Value::Null => Default::default(),
+            other => [("data".to_string(), other)].into_iter().collect(),
+        };
+        structured.insert(
+            "outcome".into(),
+            serde_json::to_value(&o.kind).unwrap_or(Value::Null),
+        );
+        structured.insert("call_id".into(), o.call_id.into());
+        if let Some(p) = &o.spool {
+            structured.insert("spool".into(), p.display().to_string().into());
+        }
+        let content = vec![ContentBlock::text(o.text)];
+        let mut result = if o.is_error {
+            CallToolResult::error(content)
+        } else {
+            CallToolResult::success(content)
+        };
+        result.structured_content = Some(Value::Object(structured));
+        Ok(result.into())
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.shared.notifier.add(context.peer);
+    }
+}

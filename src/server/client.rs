@@ -1,0 +1,428 @@
+//! The CLI's side of `berth serve`: find or start the server, check it is the
+//! same berth, and run a call on it.
+//!
+//! Flow at a glance:
+//! 1. connect to the socket; none there, or a stale one, and `BERTH_SERVER` is
+//!    `auto`: start `berth serve` detached (its own session, output to
+//!    `server.log`) and wait for the socket;
+//! 2. `Hello`: another version, protocol, executable or configuration means
+//!    `Shutdown` that server (it gives up the socket at once) and start anew;
+//! 3. `exec`: print output as it streams; Ctrl-C sends `Interrupt` and waits for
+//!    the report; a stream that breaks before the report means the server died,
+//!    and the command's outcome is unknown (exit 125, never success).
+//!
+//! Nothing here opens the store or a backend: a call costs a connect and a
+//! round trip.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::Mode;
+use super::proto::berth_client::BerthClient;
+use super::proto::{
+    ExecCall, ForgetRequest, HelloReply, HelloRequest, InterruptRequest, ShutdownRequest,
+    exec_event,
+};
+use crate::cmd_exec::{EXIT_DENIED, ExecArgs};
+
+/// How long the client waits for a server it started to listen.
+const START_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Exit code when the server was lost mid-command.
+pub const EXIT_LOST: u8 = 125;
+
+/// A connected, checked server.
+pub struct Server {
+    client: BerthClient<Channel>,
+    /// What the server said about itself.
+    pub hello: HelloReply,
+}
+
+/// Why a connection attempt failed.
+enum ConnectError {
+    /// Nobody listens: no socket, or a stale one.
+    NoServer,
+    /// Something else; a reason the caller should see.
+    Other(anyhow::Error),
+}
+
+/// Connect to the socket and speak gRPC over that one connection.
+async fn connect_once(socket: &Path) -> std::result::Result<BerthClient<Channel>, ConnectError> {
+    let stream = match UnixStream::connect(socket).await {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Err(ConnectError::NoServer);
+        }
+        Err(e) => {
+            return Err(ConnectError::Other(anyhow!(e).context(format!(
+                "cannot connect to the berth server at {}; set BERTH_SERVER=off to run without it",
+                socket.display()
+            ))));
+        }
+    };
+    // The connector hands over the stream connected above, once: a channel
+    // that needs a second connection fails instead of reaching another server.
+    let slot = Arc::new(Mutex::new(Some(stream)));
+    let connector = tower::service_fn(move |_: Uri| {
+        let taken = slot.lock().ok().and_then(|mut s| s.take());
+        async move {
+            taken
+                .map(hyper_util::rt::TokioIo::new)
+                .ok_or_else(|| std::io::Error::other("the connection to the berth server closed"))
+        }
+    });
+    let channel = Endpoint::from_static("http://berth.server")
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| {
+            ConnectError::Other(
+                anyhow!(e).context("cannot open the connection to the berth server"),
+            )
+        })?;
+    Ok(BerthClient::new(channel).max_decoding_message_size(usize::MAX))
+}
+
+async fn hello(client: &mut BerthClient<Channel>) -> Result<HelloReply> {
+    match client.hello(HelloRequest {}).await {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) if s.code() == tonic::Code::PermissionDenied => {
+            bail!("the berth server refused this client: {}", s.message())
+        }
+        Err(s) => Err(anyhow!(
+            "the berth server did not answer its handshake: {}",
+            s.message()
+        )),
+    }
+}
+
+/// Why this client will not use `h`'s server, if it will not.
+fn mismatch(h: &HelloReply) -> Option<String> {
+    let version = env!("CARGO_PKG_VERSION");
+    if h.version != version || h.protocol != super::PROTOCOL {
+        return Some(format!(
+            "it is berth {} (protocol {}), this is {version} (protocol {})",
+            h.version,
+            h.protocol,
+            super::PROTOCOL
+        ));
+    }
+    if h.exe_id != super::exe_id() {
+        return Some("it runs another build of berth".into());
+    }
+    if h.config_key != super::config_key() {
+        return Some("it was started with another environment or policy file".into());
+    }
+    None
+}
+
+/// Start `berth serve` for `state_dir`, detached from this process: its own
+/// session (no terminal signals), no stdin, output to the server log.
+fn spawn_server(state_dir: &Path) -> Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
+    let log_path = super::log_path(state_dir);
+    use std::os::unix::fs::OpenOptionsExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log_path)
+        .with_context(|| format!("cannot open the server log {}", log_path.display()))?;
+    let exe = std::env::current_exe()
+        .context("cannot find berth's own executable to start the server")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("serve")
+        .arg("--idle")
+        .arg(super::idle_from_env()?.to_string())
+        .env("BERTH_STATE_DIR", state_dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().context("cannot start `berth serve`")
+}
+
+/// The last lines of the server log, for an error message.
+fn log_tail(state_dir: &Path) -> String {
+    let text = std::fs::read_to_string(super::log_path(state_dir)).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+/// Wait for a server to listen on the socket, watching the one we started.
+async fn wait_for_server(
+    state_dir: &Path,
+    socket: &Path,
+    mut child: std::process::Child,
+) -> Result<BerthClient<Channel>> {
+    let deadline = Instant::now() + START_DEADLINE;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match connect_once(socket).await {
+            Ok(c) => return Ok(c),
+            Err(ConnectError::Other(e)) => return Err(e),
+            Err(ConnectError::NoServer) => {}
+        }
+        if let Ok(Some(status)) = child.try_wait()
+            && !status.success()
+        {
+            bail!(
+                "`berth serve` exited ({status}) before listening on {}; its log ({}) ends:\n{}\nset BERTH_SERVER=off to run without a server",
+                socket.display(),
+                super::log_path(state_dir).display(),
+                log_tail(state_dir)
+            );
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "`berth serve` did not listen on {} within {}s; see {} or set BERTH_SERVER=off",
+                socket.display(),
+                START_DEADLINE.as_secs(),
+                super::log_path(state_dir).display()
+            );
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(25));
+    }
+}
+
+/// Connect to the running server of `state_dir` without starting one.
+pub async fn running(state_dir: &Path) -> Result<Option<Server>> {
+    let socket = super::socket_path(state_dir);
+    match connect_once(&socket).await {
+        Ok(mut client) => {
+            let hello = hello(&mut client).await?;
+            Ok(Some(Server { client, hello }))
+        }
+        Err(ConnectError::NoServer) => Ok(None),
+        Err(ConnectError::Other(e)) => Err(e),
+    }
+}
+
+/// The server for `state_dir`: the running one if it is the same berth, else a
+/// new one (`auto`); `require` fails when none runs.
+pub async fn connect(state_dir: &Path, mode: Mode) -> Result<Server> {
+    super::daemon::check_socket_path(state_dir)?;
+    if mode == Mode::Auto {
+        std::fs::create_dir_all(state_dir).map_err(|e| {
+            anyhow!(
+                "state dir {} is not writable ({e}); fix its permissions, or point --state-dir / BERTH_STATE_DIR at a writable directory",
+                state_dir.display()
+            )
+        })?;
+    }
+    let socket = super::socket_path(state_dir);
+    // Twice at most: a mismatched server is replaced once.
+    for _ in 0..2 {
+        let mut client = match connect_once(&socket).await {
+            Ok(c) => c,
+            Err(ConnectError::Other(e)) => return Err(e),
+            Err(ConnectError::NoServer) if mode == Mode::Require => bail!(
+                "no berth server runs for {} and BERTH_SERVER=require; start one with `berth serve`, or use BERTH_SERVER=auto",
+                state_dir.display()
+            ),
+            Err(ConnectError::NoServer) => {
+                let child = spawn_server(state_dir)?;
+                wait_for_server(state_dir, &socket, child).await?
+            }
+        };
+        let h = hello(&mut client).await?;
+        let Some(why) = mismatch(&h) else {
+            return Ok(Server { client, hello: h });
+        };
+        if mode == Mode::Require {
+            bail!(
+                "the berth server (pid {}) does not match this client: {why}; stop it with `berth server stop`",
+                h.pid
+            );
+        }
+        tracing::info!(pid = h.pid, %why, "replacing the berth server");
+        client
+            .shutdown(ShutdownRequest { interrupt: false })
+            .await
+            .map_err(|s| {
+                anyhow!(
+                    "cannot stop the old berth server (pid {}): {}",
+                    h.pid,
+                    s.message()
+                )
+            })?;
+    }
+    bail!(
+        "the berth server for {} was replaced but the new one still does not match; stop it with `berth server stop` or set BERTH_SERVER=off",
+        state_dir.display()
+    )
+}
+
+impl Server {
+    /// Ask the server to stop; `interrupt` stops its running commands too.
+    pub async fn shutdown(&mut self, interrupt: bool) -> Result<u32> {
+        let r = self
+            .client
+            .shutdown(ShutdownRequest { interrupt })
+            .await
+            .map_err(|s| anyhow!("the berth server did not stop: {}", s.message()))?;
+        Ok(r.into_inner().pid)
+    }
+}
+
+/// Tell a running server (never starting one) to let go of a sandbox's shell,
+/// before this process removes the sandbox. Best effort: with no server, or an
+/// old one, there is nothing to tell.
+pub async fn forget(state_dir: &Path, backend: &str, sandbox: &str) {
+    let socket = super::socket_path(state_dir);
+    if let Ok(mut client) = connect_once(&socket).await {
+        let _ = client
+            .forget(ForgetRequest {
+                backend: backend.into(),
+                sandbox: sandbox.into(),
+            })
+            .await;
+    }
+}
+
+/// `berth exec` through the server.
+pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
+    let command = a.command.join(" ");
+    if command.trim().is_empty() {
+        bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
+    }
+    if let Some(t) = a.timeout {
+        crate::cmd_exec::timeout_from_secs(t)?;
+    }
+    let stdin = if a.stdin {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
+        Some(buf)
+    } else {
+        None
+    };
+    let mut server = connect(&state_dir, mode).await?;
+    let pid = server.hello.pid;
+    let call = ExecCall {
+        backend: a.backend.clone(),
+        sandbox: a.sandbox.clone(),
+        command,
+        timeout_secs: a.timeout,
+        stdin,
+    };
+    let mut stream = match server.client.exec(call).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::InvalidArgument => bail!("{}", s.message()),
+        Err(s) => return Ok(lost(pid, a.json, &s.to_string())),
+    };
+    let mut interrupter = server.client.clone();
+    let mut call_id = None;
+    let mut interrupts = 0u32;
+    loop {
+        let next = tokio::select! {
+            m = stream.message() => m,
+            c = tokio::signal::ctrl_c() => {
+                if c.is_err() {
+                    continue;
+                }
+                interrupts += 1;
+                if interrupts > 1 {
+                    // A second Ctrl-C: stop waiting; the dropped stream interrupts.
+                    eprintln!("berth: interrupted again; not waiting for the command's report");
+                    return Ok(130);
+                }
+                if let Some(id) = call_id.clone() {
+                    let _ = interrupter.interrupt(InterruptRequest { call_id: id }).await;
+                }
+                continue;
+            }
+        };
+        let event = match next {
+            Ok(Some(m)) => m.event,
+            Ok(None) => return Ok(lost(pid, a.json, "the stream ended without a report")),
+            Err(s) => return Ok(lost(pid, a.json, &s.to_string())),
+        };
+        match event {
+            Some(exec_event::Event::Started(id)) => call_id = Some(id),
+            Some(exec_event::Event::Output(b)) if !a.json => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&b);
+                let _ = out.flush();
+            }
+            Some(exec_event::Event::Notice(n)) => {
+                let n = n.strip_prefix("berth: ").unwrap_or(&n);
+                eprintln!("berth: {n}");
+            }
+            Some(exec_event::Event::Report(r)) => {
+                if a.json {
+                    println!("{}", r.json);
+                } else {
+                    let v: serde_json::Value = serde_json::from_str(&r.json).unwrap_or_default();
+                    let notices: Vec<String> = v["notices"]
+                        .as_array()
+                        .map(|n| {
+                            n.iter()
+                                .filter_map(|s| s.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    crate::cmd_exec::print_notice_lines(
+                        v["recreated"].as_str(),
+                        &notices,
+                        v["timed_out"].as_bool().unwrap_or(false),
+                        v["interrupted"].as_bool().unwrap_or(false),
+                        Duration::from_secs_f64(r.timeout_secs.max(0.0)),
+                    );
+                }
+                return Ok(crate::cmd_exec::exit_byte(r.exit_code));
+            }
+            Some(exec_event::Event::Failure(f)) => {
+                if a.json {
+                    crate::context::print_json(&if f.denied {
+                        serde_json::json!({ "error": f.message, "denied": true })
+                    } else {
+                        serde_json::json!({ "error": f.message })
+                    });
+                }
+                if f.denied {
+                    if !a.json {
+                        eprintln!("berth: {}", f.message);
+                    }
+                    return Ok(EXIT_DENIED);
+                }
+                bail!("{}", f.message);
+            }
+            // Output under --json: the report carries it.
+            Some(exec_event::Event::Output(_)) | None => {}
+        }
+    }
+}
+
+/// Report a command whose server died under it: never a success.
+fn lost(pid: u32, json: bool, why: &str) -> u8 {
+    let msg = format!(
+        "lost the berth server (pid {pid}) while the command ran ({why}); its outcome is unknown: it may have run in part or in full. \
+The next call starts a new server, which restores the session from its last snapshot (plain variables and the shell's background children are gone)"
+    );
+    if json {
+        crate::context::print_json(&serde_json::json!({ "error": msg, "lost": true }));
+    }
+    eprintln!("berth: error: {msg}");
+    EXIT_LOST
+}

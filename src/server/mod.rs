@@ -1,0 +1,179 @@
+//! `berth serve`: one long-lived server per user and state dir, and the CLI's
+//! client for it.
+//!
+//! Flow at a glance:
+//! 1. a CLI call (`berth exec`) reads `BERTH_SERVER` (`auto` by default);
+//! 2. the client connects to `<state dir>/server.sock`; with no server there (no
+//!    socket, or a stale one nobody listens on) it starts `berth serve` detached,
+//!    as OpenSSH's ControlPersist does, and waits for the socket;
+//! 3. `Hello`: a server of another version, protocol, executable or
+//!    configuration is told to shut down and a new one is started;
+//! 4. the call runs in the server's `Runtime`, where the sandbox's shell stays
+//!    warm: output streams back, then the report; Ctrl-C sends `Interrupt`, and
+//!    a client that goes away interrupts its command too;
+//! 5. the server checks every peer's uid (`SO_PEERCRED`), and exits after its
+//!    idle time with nothing running, or when its socket is removed.
+//!
+//! With `BERTH_SERVER=off` every command runs in-process as before; the
+//! in-process handlers are also what the server itself calls.
+
+pub mod client;
+pub mod daemon;
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+/// The generated gRPC code for `proto/berth/server.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("berth.server");
+}
+
+/// The wire protocol's revision: bump it on a change an older peer cannot read.
+pub const PROTOCOL: u32 = 1;
+
+/// How long an idle server lives by default (seconds).
+pub const DEFAULT_IDLE_SECS: u64 = 300;
+
+/// The socket's file name in the state dir.
+pub fn socket_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("server.sock")
+}
+
+/// The lock a running server holds, so one state dir has one server.
+pub fn lock_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("server.lock")
+}
+
+/// Where a server started by the CLI writes its diagnostics.
+pub fn log_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("server.log")
+}
+
+/// Whether the CLI uses a server (`BERTH_SERVER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Use the running server, starting one if none runs (the default).
+    Auto,
+    /// Run everything in-process.
+    Off,
+    /// Use the running server; fail if none runs.
+    Require,
+}
+
+impl Mode {
+    /// From `BERTH_SERVER`.
+    pub fn from_env() -> Result<Mode> {
+        match std::env::var("BERTH_SERVER").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("auto") => Ok(Mode::Auto),
+            Ok("off") | Ok("0") => Ok(Mode::Off),
+            Ok("require") => Ok(Mode::Require),
+            Ok(other) => bail!(
+                "BERTH_SERVER={other:?} is not one of auto, off, require; unset it to use the default (auto)"
+            ),
+        }
+    }
+}
+
+/// The server's idle time from `BERTH_SERVER_IDLE` (seconds), else the default.
+pub fn idle_from_env() -> Result<u64> {
+    match std::env::var("BERTH_SERVER_IDLE") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse::<u64>().map_err(|_| {
+            anyhow::anyhow!("BERTH_SERVER_IDLE={v:?} is not a whole number of seconds")
+        }),
+        _ => Ok(DEFAULT_IDLE_SECS),
+    }
+}
+
+/// The identity of this executable: a rebuilt or upgraded berth differs, so a
+/// server left over from an older build is replaced.
+pub fn exe_id() -> String {
+    use std::os::unix::fs::MetadataExt;
+    std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .map(|m| format!("{}:{}:{}.{}", m.dev(), m.ino(), m.mtime(), m.mtime_nsec()))
+        .unwrap_or_default()
+}
+
+/// Variables that differ between terminals of one user without changing what
+/// berth does; they are left out of the configuration key, so two terminals
+/// share one server.
+const VOLATILE_ENV: &[&str] = &[
+    "PWD",
+    "OLDPWD",
+    "_",
+    "SHLVL",
+    "COLUMNS",
+    "LINES",
+    "SSH_TTY",
+    "SSH_CLIENT",
+    "SSH_CONNECTION",
+    "WINDOWID",
+    "GPG_TTY",
+    "COLORTERM",
+    "BERTH_SERVER",
+    "BERTH_SERVER_IDLE",
+    "BERTH_STATE_DIR",
+    "BERTH_LOG",
+];
+
+/// Prefixes of terminal emulators' and multiplexers' per-window variables.
+const VOLATILE_PREFIXES: &[&str] = &[
+    "TERM",
+    "TMUX",
+    "STY",
+    "ITERM_",
+    "KONSOLE_",
+    "VTE_",
+    "WEZTERM_",
+    "KITTY_",
+    "XDG_SESSION_",
+];
+
+fn volatile(name: &str) -> bool {
+    VOLATILE_ENV.contains(&name) || VOLATILE_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// A digest of what shapes the server's runtime: berth's environment (the
+/// gate passes parts of it to sandboxes and redacts its secrets) and the
+/// policy file. A client whose key differs restarts the server, so a server
+/// never runs a call under another caller's settings.
+pub fn config_key() -> String {
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| !volatile(k)).collect();
+    vars.sort();
+    let mut h = std::hash::DefaultHasher::new();
+    vars.hash(&mut h);
+    if let Ok(p) = crate::context::policy_path() {
+        use std::os::unix::fs::MetadataExt;
+        p.hash(&mut h);
+        if let Ok(m) = std::fs::metadata(&p) {
+            (m.ino(), m.len(), m.mtime(), m.mtime_nsec()).hash(&mut h);
+        }
+    }
+    format!("{:016x}", h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::volatile;
+
+    #[test]
+    fn per_terminal_variables_do_not_split_the_server() {
+        for v in [
+            "PWD",
+            "TERM",
+            "TERM_SESSION_ID",
+            "TMUX_PANE",
+            "WINDOWID",
+            "BERTH_SERVER",
+        ] {
+            assert!(volatile(v), "{v}");
+        }
+        // These change what berth does (the ssh agent, the policy, secrets).
+        for v in ["SSH_AUTH_SOCK", "BERTH_POLICY", "HOME", "PATH", "API_TOKEN"] {
+            assert!(!volatile(v), "{v}");
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! `berth serve` from the outside: the CLI as a thin client of a server it
+//! starts itself, and the server's faults.
+//!
+//! Every test has its own state dir and stops its server at the end (`Served`'s
+//! `Drop`); a server also exits by itself once its socket is gone.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{BoxError, TestResult};
+
+const BERTH: &str = env!("CARGO_BIN_EXE_berth");
+
+/// A state dir whose server is stopped when the test ends, pass or fail.
+struct Served {
+    dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn new() -> Result<Served, BoxError> {
+        Ok(Served {
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BERTH);
+        c.args(args)
+            .env("BERTH_STATE_DIR", self.path())
+            .env("BERTH_POLICY", self.path().join("policy.toml"))
+            .env("BERTH_SERVER", "auto")
+            .env_remove("BERTH_SERVER_IDLE")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> std::io::Result<Output> {
+        self.cmd(args).output()
+    }
+
+    /// `berth exec -- COMMAND`, which must succeed; its stdout.
+    fn exec(&self, command: &str) -> Result<String, BoxError> {
+        self.exec_in("default", command)
+    }
+
+    fn exec_in(&self, sandbox: &str, command: &str) -> Result<String, BoxError> {
+        let o = self.run(&["exec", "--sandbox", sandbox, "--", command])?;
+        if o.status.code() != Some(0) {
+            return Err(format!("`{command}` failed: {}", text(&o)).into());
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    /// `berth server status --json`, or `None` when no server runs.
+    fn status(&self) -> Result<Option<Value>, BoxError> {
+        let o = self.run(&["server", "status", "--json"])?;
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .map_err(|e| format!("status is not JSON ({e}): {}", text(&o)))?;
+        Ok(if v["running"] == true { Some(v) } else { None })
+    }
+
+    fn pid(&self) -> Result<u32, BoxError> {
+        let s = self.status()?.ok_or("no server runs")?;
+        Ok(s["pid"].as_u64().ok_or("status without a pid")? as u32)
+    }
+
+    /// Wait until the server runs `n` calls.
+    fn wait_active(&self, n: u64) -> TestResult {
+        wait_for(Duration::from_secs(20), || {
+            Ok(self
+                .status()?
+                .is_some_and(|s| s["active_calls"].as_u64() == Some(n)))
+        })
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.run(&["server", "stop"]);
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Poll `cond` until it holds, failing after `limit`.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> Result<bool, BoxError>) -> TestResult {
+    let end = Instant::now() + limit;
+    loop {
+        if cond()? {
+            return Ok(());
+        }
+        if Instant::now() >= end {
+            return Err(format!("condition not met within {limit:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait for a child to exit, killing it if it does not within `limit`.
+fn wait_child(child: &mut Child, limit: Duration) -> Result<Output, BoxError> {
+    let end = Instant::now() + limit;
+    while child.try_wait()?.is_none() {
+        if Instant::now() >= end {
+            let _ = child.kill();
+            return Err(format!("process did not exit within {limit:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    if let Some(mut s) = child.stdout.take() {
+        std::io::Read::read_to_end(&mut s, &mut out)?;
+    }
+    if let Some(mut s) = child.stderr.take() {
+        std::io::Read::read_to_end(&mut s, &mut err)?;
+    }
+    Ok(Output {
+        status: child.wait()?,
+        stdout: out,
+        stderr: err,
+    })
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+}
+
+#[test]
+fn what_a_terminal_keeps_survives_between_calls() -> TestResult {
+    let s = Served::new()?;
+    s.exec("x=42; umask 027; set -o noglob; shopt -s extglob; sleep 60 & child=$!")?;
+    let pid = s.pid()?;
+    let out = s.exec(
+        "echo $x; umask; [[ -o noglob ]] && echo noglob; shopt -q extglob && echo extglob; \
+         kill -0 $child && echo child; kill $child",
+    )?;
+    assert_eq!(out, "42\n0027\nnoglob\nextglob\nchild\n");
+    assert_eq!(s.pid()?, pid, "both calls reached one server");
+    Ok(())
+}
+
+#[test]
+fn six_concurrent_exports_on_one_sandbox_all_survive() -> TestResult {
+    let s = Served::new()?;
+    s.exec("true")?;
+    let children: Vec<Child> = (0..6)
+        .map(|i| {
+            s.cmd(&["exec", "--", &format!("export C{i}=v{i}")])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    for mut c in children {
+        let o = wait_child(&mut c, Duration::from_secs(60))?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let out = s.exec("env | grep '^C[0-9]=' | sort")?;
+    assert_eq!(out, "C0=v0\nC1=v1\nC2=v2\nC3=v3\nC4=v4\nC5=v5\n");
+    Ok(())
+}
+
+#[test]
+fn commands_on_two_sandboxes_run_at_once() -> TestResult {
+    let s = Served::new()?;
+    for name in ["one", "two"] {
+        let o = s.run(&["sandbox", "create", name])?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        s.exec_in(name, "true")?;
+    }
+    let start = Instant::now();
+    let children: Vec<Child> = ["one", "two"]
+        .iter()
+        .map(|name| {
+            s.cmd(&["exec", "--sandbox", name, "--", "sleep 1"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    for mut c in children {
+        let o = wait_child(&mut c, Duration::from_secs(30))?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    // A concurrency check, not a speed one: in sequence they take 2 s.
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_millis(1800),
+        "two 1 s sleeps took {took:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_server_killed_mid_command_is_reported_lost_and_replaced() -> TestResult {
+    let s = Served::new()?;
+    s.exec("export K=kept")?;
+    let old = s.pid()?;
+    let mut client = s
+        .cmd(&["exec", "--", "sleep 5; echo finished"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    s.wait_active(1)?;
+    // SAFETY: sending SIGKILL to the server this test started.
+    assert_eq!(unsafe { libc::kill(old as libc::pid_t, libc::SIGKILL) }, 0);
+    let o = wait_child(&mut client, Duration::from_secs(20))?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("outcome is unknown"),
+        "{}",
+        text(&o)
+    );
+    // The next call starts a new server, which restores the session.
+    assert_eq!(s.exec("echo $K")?, "kept\n");
+    assert_ne!(s.pid()?, old);
+    Ok(())
+}
+
+#[test]
+fn ctrl_c_in_the_client_interrupts_the_command_and_the_session_lives() -> TestResult {
+    let s = Served::new()?;
+    s.exec("v=still-here")?;
+    let pid = s.pid()?;
+    let mut client = s
+        .cmd(&["exec", "--", "sleep 30; echo finished"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    s.wait_active(1)?;
+    // SAFETY: SIGINT to the client this test started, as Ctrl-C would send.
+    assert_eq!(
+        unsafe { libc::kill(client.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let o = wait_child(&mut client, Duration::from_secs(20))?;
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert_eq!(s.exec("echo $v")?, "still-here\n");
+    assert_eq!(s.pid()?, pid);
+    Ok(())
+}
+
+#[test]
+fn a_client_killed_mid_command_interrupts_it() -> TestResult {
+    let s = Served::new()?;
+    s.exec("true")?;
+    let mut client = s
+        .cmd(&["exec", "--", "sleep 60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    s.wait_active(1)?;
+    client.kill()?;
+    client.wait()?;
+    // Interrupted, not left to sleep its minute.
+    s.wait_active(0)?;
+    assert_eq!(s.exec("echo ok")?, "ok\n");
+    Ok(())
+}
+
+#[test]
+fn a_stale_socket_is_replaced() -> TestResult {
+    let s = Served::new()?;
+    let sock = s.path().join("server.sock");
+    // A socket file nobody listens on, as a dead server leaves it.
+    drop(std::os::unix::net::UnixListener::bind(&sock)?);
+    assert!(sock.exists());
+    assert_eq!(s.exec("echo hi")?, "hi\n");
+    assert!(s.status()?.is_some());
+    Ok(())
+}
+
+#[test]
+fn a_server_of_another_version_is_replaced() -> TestResult {
+    let s = Served::new()?;
+    let mut old = s
+        .cmd(&["serve", "--idle", "60", "--pretend-version", "0.0.0-old"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_for(Duration::from_secs(20), || Ok(s.status()?.is_some()))?;
+    assert_eq!(s.status()?.ok_or("no server")?["version"], "0.0.0-old");
+    assert_eq!(s.exec("echo hi")?, "hi\n");
+    let now = s.status()?.ok_or("no server after the call")?;
+    assert_eq!(now["version"], env!("CARGO_PKG_VERSION"));
+    assert_ne!(now["pid"].as_u64(), Some(u64::from(old.id())));
+    // The old server stopped cleanly.
+    let o = wait_child(&mut old, Duration::from_secs(20))?;
+    assert_eq!(o.status.code(), Some(0));
+    Ok(())
+}
+
+#[test]
+fn the_socket_refuses_another_uid() -> TestResult {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("this test switches to uid 65534 with setpriv and must run as root".into());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let s = Served::new()?;
+    s.exec("true")?;
+    let sock: PathBuf = s.path().join("server.sock");
+    let mode = std::fs::metadata(&sock)?.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let as_nobody = || {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", BERTH])
+            .args(["server", "status"])
+            .env("BERTH_STATE_DIR", s.path())
+            .env("BERTH_SERVER", "require")
+            .stdin(Stdio::null());
+        c
+    };
+    std::fs::set_permissions(s.path(), std::fs::Permissions::from_mode(0o711))?;
+    // The socket's mode keeps another user out...
+    let o = as_nobody().output()?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{}",
+        text(&o)
+    );
+    // ...and so does the server's own check of the peer's uid.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))?;
+    let o = as_nobody().output()?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("uid 65534 may not use it"),
+        "{}",
+        text(&o)
+    );
+    // The owner still can.
+    assert_eq!(s.exec("echo mine")?, "mine\n");
+    Ok(())
+}
+
+#[test]
+fn an_idle_server_exits_and_stop_stops_one() -> TestResult {
+    let s = Served::new()?;
+    let o = s
+        .cmd(&["exec", "--", "true"])
+        .env("BERTH_SERVER_IDLE", "1")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let pid = s.pid()?;
+    wait_for(Duration::from_secs(20), || Ok(!alive(pid)))?;
+    assert!(s.status()?.is_none());
+    assert!(!s.path().join("server.sock").exists());
+    s.exec("true")?;
+    let pid = s.pid()?;
+    let o = s.run(&["server", "stop"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!alive(pid));
+    let o = s.run(&["server", "status"])?;
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    Ok(())
+}
+
+#[test]
+fn berth_server_off_runs_in_process() -> TestResult {
+    let s = Served::new()?;
+    let o = s
+        .cmd(&["exec", "--", "export A=1"])
+        .env("BERTH_SERVER", "off")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(s.status()?.is_none(), "no server was started");
+    let o = s
+        .cmd(&["exec", "--", "echo $A"])
+        .env("BERTH_SERVER", "require")
+        .output()?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    // The snapshot carries the export into the server's session.
+    assert_eq!(s.exec("echo $A")?, "1\n");
+    Ok(())
+}
+
+/// `berth shell` runs in-process beside a server that holds a warm shell of
+/// the same sandbox: what either side exports, the other sees.
+#[test]
+fn berth_shell_and_exec_through_the_server_see_each_others_state() -> TestResult {
+    let s = Served::new()?;
+    s.exec("export FROM_EXEC=1")?;
+    assert!(s.status()?.is_some(), "exec started no server");
+    let mut shell = s
+        .cmd(&["shell"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::Write;
+        let mut stdin = shell.stdin.take().ok_or("no stdin")?;
+        stdin.write_all(b"echo seen=$FROM_EXEC\nexport FROM_SHELL=2; cd /tmp\n")?;
+    }
+    let o = wait_child(&mut shell, Duration::from_secs(60))?;
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("seen=1"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(s.exec("echo $FROM_EXEC $FROM_SHELL; pwd")?, "1 2\n/tmp\n");
+    Ok(())
+}

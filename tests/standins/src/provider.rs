@@ -1,0 +1,558 @@
+//! A scripted model provider: OpenAI Chat Completions and Anthropic Messages,
+//! streaming (SSE over chunked HTTP/1.1) and not.
+//!
+//! Flow at a glance: [`ProviderStandin::start`] binds a loopback port and
+//! serves `POST …/chat/completions` and `POST …/messages` from a thread of its
+//! own. Each request is recorded (path, headers, JSON body), then answered
+//! with the next [`Reply`] of the script, in the wire format of the path and
+//! streamed when the body says `"stream": true`. Streamed tool-call arguments
+//! are split into pieces of a few bytes, so a client must assemble them. A
+//! [`Reply::Cut`] stops a stream half way and drops the connection; a
+//! [`Reply::Status`] answers with an HTTP error (with `Retry-After`). An
+//! exhausted script answers 500 and says so.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One tool call of a scripted reply.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// Its id.
+    pub id: String,
+    /// The tool.
+    pub name: String,
+    /// The arguments exactly as sent (may be broken JSON on purpose).
+    pub args: String,
+}
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// Text and tool calls; `stop` is the finish reason in OpenAI's words
+    /// (`stop`, `tool_calls`, `length`), mapped for Anthropic.
+    Turn {
+        /// Text before the calls.
+        text: String,
+        /// The calls.
+        calls: Vec<Call>,
+        /// Why it stopped.
+        stop: String,
+    },
+    /// An HTTP error.
+    Status {
+        /// The status code.
+        code: u16,
+        /// `Retry-After` seconds.
+        retry_after: Option<u32>,
+    },
+    /// Stream half of this reply, then drop the connection.
+    Cut(Box<Reply>),
+}
+
+impl Reply {
+    /// A final answer.
+    pub fn text(t: &str) -> Reply {
+        Reply::Turn {
+            text: t.into(),
+            calls: vec![],
+            stop: "stop".into(),
+        }
+    }
+
+    /// One tool call with these raw arguments.
+    pub fn call(id: &str, name: &str, args: &str) -> Reply {
+        Reply::calls(&[(id, name, args)])
+    }
+
+    /// Several tool calls in one turn.
+    pub fn calls(calls: &[(&str, &str, &str)]) -> Reply {
+        Reply::Turn {
+            text: String::new(),
+            calls: calls
+                .iter()
+                .map(|(id, name, args)| Call {
+                    id: (*id).into(),
+                    name: (*name).into(),
+                    args: (*args).into(),
+                })
+                .collect(),
+            stop: "tool_calls".into(),
+        }
+    }
+
+    /// A turn cut by the output limit, its last call's arguments unfinished.
+    pub fn truncated(id: &str, name: &str, partial_args: &str) -> Reply {
+        Reply::Turn {
+            text: String::new(),
+            calls: vec![Call {
+                id: id.into(),
+                name: name.into(),
+                args: partial_args.into(),
+            }],
+            stop: "length".into(),
+        }
+    }
+}
+
+/// One request as received.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// The request path.
+    pub path: String,
+    /// Header names (lowercase) and values.
+    pub headers: Vec<(String, String)>,
+    /// The raw body bytes.
+    pub raw: Vec<u8>,
+    /// The body as JSON (`Null` if it was not JSON).
+    pub body: Value,
+}
+
+impl Recorded {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+struct State {
+    script: VecDeque<Reply>,
+    seen: Vec<Recorded>,
+}
+
+/// The running stand-in; stopped when dropped.
+pub struct ProviderStandin {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Bytes per streamed piece of text or arguments.
+const PIECE: usize = 3;
+/// Usage every reply reports.
+const USAGE_IN: u64 = 120;
+const USAGE_CACHED: u64 = 100;
+const USAGE_OUT: u64 = 15;
+
+impl ProviderStandin {
+    /// Start serving `script` on a loopback port.
+    pub fn start(script: Vec<Reply>) -> std::io::Result<ProviderStandin> {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let state = Arc::new(Mutex::new(State {
+            script: script.into(),
+            seen: vec![],
+        }));
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let st = state.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::spawn(move || {
+            rt.block_on(async move {
+                let Ok(listener) = TcpListener::from_std(std_listener) else {
+                    return;
+                };
+                loop {
+                    tokio::select! {
+                        _ = &mut rx => break,
+                        acc = listener.accept() => {
+                            if let Ok((sock, _)) = acc {
+                                tokio::spawn(serve(sock, st.clone()));
+                            }
+                        }
+                    }
+                }
+            });
+        });
+        Ok(ProviderStandin {
+            addr,
+            state,
+            stop: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The API root to configure as a base URL (`http://127.0.0.1:PORT/v1`).
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request so far, in order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state
+            .lock()
+            .map(|s| s.seen.clone())
+            .unwrap_or_default()
+    }
+
+    /// Add replies to the end of the script.
+    pub fn push(&self, replies: Vec<Reply>) {
+        if let Ok(mut s) = self.state.lock() {
+            s.script.extend(replies);
+        }
+    }
+
+    /// Replies not yet given.
+    pub fn remaining(&self) -> usize {
+        self.state.lock().map(|s| s.script.len()).unwrap_or(0)
+    }
+}
+
+impl Drop for ProviderStandin {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn serve(mut sock: TcpStream, state: Arc<Mutex<State>>) {
+    let Some(req) = read_request(&mut sock).await else {
+        return;
+    };
+    let reply = match state.lock() {
+        Ok(mut s) => {
+            s.seen.push(req.clone());
+            s.script.pop_front()
+        }
+        Err(_) => None,
+    };
+    let anthropic = req.path.ends_with("/messages");
+    let stream = req.body["stream"] == Value::Bool(true);
+    let model = req.body["model"].as_str().unwrap_or("standin").to_string();
+    let _ = match reply {
+        None => {
+            respond(
+                &mut sock,
+                500,
+                &[],
+                &json!({ "error": { "message": "provider stand-in: the script is exhausted" } }),
+            )
+            .await
+        }
+        Some(Reply::Status { code, retry_after }) => {
+            let extra: Vec<(String, String)> = retry_after
+                .map(|s| vec![("retry-after".to_string(), s.to_string())])
+                .unwrap_or_default();
+            respond(
+                &mut sock,
+                code,
+                &extra,
+                &json!({ "error": { "type": "rate_limit_error", "message": format!("stand-in status {code}") } }),
+            )
+            .await
+        }
+        Some(Reply::Cut(inner)) => {
+            let events = if anthropic {
+                anthropic_events(&inner, &model)
+            } else {
+                openai_events(&inner, &model)
+            };
+            let half = events.len() / 2;
+            stream_events(&mut sock, &events[..half.max(1)], false).await
+        }
+        Some(turn) if stream => {
+            let events = if anthropic {
+                anthropic_events(&turn, &model)
+            } else {
+                openai_events(&turn, &model)
+            };
+            stream_events(&mut sock, &events, true).await
+        }
+        Some(turn) => {
+            let body = if anthropic {
+                anthropic_whole(&turn, &model)
+            } else {
+                openai_whole(&turn, &model)
+            };
+            respond(&mut sock, 200, &[], &body).await
+        }
+    };
+}
+
+async fn read_request(sock: &mut TcpStream) -> Option<Recorded> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p;
+        }
+        let n = sock.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let path = lines.next()?.split(' ').nth(1)?.to_string();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut raw = buf[head_end + 4..].to_vec();
+    while raw.len() < len {
+        let n = sock.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    Some(Recorded {
+        path,
+        headers,
+        raw,
+        body,
+    })
+}
+
+async fn respond(
+    sock: &mut TcpStream,
+    code: u16,
+    extra: &[(String, String)],
+    body: &Value,
+) -> std::io::Result<()> {
+    let body = body.to_string();
+    let mut head = format!(
+        "HTTP/1.1 {code} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        reason(code),
+        body.len()
+    );
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(body.as_bytes()).await?;
+    sock.shutdown().await
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        400 => "Bad Request",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Status",
+    }
+}
+
+/// Each event is one HTTP chunk; `complete` sends the terminating chunk,
+/// otherwise the connection is dropped mid-body.
+async fn stream_events(
+    sock: &mut TcpStream,
+    events: &[String],
+    complete: bool,
+) -> std::io::Result<()> {
+    sock.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+    )
+    .await?;
+    for e in events {
+        sock.write_all(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes())
+            .await?;
+        sock.flush().await?;
+    }
+    if complete {
+        sock.write_all(b"0\r\n\r\n").await?;
+        sock.shutdown().await
+    } else {
+        // Drop without the last chunk: the client sees a broken body.
+        Ok(())
+    }
+}
+
+fn pieces(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for c in s.chars() {
+        cur.push(c);
+        if cur.len() >= PIECE {
+            out.push(std::mem::take(&mut cur));
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+fn parts(r: &Reply) -> (&str, &[Call], &str) {
+    match r {
+        Reply::Turn { text, calls, stop } => (text, calls, stop),
+        _ => ("", &[], "stop"),
+    }
+}
+
+fn openai_usage() -> Value {
+    json!({
+        "prompt_tokens": USAGE_IN,
+        "completion_tokens": USAGE_OUT,
+        "total_tokens": USAGE_IN + USAGE_OUT,
+        "prompt_tokens_details": { "cached_tokens": USAGE_CACHED }
+    })
+}
+
+fn openai_events(r: &Reply, model: &str) -> Vec<String> {
+    let (text, calls, stop) = parts(r);
+    let chunk = |delta: Value, finish: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({
+                "id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }]
+            })
+        )
+    };
+    let mut out = vec![chunk(
+        json!({ "role": "assistant", "content": "" }),
+        Value::Null,
+    )];
+    for p in pieces(text) {
+        out.push(chunk(json!({ "content": p }), Value::Null));
+    }
+    for (i, c) in calls.iter().enumerate() {
+        out.push(chunk(
+            json!({ "tool_calls": [{ "index": i, "id": c.id, "type": "function",
+                                     "function": { "name": c.name, "arguments": "" } }] }),
+            Value::Null,
+        ));
+        for p in pieces(&c.args) {
+            out.push(chunk(
+                json!({ "tool_calls": [{ "index": i, "function": { "arguments": p } }] }),
+                Value::Null,
+            ));
+        }
+    }
+    out.push(chunk(json!({}), Value::String(stop.into())));
+    out.push(format!(
+        "data: {}\n\n",
+        json!({ "id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
+                "choices": [], "usage": openai_usage() })
+    ));
+    out.push("data: [DONE]\n\n".into());
+    out
+}
+
+fn openai_whole(r: &Reply, model: &str) -> Value {
+    let (text, calls, stop) = parts(r);
+    let mut message = json!({ "role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text.into()) } });
+    if !calls.is_empty() {
+        message["tool_calls"] = calls
+            .iter()
+            .map(|c| json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.args } }))
+            .collect();
+    }
+    json!({
+        "id": "chatcmpl-standin", "object": "chat.completion", "model": model,
+        "choices": [{ "index": 0, "message": message, "finish_reason": stop }],
+        "usage": openai_usage(),
+    })
+}
+
+fn anthropic_stop(stop: &str) -> &'static str {
+    match stop {
+        "tool_calls" => "tool_use",
+        "length" => "max_tokens",
+        _ => "end_turn",
+    }
+}
+
+fn anthropic_events(r: &Reply, model: &str) -> Vec<String> {
+    let (text, calls, stop) = parts(r);
+    let ev = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut out = vec![ev(
+        "message_start",
+        json!({ "type": "message_start", "message": {
+            "id": "msg_standin", "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null,
+            "usage": { "input_tokens": USAGE_IN - USAGE_CACHED, "cache_read_input_tokens": USAGE_CACHED,
+                       "cache_creation_input_tokens": 0, "output_tokens": 1 } } }),
+    )];
+    let mut index = 0;
+    if !text.is_empty() {
+        out.push(ev(
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": index, "content_block": { "type": "text", "text": "" } }),
+        ));
+        for p in pieces(text) {
+            out.push(ev(
+                "content_block_delta",
+                json!({ "type": "content_block_delta", "index": index, "delta": { "type": "text_delta", "text": p } }),
+            ));
+        }
+        out.push(ev(
+            "content_block_stop",
+            json!({ "type": "content_block_stop", "index": index }),
+        ));
+        index += 1;
+    }
+    out.push(ev("ping", json!({ "type": "ping" })));
+    for c in calls {
+        out.push(ev(
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": index,
+                    "content_block": { "type": "tool_use", "id": c.id, "name": c.name, "input": {} } }),
+        ));
+        for p in pieces(&c.args) {
+            out.push(ev(
+                "content_block_delta",
+                json!({ "type": "content_block_delta", "index": index,
+                        "delta": { "type": "input_json_delta", "partial_json": p } }),
+            ));
+        }
+        out.push(ev(
+            "content_block_stop",
+            json!({ "type": "content_block_stop", "index": index }),
+        ));
+        index += 1;
+    }
+    out.push(ev(
+        "message_delta",
+        json!({ "type": "message_delta", "delta": { "stop_reason": anthropic_stop(stop), "stop_sequence": null },
+                "usage": { "output_tokens": USAGE_OUT } }),
+    ));
+    out.push(ev("message_stop", json!({ "type": "message_stop" })));
+    out
+}
+
+fn anthropic_whole(r: &Reply, model: &str) -> Value {
+    let (text, calls, stop) = parts(r);
+    let mut content = Vec::new();
+    if !text.is_empty() {
+        content.push(json!({ "type": "text", "text": text }));
+    }
+    for c in calls {
+        // The real API always sends an object; broken arguments stay a string
+        // here so a test can still script them.
+        let input = serde_json::from_str::<Value>(&c.args).unwrap_or(Value::String(c.args.clone()));
+        content.push(json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": input }));
+    }
+    json!({
+        "id": "msg_standin", "type": "message", "role": "assistant", "model": model,
+        "content": content, "stop_reason": anthropic_stop(stop), "stop_sequence": null,
+        "usage": { "input_tokens": USAGE_IN - USAGE_CACHED, "cache_read_input_tokens": USAGE_CACHED,
+                   "cache_creation_input_tokens": 0, "output_tokens": USAGE_OUT },
+    })
+}
