@@ -573,10 +573,10 @@ fn waiting_for(id: &str) -> bool {
     })
 }
 
-/// `events --follow` shows a job's end as it happens: it keeps a waiter on
-/// every unfinished job, so `job.exited` arrives within half a second of the
-/// end, three rounds in a row (a once-a-second refresh passes that one time in
-/// eight).
+/// `events --follow` shows a job's end as it happens: it keeps a waiter in the
+/// sandbox on every unfinished job (seen in /proc), three rounds in a row, each
+/// job started after the follower. How soon a waiter wakes is `berth bench`'s
+/// job-wake figure, not asserted here.
 #[test]
 fn events_follow_shows_a_job_end_at_once() -> TestResult {
     use std::io::BufRead;
@@ -632,7 +632,6 @@ fn events_follow_shows_a_job_end_at_once() -> TestResult {
         }
         let o = berth(d, &["job", "send", &id, "go\n"])?;
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let ended = Instant::now();
         loop {
             let line = rx
                 .recv_timeout(Duration::from_secs(30))
@@ -641,11 +640,6 @@ fn events_follow_shows_a_job_end_at_once() -> TestResult {
                 break;
             }
         }
-        let late = ended.elapsed();
-        assert!(
-            late < Duration::from_millis(500),
-            "round {round}: job.exited arrived {late:?} after the job's end"
-        );
     }
     Ok(())
 }

@@ -40,6 +40,7 @@ macro_rules! jobs_suite {
             case!(watch_patterns_become_rate_limited_events);
             case!(wait_times_out_and_bad_ids_are_named);
             case!(a_failed_test_leaves_no_sandbox);
+            case!(a_launching_job_is_starting_not_lost);
         }
     };
 }
@@ -521,4 +522,44 @@ pub async fn a_failed_test_leaves_no_sandbox(h: &Harness) -> TestResult {
         "the dropped fixture's sandbox is still there: {listed:?}"
     );
     Ok(())
+}
+
+/// A job whose launch waits for the sandbox's session (a long command holds
+/// it) is `starting` to anyone who looks meanwhile, not lost because its
+/// directory is not there yet; a waiter armed then still sees its end.
+pub async fn a_launching_job_is_starting_not_lost(h: &Harness) -> TestResult {
+    let r = Rig::new(h, "job-launching").await?;
+    let busy = r.exec("sleep 2; echo busy-done");
+    let launch = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        r.start("echo launched").await
+    };
+    let look = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let job = loop {
+            let jobs = r.rt.list_jobs().await?;
+            if let Some(j) = jobs.into_iter().find(|j| j.command == "echo launched") {
+                break j;
+            }
+            if Instant::now() > deadline {
+                return Err::<_, BoxError>("the launching job's row never showed up".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(job.state, JobState::Starting, "{job:?}");
+        Ok(r.rt.wait_job(&job.id, WAIT).await?)
+    };
+    let (busy, id, done) = tokio::join!(busy, launch, look);
+    assert_eq!(busy?, "busy-done\n");
+    let (id, done) = (id?, done?);
+    assert_eq!(done.id, id);
+    assert_eq!(
+        (done.state, done.exit_code),
+        (JobState::Exited, Some(0)),
+        "{done:?}"
+    );
+    assert_eq!(r.logs(&id).await?, "launched\n");
+    let lost = r.rt.store().events(0, 100, Some("job.lost"))?;
+    assert!(lost.is_empty(), "a job.lost was recorded: {lost:?}");
+    r.finish().await
 }

@@ -16,6 +16,7 @@ pub mod script;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use berth_policies::redact::RedactStream;
 use regex::Regex;
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -140,6 +141,13 @@ const WATCH_EVENTS_PER_REFRESH: usize = 10;
 /// Most output one refresh scans per job.
 const SCAN_CHUNK: usize = 4 * 1024 * 1024;
 const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes before a log offset read for context, so a secret that straddles the
+/// offset is masked (the stream redactor's hold-back bounds a secret's length).
+const LOG_CONTEXT: u64 = berth_policies::redact::STREAM_OVERLAP as u64;
+/// How long a job may stay `starting` with no directory in its sandbox before
+/// it is taken for lost: its launcher waits for the sandbox's session, which a
+/// long command elsewhere may hold.
+const LAUNCH_GRACE: Duration = Duration::from_secs(600);
 /// How long `kill_job` lets a job's group outlive its signal before SIGKILL.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
@@ -441,7 +449,20 @@ impl Runtime {
                     };
                     self.end_job(&mut job, st, code, None)?;
                 }
-                "lost" => {
+                // Its launcher has saved the row but not yet started the wrapper
+                // (it may be waiting for the sandbox's session): still starting.
+                "missing" | "unlaunched"
+                    if job.state == JobState::Starting
+                        && now_ms() - job.created_at < LAUNCH_GRACE.as_millis() as i64 => {}
+                "missing" | "unlaunched" if job.state == JobState::Starting => {
+                    self.end_job(
+                        &mut job,
+                        JobState::Lost,
+                        None,
+                        Some("its launch never finished (berth stopped while starting it?)".into()),
+                    )?;
+                }
+                "lost" | "unlaunched" => {
                     let why = if job.kill_signal.is_some() {
                         "it was killed along with the process that waited for it"
                     } else {
@@ -579,13 +600,22 @@ impl Runtime {
         } else {
             String::new()
         };
+        // With redaction on, the read starts a little before `offset`, so a
+        // secret that straddles it is recognised and shown masked, not in part.
+        let gate = self.gate();
+        let context = if gate.is_some() {
+            offset.min(LOG_CONTEXT)
+        } else {
+            0
+        };
+        let start = offset - context;
         let args = argv(&[
             "bash",
             "-c",
             script::READ,
             "berth-logs",
             &format!("{dir}/out"),
-            &offset.to_string(),
+            &start.to_string(),
             &wrapper,
         ]);
         // A helper: `tail --pid` must see the job's wrapper, an earlier spawn.
@@ -595,7 +625,9 @@ impl Runtime {
         };
         let mut p = sb.spawn(&args, opts).await?;
         drop(p.take_stdin());
-        let mut pos = offset;
+        let mut stream = RedactStream::with_context(context as usize);
+        let mut read = 0u64;
+        let mut shown = Vec::new();
         if let Some(mut out) = p.take_stdout() {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -606,15 +638,34 @@ impl Runtime {
                 if n == 0 {
                     break;
                 }
-                match self.gate() {
-                    Some(g) => sink(&g.redact_bytes(&buf[..n])),
+                read += n as u64;
+                match gate {
+                    Some(g) => {
+                        shown.clear();
+                        g.redact_stream(&mut stream, &buf[..n], &mut shown);
+                        if !shown.is_empty() {
+                            sink(&shown);
+                        }
+                    }
                     None => sink(&buf[..n]),
                 }
-                pos += n as u64;
             }
         }
         p.wait().await?;
-        Ok(pos)
+        let Some(g) = gate else {
+            return Ok(start + read);
+        };
+        // The output is complete once the job has ended (a follow ends with
+        // it): let out the held tail. Otherwise a tail that may still grow
+        // into a secret waits for the next read, which resumes at it.
+        if follow || job.state.is_final() {
+            shown.clear();
+            g.redact_stream_end(&mut stream, &mut shown);
+            if !shown.is_empty() {
+                sink(&shown);
+            }
+        }
+        Ok((start + stream.consumed()).max(offset))
     }
 
     /// The last `lines` lines of a job's output.
@@ -642,32 +693,42 @@ impl Runtime {
         if job.state.is_final() {
             return Ok(job);
         }
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
-        let args = argv(&[
-            "bash",
-            "-c",
-            script::WAIT,
-            "berth-wait",
-            &job.dir(sb.as_ref()),
-        ]);
-        let wait = run_to_end(
-            sb.as_ref(),
-            &args,
-            None,
-            4096,
-            Duration::from_secs(u32::MAX as u64),
-        );
-        match timeout {
-            Some(t) => {
-                if tokio::time::timeout(t, wait).await.is_err() {
-                    return self.job(&job.id).await;
+        let wait = async {
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let sb = self.attach(&job.backend, &job.sandbox).await?;
+                let args = argv(&[
+                    "bash",
+                    "-c",
+                    script::WAIT,
+                    "berth-wait",
+                    &job.dir(sb.as_ref()),
+                ]);
+                run_to_end(
+                    sb.as_ref(),
+                    &args,
+                    None,
+                    4096,
+                    Duration::from_secs(u32::MAX as u64),
+                )
+                .await?;
+                let now = self.job(&job.id).await?;
+                if now.state.is_final() {
+                    return Ok(now);
                 }
+                // Still starting: the waiter found no job to wait on yet. Try
+                // again once the launch has had a moment.
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
             }
-            None => {
-                wait.await?;
-            }
+        };
+        match timeout {
+            Some(t) => match tokio::time::timeout(t, wait).await {
+                Ok(r) => r,
+                Err(_) => self.job(&job.id).await,
+            },
+            None => wait.await,
         }
-        self.job(&job.id).await
     }
 
     /// End a job's whole process group: `signal`, then SIGKILL if anything of it is

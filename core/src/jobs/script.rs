@@ -63,6 +63,8 @@ for id in "$@"; do
   if [ ! -d "$d" ]; then echo "$id missing - -"; continue; fi
   sz=-; [ -f "$d/out" ] && sz=$(stat -c %s "$d/out" 2>/dev/null || echo -)
   if [ -s "$d/status" ]; then read -r st < "$d/status"; echo "$id exited $st $sz"; continue; fi
+  # Its command is written, its wrapper not yet started: still being launched.
+  if [ ! -e "$d/wrapper" ]; then echo "$id unlaunched - $sz"; continue; fi
   w=; [ -s "$d/wrapper" ] && read -r w < "$d/wrapper"
   if [ -n "$w" ] && kill -0 "$w" 2>/dev/null; then echo "$id running - $sz"; continue; fi
   # The wrapper may have written the status just now.
