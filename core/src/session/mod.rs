@@ -165,7 +165,7 @@ struct Shell {
     /// A command set up something (a trap) that can change state at any time:
     /// every command snapshots from then on.
     always_snapshot: bool,
-    /// The shell's pid watermark, from its last end marker (see `KILL_TREE`).
+    /// The shell's watermark (time and pid), from its last end marker (see `KILL_TREE`).
     watermark: u64,
     /// cwd and the length of `PATH` from the last end marker, and as of the last
     /// snapshot. When they differ after a command that skipped its snapshot, the
@@ -231,7 +231,7 @@ enum Ending {
         names: Option<HashSet<String>>,
         /// The shell is exiting (`exit`, `set -e`), its state saved.
         exiting: bool,
-        /// The shell's pid watermark before this command.
+        /// The shell's watermark before this command.
         watermark_before: u64,
         /// The length of the shell's `PATH` after the command.
         path_len: u64,

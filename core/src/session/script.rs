@@ -35,8 +35,8 @@
 //! - `<names>` is `-` or, after a snapshot, `=` and the shell's function and alias
 //!   names one per line (the engine uses them to tell which commands can change
 //!   state); a leading `!` says the shell is exiting (`exit`, `set -e`);
-//! - `<watermark>` is the last pid allocated when the shell started or a command
-//!   last left a background job (see [`KILL_TREE`]).
+//! - `<watermark>` is the time and the last pid allocated when the shell started
+//!   or a command last left a background job (see [`KILL_TREE`]).
 //!
 //! Names a command can redefine: the loop and its functions are parsed before any
 //! command runs, so no alias reaches them. Every builtin they run goes through
@@ -169,7 +169,7 @@ __berth_work={work}
 cd -- "$__berth_work" 2>/dev/null
 __berth_seq=${{__berth_seq:-0}}
 mkdir -p -- "$__berth_dir" 2>/dev/null
-__berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_n=
+__berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_up= __berth_n=
 trap '\__berth_exit' EXIT
 {main_loop}
 "#,
@@ -247,6 +247,8 @@ const POST: &str = r#"__berth_post() {
   if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
     __berth_bg=${!-}
     IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
+    IFS=' ' builtin read -r __berth_up _ < /proc/uptime 2>/dev/null || __berth_up=0.00
+    __berth_up=${__berth_up/./}; __berth_wm=$(( 10#${__berth_up:-0} * 4194304 + 10#${__berth_wm:-0} ))
   fi
   if [[ ${__berth_h:8:1} == 1 ]]; then
     __berth_seq=$((__berth_seq + 1))
@@ -404,28 +406,43 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///
-/// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the shell's pid
+/// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the shell's
 /// watermark as its end markers report it, `$4` the signal name, `$5` (optional)
 /// the signal that makes the shell abandon the rest of the command (see
-/// [`traps`]), or `KILL` to kill the shell itself. The watermark
-/// is the last pid allocated (from `/proc/loadavg`, which is per pid namespace)
-/// when the shell started and whenever a command left a background job (`$!`
-/// changed); reading it before every command cost more than the rest of the
-/// round trip. The script signals every process created since then (pids are
-/// handed out in increasing order until they wrap at `pid_max`) that is either in
-/// the shell's session or descends from the shell, sparing the shell itself, this
-/// script and its parents. Background jobs of earlier commands are older, so they
-/// are spared; berth's jobs call `setsid` and live in sessions of their own. A
-/// process an earlier command detached without `&` in the shell itself (say
-/// `(server &)`) is newer than the watermark and is not spared.
+/// [`traps`]), or `KILL` to kill the shell itself.
 ///
-/// Pids rather than start times: start times tick at 10 ms, too coarse to tell
-/// two quick commands apart.
+/// The watermark is taken when the shell starts and whenever a command leaves a
+/// background job (`$!` changed); reading it before every command cost more than
+/// the rest of the round trip. It is `uptime * 2^22 + pid`: the time since boot
+/// in hundredths (`/proc/uptime`) and the last pid allocated (`/proc/loadavg`,
+/// per pid namespace). The script signals every process created since then that
+/// is either in the shell's session or descends from the shell, sparing the
+/// shell itself, this script and its parents. Background jobs of earlier
+/// commands are older, so they are spared; berth's jobs call `setsid` and live in
+/// sessions of their own. A process an earlier command detached without `&` in
+/// the shell itself (say `(server &)`) is newer than the watermark and is not
+/// spared.
+///
+/// "Created since" compares a process's start time (`/proc/PID/stat` field 22)
+/// with the watermark's time, and only within the same hundredth of a second its
+/// pid with the watermark's pid: pids alone go wrong once they wrap at `pid_max`
+/// (a busy machine wraps 32768 pids in minutes), and start times alone are too
+/// coarse to tell two quick commands apart. A watermark with no time (0) falls
+/// back to pids.
 pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4; cut=${5-}
-start=$((10#${start:-0}))
+start=$((10#${start:-0})); wt=$((start / 4194304)); start=$((start % 4194304))
 IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
-# Created since the command began; after a wrap at pid_max, the range is split.
-new() { if [ "$now" -ge "$start" ]; then [ "$1" -gt "$start" ]; else [ "$1" -gt "$start" ] || [ "$1" -le "$now" ]; fi; }
+hz=$(getconf CLK_TCK 2>/dev/null); hz=$((10#${hz:-100})); [ "$hz" -gt 0 ] || hz=100
+# Created since the command began: $1 pid, $2 start time in clock ticks.
+new() {
+  if [ "$wt" -gt 0 ]; then
+    local cs=$(( $2 * 100 / hz ))
+    [ "$cs" -gt "$wt" ] && return 0
+    [ "$cs" -lt "$wt" ] && return 1
+  fi
+  # Same hundredth (or no time): by pid; after a wrap at pid_max, the range is split.
+  if [ "$now" -ge "$start" ]; then [ "$1" -gt "$start" ]; else [ "$1" -gt "$start" ] || [ "$1" -le "$now" ]; fi
+}
 declare -A parent
 me=$$; spare=" $shell $me "
 p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; l=$(</proc/$p/stat) 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
@@ -436,7 +453,7 @@ for d in /proc/[0-9]*; do
   l=${l##*) }; read -r -a f <<< "$l"
   parent[$p]=${f[1]}
   case "$spare" in *" $p "*) continue;; esac
-  new "$p" || continue
+  new "$p" "${f[19]}" || continue
   if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
   victims+=("?$p")
 done
@@ -511,5 +528,79 @@ mod tests {
         assert!(out.contains("mine () \n{ \n    echo hi\n}\n"), "{out}");
         assert!(out.contains("alias ll='ls -l'"));
         assert!(out.contains("declare -x A"));
+    }
+
+    /// `KILL_TREE` tells a command's processes from older background jobs by
+    /// start time: here the watermark's pid says neither sleep is new (as after
+    /// a pid wrap), and its time says the second one is.
+    #[test]
+    fn kill_tree_judges_age_by_start_time_before_pid() -> Result<(), Box<dyn std::error::Error>> {
+        use std::io::{BufRead, BufReader, Write};
+        use std::process::{Command, Stdio};
+        use std::time::Duration;
+        let mut shell = Command::new("setsid")
+            .args([
+                "bash",
+                "-c",
+                "sleep 300 & echo $!; read -r _; sleep 300 & echo $!; wait",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let pid = shell.id().to_string();
+        let mut input = shell.stdin.take().ok_or("no stdin")?;
+        let mut lines = BufReader::new(shell.stdout.take().ok_or("no stdout")?).lines();
+        let old = lines.next().ok_or("no first pid")??;
+        std::thread::sleep(Duration::from_millis(30));
+        let up = std::fs::read_to_string("/proc/uptime")?;
+        let hundredths: u64 = up
+            .split(' ')
+            .next()
+            .ok_or("uptime")?
+            .replace('.', "")
+            .parse()?;
+        std::thread::sleep(Duration::from_millis(30));
+        writeln!(input)?;
+        let new = lines.next().ok_or("no second pid")??;
+        let loadavg = std::fs::read_to_string("/proc/loadavg")?;
+        let last: u64 = loadavg
+            .trim()
+            .rsplit(' ')
+            .next()
+            .ok_or("loadavg")?
+            .parse()?;
+        let watermark = (hundredths * 4194304 + last).to_string();
+        let killed = Command::new("bash")
+            .args([
+                "-c",
+                KILL_TREE,
+                "berth-kill",
+                &pid,
+                &pid,
+                &watermark,
+                "TERM",
+            ])
+            .output()?;
+        let alive = |p: &str| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .is_ok_and(|s| !s.rsplit(") ").next().unwrap_or("").starts_with('Z'))
+        };
+        let mut gone = false;
+        for _ in 0..100 {
+            gone = !alive(&new);
+            if gone {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let old_alive = alive(&old);
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status();
+        let _ = shell.wait();
+        assert_eq!(String::from_utf8_lossy(&killed.stdout), "1\n", "{killed:?}");
+        assert!(gone, "the command's process {new} outlived the kill");
+        assert!(old_alive, "the older background job {old} was killed");
+        Ok(())
     }
 }
