@@ -522,6 +522,43 @@ fn jobs_are_judged_by_their_command_and_their_logs_redacted() -> TestResult {
     Ok(())
 }
 
+/// A secret written in two pieces 0.3 s apart is masked in live output, and
+/// `job logs --offset` from inside a secret shows the mask, not its rest.
+#[test]
+fn a_secret_split_in_time_or_by_an_offset_is_masked() -> TestResult {
+    let env = Env::new("")?;
+    let (a, b) = CUSTOM.split_at(9);
+    let cmd = format!("printf 'pw=%s' '{a}'; sleep 0.3; printf '%s end\\n' '{b}'");
+    let o = env.run(&["exec", "--", &cmd])?;
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("pw=[REDACTED:DEPLOY_PASSPHRASE] end"), "{out}");
+    assert!(!out.contains(b), "the secret's second piece leaked:\n{out}");
+    let o = env.run(&["job", "start", "--name", "split", "--", &cmd])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["job", "wait", "split"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // "pw=" is 3 bytes: every offset inside the secret.
+    for offset in 4..3 + CUSTOM.len() {
+        let o = env.run(&["job", "logs", "split", "--offset", &offset.to_string()])?;
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert_eq!(
+            out, "[REDACTED:DEPLOY_PASSPHRASE] end\n",
+            "from offset {offset}"
+        );
+    }
+    let o = env.run(&[
+        "job",
+        "logs",
+        "split",
+        "--offset",
+        &(3 + CUSTOM.len()).to_string(),
+    ])?;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), " end\n");
+    Ok(())
+}
+
 #[test]
 fn limits_bound_timeouts_and_output() -> TestResult {
     let env = Env::new(

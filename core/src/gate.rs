@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_policies::redact::RedactStream;
 use berth_policies::shell::Defined;
 use berth_policies::{Action, Limits, Policy, Redactor, Verdict};
 use serde_json::json;
@@ -347,10 +348,58 @@ impl Gate {
         }
     }
 
-    /// A tee that masks secrets in each chunk before passing it on.
-    pub fn redacting_tee(self: &Arc<Self>, inner: Tee) -> Tee {
+    /// A tee that masks secrets in live output before passing it on. It holds
+    /// back only a tail that may still grow into a secret (a secret written in
+    /// two pieces, however far apart, is masked whole); the returned
+    /// [`TeeFlush`] lets that tail out once the command has ended.
+    pub fn redacting_tee(self: &Arc<Self>, inner: Tee) -> (Tee, TeeFlush) {
+        let state = Arc::new(std::sync::Mutex::new(RedactStream::default()));
+        let flush = TeeFlush {
+            gate: self.clone(),
+            state: state.clone(),
+            inner: inner.clone(),
+        };
         let gate = self.clone();
-        Arc::new(move |chunk: &[u8]| inner(&gate.redact_bytes(chunk)))
+        let tee: Tee = Arc::new(move |chunk: &[u8]| {
+            let mut out = Vec::with_capacity(chunk.len());
+            if let Ok(mut st) = state.lock() {
+                st.push(&gate.redactor, chunk, &mut out);
+            }
+            if !out.is_empty() {
+                inner(&out);
+            }
+        });
+        (tee, flush)
+    }
+
+    /// A stream redactor's hold-back and masks, by this gate's secrets.
+    pub fn redact_stream(&self, st: &mut RedactStream, chunk: &[u8], out: &mut Vec<u8>) {
+        st.push(&self.redactor, chunk, out);
+    }
+
+    /// The end of a stream: what [`Gate::redact_stream`] still held, masked.
+    pub fn redact_stream_end(&self, st: &mut RedactStream, out: &mut Vec<u8>) {
+        st.finish(&self.redactor, out);
+    }
+}
+
+/// Lets out what a [`Gate::redacting_tee`] still holds back.
+pub struct TeeFlush {
+    gate: Arc<Gate>,
+    state: Arc<std::sync::Mutex<RedactStream>>,
+    inner: Tee,
+}
+
+impl TeeFlush {
+    /// The output has ended: pass on the held-back tail, masked.
+    pub fn finish(self) {
+        let mut out = Vec::new();
+        if let Ok(mut st) = self.state.lock() {
+            st.finish(&self.gate.redactor, &mut out);
+        }
+        if !out.is_empty() {
+            (self.inner)(&out);
+        }
     }
 }
 

@@ -484,8 +484,11 @@ impl Runtime {
             verdict = Some(admission.summary());
             admitted_as = Some(admission.verdict.action);
         }
-        if let Some(g) = &self.gate {
-            req.tee = req.tee.take().map(|t| g.redacting_tee(t));
+        let mut tee_flush = None;
+        if let (Some(g), Some(t)) = (&self.gate, req.tee.take()) {
+            let (t, f) = g.redacting_tee(t);
+            req.tee = Some(t);
+            tee_flush = Some(f);
         }
         let command_text = self.redact(&req.command);
         self.store.append(&Event {
@@ -499,6 +502,9 @@ impl Runtime {
             ..Default::default()
         })?;
         let mut outcome = self.exec_inner(&req, &call_id, admitted_as).await;
+        if let Some(f) = tee_flush {
+            f.finish();
+        }
         if let (Some(g), Ok(r)) = (&self.gate, &mut outcome) {
             g.redact_output(&mut r.result.output);
         }

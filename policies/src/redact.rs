@@ -57,7 +57,11 @@ struct Shape {
 pub struct Redactor {
     literals: Option<AhoCorasick>,
     literal_names: Vec<String>,
+    /// The known values themselves, for [`RedactStream`]'s hold-back.
+    literal_values: Vec<Vec<u8>>,
     shapes: Vec<Shape>,
+    /// How each shape begins (see [`INTROS`]), ASCII case-insensitive.
+    intros: Option<AhoCorasick>,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -105,6 +109,37 @@ const SHAPES: &[(&str, &str, usize)] = &[
     ("google-api-key", r"\bAIza[0-9A-Za-z_\-]{35}", 0),
 ];
 
+/// Where a match can end for a shape that has begun.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// At the first blank: tokens have none.
+    Word,
+    /// At the end of the line.
+    Line,
+    /// At the block's `-----END`.
+    Block,
+}
+
+/// The literal text each shape in [`SHAPES`] begins with. A tail of a stream
+/// that holds one of these, still open, or that ends with part of one, may yet
+/// become a secret, and [`RedactStream`] holds it back.
+const INTROS: &[(&str, Reach)] = &[
+    ("-----BEGIN", Reach::Block),
+    ("sk-", Reach::Word),
+    ("ghp_", Reach::Word),
+    ("gho_", Reach::Word),
+    ("ghu_", Reach::Word),
+    ("ghs_", Reach::Word),
+    ("ghr_", Reach::Word),
+    ("github_pat_", Reach::Word),
+    ("AKIA", Reach::Word),
+    ("ASIA", Reach::Word),
+    ("xox", Reach::Word),
+    ("AIza", Reach::Word),
+    ("aws_secret_access_key", Reach::Line),
+    ("authorization:", Reach::Line),
+];
+
 impl Redactor {
     /// A redactor for the secret values in `vars` (by name) plus the token shapes.
     pub fn from_env<I>(vars: I) -> Self
@@ -146,10 +181,17 @@ impl Redactor {
                 })
             })
             .collect();
+        let intros = AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(INTROS.iter().map(|(i, _)| i.as_bytes()))
+            .ok();
         Self {
             literals,
+            literal_values: pairs.iter().map(|(_, v)| v.as_bytes().to_vec()).collect(),
             literal_names: pairs.into_iter().map(|(k, _)| k).collect(),
             shapes,
+            intros,
         }
     }
 
@@ -272,6 +314,82 @@ impl Redactor {
         Ok(changed)
     }
 
+    /// Where the tail of `buf` that may still grow into a secret begins: the
+    /// part of a known value, the open start of a token shape, or the start of
+    /// a shape's literal text at the very end. At most [`STREAM_OVERLAP`] bytes.
+    fn hold_from(&self, buf: &[u8]) -> usize {
+        let n = buf.len();
+        let floor = n.saturating_sub(STREAM_OVERLAP);
+        let mut from = n;
+        // The longest end of `buf` that begins a known value.
+        for v in &self.literal_values {
+            let reach = (v.len() - 1).min(n);
+            for p in n - reach..n {
+                if buf[p] == v[0] && v.starts_with(&buf[p..]) {
+                    from = from.min(p);
+                    break;
+                }
+            }
+        }
+        // The end of `buf` begins a shape's intro (`...gh`, `...-----BEG`).
+        for (intro, _) in INTROS {
+            let intro = intro.as_bytes();
+            for k in (1..intro.len().min(n + 1)).rev() {
+                if buf[n - k..].eq_ignore_ascii_case(&intro[..k]) {
+                    from = from.min(n - k);
+                    break;
+                }
+            }
+        }
+        let Some(intros) = &self.intros else {
+            return from.max(floor);
+        };
+        // A shape begun and not yet ended: a token in the last word, a keyword
+        // in the last line, a key block with no end.
+        let line = buf[floor..]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(floor, |i| floor + i + 1);
+        let word = buf[line..]
+            .iter()
+            .rposition(|b| b.is_ascii_whitespace())
+            .map_or(line, |i| line + i + 1);
+        let mut block_end = floor;
+        for m in intros.find_iter(&buf[floor..]) {
+            let p = floor + m.start();
+            let open = match INTROS[m.pattern().as_usize()].1 {
+                Reach::Word => p >= word,
+                Reach::Line => p >= line,
+                Reach::Block => {
+                    p >= block_end && {
+                        let rest = &buf[p..];
+                        // Closed by `-----END …-----`: the END line's own
+                        // closing dashes must be there too.
+                        let end = rest.windows(8).position(|w| w == b"-----END");
+                        let closed = end.and_then(|e| {
+                            rest[e + 8..]
+                                .windows(5)
+                                .position(|w| w == b"-----")
+                                .map(|c| e + 8 + c + 5)
+                        });
+                        match closed {
+                            Some(c) => {
+                                block_end = p + c;
+                                false
+                            }
+                            None => true,
+                        }
+                    }
+                }
+            };
+            if open {
+                from = from.min(p);
+                break;
+            }
+        }
+        from.max(floor)
+    }
+
     /// `text` with every secret masked; borrowed when there was none.
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         match self.redact_bytes(text.as_bytes()) {
@@ -281,6 +399,89 @@ impl Redactor {
                 Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
             }),
         }
+    }
+}
+
+/// Redacts a stream that arrives in pieces: live output, a log read from an
+/// offset. Each piece is passed on at once except a tail that may still grow
+/// into a secret ([`Redactor`]'s hold-back), so a secret split across two
+/// writes, however far apart in time, is masked whole. Output with no such
+/// tail (a prompt ending in a blank, a progress line) is not delayed.
+#[derive(Debug, Default)]
+pub struct RedactStream {
+    buf: Vec<u8>,
+    /// Bytes at the front of `buf` that are context only, not shown: a log
+    /// read from an offset starts a little before it, so a secret that
+    /// straddles the offset is recognised and shown masked, not in part.
+    skip: usize,
+    /// Raw bytes decided (shown or masked) since the start, `skip` included.
+    consumed: u64,
+}
+
+impl RedactStream {
+    /// A stream whose first `context` bytes are read only to recognise a
+    /// secret that begins in them.
+    pub fn with_context(context: usize) -> Self {
+        Self {
+            skip: context,
+            ..Self::default()
+        }
+    }
+
+    /// Take `chunk`; append what can be shown to `out`.
+    pub fn push(&mut self, r: &Redactor, chunk: &[u8], out: &mut Vec<u8>) {
+        self.buf.extend_from_slice(chunk);
+        let limit = r.hold_from(&self.buf);
+        self.emit(r, limit, out);
+    }
+
+    /// The stream has ended: append the rest to `out`.
+    pub fn finish(&mut self, r: &Redactor, out: &mut Vec<u8>) {
+        self.emit(r, self.buf.len(), out);
+    }
+
+    /// Raw bytes decided so far, counting from the stream's start (context
+    /// included): where a reader resumes to see what is still held back.
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    /// Bytes held back, waiting for more.
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn emit(&mut self, r: &Redactor, limit: usize, out: &mut Vec<u8>) {
+        let skip = self.skip;
+        let copy = |out: &mut Vec<u8>, a: usize, b: usize, buf: &[u8]| {
+            let a = a.max(skip);
+            if a < b {
+                out.extend_from_slice(&buf[a..b]);
+            }
+        };
+        let mut pos = 0;
+        for (s, e, label) in r.ranges(&self.buf) {
+            if s >= limit {
+                break;
+            }
+            if e <= pos {
+                continue;
+            }
+            if s >= pos {
+                copy(out, pos, s, &self.buf);
+                if e > skip {
+                    out.extend_from_slice(label.as_bytes());
+                }
+            }
+            pos = e;
+        }
+        if pos < limit {
+            copy(out, pos, limit, &self.buf);
+            pos = limit;
+        }
+        self.buf.drain(..pos);
+        self.skip = self.skip.saturating_sub(pos);
+        self.consumed += pos as u64;
     }
 }
 
@@ -400,5 +601,91 @@ mod tests {
         assert!(!out.contains("abcdefghij"), "{out}");
         assert!(out.starts_with("x [REDACTED:"));
         assert!(out.ends_with(" y"));
+    }
+
+    fn streamed(r: &Redactor, pieces: &[&[u8]]) -> Vec<u8> {
+        let mut st = RedactStream::default();
+        let mut out = Vec::new();
+        for p in pieces {
+            st.push(r, p, &mut out);
+        }
+        st.finish(r, &mut out);
+        out
+    }
+
+    /// Every way of cutting the text in two or three gives what redacting it
+    /// whole gives: known values, tokens, headers and key blocks alike.
+    #[test]
+    fn a_stream_masks_a_secret_however_it_is_cut() {
+        let r = Redactor::from_env(env(&[("DB_PASSWORD", "hunter2 hunter2")]));
+        let texts: [&[u8]; 4] = [
+            b"pw=hunter2 hunter2 and again hunter2 hunter2\n",
+            b"k sk-proj-abcdefghijklmnopqrstuvwxyz012345 end ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+            b"GET /\nAuthorization: Bearer abc.def-ghi_jkl\nok",
+            b"x\n-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nAAAA\n-----END RSA PRIVATE KEY-----\ny",
+        ];
+        for t in texts {
+            let whole = r.redact_bytes(t).into_owned();
+            assert_ne!(whole, t, "{}", String::from_utf8_lossy(t));
+            for a in 0..=t.len() {
+                let got = streamed(&r, &[&t[..a], &t[a..]]);
+                assert_eq!(got, whole, "cut at {a}: {}", String::from_utf8_lossy(t));
+                for b in a..=t.len() {
+                    let got = streamed(&r, &[&t[..a], &t[a..b], &t[b..]]);
+                    assert_eq!(got, whole, "cut at {a} and {b}");
+                }
+            }
+        }
+    }
+
+    /// Text that cannot become a secret is passed on at once; what could is
+    /// held until the next piece says.
+    #[test]
+    fn a_stream_holds_back_only_what_may_become_a_secret() {
+        let r = Redactor::from_env(env(&[("DB_PASSWORD", "hunter2hunter2")]));
+        for clean in [&b"name: "[..], b"progress 45%", b"Password:", b"$ "] {
+            let mut st = RedactStream::default();
+            let mut out = Vec::new();
+            st.push(&r, clean, &mut out);
+            assert_eq!(out, clean, "held back {:?}", String::from_utf8_lossy(clean));
+        }
+        for open in [
+            &b"pw=hunter2"[..],
+            b"key sk-proj-abc",
+            b"id gh",
+            b"-----BEGIN X",
+        ] {
+            let mut st = RedactStream::default();
+            let mut out = Vec::new();
+            st.push(&r, open, &mut out);
+            assert!(
+                st.held() > 0,
+                "{:?} was not held",
+                String::from_utf8_lossy(open)
+            );
+            assert_eq!(out.len() + st.held(), open.len());
+            assert_eq!(st.consumed(), out.len() as u64);
+        }
+    }
+
+    /// A stream read from inside a secret, with the bytes before it as
+    /// context, shows the mask and not the secret's rest.
+    #[test]
+    fn context_before_an_offset_masks_a_secret_that_straddles_it() {
+        let r = Redactor::from_env(env(&[("DB_PASSWORD", "hunter2hunter2")]));
+        let log = b"start pw=hunter2hunter2 end";
+        let offset = 12; // inside the value
+        let mut st = RedactStream::with_context(offset);
+        let mut out = Vec::new();
+        st.push(&r, log, &mut out);
+        st.finish(&r, &mut out);
+        assert_eq!(out, b"[REDACTED:DB_PASSWORD] end");
+        // From just past it, nothing of it is shown.
+        let mut st = RedactStream::with_context(23);
+        let mut out = Vec::new();
+        st.push(&r, log, &mut out);
+        st.finish(&r, &mut out);
+        assert_eq!(out, b" end");
+        assert_eq!(st.consumed(), log.len() as u64);
     }
 }

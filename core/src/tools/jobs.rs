@@ -14,13 +14,14 @@ use super::terminal::seconds;
 use super::{Call, ToolOutcome};
 use crate::backend::{Signal, run_to_end};
 use crate::jobs::{Job, KillOutcome};
+use berth_policies::redact::RedactStream;
 
 /// Default and largest `log` window.
 const LOG_DEFAULT: u64 = 64 * 1024;
 const LOG_MAX: u64 = 1024 * 1024;
 /// How far before the offset a `log` read starts, so a secret that straddles
 /// the offset is seen whole by the redactor.
-const REDACT_OVERLAP: u64 = 16 * 1024;
+const REDACT_OVERLAP: u64 = berth_policies::redact::STREAM_OVERLAP as u64;
 
 pub(crate) async fn run(call: &Call<'_>, a: ProcessArgs) -> ToolOutcome {
     match run_inner(call, a).await {
@@ -140,22 +141,24 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
             .map_err(ToolOutcome::from)?;
             let raw = c.stdout;
             let lead = lead.min(raw.len());
-            let shown = match rt.gate() {
+            // Read to the file's end (a short read) of a job that has ended:
+            // nothing more can follow, so nothing is held back.
+            let complete = (raw.len() as u64) < limit + lead as u64 && j.state.is_final();
+            let (shown, next) = match rt.gate() {
                 Some(g) => {
-                    let whole = g.redact_bytes(&raw);
-                    let before = g.redact_bytes(&raw[..lead]);
-                    // Where the two redactions part is where a mask began that
-                    // straddles the offset: show from there, never from inside it.
-                    let common = whole
-                        .iter()
-                        .zip(before.iter())
-                        .take_while(|(x, y)| x == y)
-                        .count();
-                    whole[common.min(before.len())..].to_vec()
+                    // Context before the offset masks a secret that straddles
+                    // it; a tail that may be the start of one is left for the
+                    // next read, which resumes there.
+                    let mut st = RedactStream::with_context(lead);
+                    let mut shown = Vec::new();
+                    g.redact_stream(&mut st, &raw, &mut shown);
+                    if complete {
+                        g.redact_stream_end(&mut st, &mut shown);
+                    }
+                    (shown, (start + st.consumed()).max(offset))
                 }
-                None => raw[lead..].to_vec(),
+                None => (raw[lead..].to_vec(), offset + (raw.len() - lead) as u64),
             };
-            let next = offset + (raw.len() - lead) as u64;
             let mut text = crate::session::capture::strip_ansi(&String::from_utf8_lossy(&shown));
             let more = next < j.out_bytes as u64;
             if more {
