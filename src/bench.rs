@@ -80,6 +80,9 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     .await?;
     let floor = floor_series(&a.backend, &sandbox, &spec_host, a.count).await?;
     let job_wake = crate::bench_jobs::job_wake_latency(&rt, &a.backend, BENCH_SANDBOX).await?;
+    let (out_berth, out_floor) = output_throughput(&rt, &a.backend).await?;
+    let mbps = |d: Duration| THROUGHPUT_BYTES as f64 / 1e6 / d.as_secs_f64().max(1e-9);
+    let out_overhead = out_berth.as_secs_f64() / out_floor.as_secs_f64().max(1e-9) - 1.0;
     let mcp = if a.mcp {
         Some((
             registry_series(&rt, &a.backend, a.count).await?,
@@ -106,6 +109,12 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "speedup": ratio,
             "speedup_stateful": stateful_ratio,
             "job_wake_ms": ms(job_wake),
+            "output_bytes": THROUGHPUT_BYTES,
+            "output_ms": ms(out_berth),
+            "output_mb_per_s": mbps(out_berth),
+            "output_floor_ms": ms(out_floor),
+            "output_floor_mb_per_s": mbps(out_floor),
+            "output_overhead": out_overhead,
             "registry_ms": mcp.as_ref().map(|(r, _)| ms(r.per_cmd)),
             "mcp_stdio_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd)),
             "mcp_overhead_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd) - ms(on.per_cmd)),
@@ -139,9 +148,69 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "  job wait wakes after the job's end       {:>9.3} ms (median of 5)",
             ms(job_wake)
         );
+        println!(
+            "  {} MB of output through berth               {:>9.1} MB/s ({:.0} ms)",
+            THROUGHPUT_BYTES / 1_000_000,
+            mbps(out_berth),
+            ms(out_berth)
+        );
+        println!(
+            "  the same pipeline to /dev/null           {:>9.1} MB/s ({:.0} ms)",
+            mbps(out_floor),
+            ms(out_floor)
+        );
+        println!(
+            "  berth's overhead on large output         {:>8.0} % of the pipeline's own time",
+            out_overhead * 100.0
+        );
     }
     let _ = rt.remove_sandbox(&a.backend, BENCH_SANDBOX, true).await;
     Ok(0)
+}
+
+/// Bytes the output figure streams.
+const THROUGHPUT_BYTES: u64 = 50_000_000;
+
+/// Large output through the whole runtime path (capture, spool, redaction, a
+/// live tee as the CLI has) against the same pipeline writing to /dev/null in
+/// the same session: the medians of three runs each.
+async fn output_throughput(
+    rt: &berth_core::runtime::Runtime,
+    backend: &str,
+) -> Result<(Duration, Duration)> {
+    use berth_core::runtime::ExecRequest;
+    let pipeline = format!("head -c {THROUGHPUT_BYTES} /dev/zero | tr '\\0' a");
+    let run = async |command: String, tee: bool| -> Result<(Duration, u64)> {
+        let tee: Option<berth_core::session::Tee> = tee.then(|| Arc::new(|_: &[u8]| {}) as _);
+        let t = Instant::now();
+        let r = rt
+            .exec(ExecRequest {
+                backend: backend.into(),
+                sandbox: BENCH_SANDBOX.into(),
+                command,
+                timeout: Some(Duration::from_secs(120)),
+                tee,
+                ..Default::default()
+            })
+            .await?;
+        let took = t.elapsed();
+        if r.result.exit_code != 0 {
+            bail!("the output probe exited {}", r.result.exit_code);
+        }
+        Ok((took, r.result.output.total_bytes as u64))
+    };
+    let (mut through, mut floor) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        floor.push(run(format!("{pipeline} > /dev/null"), false).await?.0);
+        let (took, bytes) = run(pipeline.clone(), true).await?;
+        if bytes != THROUGHPUT_BYTES {
+            bail!("the output probe returned {bytes} bytes, not {THROUGHPUT_BYTES}");
+        }
+        through.push(took);
+    }
+    through.sort();
+    floor.sort();
+    Ok((through[1], floor[1]))
 }
 
 /// `terminal` calls through the tool registry in this process: validation,

@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use regex::bytes::Regex;
 
 /// Name fragments that mark a variable's value as secret.
@@ -123,21 +123,22 @@ enum Reach {
 /// The literal text each shape in [`SHAPES`] begins with. A tail of a stream
 /// that holds one of these, still open, or that ends with part of one, may yet
 /// become a secret, and [`RedactStream`] holds it back.
-const INTROS: &[(&str, Reach)] = &[
-    ("-----BEGIN", Reach::Block),
-    ("sk-", Reach::Word),
-    ("ghp_", Reach::Word),
-    ("gho_", Reach::Word),
-    ("ghu_", Reach::Word),
-    ("ghs_", Reach::Word),
-    ("ghr_", Reach::Word),
-    ("github_pat_", Reach::Word),
-    ("AKIA", Reach::Word),
-    ("ASIA", Reach::Word),
-    ("xox", Reach::Word),
-    ("AIza", Reach::Word),
-    ("aws_secret_access_key", Reach::Line),
-    ("authorization:", Reach::Line),
+const INTROS: &[(&str, Reach, &[usize])] = &[
+    // (intro, where its match ends, the SHAPES it begins, by index)
+    ("-----BEGIN", Reach::Block, &[0]),
+    ("sk-", Reach::Word, &[1, 2]),
+    ("ghp_", Reach::Word, &[3]),
+    ("gho_", Reach::Word, &[3]),
+    ("ghu_", Reach::Word, &[3]),
+    ("ghs_", Reach::Word, &[3]),
+    ("ghr_", Reach::Word, &[3]),
+    ("github_pat_", Reach::Word, &[4]),
+    ("AKIA", Reach::Word, &[5]),
+    ("ASIA", Reach::Word, &[5]),
+    ("aws_secret_access_key", Reach::Line, &[6]),
+    ("xox", Reach::Word, &[7]),
+    ("authorization:", Reach::Line, &[8]),
+    ("AIza", Reach::Word, &[9]),
 ];
 
 impl Redactor {
@@ -167,6 +168,7 @@ impl Redactor {
             None
         } else {
             AhoCorasick::builder()
+                .kind(Some(AhoCorasickKind::DFA))
                 .match_kind(MatchKind::LeftmostLongest)
                 .build(pairs.iter().map(|(_, v)| v.as_bytes()))
                 .ok()
@@ -182,9 +184,12 @@ impl Redactor {
             })
             .collect();
         let intros = AhoCorasick::builder()
+            .kind(Some(AhoCorasickKind::DFA))
             .ascii_case_insensitive(true)
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(INTROS.iter().map(|(i, _)| i.as_bytes()))
+            // Standard: every intro is found, overlapping ones too (an intro
+            // hidden inside another must still wake its shape).
+            .match_kind(MatchKind::Standard)
+            .build(INTROS.iter().map(|(i, _, _)| i.as_bytes()))
             .ok();
         Self {
             literals,
@@ -205,7 +210,28 @@ impl Redactor {
         self.literal_names.len()
     }
 
+    /// Which shapes can match in `text`: a shape's match begins with one of its
+    /// intros, so one pass of the intro automaton spares the regexes of every
+    /// shape whose intro is nowhere (most output has none).
+    fn shapes_in(&self, text: &[u8]) -> u32 {
+        let Some(intros) = &self.intros else {
+            return u32::MAX;
+        };
+        let mut found = 0u32;
+        for m in intros.find_overlapping_iter(text) {
+            for &i in INTROS[m.pattern().as_usize()].2 {
+                found |= 1 << i;
+            }
+        }
+        found
+    }
+
     fn ranges(&self, text: &[u8]) -> Vec<(usize, usize, String)> {
+        self.ranges_of(text, self.shapes_in(text))
+    }
+
+    /// [`Redactor::ranges`] for the shapes in `found` (from [`Redactor::shapes_in`]).
+    fn ranges_of(&self, text: &[u8], found: u32) -> Vec<(usize, usize, String)> {
         let mut out = Vec::new();
         if let Some(ac) = &self.literals {
             for m in ac.find_iter(text) {
@@ -217,7 +243,10 @@ impl Redactor {
                 out.push((m.start(), m.end(), format!("[REDACTED:{name}]")));
             }
         }
-        for shape in &self.shapes {
+        for (i, shape) in self.shapes.iter().enumerate() {
+            if found & (1 << i) == 0 {
+                continue;
+            }
             if shape.group == 0 {
                 for m in shape.re.find_iter(text) {
                     out.push((m.start(), m.end(), format!("[REDACTED:{}]", shape.kind)));
@@ -317,7 +346,8 @@ impl Redactor {
     /// Where the tail of `buf` that may still grow into a secret begins: the
     /// part of a known value, the open start of a token shape, or the start of
     /// a shape's literal text at the very end. At most [`STREAM_OVERLAP`] bytes.
-    fn hold_from(&self, buf: &[u8]) -> usize {
+    /// Also returns [`Redactor::shapes_in`] for `buf`, from the same pass.
+    fn hold_from(&self, buf: &[u8]) -> (u32, usize) {
         let n = buf.len();
         let floor = n.saturating_sub(STREAM_OVERLAP);
         let mut from = n;
@@ -332,7 +362,7 @@ impl Redactor {
             }
         }
         // The end of `buf` begins a shape's intro (`...gh`, `...-----BEG`).
-        for (intro, _) in INTROS {
+        for (intro, _, _) in INTROS {
             let intro = intro.as_bytes();
             for k in (1..intro.len().min(n + 1)).rev() {
                 if buf[n - k..].eq_ignore_ascii_case(&intro[..k]) {
@@ -342,7 +372,7 @@ impl Redactor {
             }
         }
         let Some(intros) = &self.intros else {
-            return from.max(floor);
+            return (u32::MAX, from.max(floor));
         };
         // A shape begun and not yet ended: a token in the last word, a keyword
         // in the last line, a key block with no end.
@@ -355,9 +385,17 @@ impl Redactor {
             .rposition(|b| b.is_ascii_whitespace())
             .map_or(line, |i| line + i + 1);
         let mut block_end = floor;
-        for m in intros.find_iter(&buf[floor..]) {
-            let p = floor + m.start();
-            let open = match INTROS[m.pattern().as_usize()].1 {
+        let mut found = 0u32;
+        for m in intros.find_overlapping_iter(buf) {
+            let (_, reach, shapes) = INTROS[m.pattern().as_usize()];
+            for &i in shapes {
+                found |= 1 << i;
+            }
+            let p = m.start();
+            if p < floor {
+                continue;
+            }
+            let open = match reach {
                 Reach::Word => p >= word,
                 Reach::Line => p >= line,
                 Reach::Block => {
@@ -384,10 +422,9 @@ impl Redactor {
             };
             if open {
                 from = from.min(p);
-                break;
             }
         }
-        from.max(floor)
+        (found, from.max(floor))
     }
 
     /// `text` with every secret masked; borrowed when there was none.
@@ -431,13 +468,14 @@ impl RedactStream {
     /// Take `chunk`; append what can be shown to `out`.
     pub fn push(&mut self, r: &Redactor, chunk: &[u8], out: &mut Vec<u8>) {
         self.buf.extend_from_slice(chunk);
-        let limit = r.hold_from(&self.buf);
-        self.emit(r, limit, out);
+        let (found, limit) = r.hold_from(&self.buf);
+        self.emit(r, found, limit, out);
     }
 
     /// The stream has ended: append the rest to `out`.
     pub fn finish(&mut self, r: &Redactor, out: &mut Vec<u8>) {
-        self.emit(r, self.buf.len(), out);
+        let found = r.shapes_in(&self.buf);
+        self.emit(r, found, self.buf.len(), out);
     }
 
     /// Raw bytes decided so far, counting from the stream's start (context
@@ -451,7 +489,7 @@ impl RedactStream {
         self.buf.len()
     }
 
-    fn emit(&mut self, r: &Redactor, limit: usize, out: &mut Vec<u8>) {
+    fn emit(&mut self, r: &Redactor, found: u32, limit: usize, out: &mut Vec<u8>) {
         let skip = self.skip;
         let copy = |out: &mut Vec<u8>, a: usize, b: usize, buf: &[u8]| {
             let a = a.max(skip);
@@ -460,7 +498,7 @@ impl RedactStream {
             }
         };
         let mut pos = 0;
-        for (s, e, label) in r.ranges(&self.buf) {
+        for (s, e, label) in r.ranges_of(&self.buf, found) {
             if s >= limit {
                 break;
             }
@@ -687,5 +725,25 @@ mod tests {
         st.finish(&r, &mut out);
         assert_eq!(out, b" end");
         assert_eq!(st.consumed(), log.len() as u64);
+    }
+
+    /// Every shape is woken by some intro, and an intro overlapped by another
+    /// (`AIza` ending in the `a` of `aws_…`) still wakes its own shape.
+    #[test]
+    fn every_shape_has_an_intro_and_overlaps_do_not_hide_one() {
+        let mut covered = 0u32;
+        for (_, _, shapes) in INTROS {
+            for &i in *shapes {
+                covered |= 1 << i;
+            }
+        }
+        assert_eq!(covered, (1 << SHAPES.len()) - 1);
+        let r = Redactor::shapes_only();
+        let text = "AIzaws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+        assert!(
+            r.redact(text).contains("[REDACTED:aws-secret-key]"),
+            "{}",
+            r.redact(text)
+        );
     }
 }
