@@ -350,6 +350,8 @@ async fn floor_series(
     spec_host: &Option<String>,
     n: usize,
 ) -> Result<Series> {
+    #[cfg(not(feature = "ssh"))]
+    let _ = spec_host; // only ssh has a host to name
     match backend {
         "local" => {
             let t = Instant::now();

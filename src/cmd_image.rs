@@ -1,11 +1,8 @@
 //! `berth image build`: the docker sandbox image, built offline from Debian
 //! packages (see images/README.md), skipped while it is up to date.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
-use serde_json::json;
-
-use crate::context;
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCmd {
@@ -25,7 +22,11 @@ pub struct BuildArgs {
 pub async fn run(cmd: ImageCmd) -> Result<u8> {
     use std::sync::Arc;
 
+    use anyhow::Context;
     use berth_backends::docker::{BuildProgress, DockerBackend};
+    use serde_json::json;
+
+    use crate::context;
 
     let ImageCmd::Build(a) = cmd;
     let backend = DockerBackend::connect()
