@@ -170,6 +170,22 @@ fn random_id() -> String {
         .collect()
 }
 
+/// The start of every handler on one sandbox: the key check (and any planted
+/// fault), the JSON body, then the sandbox itself.
+fn sandbox_call<T: for<'de> Deserialize<'de> + Default>(
+    shared: &Shared,
+    headers: &HeaderMap,
+    id: &str,
+    body: &Bytes,
+) -> Result<(T, Arc<Sandbox>), Response> {
+    if let Some(r) = gate(shared, headers) {
+        return Err(r);
+    }
+    let req = parse_body(body)?;
+    let sb = shared.get(id).ok_or_else(|| not_found(id))?;
+    Ok((req, sb))
+}
+
 fn not_found(id: &str) -> Response {
     api_error(
         StatusCode::NOT_FOUND,
@@ -253,20 +269,12 @@ pub async fn refresh(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = gate(&shared, &headers) {
-        return r;
-    }
-    let req: TimeoutBody = match parse_body(&body) {
-        Ok(r) => r,
+    let (req, sb) = match sandbox_call::<TimeoutBody>(&shared, &headers, &id, &body) {
+        Ok(v) => v,
         Err(r) => return r,
     };
-    match shared.get(&id) {
-        Some(sb) => {
-            sb.set_timeout(req.duration.unwrap_or(DEFAULT_TIMEOUT).min(3600));
-            StatusCode::NO_CONTENT.into_response()
-        }
-        None => not_found(&id),
-    }
+    sb.set_timeout(req.duration.unwrap_or(DEFAULT_TIMEOUT).min(3600));
+    StatusCode::NO_CONTENT.into_response()
 }
 
 /// `POST /sandboxes/{id}/pause`.
@@ -301,15 +309,9 @@ pub async fn resume(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = gate(&shared, &headers) {
-        return r;
-    }
-    let req: TimeoutBody = match parse_body(&body) {
-        Ok(r) => r,
+    let (req, sb) = match sandbox_call::<TimeoutBody>(&shared, &headers, &id, &body) {
+        Ok(v) => v,
         Err(r) => return r,
-    };
-    let Some(sb) = shared.get(&id) else {
-        return not_found(&id);
     };
     if *lock(&sb.state) == SbState::Running {
         return api_error(
@@ -329,15 +331,9 @@ pub async fn connect(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = gate(&shared, &headers) {
-        return r;
-    }
-    let req: TimeoutBody = match parse_body(&body) {
-        Ok(r) => r,
+    let (req, sb) = match sandbox_call::<TimeoutBody>(&shared, &headers, &id, &body) {
+        Ok(v) => v,
         Err(r) => return r,
-    };
-    let Some(sb) = shared.get(&id) else {
-        return not_found(&id);
     };
     let paused = *lock(&sb.state) == SbState::Paused;
     if paused {
