@@ -220,3 +220,57 @@ async fn a_sandbox_cgroup_goes_when_its_last_process_ends() {
     backend.remove(&name, Default::default()).await.unwrap();
     assert!(!cg.exists(), "sandbox rm left its cgroup");
 }
+
+/// A command that fills its sandbox's process bound (a fork bomb meets the
+/// pids cgroup) is still killed whole on its timeout, and the exec does not
+/// return until the tree is gone: the kill script forks nothing, and repeats
+/// until no process of the command is left (#10 item 20).
+#[tokio::test]
+async fn a_command_at_the_process_bound_is_killed_whole_on_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("rb{}", std::process::id());
+    let _guard = CgroupGuard(
+        dir.path().join("sandboxes").join("local").join(&name),
+        name.clone(),
+    );
+    let backend = wrapped(dir.path());
+    let sb = backend
+        .provision(&SandboxSpec::named(&name))
+        .await
+        .unwrap()
+        .sandbox;
+    let mut s = Session::open(sb.clone(), SessionConfig::named("t"))
+        .await
+        .unwrap();
+    s.exec("export KEEP=1", ExecOpts::default()).await.unwrap();
+    // Spawners that keep forking marker sleeps until the bound (256) stops them.
+    let bomb =
+        "for i in 1 2 3 4; do (trap '' INT TERM; while :; do sleep 101.18 & done) & done; wait";
+    let r = s
+        .exec(
+            bomb,
+            ExecOpts {
+                timeout: Some(Duration::from_secs(2)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(r.timed_out, "{}", r.output.text());
+    let left = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x00101.18\x00")
+        })
+        .count();
+    assert_eq!(
+        left, 0,
+        "{left} of the command's processes outlived its report"
+    );
+    let r = s
+        .exec("echo still $KEEP", ExecOpts::default())
+        .await
+        .unwrap();
+    assert_eq!(r.output.text(), "still 1\n", "{:?}", r.notices);
+}

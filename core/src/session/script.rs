@@ -432,7 +432,9 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4; cut=${5-}
 start=$((10#${start:-0})); wt=$((start / 4194304)); start=$((start % 4194304))
 IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
-hz=$(getconf CLK_TCK 2>/dev/null); hz=$((10#${hz:-100})); [ "$hz" -gt 0 ] || hz=100
+# USER_HZ, the unit of /proc/PID/stat times: 100 on every Linux port berth
+# runs on. (getconf would say so, but nothing here may fork: see below.)
+hz=100
 # Created since the command began: $1 pid, $2 start time in clock ticks.
 new() {
   if [ "$wt" -gt 0 ]; then
@@ -443,31 +445,37 @@ new() {
   # Same hundredth (or no time): by pid; after a wrap at pid_max, the range is split.
   if [ "$now" -ge "$start" ]; then [ "$1" -gt "$start" ]; else [ "$1" -gt "$start" ] || [ "$1" -le "$now" ]; fi
 }
+# Everything below uses builtins only, no fork: a command that filled its
+# sandbox's process bound (a fork bomb) leaves no room for one.
 declare -A parent
 me=$$; spare=" $shell $me "
-p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; l=$(</proc/$p/stat) 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
-victims=()
-for d in /proc/[0-9]*; do
-  p=${d#/proc/}
-  l=$(<"$d/stat") 2>/dev/null || continue
-  l=${l##*) }; read -r -a f <<< "$l"
-  parent[$p]=${f[1]}
-  case "$spare" in *" $p "*) continue;; esac
-  new "$p" "${f[19]}" || continue
-  if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
-  victims+=("?$p")
-done
-out=()
-for v in "${victims[@]}"; do
-  case "$v" in
-    \?*) p=${v#\?}; q=${parent[$p]}; n=0
-         while [ -n "$q" ] && [ "$q" -gt 1 ] && [ $n -lt 64 ]; do
-           if [ "$q" = "$shell" ]; then out+=("$p"); break; fi
-           q=${parent[$q]}; n=$((n+1))
-         done ;;
-    *) out+=("$v") ;;
-  esac
-done
+p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; read -r l < "/proc/$p/stat" 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
+# One pass over /proc: the command's live processes, into `out`.
+scan() {
+  parent=(); victims=(); out=()
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    read -r l < "$d/stat" 2>/dev/null || continue
+    l=${l##*) }; read -r -a f <<< "$l"
+    parent[$p]=${f[1]}
+    case "$spare" in *" $p "*) continue;; esac
+    [ "${f[0]}" = Z ] && continue
+    new "$p" "${f[19]}" || continue
+    if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
+    victims+=("?$p")
+  done
+  for v in "${victims[@]}"; do
+    case "$v" in
+      \?*) p=${v#\?}; q=${parent[$p]}; n=0
+           while [ -n "$q" ] && [ "$q" -gt 1 ] && [ $n -lt 64 ]; do
+             if [ "$q" = "$shell" ]; then out+=("$p"); break; fi
+             q=${parent[$q]}; n=$((n+1))
+           done ;;
+      *) out+=("$v") ;;
+    esac
+  done
+}
+scan
 # Abandon the rest of the command's list (first, so the shell has the signal
 # pending before its command ends and it would go on): the loop's trap for this signal does,
 # if the shell still catches it; a shell that no longer does (a command reset
@@ -477,8 +485,21 @@ if [ -n "$cut" ]; then
   case "$cut" in USR1) bit=9 ;; USR2) bit=11 ;; *) bit=-1 ;; esac
   if [ "$bit" -ge 0 ] && (( (16#$cgt >> bit) & 1 )); then kill -s "$cut" "$shell" 2>/dev/null; else kill -s KILL "$shell" 2>/dev/null; fi
 fi
-[ ${#out[@]} -gt 0 ] && kill -s "$sig" "${out[@]}" 2>/dev/null
-printf '%s\n' "${#out[@]}"
+if [ "$sig" != KILL ]; then
+  [ ${#out[@]} -gt 0 ] && kill -s "$sig" "${out[@]}" 2>/dev/null
+  printf '%s\n' "${#out[@]}"
+  exit 0
+fi
+# KILL: freeze, kill, and look again until nothing is left, so processes
+# forked between the look and the kill (a fork bomb's) go too. Prints how
+# many were killed and how many were left.
+killed=0; rounds=0
+while [ ${#out[@]} -gt 0 ] && [ "$rounds" -lt 50 ]; do
+  kill -s STOP "${out[@]}" 2>/dev/null; kill -s KILL "${out[@]}" 2>/dev/null
+  killed=$((killed + ${#out[@]})); rounds=$((rounds + 1))
+  scan
+done
+printf '%s %s\n' "$killed" "${#out[@]}"
 "#;
 
 #[cfg(test)]
