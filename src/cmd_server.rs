@@ -81,16 +81,18 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
                         "protocol": h.protocol, "uptime_ms": h.uptime_ms,
                         "active_calls": h.active_calls, "sessions": h.sessions,
                         "idle_secs": h.idle_secs, "state_dir": h.state_dir,
+                        "watched_jobs": h.watched_jobs,
                         "socket": server::socket_path(&dir),
                     }));
                 } else {
                     println!(
-                        "berth server pid {} (version {}), up {}s, {} call(s) running, {} open session(s), exits after {}s idle\nsocket: {}",
+                        "berth server pid {} (version {}), up {}s, {} call(s) running, {} open session(s), {} job(s) watched, exits after {}s idle\nsocket: {}",
                         h.pid,
                         h.version,
                         h.uptime_ms / 1000,
                         h.active_calls,
                         h.sessions,
+                        h.watched_jobs,
                         h.idle_secs,
                         server::socket_path(&dir).display()
                     );

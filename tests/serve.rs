@@ -373,6 +373,29 @@ fn an_idle_server_exits_and_stop_stops_one() -> TestResult {
     Ok(())
 }
 
+/// A job's end is recorded with no one asking: the server keeps a waiter on
+/// every unfinished job, whoever started it, and stays up while it has one.
+#[test]
+fn the_server_records_a_job_end_with_no_one_asking() -> TestResult {
+    let s = Served::new()?;
+    s.exec("true")?;
+    let o = s
+        .cmd(&["job", "start", "--name", "quiet", "--", "sleep 1; exit 4"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    wait_for(Duration::from_secs(20), || {
+        Ok(s.status()?.is_some_and(|v| v["watched_jobs"] == 1))
+    })?;
+    // From here on only the event log is read: nothing asks about the job.
+    wait_for(Duration::from_secs(30), || {
+        let o = s.run(&["events", "--kind", "job.", "--json", "-n", "10"])?;
+        Ok(String::from_utf8_lossy(&o.stdout).contains("\"exit_code\":4"))
+    })?;
+    let v = s.status()?.ok_or("the server stopped")?;
+    assert_eq!(v["watched_jobs"], 0, "{v}");
+    Ok(())
+}
+
 #[test]
 fn berth_server_off_runs_in_process() -> TestResult {
     let s = Served::new()?;

@@ -8,13 +8,14 @@
 //! 3. `Exec` runs on the shared runtime in a task of its own: commands for
 //!    different sandboxes run at once, commands for one sandbox queue on its
 //!    shell; a call whose client went away is interrupted;
-//! 4. every second: exit after the idle time with no call running, or at once
-//!    when the socket is gone (the state dir was removed or another server
-//!    took over);
+//! 4. every half second: put a waiter on each unfinished job that has none,
+//!    so job endings are recorded as they happen; exit after the idle time
+//!    with no call running and no job to watch, or at once when the socket is
+//!    gone (the state dir was removed or another server took over);
 //! 5. `Shutdown`: give up the socket and the lock at once (a new server can
 //!    start), let running calls end, close the shells, exit.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -60,6 +61,8 @@ struct Shared {
     calls: Mutex<HashMap<String, CancellationToken>>,
     /// Held while this server owns the state dir's socket.
     lock: Mutex<Option<File>>,
+    /// Unfinished jobs with a waiter of this server's on them.
+    watching: Mutex<HashSet<String>>,
     shutdown: CancellationToken,
 }
 
@@ -151,6 +154,7 @@ impl Berth for Conn {
             sessions: s.rt.open_sessions().await as u32,
             idle_secs: s.idle.as_secs(),
             state_dir: s.state_dir.display().to_string(),
+            watched_jobs: s.watching.lock().map(|w| w.len()).unwrap_or(0) as u32,
         }))
     }
 
@@ -360,6 +364,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         last_active: Mutex::new(Instant::now()),
         calls: Mutex::new(HashMap::new()),
         lock: Mutex::new(Some(lock)),
+        watching: Mutex::new(HashSet::new()),
         shutdown: CancellationToken::new(),
     });
     info!(pid = std::process::id(), socket = %socket.display(), idle_secs = idle.as_secs(), "berth server listening");
@@ -378,8 +383,10 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
                     info!("the socket was removed or replaced; exiting");
                     break;
                 }
+                watch_jobs(&shared);
                 let since = shared.last_active.lock().map(|t| t.elapsed()).unwrap_or_default();
-                if shared.active.load(Ordering::SeqCst) == 0 && since >= idle {
+                let watched = shared.watching.lock().map(|w| w.len()).unwrap_or(0);
+                if shared.active.load(Ordering::SeqCst) == 0 && watched == 0 && since >= idle {
                     info!(idle_secs = idle.as_secs(), "idle; exiting");
                     break;
                 }
@@ -399,6 +406,45 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     }
     shared.rt.shutdown().await;
     Ok(0)
+}
+
+/// Put a waiter on every unfinished job that has none, whoever started it, so
+/// its ending (`job.exited`, `job.killed`, ...) is recorded when it happens,
+/// not when someone next asks. A server with jobs to watch is not idle.
+fn watch_jobs(shared: &Arc<Shared>) {
+    let jobs = match shared.rt.store().jobs() {
+        Ok(j) => j,
+        Err(e) => {
+            warn!(error = %e, "listing jobs to watch");
+            return;
+        }
+    };
+    for job in jobs.into_iter().filter(|j| !j.state.is_final()) {
+        let fresh = shared
+            .watching
+            .lock()
+            .map(|mut w| w.insert(job.id.clone()))
+            .unwrap_or(false);
+        if !fresh {
+            continue;
+        }
+        let s = shared.clone();
+        tokio::spawn(async move {
+            let id = job.id;
+            match s.rt.wait_job(&id, None).await {
+                Ok(j) => info!(job = %id, state = j.state.as_str(), "job ended"),
+                // Tried again at the next tick; a sandbox that is gone marks
+                // its jobs lost, which ends the watch.
+                Err(e) => {
+                    warn!(job = %id, error = %e, "waiting for a job");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+            if let Ok(mut w) = s.watching.lock() {
+                w.remove(&id);
+            }
+        });
+    }
 }
 
 async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {

@@ -189,11 +189,16 @@ impl Store {
         Ok(())
     }
 
-    fn save_job(&self, j: &Job) -> Result<()> {
-        self.with_conn(|c| {
+    /// Write a job's row, unless it has ended already: the first to record an
+    /// ending wins (several waiters may see the same end: `berth serve`'s, a
+    /// `job wait`, an `events --follow`). Returns whether the row changed.
+    fn save_job(&self, j: &Job) -> Result<bool> {
+        let changed = self.with_conn(|c| {
             c.execute(
-                "UPDATE jobs SET state = ?2, exit_code = ?3, pid = ?4, ended_at = ?5, reason = ?6,
-                        scan_offset = ?7, out_bytes = ?8, kill_signal = ?9 WHERE id = ?1",
+                "UPDATE jobs SET state = ?2, exit_code = ?3, pid = ?4, ended_at = ?5,
+                        reason = COALESCE(?6, reason), scan_offset = ?7, out_bytes = ?8,
+                        kill_signal = COALESCE(?9, kill_signal)
+                 WHERE id = ?1 AND state IN ('starting', 'running')",
                 params![
                     j.id,
                     j.state.as_str(),
@@ -205,6 +210,19 @@ impl Store {
                     j.out_bytes,
                     j.kill_signal
                 ],
+            )
+        })?;
+        Ok(changed > 0)
+    }
+
+    /// Record how a kill ended a job (the signal that took it, and why), whether
+    /// or not its ending is on record yet: a waiter may have recorded the
+    /// ending first, without the kill's account.
+    fn note_kill(&self, j: &Job) -> Result<()> {
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE jobs SET kill_signal = ?2, reason = COALESCE(?3, reason) WHERE id = ?1",
+                params![j.id, j.kill_signal, j.reason],
             )
         })?;
         Ok(())
@@ -497,7 +515,10 @@ impl Runtime {
             job.reason = reason;
         }
         job.ended_at = Some(now_ms());
-        self.store().save_job(job)?;
+        if !self.store().save_job(job)? {
+            // Another waiter recorded this ending first, with its event.
+            return Ok(());
+        }
         self.job_event(job, &format!("job.{}", state.as_str()), None)
     }
 
@@ -790,7 +811,7 @@ impl Runtime {
                 signal.name(),
                 grace.as_millis()
             ));
-            self.store().save_job(&job)?;
+            self.store().note_kill(&job)?;
             detail["escalated_to"] = "KILL".into();
         }
         self.job_event(&job, "job.signalled", Some(detail))?;
