@@ -20,38 +20,58 @@ fn wrapped(state: &std::path::Path) -> LocalBackend {
     LocalBackend::new(state).with_wrapper(WrapperCommand::new(BERTH, &policy).unwrap())
 }
 
-/// Processes still running this test's marker sleep.
-fn sleepers() -> usize {
+/// Processes still running `sleep SECS`, a test's marker.
+fn sleepers(secs: &str) -> usize {
+    let marker = format!("sleep\0{secs}\0");
     std::fs::read_dir("/proc")
         .map(|d| {
             d.flatten()
                 .filter(|e| {
-                    std::fs::read(e.path().join("cmdline"))
-                        .map(|c| c == b"sleep\x00101.17\x00")
-                        .unwrap_or(false)
+                    std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == marker.as_bytes())
                 })
                 .count()
         })
         .unwrap_or(0)
 }
 
-#[tokio::test]
-async fn a_restricted_session_keeps_its_state_and_its_limits() {
+/// A wrapped local sandbox named `prefix` + this process's pid, removed (with
+/// its cgroup) when the guard drops, and a session on it.
+struct Opened {
+    name: String,
+    sb: std::sync::Arc<dyn berth_core::backend::Sandbox>,
+    session: Session,
+    _guard: CgroupGuard,
+    _dir: tempfile::TempDir,
+}
+
+async fn open_wrapped(prefix: &str) -> Opened {
     let dir = tempfile::tempdir().unwrap();
-    let name = format!("rs{}", std::process::id());
-    let _guard = CgroupGuard(
+    let name = format!("{prefix}{}", std::process::id());
+    let guard = CgroupGuard(
         dir.path().join("sandboxes").join("local").join(&name),
         name.clone(),
     );
-    let backend = wrapped(dir.path());
-    let sb = backend
+    let sb = wrapped(dir.path())
         .provision(&SandboxSpec::named(&name))
         .await
         .unwrap()
         .sandbox;
-    let mut s = Session::open(sb.clone(), SessionConfig::named("t"))
+    let session = Session::open(sb.clone(), SessionConfig::named("t"))
         .await
         .unwrap();
+    Opened {
+        name,
+        sb,
+        session,
+        _guard: guard,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn a_restricted_session_keeps_its_state_and_its_limits() {
+    let o = open_wrapped("rs").await;
+    let (name, sb, mut s) = (o.name.clone(), o.sb.clone(), o.session);
     let r = s
         .exec(
             "mkdir -p sub && cd sub && export A=1; echo hi > f",
@@ -95,7 +115,7 @@ async fn a_restricted_session_keeps_its_state_and_its_limits() {
     assert!(r.timed_out);
     // The whole tree dies, though the killer is a separate confined spawn.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while sleepers() > 0 {
+    while sleepers("101.17") > 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the timed-out command's tree survived"
@@ -227,21 +247,8 @@ async fn a_sandbox_cgroup_goes_when_its_last_process_ends() {
 /// until no process of the command is left (#10 item 20).
 #[tokio::test]
 async fn a_command_at_the_process_bound_is_killed_whole_on_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let name = format!("rb{}", std::process::id());
-    let _guard = CgroupGuard(
-        dir.path().join("sandboxes").join("local").join(&name),
-        name.clone(),
-    );
-    let backend = wrapped(dir.path());
-    let sb = backend
-        .provision(&SandboxSpec::named(&name))
-        .await
-        .unwrap()
-        .sandbox;
-    let mut s = Session::open(sb.clone(), SessionConfig::named("t"))
-        .await
-        .unwrap();
+    let o = open_wrapped("rb").await;
+    let mut s = o.session;
     s.exec("export KEEP=1", ExecOpts::default()).await.unwrap();
     // Spawners that keep forking marker sleeps until the bound (256) stops them.
     let bomb =
@@ -257,13 +264,7 @@ async fn a_command_at_the_process_bound_is_killed_whole_on_timeout() {
         .await
         .unwrap();
     assert!(r.timed_out, "{}", r.output.text());
-    let left = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x00101.18\x00")
-        })
-        .count();
+    let left = sleepers("101.18");
     assert_eq!(
         left, 0,
         "{left} of the command's processes outlived its report"
