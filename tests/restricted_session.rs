@@ -45,7 +45,11 @@ struct Opened {
 }
 
 async fn open_wrapped(prefix: &str) -> Opened {
-    let dir = tempfile::tempdir().unwrap();
+    open_wrapped_in(prefix, tempfile::tempdir().unwrap()).await
+}
+
+/// [`open_wrapped`] with the state dir `dir`.
+async fn open_wrapped_in(prefix: &str, dir: tempfile::TempDir) -> Opened {
     let name = format!("{prefix}{}", std::process::id());
     let guard = CgroupGuard(
         dir.path().join("sandboxes").join("local").join(&name),
@@ -274,4 +278,39 @@ async fn a_command_at_the_process_bound_is_killed_whole_on_timeout() {
         .await
         .unwrap();
     assert_eq!(r.output.text(), "still 1\n", "{:?}", r.notices);
+}
+
+/// berth run as root keeps its state in `/root/.local/state/berth`, below
+/// `/root`, a host secret that is never granted. The sandbox's own directories
+/// are granted all the same (its workspace is writable, its snapshots are
+/// written and restored), while the rest of `/root` stays dark.
+#[tokio::test]
+async fn a_sandbox_below_a_secret_directory_owns_its_own_directories() {
+    let base = tempfile::Builder::new()
+        .prefix("berth-test-")
+        .tempdir_in("/root")
+        .expect("the suite runs as root (as CI does): this test needs a dir in /root");
+    let outside = base.path().join("outside");
+    std::fs::write(&outside, "host secret").unwrap();
+    let outside = outside.display().to_string();
+    let o = open_wrapped_in("rr", base).await;
+    let (sb, mut s) = (o.sb.clone(), o.session);
+    let r = s
+        .exec(
+            &format!("touch f && echo wrote; export A=1; cat {outside} || echo dark"),
+            ExecOpts::default(),
+        )
+        .await
+        .unwrap();
+    let out = r.output.text();
+    assert!(out.starts_with("wrote\n"), "{out}");
+    assert!(
+        out.ends_with("dark\n") && !out.contains("host secret"),
+        "{out}"
+    );
+    assert!(!out.contains("snap"), "the snapshot was not written: {out}");
+    drop(s);
+    let mut s = Session::open(sb, SessionConfig::named("t")).await.unwrap();
+    let r = s.exec("echo A=$A; ls", ExecOpts::default()).await.unwrap();
+    assert_eq!(r.output.text(), "A=1\nf\n", "{:?}", r.notices);
 }

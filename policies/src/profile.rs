@@ -122,6 +122,12 @@ pub struct SandboxProfile {
     pub read_exec: Vec<PathBuf>,
     /// Paths granted read, write, create and remove.
     pub read_write: Vec<PathBuf>,
+    /// The sandbox's own directories (`work`, `tmp`, `.berth`), granted as
+    /// they are even where the state dir lies below a host secret (berth run
+    /// as root keeps it in `/root/.local/state`): they are berth's, not the
+    /// host's. Only a real directory, not a link, is granted this way.
+    #[serde(default)]
+    pub own: Vec<PathBuf>,
     /// Whether TCP/UDP networking is allowed.
     pub network: bool,
     /// Process limits.
@@ -151,9 +157,13 @@ impl LocalPolicy {
             .filter(|p| exists(p))
             .collect();
         read_exec.dedup();
-        let mut read_write: Vec<PathBuf> = ["work", "tmp", ".berth"]
+        let own: Vec<PathBuf> = ["work", "tmp", ".berth"]
             .iter()
             .map(|s| dir.join(s))
+            .collect();
+        let mut read_write: Vec<PathBuf> = own
+            .iter()
+            .cloned()
             .chain(DEVICES_RW.iter().map(PathBuf::from).filter(|p| exists(p)))
             .chain(self.write.iter().cloned())
             .collect();
@@ -162,6 +172,7 @@ impl LocalPolicy {
             name: name.to_string(),
             read_exec,
             read_write,
+            own,
             network: self.network,
             rlimits: self.rlimits.clone(),
             allow_unscoped_signals: self.unscoped_signals,

@@ -92,6 +92,23 @@ fn carve(p: &Path, out: &mut Vec<PathBuf>, depth: u32) {
     }
 }
 
+/// The write grants: the sandbox's own directories as they are (a real
+/// directory, not a link to elsewhere), everything else with secrets carved out.
+fn write_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in &profile.read_write {
+        let own = profile.own.contains(p)
+            && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+            && std::fs::canonicalize(p).is_ok_and(|real| real == *p);
+        if own {
+            out.push(p.clone());
+        } else {
+            carve(p, &mut out, 0);
+        }
+    }
+    out
+}
+
 /// Restrict the calling thread (and all it execs) to the profile. `scope_signals`
 /// confines signals to this process's own tree; berth's helpers, which must
 /// reach the whole sandbox, go without it.
@@ -115,7 +132,7 @@ pub fn apply(profile: &SandboxProfile, abi_num: i32, scope_signals: bool) -> Res
         }
     }
     let read = without_secrets(&profile.read_exec);
-    let write = without_secrets(&profile.read_write);
+    let write = write_grants(profile);
     let status = ruleset
         .create()
         .map_err(ll)?
