@@ -32,6 +32,23 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// `berth run --json` against the stand-in at `url` (model `m`), with `extra`
+/// (flags, then the prompt), as a command to spawn.
+fn run_cmd(state: &Path, url: &str, extra: &[&str]) -> Command {
+    let mut args = vec![
+        "run",
+        "--json",
+        "--base-url",
+        url,
+        "--model",
+        "m",
+        "--api-key-env",
+        "STANDIN_KEY",
+    ];
+    args.extend_from_slice(extra);
+    cmd(state, &args)
+}
+
 /// `berth run` against one stand-in, ad hoc.
 fn run_adhoc(
     state: &Path,
@@ -488,23 +505,10 @@ fn kill_9_mid_tool_call_then_resume_runs_no_finished_call_twice() -> TestResult 
         ),
     ])])?;
     let url = s.url();
-    let child = cmd(
-        d,
-        &[
-            "run",
-            "--json",
-            "--base-url",
-            &url,
-            "--model",
-            "m",
-            "--api-key-env",
-            "STANDIN_KEY",
-            "work",
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()?;
+    let child = run_cmd(d, &url, &["work"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
     let mut child = KillOnDrop(child);
     let mut id = String::new();
     wait_for("call b to start", Duration::from_secs(60), || {
@@ -722,23 +726,10 @@ fn ctrl_c_mid_tool_call_kills_the_command_and_saves_the_run_interrupted() -> Tes
         r#"{"command": "sh -c 'sleep 60; echo after > after.txt'"}"#,
     )])?;
     let url = s.url();
-    let child = cmd(
-        d,
-        &[
-            "run",
-            "--json",
-            "--base-url",
-            &url,
-            "--model",
-            "m",
-            "--api-key-env",
-            "STANDIN_KEY",
-            "wait",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()?;
+    let child = run_cmd(d, &url, &["wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
     let mut child = KillOnDrop(child);
     let mut id = String::new();
     wait_for("the call to start", Duration::from_secs(60), || {
@@ -799,24 +790,10 @@ fn with_wait_an_ask_is_answered_while_berth_waits() -> TestResult {
         Reply::text("finished"),
     ])?;
     let url = s.url();
-    let child = cmd(
-        d,
-        &[
-            "run",
-            "--json",
-            "--wait",
-            "--base-url",
-            &url,
-            "--model",
-            "m",
-            "--api-key-env",
-            "STANDIN_KEY",
-            "go",
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()?;
+    let child = run_cmd(d, &url, &["--wait", "go"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
     let mut child = KillOnDrop(child);
     let mut n = 0;
     wait_for("the approval to be asked", Duration::from_secs(60), || {
