@@ -41,6 +41,7 @@ macro_rules! jobs_suite {
             case!(wait_times_out_and_bad_ids_are_named);
             case!(a_failed_test_leaves_no_sandbox);
             case!(a_launching_job_is_starting_not_lost);
+            case!(an_interrupt_reaches_a_job_that_handles_it);
         }
     };
 }
@@ -561,5 +562,27 @@ pub async fn a_launching_job_is_starting_not_lost(h: &Harness) -> TestResult {
     assert_eq!(r.logs(&id).await?, "launched\n");
     let lost = r.rt.store().events(0, 100, Some("job.lost"))?;
     assert!(lost.is_empty(), "a job.lost was recorded: {lost:?}");
+    r.finish().await
+}
+
+/// SIGINT reaches a job as it would a program in a terminal: the job's trap
+/// runs (a job started in the background must not inherit SIGINT ignored).
+pub async fn an_interrupt_reaches_a_job_that_handles_it(h: &Harness) -> TestResult {
+    let r = Rig::new(h, "job-int").await?;
+    let id = r
+        .start("trap 'echo got-int; kill $!; exit 7' INT; echo armed; sleep 300 & wait")
+        .await?;
+    r.until("the trap to be armed", || async {
+        Ok(r.logs(&id).await?.contains("armed"))
+    })
+    .await?;
+    let outcome =
+        r.rt.kill_job_with_grace(&id, Signal::Int, Duration::from_secs(20))
+            .await?;
+    assert_eq!(outcome, KillOutcome::Signalled);
+    let job = r.rt.job(&id).await?;
+    assert_eq!(job.exit_code, Some(7), "{job:?}");
+    assert_eq!(job.kill_signal.as_deref(), Some("INT"), "{job:?}");
+    assert_eq!(r.logs(&id).await?, "armed\ngot-int\n");
     r.finish().await
 }

@@ -31,7 +31,13 @@ printf '%s\n' "$$" > "$d/wrapper"
 sleep infinity 3<>"$d/in" >/dev/null 2>&1 8>&- &
 h=$!
 printf '%s\n' "$h" > "$d/holder"
-setsid bash "$d/cmd" <"$d/in" >>"$d/out" 2>&1 8>&- &
+# Started in the background by a shell without job control, the wrapper has
+# SIGINT and SIGQUIT ignored, which a job would inherit and no shell can undo
+# (a REPL would not see Ctrl-C, a trap on INT would never run): the job gets
+# them back at their defaults, where `env` can (coreutils 8.31 and later).
+set -- bash "$d/cmd"
+env --default-signal=INT true 2>/dev/null && set -- env --default-signal=INT,QUIT bash "$d/cmd"
+setsid "$@" <"$d/in" >>"$d/out" 2>&1 8>&- &
 j=$!
 printf '%s\n' "$j" > "$d/pid"
 printf '%s\n' "$j" 1<>"$d/ready"
