@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use berth_core::backend::TermSize;
 use berth_core::backend::{Backend, Signal};
-use berth_core::jobs::{JobState, KillOutcome};
+use berth_core::jobs::pty::Screen;
+use berth_core::jobs::{JobOptions, JobState, KillOutcome};
 use berth_core::runtime::{BackendSource, ExecRequest, Runtime, RuntimeConfig};
 use berth_core::store::Store;
 
@@ -41,6 +43,9 @@ macro_rules! jobs_suite {
             case!(wait_times_out_and_bad_ids_are_named);
             case!(a_failed_test_leaves_no_sandbox);
             case!(a_launching_job_is_starting_not_lost);
+            case!(a_pty_job_is_a_terminal_a_program_can_be_driven_on);
+            case!(a_pty_job_follows_resizes_and_renders_a_full_screen_program);
+            case!(killing_a_pty_job_ends_the_program_on_its_terminal);
             case!(an_interrupt_reaches_a_job_that_handles_it);
         }
     };
@@ -136,6 +141,66 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(())
+    }
+
+    /// A rig for terminal jobs, or `None` where a local sandbox cannot open
+    /// terminals (its Landlock profile closes them): there a terminal job is
+    /// refused with a message that says why and what to use instead, and
+    /// nothing is left running.
+    async fn for_pty(h: &Harness, test: &str) -> Result<Option<Rig>, BoxError> {
+        let r = Rig::new(h, test).await?;
+        let err = match r.start_pty("true", 80, 24).await {
+            Ok(_) => return Ok(Some(r)),
+            Err(e) if r.kind == "local" => e.to_string(),
+            Err(e) => return Err(e),
+        };
+        assert!(
+            err.contains("cannot open a terminal") && err.contains("docker or ssh"),
+            "{err}"
+        );
+        let jobs = r.rt.list_jobs().await?;
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].state, JobState::Failed, "{jobs:?}");
+        r.finish().await?;
+        Ok(None)
+    }
+
+    /// Start a terminal job of `size`.
+    async fn start_pty(&self, cmd: &str, cols: u16, rows: u16) -> Result<String, BoxError> {
+        let opts = JobOptions {
+            pty: Some(TermSize { cols, rows }),
+            ..JobOptions::default()
+        };
+        let job = self
+            .rt
+            .start_job_with(&self.kind, &self.sandbox, cmd, opts)
+            .await?;
+        assert_eq!(job.pty, Some(TermSize { cols, rows }));
+        Ok(job.id)
+    }
+
+    /// The job's screen once `check` holds on it (for at most 30 s).
+    async fn screen_until(
+        &self,
+        id: &str,
+        what: &str,
+        check: impl Fn(&Screen) -> bool,
+    ) -> Result<Screen, BoxError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = self.rt.job_screen(id).await?;
+            if check(&s) {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "gave up after 30s waiting for {what}; the screen:\n{}",
+                    s.text()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn finish(self) -> TestResult {
@@ -562,6 +627,193 @@ pub async fn a_launching_job_is_starting_not_lost(h: &Harness) -> TestResult {
     assert_eq!(r.logs(&id).await?, "launched\n");
     let lost = r.rt.store().events(0, 100, Some("job.lost"))?;
     assert!(lost.is_empty(), "a job.lost was recorded: {lost:?}");
+    r.finish().await
+}
+
+/// A REPL on a terminal, driven as an agent would: type, read the screen,
+/// press control keys.
+pub async fn a_pty_job_is_a_terminal_a_program_can_be_driven_on(h: &Harness) -> TestResult {
+    let Some(r) = Rig::for_pty(h, "job-pty").await? else {
+        return Ok(());
+    };
+    let id = r
+        .start_pty(
+            "python3 -q -i -c 'import sys; print(\"tty\", sys.stdin.isatty(), sys.stdout.isatty())'",
+            100,
+            30,
+        )
+        .await?;
+    r.screen_until(&id, "the >>> prompt", |s| s.text().contains(">>>"))
+        .await?;
+    r.rt.send_job(&id, b"6*7\n", false).await?;
+    let s = r
+        .screen_until(&id, "42", |s| s.lines.iter().any(|l| l == "42"))
+        .await?;
+    assert_eq!((s.cols, s.rows), (100, 30));
+    assert!(s.lines.iter().any(|l| l == "tty True True"), "{s:?}");
+    assert!(
+        s.lines.iter().any(|l| l == ">>> 6*7"),
+        "the terminal echoes: {s:?}"
+    );
+    // The cursor sits after the last prompt.
+    let last = s.lines.iter().rposition(|l| !l.is_empty()).ok_or("blank")?;
+    assert_eq!(s.lines[last], ">>>");
+    assert_eq!((s.cursor_row as usize, s.cursor_col), (last, 4));
+    // Ctrl-C interrupts the program's work, not the program.
+    r.rt.send_job(&id, b"import time; time.sleep(120)\n", false)
+        .await?;
+    r.screen_until(&id, "the sleep to start", |s| {
+        s.lines.iter().any(|l| l.ends_with("time.sleep(120)"))
+    })
+    .await?;
+    r.rt.send_keys(&id, &["C-c"]).await?;
+    let s = r
+        .screen_until(&id, "KeyboardInterrupt and a new prompt", |s| {
+            let t = s.text();
+            t.contains("KeyboardInterrupt") && t.trim_end().ends_with(">>>")
+        })
+        .await?;
+    assert!(!s.alternate_screen);
+    // The REPL lives on.
+    r.rt.send_job(&id, b"print('still', 6*7)\n", false).await?;
+    r.screen_until(&id, "the REPL after Ctrl-C", |s| {
+        s.lines.iter().any(|l| l == "still 42")
+    })
+    .await?;
+    // Ctrl-D at the prompt ends it, as on any terminal.
+    r.rt.send_keys(&id, &["C-d"]).await?;
+    let job = r.rt.wait_job(&id, WAIT).await?;
+    assert_eq!(
+        (job.state, job.exit_code),
+        (JobState::Exited, Some(0)),
+        "{job:?}"
+    );
+    assert_eq!(job.kill_signal, None);
+    // The log is the raw stream the terminal received.
+    let log = r.logs(&id).await?;
+    assert!(log.contains("6*7") && log.contains("\r\n42\r\n"), "{log:?}");
+    // Not a terminal job: a screen is refused with what to do instead.
+    let plain = r.start("echo plain").await?;
+    let err =
+        r.rt.job_screen(&plain)
+            .await
+            .err()
+            .ok_or("a screen of a plain job")?;
+    assert!(err.to_string().contains("--pty"), "{err}");
+    let err =
+        r.rt.send_keys(&id, &["Hyper"])
+            .await
+            .err()
+            .ok_or("a bad key")?;
+    assert!(err.to_string().contains("unknown key"), "{err}");
+    r.finish().await
+}
+
+/// `tput cols` follows a resize, and a full-screen program's screen (less, on
+/// the alternate screen) has the rows a terminal of that size shows.
+pub async fn a_pty_job_follows_resizes_and_renders_a_full_screen_program(
+    h: &Harness,
+) -> TestResult {
+    let Some(r) = Rig::for_pty(h, "job-pty-size").await? else {
+        return Ok(());
+    };
+    let id = r
+        .start_pty(
+            "unset LESS LESSOPEN; read -r _; tput cols; read -r _; tput cols; stty size; \
+             read -r _; seq 1 500 | less; echo less-done",
+            80,
+            24,
+        )
+        .await?;
+    r.rt.send_job(&id, b"\n", false).await?;
+    r.screen_until(&id, "80 columns", |s| s.lines.iter().any(|l| l == "80"))
+        .await?;
+    r.rt.resize_job(
+        &id,
+        TermSize {
+            cols: 100,
+            rows: 30,
+        },
+    )
+    .await?;
+    assert_eq!(
+        r.rt.job(&id).await?.pty,
+        Some(TermSize {
+            cols: 100,
+            rows: 30
+        })
+    );
+    r.rt.send_job(&id, b"\n", false).await?;
+    let s = r
+        .screen_until(&id, "100 columns", |s| {
+            s.lines.iter().any(|l| l == "30 100")
+        })
+        .await?;
+    assert_eq!((s.cols, s.rows), (100, 30));
+    assert!(s.lines.iter().any(|l| l == "100"), "{s:?}");
+    r.rt.send_job(&id, b"\n", false).await?;
+    let s = r
+        .screen_until(&id, "less's first page", |s| {
+            s.alternate_screen && s.lines.get(29).is_some_and(|l| l == ":")
+        })
+        .await?;
+    let want: Vec<String> = (1..=29).map(|i| i.to_string()).collect();
+    assert_eq!(s.lines[..29], want[..], "{s:?}");
+    // The last page, then out.
+    r.rt.send_keys(&id, &["G"]).await?;
+    let s = r
+        .screen_until(&id, "less's last page", |s| {
+            s.lines.get(28).is_some_and(|l| l == "500")
+        })
+        .await?;
+    assert_eq!(s.lines[0], "472");
+    r.rt.send_keys(&id, &["q"]).await?;
+    let s = r
+        .screen_until(&id, "less to exit", |s| s.text().contains("less-done"))
+        .await?;
+    assert!(!s.alternate_screen, "{s:?}");
+    let job = r.rt.wait_job(&id, WAIT).await?;
+    assert_eq!((job.state, job.exit_code), (JobState::Exited, Some(0)));
+    let err =
+        r.rt.resize_job(&id, TermSize { cols: 90, rows: 20 })
+            .await
+            .err()
+            .ok_or("resizing an ended job")?;
+    assert!(err.to_string().contains("terminal is gone"), "{err}");
+    r.finish().await
+}
+
+/// The program on a job's terminal is in a session of its own; a kill ends
+/// it too, even when it ignores SIGHUP and SIGTERM.
+pub async fn killing_a_pty_job_ends_the_program_on_its_terminal(h: &Harness) -> TestResult {
+    let Some(r) = Rig::for_pty(h, "job-pty-kill").await? else {
+        return Ok(());
+    };
+    let id = r
+        .start_pty(
+            "trap '' HUP TERM INT; sleep 300 & echo \"$$ $!\" > pty-kill.pids; echo started; wait; wait",
+            80,
+            24,
+        )
+        .await?;
+    r.screen_until(&id, "the program to start", |s| {
+        s.lines.iter().any(|l| l == "started")
+    })
+    .await?;
+    let outcome =
+        r.rt.kill_job_with_grace(&id, Signal::Term, Duration::from_millis(300))
+            .await?;
+    assert_eq!(outcome, KillOutcome::Signalled);
+    let job = r.rt.job(&id).await?;
+    assert_eq!(job.state, JobState::Killed, "{job:?}");
+    let left = r
+        .exec(
+            // A zombie is not alive (an init that does not reap may keep it).
+            "for p in $(cat pty-kill.pids); do read -r st 2>/dev/null < /proc/$p/stat || continue; \
+             st=${st##*) }; [ \"${st%% *}\" = Z ] || echo alive $p; done; echo checked",
+        )
+        .await?;
+    assert_eq!(left, "checked\n", "the program outlived its job's kill");
     r.finish().await
 }
 

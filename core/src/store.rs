@@ -80,6 +80,8 @@ const MIGRATIONS: &[&str] = &[
     crate::approvals::SCHEMA,
     // 4: agent runs (`berth run`): the journal of every step and tool call.
     crate::agent::journal::SCHEMA,
+    // 5: terminal jobs: the size of a job's terminal, `COLSxROWS` (NULL: none).
+    "ALTER TABLE jobs ADD COLUMN pty TEXT;",
 ];
 
 /// Milliseconds since the Unix epoch.

@@ -11,6 +11,7 @@
 //! - `logs` streams the output file from a byte offset through the sandbox, so
 //!   memory stays flat whatever the log's size.
 
+pub mod pty;
 pub mod script;
 
 use std::collections::BTreeMap;
@@ -22,7 +23,7 @@ use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use crate::backend::{Sandbox, SpawnOpts, run_to_end};
+use crate::backend::{Sandbox, SpawnOpts, TermSize, run_to_end};
 use crate::error::{Error, Result};
 use crate::runtime::{ExecRequest, Runtime};
 use crate::store::{Event, Store, now_ms};
@@ -109,6 +110,20 @@ pub struct Job {
     pub out_bytes: i64,
     /// The signal berth sent it, if any.
     pub kill_signal: Option<String>,
+    /// A terminal job: the size of its terminal (as last set by berth).
+    #[serde(default)]
+    pub pty: Option<TermSize>,
+}
+
+/// How to start a job, besides its command.
+#[derive(Clone, Debug, Default)]
+pub struct JobOptions {
+    /// A name to refer to it by.
+    pub name: Option<String>,
+    /// Regexes over its output lines, each match an event.
+    pub watch: Vec<String>,
+    /// Run it on a terminal of this size (a terminal job).
+    pub pty: Option<TermSize>,
 }
 
 impl Job {
@@ -151,7 +166,7 @@ const LAUNCH_GRACE: Duration = Duration::from_secs(600);
 /// How long `kill_job` lets a job's group outlive its signal before SIGKILL.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
-const COLUMNS: &str = "id, name, backend, sandbox, command, state, exit_code, pid, created_at, ended_at, reason, watch, scan_offset, out_bytes, kill_signal";
+const COLUMNS: &str = "id, name, backend, sandbox, command, state, exit_code, pid, created_at, ended_at, reason, watch, scan_offset, out_bytes, kill_signal, pty";
 
 fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
     let watch: String = r.get(11)?;
@@ -171,6 +186,7 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         scan_offset: r.get(12)?,
         out_bytes: r.get(13)?,
         kill_signal: r.get(14)?,
+        pty: r.get::<_, Option<String>>(15)?.and_then(|s| s.parse().ok()),
     })
 }
 
@@ -179,10 +195,11 @@ impl Store {
         let watch = serde_json::to_string(&j.watch).map_err(|e| Error::Store(e.to_string()))?;
         self.with_conn(|c| {
             c.execute(
-                &format!("INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+                &format!("INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
                 params![
                     j.id, j.name, j.backend, j.sandbox, j.command, j.state.as_str(), j.exit_code, j.pid,
-                    j.created_at, j.ended_at, j.reason, watch, j.scan_offset, j.out_bytes, j.kill_signal
+                    j.created_at, j.ended_at, j.reason, watch, j.scan_offset, j.out_bytes, j.kill_signal,
+                    j.pty.map(|p| p.to_string())
                 ],
             )
         })?;
@@ -223,6 +240,17 @@ impl Store {
             c.execute(
                 "UPDATE jobs SET kill_signal = ?2, reason = COALESCE(?3, reason) WHERE id = ?1",
                 params![j.id, j.kill_signal, j.reason],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Record a terminal job's new size.
+    fn note_pty(&self, id: &str, size: TermSize) -> Result<()> {
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE jobs SET pty = ?2 WHERE id = ?1",
+                params![id, size.to_string()],
             )
         })?;
         Ok(())
@@ -276,6 +304,23 @@ impl Runtime {
         name: Option<String>,
         watch: Vec<String>,
     ) -> Result<Job> {
+        let opts = JobOptions {
+            name,
+            watch,
+            pty: None,
+        };
+        self.start_job_with(backend, sandbox, command, opts).await
+    }
+
+    /// [`Runtime::start_job`] with every option: a terminal job with `pty`.
+    pub async fn start_job_with(
+        &self,
+        backend: &str,
+        sandbox: &str,
+        command: &str,
+        opts: JobOptions,
+    ) -> Result<Job> {
+        let JobOptions { name, watch, pty } = opts;
         if command.trim().is_empty() {
             return Err(Error::InvalidInput(
                 "empty command: put it after `--`, e.g. `berth job start -- make build`".into(),
@@ -305,6 +350,7 @@ impl Runtime {
             scan_offset: 0,
             out_bytes: 0,
             kill_signal: None,
+            pty,
         };
         // The row first: if berth dies during the launch, the job is still on record.
         self.store().insert_job(&job)?;
@@ -337,13 +383,27 @@ impl Runtime {
     async fn launch(&self, job: &Job) -> Result<i64> {
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
-        sb.write_file(&format!("{dir}/cmd"), job.command.as_bytes(), 0o600)
-            .await?;
+        let mut launch = script::launch(&dir);
+        match job.pty {
+            None => {
+                sb.write_file(&format!("{dir}/cmd"), job.command.as_bytes(), 0o600)
+                    .await?
+            }
+            Some(size) => {
+                // The program goes in `prog`; `cmd` puts it on a terminal.
+                sb.write_file(&format!("{dir}/prog"), job.command.as_bytes(), 0o600)
+                    .await?;
+                let cmd = script::pty_cmd(&dir, size);
+                sb.write_file(&format!("{dir}/cmd"), cmd.as_bytes(), 0o600)
+                    .await?;
+                launch = format!("{}{launch}; fi", script::PTY_PRECHECK);
+            }
+        }
         let report = self
             .exec(ExecRequest {
                 backend: job.backend.clone(),
                 sandbox: job.sandbox.clone(),
-                command: script::launch(&dir),
+                command: launch,
                 timeout: Some(Duration::from_secs(60)),
                 admitted: true,
                 ..Default::default()
@@ -870,4 +930,127 @@ impl Runtime {
         }
         Ok(())
     }
+
+    /// A terminal job, or an error that says it is not one.
+    async fn pty_job(&self, id: &str) -> Result<(Job, TermSize)> {
+        let job = self.job(id).await?;
+        match job.pty {
+            Some(size) => Ok((job, size)),
+            None => Err(Error::InvalidInput(format!(
+                "job {} is not on a terminal; start it with `berth job start --pty -- COMMAND` \
+                 for a screen, keys and resizes (its output is in `berth job logs {}`)",
+                job.id, job.id
+            ))),
+        }
+    }
+
+    /// Write key presses (by name: `Enter`, `C-c`, `Up`, ...) to a job.
+    pub async fn send_keys<S: AsRef<str>>(&self, id: &str, keys: &[S]) -> Result<usize> {
+        let bytes = pty::keys_bytes(keys)?;
+        if bytes.is_empty() {
+            return Err(Error::InvalidInput(
+                "no keys to send: name at least one, e.g. `Enter` or `C-c`".into(),
+            ));
+        }
+        self.send_job(id, &bytes, false).await?;
+        Ok(bytes.len())
+    }
+
+    /// Change a terminal job's size; its program gets SIGWINCH.
+    pub async fn resize_job(&self, id: &str, size: TermSize) -> Result<()> {
+        let (job, _) = self.pty_job(id).await?;
+        if job.state.is_final() {
+            return Err(Error::InvalidInput(format!(
+                "job {} has {}; its terminal is gone",
+                job.id,
+                job.state.as_str()
+            )));
+        }
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let args = argv(&[
+            "bash",
+            "-c",
+            script::RESIZE,
+            "berth-resize",
+            &job.dir(sb.as_ref()),
+            &size.cols.to_string(),
+            &size.rows.to_string(),
+        ]);
+        let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
+        if c.status.code != Some(0) {
+            return Err(Error::Backend {
+                backend: sb.kind(),
+                detail: format!(
+                    "could not resize job {}'s terminal: {}",
+                    job.id,
+                    String::from_utf8_lossy(&c.stderr).trim()
+                ),
+            });
+        }
+        self.store().note_pty(&job.id, size)?;
+        Ok(())
+    }
+
+    /// A terminal emulator fed with a terminal job's output so far (its last
+    /// [`SCREEN_TAIL`] bytes at most: a screen depends on recent output only,
+    /// and a program that draws full screens redraws them whole).
+    pub async fn job_emulator(&self, id: &str) -> Result<(Job, pty::Emulator)> {
+        let (job, _) = self.pty_job(id).await?;
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sizes = sb
+            .read_file(&format!("{}/sizes", job.dir(sb.as_ref())), 1 << 20)
+            .await
+            .unwrap_or_default();
+        let start = (job.out_bytes.max(0) as u64).saturating_sub(SCREEN_TAIL);
+        let mut emu = pty::Emulator::new(pty::parse_sizes(&String::from_utf8_lossy(&sizes)), start);
+        let mut sink = |b: &[u8]| emu.feed(b);
+        self.job_logs(&job.id, start, false, &mut sink).await?;
+        Ok((job, emu))
+    }
+
+    /// The screen of a terminal job, as a terminal showing it would look now.
+    pub async fn job_screen(&self, id: &str) -> Result<pty::Screen> {
+        Ok(self.job_emulator(id).await?.1.screen())
+    }
+
+    /// A stream into a job's stdin that stays open (`berth attach`'s keys),
+    /// rather than one helper per write as [`Runtime::send_job`] does.
+    pub async fn job_input(&self, id: &str) -> Result<JobInput> {
+        let job = self.job(id).await?;
+        if job.state.is_final() {
+            return Err(Error::InvalidInput(format!(
+                "job {} has {}; there is no stdin to write to",
+                job.id,
+                job.state.as_str()
+            )));
+        }
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let cmd = format!(
+            "exec cat > {}/in",
+            crate::session::script::quote(&job.dir(sb.as_ref()))
+        );
+        let opts = SpawnOpts {
+            helper: true,
+            ..SpawnOpts::default()
+        };
+        let mut process = sb.spawn(&argv(&["bash", "-c", &cmd]), opts).await?;
+        let stdin = process.take_stdin().ok_or_else(|| Error::Backend {
+            backend: sb.kind(),
+            detail: "the input helper has no stdin".into(),
+        })?;
+        Ok(JobInput {
+            stdin,
+            _process: process,
+        })
+    }
+}
+
+/// The last output a screen is rendered from.
+pub const SCREEN_TAIL: u64 = 4 << 20;
+
+/// An open stdin of a job: write to `stdin`; dropping it closes the helper.
+pub struct JobInput {
+    /// Bytes written here reach the job's stdin (its terminal, for a terminal job).
+    pub stdin: crate::backend::BoxWrite,
+    _process: Box<dyn crate::backend::Process>,
 }

@@ -84,13 +84,38 @@ done
 /// Sends the signal to the group; if any of the group is still there after the
 /// grace, sends SIGKILL. Returns once the group is gone and the wrapper has
 /// recorded the status, printing `signalled` or `escalated`.
+///
+/// A terminal job's program runs below `script`, in the session of its
+/// terminal (`ptysid`), which a group kill does not reach: every process of
+/// that session is signalled too, found by the session field of
+/// `/proc/PID/stat` (builtins only, so a full process table cannot stop it).
 pub const KILL: &str = r#"d=$1; sig=$2; grace=$3
 read -r p < "$d/pid" || exit 3
-kill -s "$sig" -- "-$p" 2>/dev/null || kill -s "$sig" "$p" 2>/dev/null || exit 4
+sp=; [ -s "$d/ptysid" ] && read -r sp < "$d/ptysid"
+# Signal ($1; 0 only looks) every live process of the terminal's session.
+# True if there was one.
+session() {
+  [ -n "$sp" ] || return 1
+  local f st q any=1
+  for f in /proc/[0-9]*/stat; do
+    read -r st 2>/dev/null < "$f" || continue
+    st=${st##*) }
+    set -- "$1" $st
+    # $2 state, $5 session
+    [ "$5" = "$sp" ] && [ "$2" != Z ] || continue
+    q=${f#/proc/}; q=${q%/stat}
+    kill -s "$1" "$q" 2>/dev/null && any=0
+  done
+  return $any
+}
+sent=1
+session "$sig" && sent=0
+kill -s "$sig" -- "-$p" 2>/dev/null || kill -s "$sig" "$p" 2>/dev/null && sent=0
+[ "$sent" = 0 ] || exit 4
 # No event tells when the last process of a group is gone: look every 20 ms.
 gone() {
   local i=0
-  while kill -0 -- "-$p" 2>/dev/null || kill -0 "$p" 2>/dev/null; do
+  while kill -0 -- "-$p" 2>/dev/null || kill -0 "$p" 2>/dev/null || session 0; do
     [ "$i" -ge "$1" ] && return 1
     i=$((i + 20)); sleep 0.02
   done
@@ -98,6 +123,7 @@ gone() {
 how=signalled
 if [ "$sig" != KILL ] && ! gone "$grace"; then
   how=escalated
+  session KILL
   kill -s KILL -- "-$p" 2>/dev/null || kill -s KILL "$p" 2>/dev/null
 fi
 gone 10000 || { echo "process group $p is still there after SIGKILL" >&2; exit 5; }
@@ -129,4 +155,56 @@ read -r st < "$d/status" 2>/dev/null && printf '%s' "$st"
 pub const READ: &str = r#"f=$1; off=$2; w=$3
 if [ -n "$w" ]; then exec tail -c +"$((off + 1))" -s 0.2 --pid="$w" -f -- "$f"; fi
 exec tail -c +"$((off + 1))" -- "$f"
+"#;
+
+/// The `cmd` of a terminal job: the program (in `prog`) runs on a terminal of
+/// its own that `script` (util-linux) holds, which outlives berth as the job
+/// does. `script` copies the job's stdin (the FIFO) to the terminal and the
+/// terminal's output to the job's `out`, untouched: the log is the raw stream a
+/// terminal would receive. Inside, before the program starts, the terminal
+/// gets its size, its name goes to `tty` (for resizes) and its session id to
+/// `ptysid` (for kills).
+pub fn pty_cmd(dir: &str, size: crate::backend::TermSize) -> String {
+    let d = quote(dir);
+    // `script -c` runs `$SHELL -c`: the job's own SHELL may be anything (fish,
+    // nologin), so it is set to sh for script and given back inside.
+    let inner = format!(
+        "stty cols {c} rows {r} 2>/dev/null; tty > {d}/tty; echo $$ > {d}/ptysid; \
+         if [ -n \"$BERTH_SHELL\" ]; then SHELL=$BERTH_SHELL; export SHELL; else unset SHELL; fi; \
+         unset BERTH_SHELL; exec bash {d}/prog",
+        c = size.cols,
+        r = size.rows,
+    );
+    format!(
+        "command -v script >/dev/null 2>&1 || {{ echo 'berth: a terminal job needs `script` (util-linux) in the sandbox' >&2; exit 127; }}\n\
+         export TERM=xterm-256color BERTH_SHELL=\"${{SHELL:-}}\"\n\
+         printf '0 %s %s\\n' {c} {r} > {d}/sizes\n\
+         SHELL=/bin/sh exec script -qfec {inner} /dev/null\n",
+        c = size.cols,
+        r = size.rows,
+        inner = quote(&inner),
+    )
+}
+
+/// Opens the launch of a terminal job (`...; fi` closes it): refuses, with
+/// what to do instead, where `script` is missing or cannot open a terminal.
+/// The local backend's Landlock profile closes `/dev/ptmx` and `/dev/pts` (a
+/// sandbox that can open terminals can open the operator's own).
+pub const PTY_PRECHECK: &str = "if ! command -v script >/dev/null 2>&1; then \
+echo 'a terminal job needs `script` (util-linux) in the sandbox: install util-linux (bsdutils on Debian) there, or start the job without --pty' >&2; false; \
+elif ! script -qec true /dev/null </dev/null >/dev/null 2>&1; then \
+echo 'this sandbox cannot open a terminal (no access to /dev/ptmx and /dev/pts; the local backend closes them so sandboxed code cannot reach your own terminal): run terminal jobs on the docker or ssh backend, or start the job without --pty' >&2; false; \
+else ";
+
+/// Resizes a terminal job's terminal: `$1` dir, `$2` cols, `$3` rows. The
+/// kernel tells the program (SIGWINCH to the terminal's foreground group). The
+/// size and the output offset it took effect at are appended to `sizes`, so a
+/// screen rendered later follows the same sizes at the same points.
+pub const RESIZE: &str = r#"d=$1
+# A job started a moment ago may not have written its terminal's name yet.
+i=0; while [ ! -s "$d/tty" ] && [ "$i" -lt 100 ]; do sleep 0.02; i=$((i + 1)); done
+read -r t < "$d/tty" || { echo "the job has no terminal (yet?)" >&2; exit 3; }
+stty -F "$t" cols "$2" rows "$3" || exit 4
+o=$(stat -c %s "$d/out" 2>/dev/null || echo 0)
+printf '%s %s %s\n' "$o" "$2" "$3" >> "$d/sizes"
 "#;
