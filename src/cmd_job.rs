@@ -1,4 +1,4 @@
-//! `berth job start|ls|logs|wait|kill|send`: detached background work.
+//! `berth job start|ls|logs|wait|kill|send|screen|resize`: detached background work.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use berth_core::backend::Signal;
-use berth_core::jobs::{Job, JobState, KillOutcome};
+use berth_core::backend::TermSize;
+use berth_core::jobs::{Job, JobOptions, JobState, KillOutcome};
 use berth_core::runtime::DEFAULT_SANDBOX;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
@@ -25,8 +26,12 @@ pub enum JobCmd {
     Wait(WaitArgs),
     /// End a job's whole process group: the signal, then SIGKILL after a grace period.
     Kill(KillArgs),
-    /// Write to a job's stdin.
+    /// Write to a job's stdin: text, or keys by name (`--keys C-c Enter`).
     Send(SendArgs),
+    /// Print a terminal job's screen as a terminal would show it now.
+    Screen(ScreenArgs),
+    /// Change a terminal job's size (its program gets SIGWINCH).
+    Resize(ResizeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -34,7 +39,11 @@ pub enum JobCmd {
     after_help = "The job runs in its own session and process group inside the sandbox, with the \
 sandbox session's cwd and exported environment. It does not depend on berth: it keeps running \
 after berth exits, and `berth job ls` finds it again.\n\n\
-Example:\n  berth job start --name build --watch 'error|FAILED' -- make -j2\n  berth job logs build --follow"
+With --pty the command runs on a terminal of its own (`script` from util-linux holds it in \
+the sandbox): it sees a tty, `job screen` renders what the terminal shows, `job send --keys` \
+types control keys, and `berth attach` connects your terminal to it.\n\n\
+Examples:\n  berth job start --name build --watch 'error|FAILED' -- make -j2\n  berth job logs build --follow\n  \
+berth job start --pty --name py -- python3 -i\n  berth job send py '6*7' --keys Enter\n  berth job screen py"
 )]
 pub struct StartArgs {
     /// Backend to run on.
@@ -49,12 +58,41 @@ pub struct StartArgs {
     /// A regex; each new output line that matches is recorded as an event (repeatable).
     #[arg(long)]
     pub watch: Vec<String>,
+    /// Run it on a terminal (a PTY) of its own.
+    #[arg(long)]
+    pub pty: bool,
+    /// The terminal's size, COLSxROWS (with --pty; default 80x24).
+    #[arg(long, value_name = "COLSxROWS", requires = "pty")]
+    pub size: Option<TermSize>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
     /// The command.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The screen is the job's output so far run through a VT100/xterm \
+emulator at the terminal's size, resizes included: what a terminal attached all along shows. \
+The text goes to stdout, blank rows at the bottom left out; the size and cursor to stderr."
+)]
+pub struct ScreenArgs {
+    /// Job id or name.
+    pub id: String,
+    /// Print JSON: size, every row, the cursor, and whether a full-screen program is showing.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ResizeArgs {
+    /// Job id or name.
+    pub id: String,
+    /// The new size, COLSxROWS, e.g. 120x40.
+    #[arg(value_name = "COLSxROWS")]
+    pub size: TermSize,
 }
 
 #[derive(Args, Debug)]
@@ -119,6 +157,10 @@ pub struct SendArgs {
     pub id: String,
     /// Text to write (a newline is not added).
     pub data: Option<String>,
+    /// Keys to press after the text, by name: Enter, Tab, Escape, BSpace, Up, Down, Left,
+    /// Right, Home, End, PageUp, PageDown, Delete, F1..F12, C-x (control), M-x (meta).
+    #[arg(long, num_args = 1.., value_name = "KEY")]
+    pub keys: Vec<String>,
     /// Close the job's stdin after writing.
     #[arg(long)]
     pub eof: bool,
@@ -129,14 +171,13 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
     let code = match cmd {
         JobCmd::Start(a) => {
             let command = a.command.join(" ");
+            let opts = JobOptions {
+                name: a.name.clone(),
+                watch: a.watch.clone(),
+                pty: a.pty.then(|| a.size.unwrap_or_default()),
+            };
             let job = rt
-                .start_job(
-                    &a.backend,
-                    &a.sandbox,
-                    &command,
-                    a.name.clone(),
-                    a.watch.clone(),
-                )
+                .start_job_with(&a.backend, &a.sandbox, &command, opts)
                 .await?;
             if a.json {
                 context::print_json(&job_json(&job));
@@ -276,11 +317,37 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
             }
         }
         JobCmd::Send(a) => {
-            if a.data.is_none() && !a.eof {
-                bail!("nothing to send: give DATA, --eof, or both");
+            if a.data.is_none() && a.keys.is_empty() && !a.eof {
+                bail!("nothing to send: give DATA, --keys, --eof, or any of them");
             }
-            rt.send_job(&a.id, a.data.unwrap_or_default().as_bytes(), a.eof)
-                .await?;
+            let mut data = a.data.unwrap_or_default().into_bytes();
+            data.extend(berth_core::jobs::pty::keys_bytes(&a.keys)?);
+            rt.send_job(&a.id, &data, a.eof).await?;
+            0
+        }
+        JobCmd::Screen(a) => {
+            let screen = rt.job_screen(&a.id).await?;
+            if a.json {
+                context::print_json(&serde_json::to_value(&screen)?);
+            } else {
+                print!("{}", screen.text());
+                eprintln!(
+                    "berth: screen {}x{}, cursor at row {} column {}{}",
+                    screen.cols,
+                    screen.rows,
+                    screen.cursor_row + 1,
+                    screen.cursor_col + 1,
+                    if screen.alternate_screen {
+                        " (a full-screen program is showing)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            0
+        }
+        JobCmd::Resize(a) => {
+            rt.resize_job(&a.id, a.size).await?;
             0
         }
     };
@@ -295,6 +362,7 @@ fn job_json(j: &Job) -> serde_json::Value {
         "pid": j.pid, "created_at": j.created_at, "ended_at": j.ended_at,
         "runtime_ms": j.runtime_ms(), "out_bytes": j.out_bytes, "reason": j.reason,
         "watch": j.watch, "kill_signal": j.kill_signal,
+        "pty": j.pty.map(|p| p.to_string()),
     })
 }
 

@@ -7,6 +7,7 @@ mod bench;
 mod bench_cli;
 mod bench_jobs;
 mod cmd_approvals;
+mod cmd_attach;
 mod cmd_events;
 mod cmd_exec;
 mod cmd_image;
@@ -70,9 +71,11 @@ enum Command {
     Exec(cmd_exec::ExecArgs),
     /// An interactive prompt over a sandbox's persistent session.
     Shell(shell::ShellArgs),
-    /// Background jobs: start, list, follow logs, wait, kill, send input.
+    /// Background jobs: start, list, follow logs, wait, kill, send input, screens.
     #[command(subcommand)]
     Job(cmd_job::JobCmd),
+    /// Connect your terminal to a terminal job (`job start --pty`) until Ctrl-].
+    Attach(cmd_attach::AttachArgs),
     /// Create, list and remove sandboxes.
     #[command(subcommand)]
     Sandbox(cmd_sandbox::SandboxCmd),
@@ -145,6 +148,7 @@ fn main() -> ExitCode {
             Command::Shell(a) => shell::run(cli.state_dir, a).await,
             Command::Sandbox(c) => cmd_sandbox::run(cli.state_dir, c).await,
             Command::Job(c) => cmd_job::run(cli.state_dir, c).await,
+            Command::Attach(a) => cmd_attach::run(cli.state_dir, a).await,
             Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),

@@ -74,6 +74,15 @@ impl Tmux {
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
     }
 
+    /// The visible screen only.
+    fn visible(&self) -> Result<String, BoxError> {
+        let o = self
+            .cmd()
+            .args(["capture-pane", "-p", "-t", "t"])
+            .output()?;
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
     /// Wait until the screen satisfies `what`; fail with the screen if it never does.
     fn wait(&self, label: &str, what: impl Fn(&str) -> bool) -> Result<String, BoxError> {
         let start = Instant::now();
@@ -194,4 +203,87 @@ fn berth_shell_edits_recalls_completes_and_survives_ctrl_c() -> TestResult {
     t.type_line("exit")?;
     t.wait_count("second-exit-0", 1)?;
     Ok(())
+}
+
+/// `berth attach` in a real terminal, on a docker terminal job: the job takes
+/// the terminal's size, keys reach the program (Ctrl-C included), Ctrl-]
+/// detaches and leaves it running, and attaching again redraws its screen.
+#[test]
+fn berth_attach_drives_a_terminal_job_and_detaches() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let bin = env!("CARGO_BIN_EXE_berth");
+    let berth = |args: &[&str]| -> Result<std::process::Output, BoxError> {
+        Ok(Command::new(bin)
+            .env("BERTH_STATE_DIR", dir.path())
+            .env("BERTH_SERVER", "off")
+            .args(args)
+            .output()?)
+    };
+    let o = berth(&["sandbox", "create", "attach", "-b", "docker"])?;
+    assert!(o.status.success(), "{o:?}");
+    let o = berth(&[
+        "job", "start", "-b", "docker", "-s", "attach", "--pty", "--name", "py", "--", "python3",
+        "-q", "-i",
+    ])?;
+    assert!(o.status.success(), "{o:?}");
+    let script = format!(
+        "export BERTH_STATE_DIR='{}' BERTH_SERVER=off; '{bin}' attach py; echo \"attach-exit-$?\"; \
+         read -r _; echo ==second==; '{bin}' attach py; echo \"second-attach-exit-$?\"; exec sleep 600",
+        dir.path().display()
+    );
+    let t = Tmux::start(&script)?;
+    let result = (|| -> TestResult {
+        t.wait(">>> prompt", |s| s.contains(">>>"))?;
+        t.type_line("import os; print(os.get_terminal_size())")?;
+        t.wait("the terminal's size", |s| {
+            s.contains("os.terminal_size(columns=120, lines=40)")
+        })?;
+        t.type_line("import time; time.sleep(60)")?;
+        std::thread::sleep(Duration::from_millis(500));
+        t.keys(&["C-c"])?;
+        t.wait("KeyboardInterrupt", |s| s.contains("KeyboardInterrupt"))?;
+        t.type_line("6*7")?;
+        t.wait("42", |s| s.lines().any(|l| l.trim() == "42"))?;
+        // Ctrl-] detaches; the job goes on.
+        t.keys(&["C-]"])?;
+        t.wait_count("attach-exit-0", 1)?;
+        let o = berth(&["job", "ls", "--json"])?;
+        let ls: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        assert_eq!(ls[0]["state"], "running", "{ls}");
+        assert_eq!(ls[0]["pty"], "120x40", "{ls}");
+        // The screen from the CLI, as the terminal showed it.
+        let o = berth(&["job", "screen", "py"])?;
+        let screen = String::from_utf8_lossy(&o.stdout);
+        assert!(screen.lines().any(|l| l == "42"), "{screen}");
+        assert!(screen.trim_end().ends_with(">>>"), "{screen}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("screen 120x40"), "{err}");
+        let o = berth(&["job", "screen", "py", "--json"])?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        assert_eq!(v["cols"], 120, "{v}");
+        assert!(
+            v["lines"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|l| l == "42")),
+            "{v}"
+        );
+        // Attached again, the screen is drawn as it was, and the job's end ends it.
+        t.keys(&["Enter"])?;
+        let start = Instant::now();
+        loop {
+            let v = t.visible()?;
+            if !v.contains("==second==") && v.lines().any(|l| l.trim() == "42") {
+                break;
+            }
+            if start.elapsed() > DEADLINE {
+                return Err(format!("attaching again did not redraw the screen:\n{v}").into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        t.type_line("exit()")?;
+        t.wait_count("second-attach-exit-0", 1)?;
+        Ok(())
+    })();
+    let _ = berth(&["sandbox", "rm", "attach", "-b", "docker"]);
+    result
 }
