@@ -268,10 +268,69 @@ impl Client {
     }
 }
 
+/// A REPL on a terminal, driven by keys and read as a screen. The local
+/// sandbox cannot open terminals, and says so.
+async fn terminal_job_flow(c: &Client, backend: &str) -> TestResult {
+    let r = c
+        .call(
+            "terminal",
+            json!({ "command": "python3 -q -i", "background": true, "pty": true, "size": "60x12" }),
+        )
+        .await?;
+    if backend == "local" {
+        assert_eq!(r.is_error, Some(true), "{}", text(&r));
+        assert!(text(&r).contains("cannot open a terminal"), "{}", text(&r));
+        return Ok(());
+    }
+    assert!(text(&r).contains("60x12 terminal"), "{}", text(&r));
+    let py = data(&r)["job_id"].as_str().ok_or("no job id")?.to_string();
+    let r = c
+        .call(
+            "process",
+            json!({ "action": "keys", "job_id": py, "data": "6*7", "keys": ["Enter"] }),
+        )
+        .await?;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = c
+            .call("process", json!({ "action": "screen", "job_id": py }))
+            .await?;
+        let lines = data(&r)["lines"].clone();
+        if lines
+            .as_array()
+            .is_some_and(|l| l.iter().any(|l| l == "42"))
+        {
+            assert_eq!(data(&r)["cols"], 60, "{}", text(&r));
+            assert!(text(&r).contains(">>> 6*7\n42\n>>>"), "{}", text(&r));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 42 on the screen: {}",
+            text(&r)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = c
+        .call(
+            "process",
+            json!({ "action": "keys", "job_id": py, "keys": ["Hyper"] }),
+        )
+        .await?;
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("unknown key"), "{}", text(&r));
+    let r = c
+        .call("process", json!({ "action": "kill", "job_id": py }))
+        .await?;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    Ok(())
+}
+
 /// What every transport and backend must do: tools and schemas, persistence,
 /// timeouts, cancellation, concurrency, job notifications, the gate, redaction,
 /// edits.
-async fn core_flow(c: &Client) -> TestResult {
+async fn core_flow(c: &Client, backend: &str) -> TestResult {
     // Tools and their schemas, in a stable order.
     let tools = c.service.peer().list_all_tools().await?;
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
@@ -464,6 +523,8 @@ async fn core_flow(c: &Client) -> TestResult {
     assert_eq!(text(&r), "from-job\n");
     assert_eq!(data(&r)["next_offset"], 9);
 
+    terminal_job_flow(c, backend).await?;
+
     // A denied command and a denied file read name their rules.
     let r = c.run("shred -u notes.txt").await?;
     assert_eq!(r.is_error, Some(true));
@@ -580,7 +641,7 @@ macro_rules! mcp_suite {
             async fn over_stdio() -> TestResult {
                 let env = Env::new($backend)?;
                 let c = env.stdio().await?;
-                core_flow(&c).await?;
+                core_flow(&c, $backend).await?;
                 c.service.cancel().await?;
                 Ok(())
             }
@@ -589,7 +650,7 @@ macro_rules! mcp_suite {
             async fn over_http() -> TestResult {
                 let env = Env::new($backend)?;
                 let c = env.http().await?;
-                core_flow(&c).await?;
+                core_flow(&c, $backend).await?;
                 c.service.cancel().await?;
                 Ok(())
             }

@@ -33,6 +33,14 @@ pub struct TerminalArgs {
     /// line is reported (as an MCP logging notification, and in the event log).
     #[serde(default)]
     pub watch: Option<Vec<String>>,
+    /// background: run on a terminal of its own, for programs that need one
+    /// (a REPL such as `python3 -i`, `psql`, `vim`, `top`, a `[y/N]` prompt);
+    /// then read it with `process` action `screen` and type with `keys`.
+    #[serde(default)]
+    pub pty: Option<bool>,
+    /// pty: the terminal's size as COLSxROWS (default 80x24).
+    #[serde(default)]
+    pub size: Option<String>,
 }
 
 /// What `process` does.
@@ -52,13 +60,17 @@ pub enum ProcessAction {
     Kill,
     /// Write `data` to the job's stdin (and close it with `eof`).
     Send,
+    /// A terminal job's screen, as a person would see it: rows and cursor.
+    Screen,
+    /// Press keys in a terminal job: `keys` by name, after `data` if given.
+    Keys,
 }
 
 /// `process`: manage background jobs started with `terminal` `background: true`.
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessArgs {
-    /// list | status | log | wait | kill | send
+    /// list | status | log | wait | kill | send | screen | keys
     pub action: ProcessAction,
     /// The job's id (or name); required for everything but `list`.
     #[serde(default)]
@@ -81,6 +93,11 @@ pub struct ProcessArgs {
     /// kill: TERM (default), INT or KILL.
     #[serde(default)]
     pub signal: Option<String>,
+    /// keys: key names, pressed in order: Enter, Tab, Escape, BSpace, Up, Down,
+    /// Left, Right, Home, End, PageUp, PageDown, Delete, F1..F12, C-c (control
+    /// keys), M-x (meta), or any single character.
+    #[serde(default)]
+    pub keys: Option<Vec<String>>,
 }
 
 /// `read_file`: read a text file from the sandbox.

@@ -203,6 +203,62 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
             };
             Ok(ToolOutcome::ok(text, json!({ "job_id": j.id })))
         }
+        ProcessAction::Screen => {
+            let j = own_job(call, &a).await?;
+            let s = rt.job_screen(&j.id).await.map_err(ToolOutcome::from)?;
+            let mut text = format!(
+                "[screen {}x{}, cursor at row {} column {}{}; job {}]\n",
+                s.cols,
+                s.rows,
+                s.cursor_row + 1,
+                s.cursor_col + 1,
+                if s.alternate_screen {
+                    ", a full-screen program"
+                } else {
+                    ""
+                },
+                j.state.as_str()
+            );
+            text.push_str(&s.text());
+            Ok(ToolOutcome::ok(
+                text,
+                json!({
+                    "job_id": j.id, "state": j.state.as_str(), "cols": s.cols, "rows": s.rows,
+                    "cursor": { "row": s.cursor_row, "col": s.cursor_col },
+                    "alternate_screen": s.alternate_screen, "lines": s.lines,
+                }),
+            ))
+        }
+        ProcessAction::Keys => {
+            let j = own_job(call, &a).await?;
+            let keys = a.keys.unwrap_or_default();
+            let data = a.data.unwrap_or_default();
+            if keys.is_empty() && data.is_empty() {
+                return Err(ToolOutcome::invalid(
+                    "invalid arguments: give `keys` (e.g. [\"C-c\"] or [\"Enter\"]), `data`, or both",
+                ));
+            }
+            let mut bytes = data.into_bytes();
+            bytes.extend(
+                crate::jobs::pty::keys_bytes(&keys)
+                    .map_err(|e| ToolOutcome::invalid(format!("invalid argument `keys`: {e}")))?,
+            );
+            rt.send_job(&j.id, &bytes, false)
+                .await
+                .map_err(ToolOutcome::from)?;
+            Ok(ToolOutcome::ok(
+                format!(
+                    "pressed {} in job {}; look with action screen",
+                    if keys.is_empty() {
+                        "the text".to_string()
+                    } else {
+                        keys.join(" ")
+                    },
+                    j.id
+                ),
+                json!({ "job_id": j.id, "bytes": bytes.len() }),
+            ))
+        }
         ProcessAction::Send => {
             let j = own_job(call, &a).await?;
             let data = a.data.unwrap_or_default();

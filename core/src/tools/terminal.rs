@@ -72,21 +72,41 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
                 return o;
             }
         }
+        let pty = match (a.pty == Some(true), a.size.as_deref()) {
+            (false, Some(_)) => {
+                return ToolOutcome::invalid(
+                    "invalid arguments: `size` is for a terminal job; add `pty: true`",
+                );
+            }
+            (false, None) => None,
+            (true, None) => Some(crate::backend::TermSize::default()),
+            (true, Some(s)) => match s.parse() {
+                Ok(size) => Some(size),
+                Err(e) => return ToolOutcome::invalid(format!("invalid argument `size`: {e}")),
+            },
+        };
+        let opts = crate::jobs::JobOptions {
+            name: None,
+            watch: a.watch.clone().unwrap_or_default(),
+            pty,
+        };
         return match rt
-            .start_job(
-                &ctx.backend,
-                &ctx.sandbox,
-                &command,
-                None,
-                a.watch.clone().unwrap_or_default(),
-            )
+            .start_job_with(&ctx.backend, &ctx.sandbox, &command, opts)
             .await
         {
             Ok(job) => ToolOutcome::ok(
                 format!(
-                    "started background job {} (pid {}); follow it with the process tool (action log, wait or kill, job_id {})",
+                    "started background job {} (pid {}){}; follow it with the process tool ({}, job_id {})",
                     job.id,
                     job.pid.unwrap_or(0),
+                    job.pty
+                        .map(|s| format!(" on a {s} terminal"))
+                        .unwrap_or_default(),
+                    if job.pty.is_some() {
+                        "action screen to see it, keys or send to type, kill to end it"
+                    } else {
+                        "action log, wait or kill"
+                    },
                     job.id
                 ),
                 json!({ "job_id": job.id, "pid": job.pid }),
