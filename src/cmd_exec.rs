@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use berth_core::runtime::{DEFAULT_SANDBOX, ExecReport, ExecRequest};
+use berth_core::runtime::{DEFAULT_SANDBOX, ExecReport, ExecRequest, MAIN_SESSION};
 use berth_core::session::Tee;
 use clap::Args;
 use serde_json::json;
@@ -33,6 +33,10 @@ pub struct ExecArgs {
     /// Sandbox to run in; `default` is created on first use.
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
+    /// The sandbox's session to run in: each named session is a shell of its own
+    /// (cwd, environment, snapshot) beside the others, sharing the sandbox's files.
+    #[arg(long, value_name = "NAME", default_value = MAIN_SESSION)]
+    pub session: String,
     /// Stop the command (and every process it started) after SECS seconds
     /// [default: the policy's `default_timeout_secs`, 600].
     #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true)]
@@ -66,7 +70,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
     }
     let timeout = a.timeout.map(timeout_from_secs).transpose()?;
+    berth_core::runtime::check_session_name(&a.session)?;
     if a.background {
+        if a.session != MAIN_SESSION {
+            bail!(
+                "--background starts a job from the main session; drop --session, or `cd` in the command"
+            );
+        }
         let rt = context::runtime(state_dir)?;
         let job = rt
             .start_job(&a.backend, &a.sandbox, &command, None, vec![])
@@ -113,6 +123,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         stdin,
         cancel: Some(cancel),
         tee,
+        session: Some(a.session.clone()),
         ..Default::default()
     };
     let timeout = effective_timeout(timeout, rt.gate(), &a.sandbox);

@@ -56,6 +56,10 @@ pub struct ShellArgs {
     /// Sandbox to run in.
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
+    /// The sandbox's session: a named one is a shell of its own (cwd,
+    /// environment) beside the others; `main` is the one `berth exec` uses.
+    #[arg(long, value_name = "NAME", default_value = MAIN_SESSION)]
+    pub session: String,
     /// Per-command timeout in seconds.
     #[arg(
         long,
@@ -68,6 +72,7 @@ pub struct ShellArgs {
 
 /// The shell's state between lines.
 struct Prompt {
+    /// `sandbox`, or `sandbox/session` for a named session.
     sandbox: String,
     workdir: String,
     cwd: String,
@@ -116,7 +121,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
     // side starts from the other's last snapshot rather than from a stale
     // live shell. (Plain, unexported variables of the server's shell go.)
     crate::server::client::forget(&dir, &a.backend, &a.sandbox).await;
-    let (session, recreated) = rt.session(&a.backend, &a.sandbox).await?;
+    let (session, recreated) = rt.named_session(&a.backend, &a.sandbox, &a.session).await?;
     if let Some(why) = recreated {
         eprintln!("berth: the sandbox was recreated: {why}");
     }
@@ -124,12 +129,16 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
     drop(session);
     let cwd = rt
         .store()
-        .session_cwd(&a.backend, &a.sandbox, MAIN_SESSION)
+        .session_cwd(&a.backend, &a.sandbox, &a.session)
         .ok()
         .flatten()
         .unwrap_or_else(|| workdir.clone());
     let mut prompt = Prompt {
-        sandbox: a.sandbox.clone(),
+        sandbox: if a.session == MAIN_SESSION {
+            a.sandbox.clone()
+        } else {
+            format!("{}/{}", a.sandbox, a.session)
+        },
         workdir,
         cwd,
         last: 0,
@@ -191,6 +200,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
             timeout: Some(timeout),
             tee: Some(tee.clone()),
             cancel: Some(cancel.clone()),
+            session: Some(a.session.clone()),
             ..Default::default()
         };
         let exec = rt.exec(req);
@@ -253,7 +263,7 @@ async fn complete(
     last: i32,
 ) -> Vec<(String, String)> {
     let word = complete::Word::at(line, pos);
-    let Ok((session, _)) = rt.session(&a.backend, &a.sandbox).await else {
+    let Ok((session, _)) = rt.named_session(&a.backend, &a.sandbox, &a.session).await else {
         return Vec::new();
     };
     let opts = ExecOpts {

@@ -56,6 +56,33 @@ fn state_persists_across_invocations() -> TestResult {
 }
 
 #[test]
+fn named_sessions_keep_their_own_variables_between_calls() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    // Through `berth serve` and in-process alike (BERTH_SERVER=off).
+    for (session, cmd) in [("a", "export X=in-a; cd /usr"), ("b", "export X=in-b")] {
+        let o = berth(dir.path(), &["exec", "--session", session, "--", cmd])?;
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let o = berth(
+        dir.path(),
+        &["exec", "--session", "a", "--", "echo $X $PWD"],
+    )?;
+    assert_eq!(stdout(&o), "in-a /usr\n", "{}", stderr(&o));
+    let o = berth(
+        dir.path(),
+        &["exec", "--session", "b", "--", "echo $X $PWD"],
+    )?;
+    assert!(stdout(&o).starts_with("in-b /"), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("/usr"), "{}", stdout(&o));
+    let o = berth(dir.path(), &["exec", "--", "echo main-${X:-unset}"])?;
+    assert_eq!(stdout(&o), "main-unset\n", "{}", stderr(&o));
+    let o = berth(dir.path(), &["exec", "--session", "../a", "--", "true"])?;
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("session name"), "{}", stderr(&o));
+    Ok(())
+}
+
+#[test]
 fn exit_code_is_the_commands() -> TestResult {
     let dir = tempfile::tempdir()?;
     let o = berth(

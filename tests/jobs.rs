@@ -47,6 +47,7 @@ macro_rules! jobs_suite {
             case!(a_pty_job_follows_resizes_and_renders_a_full_screen_program);
             case!(killing_a_pty_job_ends_the_program_on_its_terminal);
             case!(an_interrupt_reaches_a_job_that_handles_it);
+            case!(named_sessions_keep_their_own_state_and_survive_a_restart);
         }
     };
 }
@@ -836,5 +837,97 @@ pub async fn an_interrupt_reaches_a_job_that_handles_it(h: &Harness) -> TestResu
     assert_eq!(job.exit_code, Some(7), "{job:?}");
     assert_eq!(job.kill_signal.as_deref(), Some("INT"), "{job:?}");
     assert_eq!(r.logs(&id).await?, "armed\ngot-int\n");
+/// `exec` in a named session of `rt`'s sandbox, returning the output; fails
+/// unless the command exits 0.
+async fn in_session(rt: &Runtime, r: &Rig, session: &str, cmd: &str) -> Result<String, BoxError> {
+    let rep = rt
+        .exec(ExecRequest {
+            backend: r.kind.clone(),
+            sandbox: r.sandbox.clone(),
+            session: Some(session.into()),
+            command: cmd.into(),
+            timeout: Some(Duration::from_secs(60)),
+            ..Default::default()
+        })
+        .await?;
+    let out = rep.result.output.text();
+    assert_eq!(rep.result.exit_code, 0, "`{cmd}` in {session}: {out}");
+    Ok(out)
+}
+
+/// Two shells in one sandbox: each keeps its own cwd, environment and
+/// functions, they share the sandbox's files, one does not wait for the
+/// other, and both come back after berth restarts.
+pub async fn named_sessions_keep_their_own_state_and_survive_a_restart(h: &Harness) -> TestResult {
+    let r = Rig::new(h, "sessions").await?;
+    in_session(
+        &r.rt,
+        &r,
+        "main",
+        "mkdir -p sess-srv sess-tst && cd sess-srv && export WHO=server",
+    )
+    .await?;
+    in_session(
+        &r.rt,
+        &r,
+        "tests",
+        "cd sess-tst && export WHO=tests; f() { echo fn-tests; }",
+    )
+    .await?;
+    let probe = "echo \"$WHO ${PWD##*/} $(type -t f || echo nofn)\"";
+    assert_eq!(
+        in_session(&r.rt, &r, "main", probe).await?,
+        "server sess-srv nofn\n"
+    );
+    assert_eq!(
+        in_session(&r.rt, &r, "tests", probe).await?,
+        "tests sess-tst function\n"
+    );
+    // One sandbox: the files are shared.
+    in_session(&r.rt, &r, "main", "echo shared > ../sess-note").await?;
+    assert_eq!(
+        in_session(&r.rt, &r, "tests", "cat ../sess-note").await?,
+        "shared\n"
+    );
+    // A command held up in main does not hold up tests: tests itself releases it.
+    in_session(&r.rt, &r, "tests", "mkfifo ../sess-gate").await?;
+    let held = in_session(&r.rt, &r, "main", "cat ../sess-gate");
+    let release = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !r.rt.is_busy(&r.kind, &r.sandbox, "main").await {
+            if Instant::now() > deadline {
+                return Err::<String, BoxError>("main never started its command".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        in_session(&r.rt, &r, "tests", "echo go > ../sess-gate; echo released").await
+    };
+    let (held, released) = tokio::join!(held, release);
+    assert_eq!(released?, "released\n");
+    assert_eq!(held?, "go\n");
+    // berth again: each session is restored from its own snapshot.
+    let again = r.restart(h)?;
+    assert_eq!(
+        in_session(&again, &r, "tests", probe).await?,
+        "tests sess-tst function\n"
+    );
+    assert_eq!(
+        in_session(&again, &r, "main", probe).await?,
+        "server sess-srv nofn\n"
+    );
+    again.shutdown().await;
+    // A name that is not one is refused before anything runs.
+    let err =
+        r.rt.exec(ExecRequest {
+            backend: r.kind.clone(),
+            sandbox: r.sandbox.clone(),
+            session: Some("../main".into()),
+            command: "true".into(),
+            ..Default::default()
+        })
+        .await
+        .err()
+        .ok_or("a session named ../main ran")?;
+    assert!(err.to_string().contains("session name"), "{err}");
     r.finish().await
 }

@@ -95,6 +95,34 @@ pub struct ExecRequest {
     pub admitted: bool,
     /// The id to record the call under (a tool call's own); a new one when `None`.
     pub call_id: Option<String>,
+    /// The sandbox's session to run in: [`MAIN_SESSION`] when `None`.
+    pub session: Option<String>,
+}
+
+impl ExecRequest {
+    /// The session it runs in.
+    pub fn session_name(&self) -> &str {
+        self.session.as_deref().unwrap_or(MAIN_SESSION)
+    }
+}
+
+/// Check a session name: 1 to 64 letters, digits, `-`, `_` or `.`, not
+/// starting with `.` (it names a directory in the sandbox).
+pub fn check_session_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "session name {name:?} is not 1-64 letters, digits, '-', '_' or '.' (not starting \
+             with '.'), e.g. --session tests"
+        )))
+    }
 }
 
 /// What `exec` returns.
@@ -127,7 +155,8 @@ pub struct SandboxStatus {
     pub orphan: bool,
 }
 
-type SessionKey = (String, String);
+/// Backend, sandbox, session name.
+type SessionKey = (String, String, String);
 
 /// One sandbox's place in the session map. Its own lock is held while the
 /// sandbox is provisioned and its shell opened, so a slow docker create
@@ -261,9 +290,16 @@ impl Runtime {
 
     /// Remove a sandbox from the backend and the store.
     pub async fn remove_sandbox(&self, backend: &str, name: &str, volumes: bool) -> Result<()> {
-        let key = (backend.to_string(), name.to_string());
-        let slot = self.sessions.lock().await.remove(&key);
-        if let Some(slot) = slot {
+        let slots: Vec<SessionSlot> = {
+            let mut map = self.sessions.lock().await;
+            let keys: Vec<SessionKey> = map
+                .keys()
+                .filter(|k| k.0 == backend && k.1 == name)
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| map.remove(k)).collect()
+        };
+        for slot in slots {
             // Wait for a running command, then let the shell go.
             if let Some(s) = slot.lock().await.take() {
                 drop(s.lock().await);
@@ -350,14 +386,26 @@ impl Runtime {
         })
     }
 
-    /// The session of a sandbox, opening (and restoring) it if needed.
+    /// The main session of a sandbox, opening (and restoring) it if needed.
     /// Returns the session and, when the sandbox had to be recreated, why.
     pub async fn session(
         &self,
         backend: &str,
         sandbox: &str,
     ) -> Result<(Arc<Mutex<Session>>, Option<String>)> {
-        let slot = self.slot(backend, sandbox).await;
+        self.named_session(backend, sandbox, MAIN_SESSION).await
+    }
+
+    /// A named session of a sandbox: a shell of its own, with its own cwd,
+    /// environment and snapshots, beside the others in the same sandbox.
+    pub async fn named_session(
+        &self,
+        backend: &str,
+        sandbox: &str,
+        name: &str,
+    ) -> Result<(Arc<Mutex<Session>>, Option<String>)> {
+        check_session_name(name)?;
+        let slot = self.slot(backend, sandbox, name).await;
         let mut slot = slot.lock().await;
         if let Some(s) = slot.as_ref() {
             return Ok((s.clone(), None));
@@ -382,7 +430,10 @@ impl Runtime {
                 ..Default::default()
             })?;
         }
-        let mut cfg = SessionConfig::named(format!("{backend}/{sandbox}/{MAIN_SESSION}"));
+        let mut cfg = SessionConfig::named(format!("{backend}/{sandbox}/{name}"));
+        if name != MAIN_SESSION {
+            cfg.dir = Some(format!("{}/sessions/{name}", p.sandbox.layout().berth_dir));
+        }
         cfg.grace = self.cfg.grace;
         if let Some(g) = &self.gate {
             // Only what the policy allows of berth's own environment.
@@ -396,9 +447,24 @@ impl Runtime {
     }
 
     /// The slot of a sandbox's session, made on first use.
-    async fn slot(&self, backend: &str, sandbox: &str) -> SessionSlot {
-        let key = (backend.to_string(), sandbox.to_string());
+    async fn slot(&self, backend: &str, sandbox: &str, session: &str) -> SessionSlot {
+        let key = (
+            backend.to_string(),
+            sandbox.to_string(),
+            session.to_string(),
+        );
         self.sessions.lock().await.entry(key).or_default().clone()
+    }
+
+    /// The slots of every session of a sandbox known to this runtime, main first.
+    async fn slots(&self, backend: &str, sandbox: &str) -> Vec<SessionSlot> {
+        let map = self.sessions.lock().await;
+        let mut found: Vec<(&SessionKey, &SessionSlot)> = map
+            .iter()
+            .filter(|(k, _)| k.0 == backend && k.1 == sandbox)
+            .collect();
+        found.sort_by_key(|(k, _)| (k.2 != MAIN_SESSION, k.2.clone()));
+        found.into_iter().map(|(_, s)| s.clone()).collect()
     }
 
     /// The open session of a sandbox, if any, without waiting for one being
@@ -409,8 +475,8 @@ impl Runtime {
 
     /// True when a command is running (or a shell is being opened) in the
     /// sandbox's session, so a new command would wait for it.
-    pub async fn is_busy(&self, backend: &str, sandbox: &str) -> bool {
-        let slot = self.slot(backend, sandbox).await;
+    pub async fn is_busy(&self, backend: &str, sandbox: &str, session: &str) -> bool {
+        let slot = self.slot(backend, sandbox, session).await;
         if slot.try_lock().is_err() {
             return true;
         }
@@ -418,7 +484,7 @@ impl Runtime {
             .is_some_and(|s| s.try_lock().is_err())
     }
 
-    /// How many sandboxes have an open shell.
+    /// How many sessions have an open shell.
     pub async fn open_sessions(&self) -> usize {
         let slots: Vec<SessionSlot> = self.sessions.lock().await.values().cloned().collect();
         slots
@@ -430,23 +496,26 @@ impl Runtime {
     /// A live handle on a sandbox, without opening a session: the running
     /// session's sandbox if there is one, else a provision of the stored spec.
     pub async fn attach(&self, backend: &str, sandbox: &str) -> Result<Arc<dyn Sandbox>> {
-        let slot = self.slot(backend, sandbox).await;
-        let existing = self.open_session(&slot);
         // Not behind a running command: a busy session's sandbox is provisioned
         // again (idempotent, a re-attach), so file reads and job queries answer
         // while a command runs.
-        if let Some(Ok(s)) = existing.as_ref().map(|s| s.try_lock()) {
-            return Ok(s.sandbox().clone());
+        for slot in self.slots(backend, sandbox).await {
+            let existing = self.open_session(&slot);
+            if let Some(Ok(s)) = existing.as_ref().map(|s| s.try_lock()) {
+                return Ok(s.sandbox().clone());
+            }
         }
         let row = self.sandbox_row(backend, sandbox)?;
         let b = self.backend(backend).await?;
         Ok(b.provision(&row.spec).await?.sandbox)
     }
 
-    /// Forget a session (after its sandbox died), so the next call re-provisions.
+    /// Forget a sandbox's sessions (after it died), so the next call in any
+    /// of them re-provisions it.
     pub async fn forget_session(&self, backend: &str, sandbox: &str) {
-        let slot = self.slot(backend, sandbox).await;
-        slot.lock().await.take();
+        for slot in self.slots(backend, sandbox).await {
+            slot.lock().await.take();
+        }
     }
 
     /// Run one command.
@@ -496,7 +565,7 @@ impl Runtime {
             call_id: Some(call_id.clone()),
             backend: Some(req.backend.clone()),
             sandbox: Some(req.sandbox.clone()),
-            session: Some(MAIN_SESSION.into()),
+            session: Some(req.session_name().into()),
             command: Some(command_text.clone()),
             verdict,
             ..Default::default()
@@ -540,7 +609,7 @@ impl Runtime {
             call_id: Some(call_id.clone()),
             backend: Some(req.backend.clone()),
             sandbox: Some(req.sandbox.clone()),
-            session: Some(MAIN_SESSION.into()),
+            session: Some(req.session_name().into()),
             command: Some(command_text),
             ..finished
         };
@@ -595,7 +664,9 @@ impl Runtime {
         call_id: &str,
         admitted_as: Option<berth_policies::Action>,
     ) -> Result<ExecReport> {
-        let (session, recreated) = self.session(&req.backend, &req.sandbox).await?;
+        let (session, recreated) = self
+            .named_session(&req.backend, &req.sandbox, req.session_name())
+            .await?;
         let mut session = session.lock().await;
         if let (Some(g), Some(first)) = (&self.gate, admitted_as) {
             self.readmit_with_session(g, &mut session, req, call_id, first)
@@ -635,7 +706,7 @@ impl Runtime {
         self.store.session_used(
             &req.backend,
             &req.sandbox,
-            MAIN_SESSION,
+            req.session_name(),
             result.cwd.as_deref(),
         )?;
         self.prune_spool();

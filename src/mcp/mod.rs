@@ -49,6 +49,9 @@ pub struct McpArgs {
     /// Sandbox the tools run in (created on first use if it is `default`).
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
+    /// The sandbox's session `terminal` runs in (a call may name another).
+    #[arg(long, value_name = "NAME", default_value = berth_core::runtime::MAIN_SESSION)]
+    pub session: String,
     /// Serve streamable HTTP on ADDR (`127.0.0.1:8765`, or a bare port for
     /// loopback) instead of stdio. Every request needs the bearer token.
     #[arg(long, value_name = "ADDR")]
@@ -70,6 +73,7 @@ pub(crate) struct Shared {
     tools: Vec<Tool>,
     backend: String,
     sandbox: String,
+    session: String,
     notifier: notify::Notifier,
 }
 
@@ -80,6 +84,7 @@ pub(crate) struct BerthServer {
 }
 
 pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
+    berth_core::runtime::check_session_name(&a.session)?;
     let rt = Arc::new(context::runtime(state_dir)?);
     let registry = Registry::new(&rt);
     let tools = registry
@@ -99,6 +104,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
         tools,
         backend: a.backend.clone(),
         sandbox: a.sandbox.clone(),
+        session: a.session.clone(),
         notifier: notify::Notifier::default(),
     });
     let watcher = tokio::spawn(notify::watch_jobs(shared.clone()));
@@ -148,8 +154,9 @@ impl ServerHandler for BerthServer {
     ) -> Result<CallToolResponse, McpError> {
         let s = &self.shared;
         let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-        let mut ctx =
-            ToolContext::new(s.rt.clone(), &s.backend, &s.sandbox).with_cancel(context.ct.clone());
+        let mut ctx = ToolContext::new(s.rt.clone(), &s.backend, &s.sandbox)
+            .with_session(&s.session)
+            .with_cancel(context.ct.clone());
         if let Some(token) = context.meta.get_progress_token() {
             let peer = context.peer.clone();
             let sink: ProgressSink = Arc::new(move |p: &Progress| {

@@ -325,6 +325,7 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
         command,
         timeout_secs: a.timeout,
         stdin,
+        session: a.session.clone(),
     };
     let mut stream = match server.client.exec(call).await {
         Ok(r) => r.into_inner(),

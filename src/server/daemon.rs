@@ -190,9 +190,18 @@ impl Berth for Conn {
                     cancel.cancel();
                 })
             };
-            if shared.rt.is_busy(&call.backend, &call.sandbox).await {
+            let session = if call.session.is_empty() {
+                berth_core::runtime::MAIN_SESSION.to_string()
+            } else {
+                call.session.clone()
+            };
+            if shared
+                .rt
+                .is_busy(&call.backend, &call.sandbox, &session)
+                .await
+            {
                 let _ = tx.send(event(exec_event::Event::Notice(format!(
-                    "waiting for the command before this one in sandbox `{}` to end",
+                    "waiting for the command before this one in sandbox `{}` (session {session}) to end",
                     call.sandbox
                 ))));
             }
@@ -201,6 +210,7 @@ impl Berth for Conn {
             let req = ExecRequest {
                 backend: call.backend.clone(),
                 sandbox: call.sandbox.clone(),
+                session: Some(session),
                 command: call.command,
                 timeout,
                 stdin: call.stdin,

@@ -51,6 +51,10 @@ const SPIN: Duration = Duration::from_micros(250);
 pub struct SessionConfig {
     /// The session's name, used in errors and logs.
     pub name: String,
+    /// Where in the sandbox the session keeps its snapshots and a command's
+    /// stdin; `None`: the sandbox's berth dir (its `main` session). Several
+    /// sessions of one sandbox each have their own.
+    pub dir: Option<String>,
     /// The pause between INT, TERM and KILL when a command is stopped.
     pub grace: Duration,
     /// Environment for the shell, on top of the sandbox's own.
@@ -67,6 +71,7 @@ impl SessionConfig {
     pub fn named(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
+            dir: None,
             grace: Duration::from_millis(1000),
             env: vec![
                 ("PAGER".into(), "cat".into()),
@@ -336,7 +341,7 @@ impl Session {
         self.ensure_shell(startup).await?;
         let stdin_path = match &opts.stdin {
             Some(data) => {
-                let path = format!("{}/stdin", self.sandbox.layout().berth_dir);
+                let path = format!("{}/stdin", self.state_dir());
                 let write = self.sandbox.write_file(&path, data, 0o600);
                 match tokio::time::timeout(startup, write).await {
                     Ok(r) => r?,
@@ -637,7 +642,10 @@ impl Session {
             last_place: Default::default(),
             saved_place: None,
         };
-        let boot = script::bootstrap(&layout.berth_dir, &layout.workdir);
+        let boot = script::bootstrap(
+            self.cfg.dir.as_deref().unwrap_or(&layout.berth_dir),
+            &layout.workdir,
+        );
         if let Err(e) = shell.stdin.write_all(boot.as_bytes()).await {
             // It died at once: its stderr says why (say, the sandbox wrapper's refusal).
             if let Some(reader) = shell.stderr_reader.take() {
@@ -704,10 +712,18 @@ impl Session {
         berth_policies::shell::Defined::read(names, &script::strip_own(&text))
     }
 
+    /// The session's own directory in the sandbox (snapshots, stdin).
+    fn state_dir(&self) -> String {
+        self.cfg
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.sandbox.layout().berth_dir.clone())
+    }
+
     /// The newest intact snapshot in the sandbox, if any. Each read is bounded by
     /// `limit`: the files live where commands can replace them (by a FIFO, say).
     async fn newest_snapshot(&mut self, limit: Duration) -> Option<(u64, String)> {
-        let dir = self.sandbox.layout().berth_dir.clone();
+        let dir = self.state_dir();
         let mut best: Option<(u64, String)> = None;
         for slot in 0..2 {
             let path = format!("{dir}/snap.{slot}");

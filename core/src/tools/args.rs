@@ -41,6 +41,11 @@ pub struct TerminalArgs {
     /// pty: the terminal's size as COLSxROWS (default 80x24).
     #[serde(default)]
     pub size: Option<String>,
+    /// Run in this named session of the sandbox: a shell of its own, with its
+    /// own cwd and environment, sharing the sandbox's files (say, `server` for
+    /// a dev server and `tests` beside it). Default: the tools' session.
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// What `process` does.

@@ -112,6 +112,8 @@ pub struct ToolContext {
     pub backend: String,
     /// The sandbox the tools act on.
     pub sandbox: String,
+    /// The sandbox's session `terminal` runs in unless a call names another.
+    pub session: String,
     /// Cancel to interrupt the call (a command's whole process tree is stopped;
     /// the session stays usable).
     pub cancel: CancellationToken,
@@ -129,10 +131,17 @@ impl ToolContext {
             runtime,
             backend: backend.into(),
             sandbox: sandbox.into(),
+            session: crate::runtime::MAIN_SESSION.into(),
             cancel: CancellationToken::new(),
             progress: None,
             approval: ApprovalMode::Wait,
         }
+    }
+
+    /// The same context running commands in this session of the sandbox.
+    pub fn with_session(mut self, session: &str) -> Self {
+        self.session = session.into();
+        self
     }
 
     /// The same context with this cancellation token.

@@ -127,10 +127,15 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
     let tee: crate::session::Tee = Arc::new(move |chunk: &[u8]| {
         live.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
     });
+    let session = a.session.clone().unwrap_or_else(|| ctx.session.clone());
+    if let Err(e) = crate::runtime::check_session_name(&session) {
+        return ToolOutcome::invalid(format!("invalid argument `session`: {e}"));
+    }
     let report = rt
         .exec(ExecRequest {
             backend: ctx.backend.clone(),
             sandbox: ctx.sandbox.clone(),
+            session: Some(session),
             command,
             timeout: Some(timeout),
             cancel: Some(ctx.cancel.clone()),
