@@ -72,14 +72,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
     let timeout = a.timeout.map(timeout_from_secs).transpose()?;
     berth_core::runtime::check_session_name(&a.session)?;
     if a.background {
-        if a.session != MAIN_SESSION {
-            bail!(
-                "--background starts a job from the main session; drop --session, or `cd` in the command"
-            );
-        }
         let rt = context::runtime(state_dir)?;
+        let opts = berth_core::jobs::JobOptions {
+            session: Some(a.session.clone()),
+            ..Default::default()
+        };
         let job = rt
-            .start_job(&a.backend, &a.sandbox, &command, None, vec![])
+            .start_job_with(&a.backend, &a.sandbox, &command, opts)
             .await?;
         rt.shutdown().await;
         if a.json {

@@ -52,6 +52,9 @@ pub struct StartArgs {
     /// Sandbox to run in.
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
+    /// The session to start it from: it inherits that session's cwd and environment.
+    #[arg(long, value_name = "NAME", default_value = berth_core::runtime::MAIN_SESSION)]
+    pub session: String,
     /// A name to refer to the job by, besides its id.
     #[arg(long)]
     pub name: Option<String>,
@@ -175,6 +178,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                 name: a.name.clone(),
                 watch: a.watch.clone(),
                 pty: a.pty.then(|| a.size.unwrap_or_default()),
+                session: Some(a.session.clone()),
             };
             let job = rt
                 .start_job_with(&a.backend, &a.sandbox, &command, opts)

@@ -837,6 +837,9 @@ pub async fn an_interrupt_reaches_a_job_that_handles_it(h: &Harness) -> TestResu
     assert_eq!(job.exit_code, Some(7), "{job:?}");
     assert_eq!(job.kill_signal.as_deref(), Some("INT"), "{job:?}");
     assert_eq!(r.logs(&id).await?, "armed\ngot-int\n");
+    r.finish().await
+}
+
 /// `exec` in a named session of `rt`'s sandbox, returning the output; fails
 /// unless the command exits 0.
 async fn in_session(rt: &Runtime, r: &Rig, session: &str, cmd: &str) -> Result<String, BoxError> {
@@ -905,6 +908,16 @@ pub async fn named_sessions_keep_their_own_state_and_survive_a_restart(h: &Harne
     let (held, released) = tokio::join!(held, release);
     assert_eq!(released?, "released\n");
     assert_eq!(held?, "go\n");
+    // A job started from a session has that session's cwd and environment.
+    let opts = JobOptions {
+        session: Some("tests".into()),
+        ..JobOptions::default()
+    };
+    let job =
+        r.rt.start_job_with(&r.kind, &r.sandbox, "echo \"$WHO ${PWD##*/}\"", opts)
+            .await?;
+    r.rt.wait_job(&job.id, WAIT).await?;
+    assert_eq!(r.logs(&job.id).await?, "tests sess-tst\n");
     // berth again: each session is restored from its own snapshot.
     let again = r.restart(h)?;
     assert_eq!(

@@ -124,6 +124,9 @@ pub struct JobOptions {
     pub watch: Vec<String>,
     /// Run it on a terminal of this size (a terminal job).
     pub pty: Option<TermSize>,
+    /// The session it is launched from, whose cwd and exported environment
+    /// it inherits ([`crate::runtime::MAIN_SESSION`] when `None`).
+    pub session: Option<String>,
 }
 
 impl Job {
@@ -307,7 +310,7 @@ impl Runtime {
         let opts = JobOptions {
             name,
             watch,
-            pty: None,
+            ..JobOptions::default()
         };
         self.start_job_with(backend, sandbox, command, opts).await
     }
@@ -320,7 +323,15 @@ impl Runtime {
         command: &str,
         opts: JobOptions,
     ) -> Result<Job> {
-        let JobOptions { name, watch, pty } = opts;
+        let JobOptions {
+            name,
+            watch,
+            pty,
+            session,
+        } = opts;
+        if let Some(s) = &session {
+            crate::runtime::check_session_name(s)?;
+        }
         if command.trim().is_empty() {
             return Err(Error::InvalidInput(
                 "empty command: put it after `--`, e.g. `berth job start -- make build`".into(),
@@ -354,7 +365,7 @@ impl Runtime {
         };
         // The row first: if berth dies during the launch, the job is still on record.
         self.store().insert_job(&job)?;
-        match self.launch(&job).await {
+        match self.launch(&job, session).await {
             Ok(pid) => {
                 job.state = JobState::Running;
                 job.pid = Some(pid);
@@ -380,7 +391,7 @@ impl Runtime {
         Ok(job)
     }
 
-    async fn launch(&self, job: &Job) -> Result<i64> {
+    async fn launch(&self, job: &Job, session: Option<String>) -> Result<i64> {
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
         let mut launch = script::launch(&dir);
@@ -406,6 +417,7 @@ impl Runtime {
                 command: launch,
                 timeout: Some(Duration::from_secs(60)),
                 admitted: true,
+                session,
                 ..Default::default()
             })
             .await?;

@@ -89,6 +89,7 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
             name: None,
             watch: a.watch.clone().unwrap_or_default(),
             pty,
+            session: Some(a.session.clone().unwrap_or_else(|| ctx.session.clone())),
         };
         return match rt
             .start_job_with(&ctx.backend, &ctx.sandbox, &command, opts)
