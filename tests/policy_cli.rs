@@ -222,6 +222,43 @@ fn secret_values_are_redacted_in_output_and_events() -> TestResult {
     Ok(())
 }
 
+/// The spool file never holds a secret, not even while the command runs (a
+/// berth killed then would leave it on disk): output is masked as it streams,
+/// before it is written anywhere.
+#[test]
+fn a_running_commands_spool_holds_no_secret() -> TestResult {
+    let env = Env::new("")?;
+    let cmd = format!("echo {OPENAI}; yes xxxxxxxxx | head -c 1000000; sleep 60");
+    let mut child = env.spawn(&["exec", "--", &cmd])?;
+    let spool_dir = env.state.join("spool");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let seen = loop {
+        let big = std::fs::read_dir(&spool_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= 200_000));
+        if let Some(p) = big {
+            break std::fs::read_to_string(p)?;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("no spool file grew past 200 kB within 60 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_no_secret(&seen);
+    assert!(
+        seen.starts_with("[REDACTED:OPENAI_API_KEY]\nxxxxxxxxx\n"),
+        "{}",
+        &seen[..80.min(seen.len())]
+    );
+    Ok(())
+}
+
 #[test]
 fn policy_check_explains_its_verdicts() -> TestResult {
     let env = Env::new(

@@ -221,6 +221,14 @@ fn berth_attach_drives_a_terminal_job_and_detaches() -> TestResult {
     };
     let o = berth(&["sandbox", "create", "attach", "-b", "docker"])?;
     assert!(o.status.success(), "{o:?}");
+    // Removed however the test ends, a failed assertion included.
+    struct Remove<'a>(&'a dyn Fn(&[&str]) -> Result<std::process::Output, BoxError>);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["sandbox", "rm", "attach", "-b", "docker"]);
+        }
+    }
+    let _remove = Remove(&berth);
     let o = berth(&[
         "job", "start", "-b", "docker", "-s", "attach", "--pty", "--name", "py", "--", "python3",
         "-q", "-i",
@@ -232,7 +240,7 @@ fn berth_attach_drives_a_terminal_job_and_detaches() -> TestResult {
         dir.path().display()
     );
     let t = Tmux::start(&script)?;
-    let result = (|| -> TestResult {
+    {
         t.wait(">>> prompt", |s| s.contains(">>>"))?;
         t.type_line("import os; print(os.get_terminal_size())")?;
         t.wait("the terminal's size", |s| {
@@ -282,8 +290,6 @@ fn berth_attach_drives_a_terminal_job_and_detaches() -> TestResult {
         }
         t.type_line("exit()")?;
         t.wait_count("second-attach-exit-0", 1)?;
-        Ok(())
-    })();
-    let _ = berth(&["sandbox", "rm", "attach", "-b", "docker"]);
-    result
+    }
+    Ok(())
 }

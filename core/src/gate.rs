@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::approvals::{self, Approval, ApprovalState, NewApproval};
 use crate::error::{Error, Result};
-use crate::session::{Output, Tee};
+use crate::session::capture::{FilterFactory, OutputFilter};
 use crate::store::{Event, Store};
 
 /// Called when a command starts waiting for an approval, to tell a person.
@@ -305,71 +305,20 @@ impl Gate {
         }
     }
 
-    /// Mask secrets in a command's captured output (and its spool file).
-    pub fn redact_output(&self, out: &mut Output) {
-        if out.omitted_bytes == 0 && !out.tail.is_empty() {
-            // Contiguous: redact as one, so a secret across the seam is caught.
-            let mut all = std::mem::take(&mut out.head);
-            all.extend_from_slice(&out.tail);
-            out.tail.clear();
-            out.head = self.redact_bytes(&all).into_owned();
-        } else {
-            if let Cow::Owned(h) = self.redact_bytes(&out.head) {
-                out.head = h;
-            }
-            if let Cow::Owned(t) = self.redact_bytes(&out.tail) {
-                out.tail = t;
-            }
-        }
-        if let Some(path) = &out.spool
-            && let Err(e) = self.redact_file(path)
-        {
-            tracing::warn!(path = %path.display(), error = %e, "could not redact the spooled output");
-        }
-    }
-
-    /// Mask secrets in a file in place, in bounded memory (rewritten only if
-    /// something was masked).
-    pub fn redact_file(&self, path: &Path) -> std::io::Result<()> {
-        let input = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let tmp = path.with_extension("redacting");
-        let out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        let changed = self
-            .redactor
-            .redact_stream(std::io::BufReader::new(input), out)?;
-        if changed {
-            std::fs::rename(&tmp, path)
-        } else {
-            std::fs::remove_file(&tmp)
-        }
-    }
-
-    /// A tee that masks secrets in live output before passing it on. It holds
-    /// back only a tail that may still grow into a secret (a secret written in
-    /// two pieces, however far apart, is masked whole); the returned
-    /// [`TeeFlush`] lets that tail out once the command has ended.
-    pub fn redacting_tee(self: &Arc<Self>, inner: Tee) -> (Tee, TeeFlush) {
-        let state = Arc::new(std::sync::Mutex::new(RedactStream::default()));
-        let flush = TeeFlush {
-            gate: self.clone(),
-            state: state.clone(),
-            inner: inner.clone(),
-        };
+    /// A filter that masks secrets in a command's output as it streams, for
+    /// [`ExecOpts::filter`](crate::session::ExecOpts): everything after it
+    /// (the live tee, the result, the spool file) sees masked output only. It
+    /// holds back just a tail that may still grow into a secret (a secret
+    /// written in two pieces, however far apart, is masked whole) and lets it
+    /// out when the output ends.
+    pub fn output_filter(self: &Arc<Self>) -> FilterFactory {
         let gate = self.clone();
-        let tee: Tee = Arc::new(move |chunk: &[u8]| {
-            let mut out = Vec::with_capacity(chunk.len());
-            if let Ok(mut st) = state.lock() {
-                st.push(&gate.redactor, chunk, &mut out);
-            }
-            if !out.is_empty() {
-                inner(&out);
-            }
-        });
-        (tee, flush)
+        Arc::new(move || {
+            Box::new(RedactFilter {
+                gate: gate.clone(),
+                stream: RedactStream::default(),
+            }) as Box<dyn OutputFilter>
+        })
     }
 
     /// A stream redactor's hold-back and masks, by this gate's secrets.
@@ -383,23 +332,19 @@ impl Gate {
     }
 }
 
-/// Lets out what a [`Gate::redacting_tee`] still holds back.
-pub struct TeeFlush {
+/// [`Gate::output_filter`]'s filter: one stream redactor per command.
+struct RedactFilter {
     gate: Arc<Gate>,
-    state: Arc<std::sync::Mutex<RedactStream>>,
-    inner: Tee,
+    stream: RedactStream,
 }
 
-impl TeeFlush {
-    /// The output has ended: pass on the held-back tail, masked.
-    pub fn finish(self) {
-        let mut out = Vec::new();
-        if let Ok(mut st) = self.state.lock() {
-            st.finish(&self.gate.redactor, &mut out);
-        }
-        if !out.is_empty() {
-            (self.inner)(&out);
-        }
+impl OutputFilter for RedactFilter {
+    fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        self.stream.push(&self.gate.redactor, chunk, out);
+    }
+
+    fn finish(&mut self, out: &mut Vec<u8>) {
+        self.stream.finish(&self.gate.redactor, out);
     }
 }
 

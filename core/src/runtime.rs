@@ -553,12 +553,6 @@ impl Runtime {
             verdict = Some(admission.summary());
             admitted_as = Some(admission.verdict.action);
         }
-        let mut tee_flush = None;
-        if let (Some(g), Some(t)) = (&self.gate, req.tee.take()) {
-            let (t, f) = g.redacting_tee(t);
-            req.tee = Some(t);
-            tee_flush = Some(f);
-        }
         let command_text = self.redact(&req.command);
         self.store.append(&Event {
             kind: "exec.started".into(),
@@ -570,13 +564,9 @@ impl Runtime {
             verdict,
             ..Default::default()
         })?;
-        let mut outcome = self.exec_inner(&req, &call_id, admitted_as).await;
-        if let Some(f) = tee_flush {
-            f.finish();
-        }
-        if let (Some(g), Ok(r)) = (&self.gate, &mut outcome) {
-            g.redact_output(&mut r.result.output);
-        }
+        // Output is redacted as it streams (ExecOpts::filter), before the
+        // tee, the result or the spool file sees it.
+        let outcome = self.exec_inner(&req, &call_id, admitted_as).await;
         let finished = match &outcome {
             Ok(r) => Event {
                 kind: "exec.finished".into(),
@@ -690,6 +680,7 @@ impl Runtime {
             spool_cap: Some(self.cfg.spool_file_cap),
             cancel: req.cancel.clone(),
             tee: req.tee.clone(),
+            filter: self.gate.as_ref().map(|g| g.output_filter()),
         };
         let result = match session.exec(&req.command, opts).await {
             Ok(r) => r,

@@ -38,10 +38,27 @@ pub const DEFAULT_SPOOL_CAP: u64 = 64 * 1024 * 1024;
 /// A live copy of output as it arrives (for a terminal), unbounded by the capture.
 pub type Tee = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
 
+/// A stream transform that output goes through before anything else sees it:
+/// the live tee, the kept head and tail, the spool and the counts (berth's
+/// redaction, so no secret reaches even the spool file). `push` may hold back
+/// a tail that the next chunk completes; `finish` lets it out.
+pub trait OutputFilter: Send {
+    /// Transform `chunk`, appending what can go on now to `out`.
+    fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>);
+    /// The output has ended: append whatever was held back.
+    fn finish(&mut self, out: &mut Vec<u8>);
+}
+
+/// Makes a fresh [`OutputFilter`] for each command.
+pub type FilterFactory = std::sync::Arc<dyn Fn() -> Box<dyn OutputFilter> + Send + Sync>;
+
 /// Collects a stream of output chunks within a fixed memory budget.
 pub struct Capture {
     limits: CaptureLimits,
     tee: Option<Tee>,
+    filter: Option<Box<dyn OutputFilter>>,
+    /// The filter's output for the chunk at hand (kept to reuse its memory).
+    filtered: Vec<u8>,
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
@@ -75,6 +92,8 @@ impl Capture {
         Ok(Self {
             limits,
             tee: None,
+            filter: None,
+            filtered: Vec::new(),
             head: Vec::new(),
             tail: VecDeque::new(),
             total: 0,
@@ -95,8 +114,30 @@ impl Capture {
         self
     }
 
+    /// Pass every chunk through `filter` first.
+    pub fn with_filter(mut self, filter: Option<Box<dyn OutputFilter>>) -> Self {
+        self.filter = filter;
+        self
+    }
+
     /// Take one chunk of output.
-    pub fn push(&mut self, mut chunk: &[u8]) -> Result<()> {
+    pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        let Some(filter) = self.filter.as_mut() else {
+            return self.accept(chunk);
+        };
+        let mut out = std::mem::take(&mut self.filtered);
+        out.clear();
+        filter.push(chunk, &mut out);
+        let r = self.accept(&out);
+        self.filtered = out;
+        r
+    }
+
+    /// Take one chunk of output as it will be shown.
+    fn accept(&mut self, mut chunk: &[u8]) -> Result<()> {
         if chunk.is_empty() {
             return Ok(());
         }
@@ -134,6 +175,11 @@ impl Capture {
 
     /// Finish: flush the spool and return what was kept.
     pub fn finish(mut self) -> Result<Output> {
+        if let Some(mut filter) = self.filter.take() {
+            let mut rest = Vec::new();
+            filter.finish(&mut rest);
+            self.accept(&rest)?;
+        }
         let spool_omitted = self.total.saturating_sub(self.spool_cap);
         let spool = match self.spool.take() {
             Some((path, mut w)) => {

@@ -100,6 +100,9 @@ pub struct ExecOpts {
     pub cancel: Option<CancellationToken>,
     /// A live copy of the output as it arrives.
     pub tee: Option<Tee>,
+    /// A transform every byte of output goes through first (redaction): the
+    /// tee, the result and the spool see only its output.
+    pub filter: Option<capture::FilterFactory>,
 }
 
 impl std::fmt::Debug for ExecOpts {
@@ -111,6 +114,7 @@ impl std::fmt::Debug for ExecOpts {
             .field("spool", &self.spool)
             .field("spool_cap", &self.spool_cap)
             .field("tee", &self.tee.is_some())
+            .field("filter", &self.filter.is_some())
             .finish()
     }
 }
@@ -363,6 +367,7 @@ impl Session {
         });
         let mut capture = Capture::new(opts.limits, opts.spool.clone())?
             .with_tee(opts.tee.clone())
+            .with_filter(opts.filter.as_ref().map(|f| f()))
             .with_spool_cap(opts.spool_cap.unwrap_or(capture::DEFAULT_SPOOL_CAP));
         let outcome = self
             .run_framed(
