@@ -175,14 +175,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: AttachArgs) -> Result<u8> {
         Some(r) => {
             r?;
             let job = rt.job(&job.id).await?;
-            eprintln!(
-                "\r\nberth: job {} {}{}",
-                job.id,
-                job.state.as_str(),
-                job.exit_code
-                    .map(|c| format!(" with code {c}"))
-                    .unwrap_or_default()
-            );
+            eprintln!("\r\nberth: job {} {}", job.id, job.standing());
             0
         }
         None => {

@@ -265,14 +265,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                 124
             } else {
                 if !a.json {
-                    eprintln!(
-                        "berth: job {} {}{}",
-                        job.id,
-                        job.state.as_str(),
-                        job.exit_code
-                            .map(|c| format!(" with code {c}"))
-                            .unwrap_or_default()
-                    );
+                    eprintln!("berth: job {} {}", job.id, job.standing());
                 }
                 match (job.state, job.exit_code) {
                     (_, Some(c)) if (0..=255).contains(&c) => c as u8,
@@ -335,18 +328,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                 context::print_json(&serde_json::to_value(&screen)?);
             } else {
                 print!("{}", screen.text());
-                eprintln!(
-                    "berth: screen {}x{}, cursor at row {} column {}{}",
-                    screen.cols,
-                    screen.rows,
-                    screen.cursor_row + 1,
-                    screen.cursor_col + 1,
-                    if screen.alternate_screen {
-                        " (a full-screen program is showing)"
-                    } else {
-                        ""
-                    }
-                );
+                eprintln!("berth: screen {}", screen.summary());
             }
             0
         }

@@ -135,6 +135,17 @@ impl Job {
         job_dir(sandbox, &self.id)
     }
 
+    /// Where it stands, for a person: `exited with code 3`, `running`.
+    pub fn standing(&self) -> String {
+        format!(
+            "{}{}",
+            self.state.as_str(),
+            self.exit_code
+                .map(|c| format!(" with code {c}"))
+                .unwrap_or_default()
+        )
+    }
+
     /// How long it has run (until now, or until it ended).
     pub fn runtime_ms(&self) -> i64 {
         self.ended_at.unwrap_or_else(now_ms) - self.created_at

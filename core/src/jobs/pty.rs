@@ -149,6 +149,23 @@ pub struct Screen {
 }
 
 impl Screen {
+    /// `80x24, cursor at row 3 column 5`, counting from 1, and whether a
+    /// full-screen program is showing.
+    pub fn summary(&self) -> String {
+        format!(
+            "{}x{}, cursor at row {} column {}{}",
+            self.cols,
+            self.rows,
+            self.cursor_row + 1,
+            self.cursor_col + 1,
+            if self.alternate_screen {
+                " (a full-screen program is showing)"
+            } else {
+                ""
+            }
+        )
+    }
+
     /// The rows as text, blank rows at the bottom left out.
     pub fn text(&self) -> String {
         let last = self

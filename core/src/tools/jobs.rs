@@ -206,19 +206,7 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
         ProcessAction::Screen => {
             let j = own_job(call, &a).await?;
             let s = rt.job_screen(&j.id).await.map_err(ToolOutcome::from)?;
-            let mut text = format!(
-                "[screen {}x{}, cursor at row {} column {}{}; job {}]\n",
-                s.cols,
-                s.rows,
-                s.cursor_row + 1,
-                s.cursor_col + 1,
-                if s.alternate_screen {
-                    ", a full-screen program"
-                } else {
-                    ""
-                },
-                j.state.as_str()
-            );
+            let mut text = format!("[screen {}; job {}]\n", s.summary(), j.state.as_str());
             text.push_str(&s.text());
             Ok(ToolOutcome::ok(
                 text,
