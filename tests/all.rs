@@ -50,3 +50,4 @@ terminal_suite!(local_terminal, crate::support::local_harness);
 terminal_suite!(ssh_terminal, crate::support::ssh_harness);
 #[cfg(feature = "docker")]
 terminal_suite!(docker_terminal, crate::support::docker_harness);
+terminal_suite!(e2b_terminal, crate::support::e2b_harness);

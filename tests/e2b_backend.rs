@@ -343,7 +343,8 @@ async fn files_round_trip_and_missing_ones_are_named() -> TestResult {
 }
 
 /// The official Python SDK, unchanged, against the stand-in: create, run
-/// (stdout, stderr, exit code), a background command, a file, kill.
+/// (stdout, stderr, exit code), a background command, a file, a terminal
+/// (pty: typed into, resized), kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_works_against_the_standin() -> TestResult {
     let standin = E2bStandin::start(0).await?;
@@ -374,6 +375,7 @@ async fn the_official_python_sdk_works_against_the_standin() -> TestResult {
         "background: killed True",
         "file: 'written by the sdk'",
         "berth-sees-it: yes",
+        "pty: tty, 30 100, resized 20 90, exited True",
         "killed: True",
     ] {
         assert!(
@@ -408,6 +410,27 @@ sb.files.write("sub/dir/note.txt", "written by the sdk")
 print("file:", repr(sb.files.read("sub/dir/note.txt")))
 seen = sb.commands.run("cat sub/dir/note.txt").stdout
 print("berth-sees-it:", "yes" if seen == "written by the sdk" else repr(seen))
+# A terminal: bash on a 100x30 pty, typed into, resized, and left with exit.
+import threading, time
+from e2b import PtySize
+out = bytearray()
+term = sb.pty.create(PtySize(rows=30, cols=100), timeout=60)
+reader = threading.Thread(target=lambda: term.wait(on_pty=out.extend), daemon=True)
+reader.start()
+def until(needle):
+    deadline = time.time() + 30
+    while needle not in out:
+        assert time.time() < deadline, (needle, bytes(out))
+        time.sleep(0.05)
+sb.pty.send_stdin(term.pid, b"tty -s && echo on-a-$((6*7))-tty; stty size\n")
+until(b"30 100")
+until(b"on-a-42-tty")
+sb.pty.resize(term.pid, PtySize(rows=20, cols=90))
+sb.pty.send_stdin(term.pid, b"stty size\n")
+until(b"20 90")
+sb.pty.send_stdin(term.pid, b"exit\n")
+reader.join(30)
+print("pty: tty, 30 100, resized 20 90, exited", not reader.is_alive())
 print("killed:", Sandbox.kill(sb.sandbox_id))
 sys.stdout.flush()
 "#;

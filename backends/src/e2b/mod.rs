@@ -573,6 +573,7 @@ impl Inner {
             process: self.config(&argv, &[], None)?,
             tag: None,
             stdin: Some(false),
+            pty: None,
         };
         let mut p = self.start(request, Some(Duration::from_secs(60))).await?;
         let collected = collect(&mut p).await;
@@ -671,6 +672,7 @@ impl E2bSandbox {
                 .config(argv, &[], Some(self.layout.workdir.clone()))?,
             tag: None,
             stdin: Some(stdin),
+            pty: None,
         };
         self.inner.start(request, deadline).await
     }
@@ -723,20 +725,23 @@ impl Sandbox for E2bSandbox {
     }
 
     async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {
-        if opts.tty {
-            // envd's StartRequest has a `pty` field; berth does not drive it yet.
-            return Err(Error::Unsupported(
-                "a terminal (tty) for a process on e2b; use local, docker or ssh".into(),
-            ));
-        }
         let cwd = opts
             .cwd
             .map(|c| self.resolve(&c))
             .unwrap_or_else(|| self.layout.workdir.clone());
+        let mut env = opts.env.clone();
+        // On envd's terminal the output is the terminal's; a program needs to
+        // know what it is talking to.
+        if opts.tty && !env.iter().any(|(k, _)| k == "TERM") {
+            env.push(("TERM".into(), "xterm-256color".into()));
+        }
         let request = StartRequest {
-            process: self.inner.config(argv, &opts.env, Some(cwd))?,
+            process: self.inner.config(argv, &env, Some(cwd))?,
             tag: None,
             stdin: Some(true),
+            pty: opts
+                .tty
+                .then(|| process::pty(opts.tty_size.unwrap_or_default())),
         };
         Ok(Box::new(self.inner.start(request, None).await?))
     }

@@ -21,7 +21,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process};
+use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, TermSize};
 use berth_core::error::{Error, Result, SpawnFailure};
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
@@ -32,8 +32,8 @@ use super::KIND;
 use super::connect::{CallError, ConnectError, ServerStream, Step};
 use super::envd::Envd;
 use super::proto::{
-    Empty, EndEvent, EventResponse, ProcessInput, SelectRequest, Selector, SendInputRequest,
-    SendSignalRequest, SignalName,
+    Empty, EndEvent, EventResponse, ProcessInput, Pty, PtySize, SelectRequest, Selector,
+    SendInputRequest, SendSignalRequest, SignalName, UpdateRequest,
 };
 
 /// Output chunks buffered per pipe before the stream is back-pressured.
@@ -68,6 +68,9 @@ pub struct E2bProcess {
     stderr: Option<BoxRead>,
     exit: Option<oneshot::Receiver<Outcome>>,
     status: Option<ExitStatus>,
+    /// Started on a terminal (`pty`): input goes as `pty` input, and it can
+    /// be resized.
+    tty: bool,
     _live: Option<Box<dyn Send + Sync>>,
 }
 
@@ -112,8 +115,9 @@ pub(crate) async fn start(
     let (err_tx, err_rx) = mpsc::channel(PIPE_DEPTH);
     let (exit_tx, exit_rx) = oneshot::channel();
     tokio::spawn(pump(stream, out_tx, err_tx, exit_tx, deadline));
-    let stdin: Option<BoxWrite> = if spec.request.stdin == Some(true) {
-        Some(Box::pin(InputWriter::new(envd.clone(), pid)))
+    let tty = spec.request.pty.is_some();
+    let stdin: Option<BoxWrite> = if spec.request.stdin == Some(true) || tty {
+        Some(Box::pin(InputWriter::new(envd.clone(), pid, tty)))
     } else {
         None
     };
@@ -127,6 +131,7 @@ pub(crate) async fn start(
         stderr: Some(reader(err_rx)),
         exit: Some(exit_rx),
         status: None,
+        tty,
         _live: live,
     })
 }
@@ -320,6 +325,32 @@ impl Process for E2bProcess {
         }
     }
 
+    async fn resize(&mut self, size: TermSize) -> Result<()> {
+        if !self.tty {
+            return Err(Error::InvalidInput(
+                "resizing a process that has no terminal (spawn it with `tty`)".into(),
+            ));
+        }
+        let _: Empty = self
+            .envd
+            .unary(
+                "/process.Process/Update",
+                &UpdateRequest {
+                    process: Selector::Pid(self.pid),
+                    pty: pty(size),
+                },
+            )
+            .await
+            .map_err(|e| Error::Backend {
+                backend: KIND,
+                detail: format!(
+                    "sandbox `{}`: resizing the terminal of pid {}: {e}",
+                    self.sandbox, self.pid
+                ),
+            })?;
+        Ok(())
+    }
+
     async fn terminate(&mut self) -> Result<()> {
         match send_signal(self.envd.clone(), self.pid, SignalName::Kill).await {
             // Already gone is what terminate wants.
@@ -331,6 +362,16 @@ impl Process for E2bProcess {
                 detail: format!("sandbox `{}`: killing pid {}: {e}", self.sandbox, self.pid),
             }),
         }
+    }
+}
+
+/// envd's terminal of `size`.
+pub(crate) fn pty(size: TermSize) -> Pty {
+    Pty {
+        size: PtySize {
+            cols: size.cols.into(),
+            rows: size.rows.into(),
+        },
     }
 }
 
@@ -380,14 +421,14 @@ struct InputWriter {
 }
 
 impl InputWriter {
-    fn new(envd: Envd, pid: u32) -> Self {
+    fn new(envd: Envd, pid: u32, tty: bool) -> Self {
         let (tx, rx) = mpsc::channel(64);
         let state = Arc::new(InputState {
             sent: AtomicU64::new(0),
             acked: watch::channel(0).0,
             error: Mutex::new(None),
         });
-        tokio::spawn(feed(envd, pid, rx, state.clone()));
+        tokio::spawn(feed(envd, pid, tty, rx, state.clone()));
         Self {
             tx: PollSender::new(tx),
             state,
@@ -456,7 +497,13 @@ impl AsyncWrite for InputWriter {
 }
 
 /// Send queued input in order, coalescing what is waiting.
-async fn feed(envd: Envd, pid: u32, mut rx: mpsc::Receiver<Input>, state: Arc<InputState>) {
+async fn feed(
+    envd: Envd,
+    pid: u32,
+    tty: bool,
+    mut rx: mpsc::Receiver<Input>,
+    state: Arc<InputState>,
+) {
     let mut done: u64 = 0;
     let mut pending_close = false;
     while let Some(first) = rx.recv().await {
@@ -483,7 +530,11 @@ async fn feed(envd: Envd, pid: u32, mut rx: mpsc::Receiver<Input>, state: Arc<In
                         "/process.Process/SendInput",
                         &SendInputRequest {
                             process: Selector::Pid(pid),
-                            input: ProcessInput::Stdin(data),
+                            input: if tty {
+                                ProcessInput::Pty(data)
+                            } else {
+                                ProcessInput::Stdin(data)
+                            },
                         },
                     )
                     .await

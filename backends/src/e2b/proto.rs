@@ -40,6 +40,35 @@ pub struct StartRequest {
     /// Keep stdin open for `SendInput` (an `optional bool`: sent when set).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stdin: Option<bool>,
+    /// Run it on a terminal of this size; its output then arrives as `pty`
+    /// data and its input goes as `pty` input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pty: Option<Pty>,
+}
+
+/// `process.PTY`.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct Pty {
+    /// The terminal's size.
+    pub size: PtySize,
+}
+
+/// `process.PTY.Size`.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct PtySize {
+    /// Columns.
+    pub cols: u32,
+    /// Rows.
+    pub rows: u32,
+}
+
+/// `process.UpdateRequest`: a new terminal size for a process.
+#[derive(Clone, Debug, Serialize)]
+pub struct UpdateRequest {
+    /// Which process.
+    pub process: Selector,
+    /// Its terminal.
+    pub pty: Pty,
 }
 
 /// `process.ProcessSelector`: a oneof of pid or tag.
@@ -74,6 +103,8 @@ pub struct SendInputRequest {
 pub enum ProcessInput {
     /// Bytes for stdin, base64 on the wire.
     Stdin(#[serde(serialize_with = "ser_b64")] Vec<u8>),
+    /// Bytes typed on the process's terminal, base64 on the wire.
+    Pty(#[serde(serialize_with = "ser_b64")] Vec<u8>),
 }
 
 /// `process.Signal`, by name.
@@ -266,10 +297,40 @@ mod tests {
             },
             tag: None,
             stdin: Some(true),
+            pty: None,
         };
         assert_eq!(
             serde_json::to_value(&r).ok(),
             Some(json!({"process": {"cmd": "bash"}, "stdin": true}))
+        );
+        let r = StartRequest {
+            pty: Some(Pty {
+                size: PtySize {
+                    cols: 120,
+                    rows: 40,
+                },
+            }),
+            ..r
+        };
+        assert_eq!(
+            serde_json::to_value(&r).ok(),
+            Some(
+                json!({"process": {"cmd": "bash"}, "stdin": true, "pty": {"size": {"cols": 120, "rows": 40}}})
+            )
+        );
+        let u = UpdateRequest {
+            process: Selector::Pid(7),
+            pty: Pty {
+                size: PtySize { cols: 80, rows: 24 },
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&u).ok(),
+            Some(json!({"process": {"pid": 7}, "pty": {"size": {"cols": 80, "rows": 24}}}))
+        );
+        assert_eq!(
+            serde_json::to_value(ProcessInput::Pty(b"hi".to_vec())).ok(),
+            Some(json!({"pty": "aGk="}))
         );
         let r = SendInputRequest {
             process: Selector::Pid(42),

@@ -247,7 +247,16 @@ pub async fn process(
         "CloseStdin" => close_stdin(&sb, &req).await,
         "List" => list(&sb),
         "Update" => match select(&sb, req.get("process")) {
-            Ok(_) => axum::Json(json!({})).into_response(),
+            Ok(p) => match req.get("pty").map(pty_size) {
+                None => axum::Json(json!({})).into_response(),
+                Some(None) => {
+                    connect_error("invalid_argument", "pty.size needs cols and rows above 0")
+                }
+                Some(Some((cols, rows))) => match p.resize(cols, rows) {
+                    Ok(()) => axum::Json(json!({})).into_response(),
+                    Err(e) => connect_error("failed_precondition", e),
+                },
+            },
             Err(r) => r,
         },
         other => connect_error(
@@ -255,6 +264,18 @@ pub async fn process(
             format!("process.Process/{other} is not implemented"),
         ),
     }
+}
+
+/// A `PTY`'s size, `{"size": {"cols": C, "rows": R}}`, when both are above 0.
+fn pty_size(pty: &Value) -> Option<(u16, u16)> {
+    let size = pty.get("size")?;
+    let n = |k: &str| {
+        size.get(k)
+            .and_then(json_u32)
+            .and_then(|v| u16::try_from(v).ok())
+            .filter(|v| *v > 0)
+    };
+    Some((n("cols")?, n("rows")?))
 }
 
 /// Resolve a `ProcessSelector`: `{"pid": N}` or `{"tag": "…"}`.
@@ -444,9 +465,13 @@ fn stream_call(
                 return stream_failure("invalid_argument", &format!("invalid StartRequest: {e}"));
             }
         };
-        if req.pty.is_some() {
-            return stream_failure("unimplemented", "the stand-in has no PTY");
-        }
+        let pty = match req.pty.as_ref().map(pty_size) {
+            None => None,
+            Some(Some(size)) => Some(size),
+            Some(None) => {
+                return stream_failure("invalid_argument", "pty.size needs cols and rows above 0");
+            }
+        };
         let Some(cfg) = req.process.filter(|c| !c.cmd.is_empty()) else {
             return stream_failure("invalid_argument", "process.cmd is required");
         };
@@ -456,7 +481,7 @@ fn stream_call(
             envs: cfg.envs,
             cwd: cfg.cwd,
         };
-        match sb.start(cfg, req.tag, req.stdin.unwrap_or(false)) {
+        match sb.start(cfg, req.tag, req.stdin.unwrap_or(false), pty) {
             Ok((p, rx)) => (p, Some(rx), None),
             Err(e) => return stream_failure("internal", &e),
         }
@@ -567,6 +592,7 @@ impl StreamCall {
                 ev = events.recv() => match ev {
                     Some(ProcEvent::Stdout(d)) => self.data("stdout", &d).await?,
                     Some(ProcEvent::Stderr(d)) => self.data("stderr", &d).await?,
+                    Some(ProcEvent::Pty(d)) => self.data("pty", &d).await?,
                     Some(ProcEvent::End(end)) => {
                         self.send(end_json(&end)).await?;
                         self.finish(None).await;

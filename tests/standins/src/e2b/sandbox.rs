@@ -6,6 +6,9 @@
 //! - A process's stdout and stderr are read in chunks of at most 32 KiB and
 //!   fanned out to every subscriber (a `Start` stream, any `Connect`), with
 //!   back-pressure; its exit becomes the `end` event.
+//! - A process started with a `pty` runs on a terminal of its own (openpty):
+//!   the terminal's output is its `pty` data, input goes to the terminal,
+//!   and `Update` resizes it.
 //! - Killing a sandbox kills every process that carries its id in its
 //!   environment or lives under its directory, double-forked ones included,
 //!   then removes the directory.
@@ -30,6 +33,8 @@ pub enum ProcEvent {
     Stdout(Vec<u8>),
     /// Bytes on stderr.
     Stderr(Vec<u8>),
+    /// Bytes on its terminal.
+    Pty(Vec<u8>),
     /// The process ended.
     End(EndInfo),
 }
@@ -67,6 +72,8 @@ pub struct Proc {
     /// How it was started.
     pub config: ProcConfig,
     stdin: tokio::sync::Mutex<Option<ChildStdin>>,
+    /// The terminal's master, for a process started with a `pty`.
+    pty: Mutex<Option<std::fs::File>>,
     subscribers: Mutex<Vec<mpsc::Sender<ProcEvent>>>,
     end: Mutex<Option<EndInfo>>,
 }
@@ -83,14 +90,38 @@ impl Proc {
         Ok(rx)
     }
 
-    /// Write to its stdin. `Err` names why not.
+    /// Write to its stdin, or type on its terminal. `Err` names why not.
     pub async fn write_stdin(&self, data: &[u8]) -> Result<(), String> {
+        if let Some(m) = lock(&self.pty).as_mut() {
+            use std::io::Write;
+            return m.write_all(data).map_err(|e| e.to_string());
+        }
         let mut g = self.stdin.lock().await;
         let Some(s) = g.as_mut() else {
             return Err("stdin is closed or was not enabled".into());
         };
         s.write_all(data).await.map_err(|e| e.to_string())?;
         s.flush().await.map_err(|e| e.to_string())
+    }
+
+    /// Resize its terminal. `Err` names why not.
+    pub fn resize(&self, cols: u16, rows: u16) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        let g = lock(&self.pty);
+        let Some(m) = g.as_ref() else {
+            return Err("the process has no pty".into());
+        };
+        let ws = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads a winsize from the pointer; the fd is ours.
+        if unsafe { libc::ioctl(m.as_raw_fd(), libc::TIOCSWINSZ, &ws) } != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        Ok(())
     }
 
     /// Close its stdin.
@@ -194,6 +225,7 @@ impl Sandbox {
         config: ProcConfig,
         tag: Option<String>,
         stdin: bool,
+        pty: Option<(u16, u16)>,
     ) -> Result<(Arc<Proc>, mpsc::Receiver<ProcEvent>), String> {
         let cwd = match &config.cwd {
             Some(c) if !c.is_empty() => self.resolve(c),
@@ -221,11 +253,31 @@ impl Sandbox {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(false);
-        // SAFETY: setsid is async-signal-safe; the child gets a session of its
-        // own, as a process under envd does, so a signal to the group stays in it.
+        let master = match pty {
+            Some((cols, rows)) => {
+                let (master, slave) = open_pty(cols, rows)?;
+                let io = |f: &std::os::fd::OwnedFd| {
+                    f.try_clone()
+                        .map(Stdio::from)
+                        .map_err(|e| format!("error starting process '{}': {e}", config.cmd))
+                };
+                cmd.stdin(io(&slave)?)
+                    .stdout(io(&slave)?)
+                    .stderr(io(&slave)?);
+                Some(std::fs::File::from(master))
+            }
+            None => None,
+        };
+        let on_tty = master.is_some();
+        // SAFETY: setsid and ioctl are async-signal-safe; the child gets a
+        // session of its own, as a process under envd does, so a signal to the
+        // group stays in it; on a pty, that terminal becomes its controlling one.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::setsid();
+                if on_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
@@ -239,6 +291,7 @@ impl Sandbox {
             tag,
             config,
             stdin: tokio::sync::Mutex::new(child.stdin.take()),
+            pty: Mutex::new(master),
             subscribers: Mutex::new(vec![tx]),
             end: Mutex::new(None),
         });
@@ -317,6 +370,7 @@ impl Sandbox {
 /// Read a process's output and exit, and hand them to its subscribers.
 async fn pump(sb: Arc<Sandbox>, proc: Arc<Proc>, mut child: Child) {
     let (tx, mut rx) = mpsc::channel::<ProcEvent>(16);
+    let terminal = lock(&proc.pty).as_ref().and_then(|m| m.try_clone().ok());
     let readers = [
         child
             .stdout
@@ -326,6 +380,10 @@ async fn pump(sb: Arc<Sandbox>, proc: Arc<Proc>, mut child: Child) {
             .stderr
             .take()
             .map(|e| tokio::spawn(read_stream(e, tx.clone(), false))),
+        terminal.map(|m| {
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || read_terminal(m, tx))
+        }),
     ];
     drop(tx);
     while let Some(ev) = rx.recv().await {
@@ -343,6 +401,7 @@ async fn pump(sb: Arc<Sandbox>, proc: Arc<Proc>, mut child: Child) {
         },
     };
     proc.stdin.lock().await.take();
+    lock(&proc.pty).take();
     // Record the end under the subscriber lock, so a late subscriber either
     // is told of it or gets the event.
     let subs = {
@@ -388,6 +447,50 @@ async fn read_stream(
                     ProcEvent::Stderr(data)
                 };
                 if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A new terminal of `cols` x `rows`: its master and its slave.
+fn open_pty(cols: u16, rows: u16) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), String> {
+    use std::os::fd::FromRawFd;
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let (mut m, mut s) = (-1, -1);
+    // SAFETY: openpty writes two fds we then own; the name buffer is unused.
+    let r = unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) };
+    if r != 0 {
+        return Err(format!(
+            "error opening a pty: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: both fds were just opened by openpty and are owned by no one else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(m),
+            std::os::fd::OwnedFd::from_raw_fd(s),
+        )
+    })
+}
+
+/// Read a terminal's output until its program (and everything holding the
+/// terminal) is gone: the master then reads EIO.
+fn read_terminal(mut m: std::fs::File, tx: mpsc::Sender<ProcEvent>) {
+    use std::io::Read;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match m.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if tx.blocking_send(ProcEvent::Pty(buf[..n].to_vec())).is_err() {
                     return;
                 }
             }
