@@ -229,7 +229,13 @@ fn secret_values_are_redacted_in_output_and_events() -> TestResult {
 fn a_running_commands_spool_holds_no_secret() -> TestResult {
     let env = Env::new("")?;
     let cmd = format!("echo {OPENAI}; yes xxxxxxxxx | head -c 1000000; sleep 60");
-    let mut child = env.spawn(&["exec", "--", &cmd])?;
+    // Output to /dev/null: a pipe nobody reads would stop an in-process
+    // berth (BERTH_SERVER=off) at its live copy before the spool grew.
+    let mut child = env
+        .cmd(&["exec", "--", &cmd])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
     let spool_dir = env.state.join("spool");
     let deadline = Instant::now() + Duration::from_secs(60);
     let seen = loop {
