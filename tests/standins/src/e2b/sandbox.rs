@@ -92,9 +92,19 @@ impl Proc {
 
     /// Write to its stdin, or type on its terminal. `Err` names why not.
     pub async fn write_stdin(&self, data: &[u8]) -> Result<(), String> {
-        if let Some(m) = lock(&self.pty).as_mut() {
-            use std::io::Write;
-            return m.write_all(data).map_err(|e| e.to_string());
+        let terminal = lock(&self.pty).as_ref().map(|m| m.try_clone());
+        if let Some(m) = terminal {
+            // A program that does not read fills the terminal's input queue,
+            // and the write then blocks: not on the server's own threads.
+            let mut m = m.map_err(|e| e.to_string())?;
+            let data = data.to_vec();
+            return tokio::task::spawn_blocking(move || {
+                use std::io::Write;
+                m.write_all(&data)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string());
         }
         let mut g = self.stdin.lock().await;
         let Some(s) = g.as_mut() else {
