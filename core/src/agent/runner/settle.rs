@@ -1,0 +1,293 @@
+//! Settling a model turn's tool calls: each is validated, checked against the
+//! policy gate and its approvals, journaled started, run, and journaled
+//! finished, so that a run killed at any point resumes without running a call
+//! twice.
+
+use super::*;
+
+/// Where an approval stands for the loop.
+pub(super) enum Decision {
+    Approved,
+    Denied(String),
+    Pending(i64),
+    Cancelled,
+}
+
+pub(super) type Stopped = Option<(RunState, Option<String>, Option<String>)>;
+
+impl Agent {
+    /// Give every tool call of the last model turn a result, in order.
+    /// Returns `Some` when the run must stop here.
+    pub(super) async fn settle(
+        &mut self,
+        id: &str,
+        setup: &Setup,
+        msgs: &mut Vec<(i64, Message)>,
+        cancel: &CancellationToken,
+    ) -> Result<Stopped> {
+        let Some(pos) = msgs.iter().rposition(|(_, m)| m.role == Role::Assistant) else {
+            return Ok(None);
+        };
+        let (step, turn) = (msgs[pos].0, msgs[pos].1.clone());
+        let answered: HashSet<String> = msgs[pos + 1..]
+            .iter()
+            .filter_map(|(_, m)| m.tool_call_id.clone())
+            .collect();
+        if turn.tool_calls.iter().all(|c| answered.contains(&c.id)) {
+            return Ok(None);
+        }
+        let stop = if turn.truncated {
+            Stop::MaxTokens
+        } else {
+            Stop::ToolUse
+        };
+        let checked = validate::turn(
+            &turn.tool_calls,
+            stop,
+            &setup.tools,
+            setup.max_calls_per_turn,
+        );
+        let journaled = journal::calls_of_step(&self.store, id, step)?;
+        for (idx, (call, check)) in turn.tool_calls.iter().zip(checked).enumerate() {
+            if answered.contains(&call.id) {
+                continue;
+            }
+            let args_text = (self.redact)(&call.arguments);
+            let key = (
+                call.id.as_str(),
+                idx as i64,
+                call.name.as_str(),
+                args_text.as_str(),
+            );
+            let prior = journaled
+                .iter()
+                .find(|c| c.call_id == call.id && c.step == step);
+            match prior.map(|p| (p.state.as_str(), p.approval)) {
+                Some(("started", _)) => {
+                    let text = "[berth: this call was cut off: berth stopped while it was running, so its outcome is unknown. It was not run again. Check the sandbox's state (files, processes) before you repeat it.]";
+                    self.verdict(&call.id, "cut_off", text, None);
+                    self.finish(
+                        id,
+                        step,
+                        key,
+                        "cut_off",
+                        Some("cut_off"),
+                        json!({ "cut_off": true }),
+                        text,
+                        true,
+                        msgs,
+                    )?;
+                    continue;
+                }
+                Some(("awaiting_approval", Some(a))) => match self.decision(a, cancel).await? {
+                    Decision::Approved => {}
+                    Decision::Denied(why) => {
+                        let text = format!(
+                            "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
+                        );
+                        self.verdict(&call.id, "denied", &why, Some(a));
+                        self.finish(
+                            id,
+                            step,
+                            key,
+                            "rejected",
+                            Some("denied"),
+                            json!({ "approval": a, "denied": why }),
+                            &text,
+                            true,
+                            msgs,
+                        )?;
+                        continue;
+                    }
+                    Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
+                    Decision::Cancelled => return Ok(Some(interrupted())),
+                },
+                _ => {}
+            }
+            let args = match check {
+                Ok(a) => a,
+                Err(why) => {
+                    let text = format!("[berth: {why}]");
+                    self.verdict(&call.id, "invalid", &why, None);
+                    self.finish(
+                        id,
+                        step,
+                        key,
+                        "rejected",
+                        Some("invalid"),
+                        json!({ "invalid": why }),
+                        &text,
+                        true,
+                        msgs,
+                    )?;
+                    continue;
+                }
+            };
+            loop {
+                journal::call_started(
+                    &self.store,
+                    id,
+                    &call.id,
+                    step,
+                    idx as i64,
+                    &call.name,
+                    &args_text,
+                )?;
+                (self.events)(&AgentEvent::ToolCall {
+                    step,
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    args: serde_json::from_str(&args_text).unwrap_or(Value::Null),
+                    describe: self.host.describe(&call.name, &args),
+                });
+                let t0 = Instant::now();
+                let outcome = self
+                    .host
+                    .call(&call.name, &args, cancel.child_token())
+                    .await;
+                match outcome {
+                    ToolOutcome::NeedsApproval { approval, reason } => {
+                        journal::call_awaiting(&self.store, id, &call.id, approval)?;
+                        self.verdict(&call.id, "ask", &reason, Some(approval));
+                        if !self.wait_approvals {
+                            return Ok(Some(self.paused(id, &call.id, approval)));
+                        }
+                        match self.decision(approval, cancel).await? {
+                            Decision::Approved => continue,
+                            Decision::Denied(why) => {
+                                let text = format!(
+                                    "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
+                                );
+                                self.verdict(&call.id, "denied", &why, Some(approval));
+                                self.finish(
+                                    id,
+                                    step,
+                                    key,
+                                    "rejected",
+                                    Some("denied"),
+                                    json!({ "approval": approval, "denied": why }),
+                                    &text,
+                                    true,
+                                    msgs,
+                                )?;
+                                break;
+                            }
+                            Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
+                            Decision::Cancelled => return Ok(Some(interrupted())),
+                        }
+                    }
+                    ToolOutcome::Done {
+                        text,
+                        is_error,
+                        detail,
+                    } => {
+                        let sent = bound(&text, RESULT_LIMIT);
+                        (self.events)(&AgentEvent::Result {
+                            call_id: call.id.clone(),
+                            is_error,
+                            bytes: sent.len(),
+                            detail: detail.clone(),
+                            duration_ms: t0.elapsed().as_millis() as u64,
+                        });
+                        self.finish(
+                            id,
+                            step,
+                            key,
+                            "finished",
+                            None,
+                            json!({ "is_error": is_error, "detail": detail }),
+                            &sent,
+                            is_error,
+                            msgs,
+                        )?;
+                        if cancel.is_cancelled() {
+                            return Ok(Some(interrupted()));
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    pub(super) fn verdict(
+        &self,
+        call_id: &str,
+        verdict: &str,
+        detail: &str,
+        approval: Option<i64>,
+    ) {
+        (self.events)(&AgentEvent::Verdict {
+            call_id: call_id.into(),
+            verdict: verdict.into(),
+            detail: detail.into(),
+            approval,
+        });
+    }
+
+    pub(super) fn paused(
+        &self,
+        id: &str,
+        call_id: &str,
+        approval: i64,
+    ) -> (RunState, Option<String>, Option<String>) {
+        (
+            RunState::AwaitingApproval,
+            Some(format!(
+                "tool call {call_id} waits for approval #{approval}: answer it with `berth approve {approval}` or `berth deny {approval}`, then carry on with `berth run --resume {id}`"
+            )),
+            None,
+        )
+    }
+
+    /// Where approval `a` stands; with `--wait`, wait until someone answers.
+    pub(super) async fn decision(&self, a: i64, cancel: &CancellationToken) -> Result<Decision> {
+        let mut ap = self.store.approval(a)?;
+        if ap.state == ApprovalState::Pending && self.wait_approvals {
+            // A week: the person decides; the policy's timeout applies to
+            // commands that block, not to a run that is saved either way.
+            let wait = approvals::wait(
+                &self.store,
+                a,
+                Duration::from_secs(7 * 86400),
+                APPROVAL_POLL,
+            );
+            ap = tokio::select! {
+                r = wait => r?,
+                _ = cancel.cancelled() => return Ok(Decision::Cancelled),
+            };
+        }
+        Ok(match ap.state {
+            ApprovalState::Approved => Decision::Approved,
+            ApprovalState::Pending => Decision::Pending(a),
+            ApprovalState::Denied => Decision::Denied(format!(
+                "approval #{a} was denied by {}",
+                ap.decided_by.unwrap_or_else(|| "someone".into())
+            )),
+            ApprovalState::Expired => Decision::Denied(format!(
+                "nobody answered approval #{a} in time, so it was denied"
+            )),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish(
+        &self,
+        id: &str,
+        step: i64,
+        key: (&str, i64, &str, &str),
+        state: &str,
+        verdict: Option<&str>,
+        result: Value,
+        text: &str,
+        is_error: bool,
+        msgs: &mut Vec<(i64, Message)>,
+    ) -> Result<()> {
+        let m = Message::tool(key.0, text, is_error);
+        let result = serde_json::from_str(&(self.redact)(&result.to_string())).unwrap_or(result);
+        journal::call_finished(&self.store, id, step, key, state, verdict, &result, &m)?;
+        msgs.push((step, m));
+        Ok(())
+    }
+}

@@ -1,0 +1,180 @@
+//! Input to a running job: bytes to its stdin, key presses and resizes of a
+//! terminal job, and the screen its terminal shows.
+
+use super::*;
+
+impl Runtime {
+    /// Write to a job's stdin, and optionally close it.
+    pub async fn send_job(&self, id: &str, data: &[u8], eof: bool) -> Result<()> {
+        let job = self.job(id).await?;
+        if job.state.is_final() {
+            return Err(Error::InvalidInput(format!(
+                "job {} has {} ({}); there is no stdin to write to",
+                job.id,
+                job.state.as_str(),
+                job.exit_code
+                    .map(|c| format!("exit {c}"))
+                    .unwrap_or_else(|| "no exit code".into())
+            )));
+        }
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let dir = job.dir(sb.as_ref());
+        if !data.is_empty() {
+            let cmd = format!(
+                "exec timeout 10 cat > {}/in",
+                crate::session::script::quote(&dir)
+            );
+            let c = run_to_end(
+                sb.as_ref(),
+                &argv(&["bash", "-c", &cmd]),
+                Some(data),
+                4096,
+                HELPER_TIMEOUT,
+            )
+            .await?;
+            if c.status.code != Some(0) {
+                return Err(Error::Backend {
+                    backend: sb.kind(),
+                    detail: format!(
+                        "could not write to job {}'s stdin (is it still reading?)",
+                        job.id
+                    ),
+                });
+            }
+        }
+        if eof {
+            let args = argv(&["bash", "-c", script::EOF, "berth-eof", &dir]);
+            let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
+            if c.status.code != Some(0) {
+                return Err(Error::Backend {
+                    backend: sb.kind(),
+                    detail: format!("could not close job {}'s stdin (already closed?)", job.id),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A terminal job, or an error that says it is not one.
+    pub(super) async fn pty_job(&self, id: &str) -> Result<(Job, TermSize)> {
+        let job = self.job(id).await?;
+        match job.pty {
+            Some(size) => Ok((job, size)),
+            None => Err(Error::InvalidInput(format!(
+                "job {} is not on a terminal; start it with `berth job start --pty -- COMMAND` \
+                 for a screen, keys and resizes (its output is in `berth job logs {}`)",
+                job.id, job.id
+            ))),
+        }
+    }
+
+    /// Write key presses (by name: `Enter`, `C-c`, `Up`, ...) to a job.
+    pub async fn send_keys<S: AsRef<str>>(&self, id: &str, keys: &[S]) -> Result<usize> {
+        let bytes = pty::keys_bytes(keys)?;
+        if bytes.is_empty() {
+            return Err(Error::InvalidInput(
+                "no keys to send: name at least one, e.g. `Enter` or `C-c`".into(),
+            ));
+        }
+        self.send_job(id, &bytes, false).await?;
+        Ok(bytes.len())
+    }
+
+    /// Change a terminal job's size; its program gets SIGWINCH.
+    pub async fn resize_job(&self, id: &str, size: TermSize) -> Result<()> {
+        let (job, _) = self.pty_job(id).await?;
+        if job.state.is_final() {
+            return Err(Error::InvalidInput(format!(
+                "job {} has {}; its terminal is gone",
+                job.id,
+                job.state.as_str()
+            )));
+        }
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let args = argv(&[
+            "bash",
+            "-c",
+            script::RESIZE,
+            "berth-resize",
+            &job.dir(sb.as_ref()),
+            &size.cols.to_string(),
+            &size.rows.to_string(),
+        ]);
+        let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
+        if c.status.code != Some(0) {
+            return Err(Error::Backend {
+                backend: sb.kind(),
+                detail: format!(
+                    "could not resize job {}'s terminal: {}",
+                    job.id,
+                    String::from_utf8_lossy(&c.stderr).trim()
+                ),
+            });
+        }
+        self.store().note_pty(&job.id, size)?;
+        Ok(())
+    }
+
+    /// A terminal emulator fed with a terminal job's output so far (its last
+    /// [`SCREEN_TAIL`] bytes at most: a screen depends on recent output only,
+    /// and a program that draws full screens redraws them whole).
+    pub async fn job_emulator(&self, id: &str) -> Result<(Job, pty::Emulator)> {
+        let (job, _) = self.pty_job(id).await?;
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sizes = sb
+            .read_file(&format!("{}/sizes", job.dir(sb.as_ref())), 1 << 20)
+            .await
+            .unwrap_or_default();
+        let start = (job.out_bytes.max(0) as u64).saturating_sub(SCREEN_TAIL);
+        let mut emu = pty::Emulator::new(pty::parse_sizes(&String::from_utf8_lossy(&sizes)), start);
+        let mut sink = |b: &[u8]| emu.feed(b);
+        self.job_logs(&job.id, start, false, &mut sink).await?;
+        Ok((job, emu))
+    }
+
+    /// The screen of a terminal job, as a terminal showing it would look now.
+    pub async fn job_screen(&self, id: &str) -> Result<pty::Screen> {
+        Ok(self.job_emulator(id).await?.1.screen())
+    }
+
+    /// A stream into a job's stdin that stays open (`berth attach`'s keys),
+    /// rather than one helper per write as [`Runtime::send_job`] does.
+    pub async fn job_input(&self, id: &str) -> Result<JobInput> {
+        let job = self.job(id).await?;
+        if job.state.is_final() {
+            return Err(Error::InvalidInput(format!(
+                "job {} has {}; there is no stdin to write to",
+                job.id,
+                job.state.as_str()
+            )));
+        }
+        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let cmd = format!(
+            "exec cat > {}/in",
+            crate::session::script::quote(&job.dir(sb.as_ref()))
+        );
+        let opts = SpawnOpts {
+            helper: true,
+            ..SpawnOpts::default()
+        };
+        let mut process = sb.spawn(&argv(&["bash", "-c", &cmd]), opts).await?;
+        let stdin = process.take_stdin().ok_or_else(|| Error::Backend {
+            backend: sb.kind(),
+            detail: "the input helper has no stdin".into(),
+        })?;
+        Ok(JobInput {
+            stdin,
+            _process: process,
+        })
+    }
+}
+
+/// The last output a screen is rendered from.
+pub const SCREEN_TAIL: u64 = 4 << 20;
+
+/// An open stdin of a job: write to `stdin`; dropping it closes the helper.
+pub struct JobInput {
+    /// Bytes written here reach the job's stdin (its terminal, for a terminal job).
+    pub stdin: crate::backend::BoxWrite,
+    _process: Box<dyn crate::backend::Process>,
+}

@@ -1,0 +1,249 @@
+//! Watching jobs from outside: a refresh asks the sandbox how each unfinished
+//! job stands, turns transitions into events, and scans new output for the
+//! job's watch patterns; `wait_job` waits for a job's end.
+
+use std::time::Duration;
+
+use super::*;
+
+impl Runtime {
+    pub(super) async fn refresh_group(
+        &self,
+        backend: &str,
+        sandbox: &str,
+        jobs: Vec<Job>,
+    ) -> Result<()> {
+        let sb = match self.attach(backend, sandbox).await {
+            Ok(sb) => sb,
+            Err(e) => {
+                for mut j in jobs {
+                    self.end_job(
+                        &mut j,
+                        JobState::Lost,
+                        None,
+                        Some(format!("its sandbox is unavailable: {e}")),
+                    )?;
+                }
+                return Ok(());
+            }
+        };
+        let base = format!("{}/jobs", sb.layout().berth_dir);
+        let mut args = argv(&["bash", "-c", script::STATUS, "berth-status", &base]);
+        args.extend(jobs.iter().map(|j| j.id.clone()));
+        let c = run_to_end(sb.as_ref(), &args, None, 1 << 20, HELPER_TIMEOUT).await?;
+        let text = String::from_utf8_lossy(&c.stdout).into_owned();
+        for mut job in jobs {
+            let line = text
+                .lines()
+                .find(|l| l.split(' ').next() == Some(job.id.as_str()));
+            let fields: Vec<&str> = line.map(|l| l.split(' ').collect()).unwrap_or_default();
+            let (state, status, size) = match fields.as_slice() {
+                [_, st, status, size] => (*st, *status, *size),
+                _ => ("missing", "-", "-"),
+            };
+            if let Ok(n) = size.parse::<i64>() {
+                job.out_bytes = n;
+            }
+            if !job.watch.is_empty() {
+                self.scan_watch(sb.as_ref(), &mut job, state != "running")
+                    .await?;
+            }
+            match state {
+                "running" => {
+                    if job.state == JobState::Starting {
+                        job.state = JobState::Running;
+                    }
+                    self.store().save_job(&job)?;
+                }
+                "exited" => {
+                    let code = status.parse::<i64>().ok();
+                    let killed = job.kill_signal.is_some() && code.is_some_and(|c| c > 128);
+                    let st = if killed {
+                        JobState::Killed
+                    } else {
+                        JobState::Exited
+                    };
+                    self.end_job(&mut job, st, code, None)?;
+                }
+                // Its launcher has saved the row but not yet started the wrapper
+                // (it may be waiting for the sandbox's session): still starting.
+                "missing" | "unlaunched"
+                    if job.state == JobState::Starting
+                        && now_ms() - job.created_at < LAUNCH_GRACE.as_millis() as i64 => {}
+                "missing" | "unlaunched" if job.state == JobState::Starting => {
+                    self.end_job(
+                        &mut job,
+                        JobState::Lost,
+                        None,
+                        Some("its launch never finished (berth stopped while starting it?)".into()),
+                    )?;
+                }
+                "lost" | "unlaunched" => {
+                    let why = if job.kill_signal.is_some() {
+                        "it was killed along with the process that waited for it"
+                    } else {
+                        "its process is gone and no exit status was recorded (killed from outside, or the sandbox restarted)"
+                    };
+                    self.end_job(&mut job, JobState::Lost, None, Some(why.into()))?;
+                }
+                _ => {
+                    self.end_job(
+                        &mut job,
+                        JobState::Lost,
+                        None,
+                        Some("its directory is gone from the sandbox (the sandbox was recreated or wiped)".into()),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn end_job(
+        &self,
+        job: &mut Job,
+        state: JobState,
+        code: Option<i64>,
+        reason: Option<String>,
+    ) -> Result<()> {
+        job.state = state;
+        job.exit_code = code;
+        // A kill's own account (an escalation to SIGKILL) outlives the ending.
+        if reason.is_some() || state != JobState::Killed {
+            job.reason = reason;
+        }
+        job.ended_at = Some(now_ms());
+        if !self.store().save_job(job)? {
+            // Another waiter recorded this ending first, with its event.
+            return Ok(());
+        }
+        self.job_event(job, &format!("job.{}", state.as_str()), None)
+    }
+
+    /// Scan output past `scan_offset` for the job's watch patterns and record
+    /// matches as events, at most a few per refresh; the rest are counted.
+    pub(super) async fn scan_watch(
+        &self,
+        sb: &dyn Sandbox,
+        job: &mut Job,
+        ended: bool,
+    ) -> Result<()> {
+        let patterns: Vec<Regex> = job
+            .watch
+            .iter()
+            .filter_map(|w| Regex::new(w).ok())
+            .collect();
+        let file = crate::session::script::quote(&format!("{}/out", job.dir(sb)));
+        let mut recorded = 0usize;
+        let mut dropped = 0usize;
+        // Names this refresh's scan, so a reader can check the limit per refresh.
+        let window = job.scan_offset;
+        loop {
+            let cmd = format!(
+                "tail -c +{} -- {file} 2>/dev/null | head -c {SCAN_CHUNK}",
+                job.scan_offset + 1
+            );
+            let data = run_to_end(
+                sb,
+                &argv(&["bash", "-c", &cmd]),
+                None,
+                SCAN_CHUNK,
+                HELPER_TIMEOUT,
+            )
+            .await?
+            .stdout;
+            let full = data.len() >= SCAN_CHUNK;
+            // Whole lines only while the job runs: a partial line is scanned once complete.
+            let usable = match memchr::memrchr(b'\n', &data) {
+                _ if ended => data.len(),
+                Some(i) => i + 1,
+                None if full => data.len(),
+                None => 0,
+            };
+            for line in data[..usable].split(|b| *b == b'\n') {
+                let text = String::from_utf8_lossy(line);
+                let Some(src) = patterns
+                    .iter()
+                    .zip(&job.watch)
+                    .find(|(re, _)| re.is_match(&text))
+                    .map(|(_, s)| s)
+                else {
+                    continue;
+                };
+                if recorded < WATCH_EVENTS_PER_REFRESH {
+                    recorded += 1;
+                    let shown: String = text.chars().take(500).collect();
+                    self.job_event(
+                        job,
+                        "job.watch",
+                        Some(
+                            serde_json::json!({ "pattern": src, "line": shown, "window": window }),
+                        ),
+                    )?;
+                } else {
+                    dropped += 1;
+                }
+            }
+            job.scan_offset += usable as i64;
+            if !full {
+                break;
+            }
+        }
+        if dropped > 0 {
+            self.job_event(
+                job,
+                "job.watch.dropped",
+                Some(serde_json::json!({
+                    "dropped": dropped,
+                    "limit": WATCH_EVENTS_PER_REFRESH,
+                    "window": window,
+                })),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Wait for a job to end, up to `timeout`. Returns the job as it then stands.
+    pub async fn wait_job(&self, id: &str, timeout: Option<Duration>) -> Result<Job> {
+        let job = self.job(id).await?;
+        if job.state.is_final() {
+            return Ok(job);
+        }
+        let wait = async {
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let sb = self.attach(&job.backend, &job.sandbox).await?;
+                let args = argv(&[
+                    "bash",
+                    "-c",
+                    script::WAIT,
+                    "berth-wait",
+                    &job.dir(sb.as_ref()),
+                ]);
+                run_to_end(
+                    sb.as_ref(),
+                    &args,
+                    None,
+                    4096,
+                    Duration::from_secs(u32::MAX as u64),
+                )
+                .await?;
+                let now = self.job(&job.id).await?;
+                if now.state.is_final() {
+                    return Ok(now);
+                }
+                // Still starting: the waiter found no job to wait on yet. Try
+                // again once the launch has had a moment.
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        };
+        match timeout {
+            Some(t) => match tokio::time::timeout(t, wait).await {
+                Ok(r) => r,
+                Err(_) => self.job(&job.id).await,
+            },
+            None => wait.await,
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Sandboxes as the runtime manages them: created and recorded, listed with
+//! what the backend sees (orphans too), and removed with their sessions.
+
+use super::*;
+
+/// A sandbox as `ls` shows it: what the store knows and what the backend sees.
+#[derive(Clone, Debug, Serialize)]
+pub struct SandboxStatus {
+    /// Backend short name.
+    pub backend: String,
+    /// Sandbox name.
+    pub name: String,
+    /// Live state from the backend, or `missing`.
+    pub state: String,
+    /// The backend's id for it.
+    pub id: Option<String>,
+    /// Creation time, ms since the epoch.
+    pub created_at: Option<i64>,
+    /// Last use, ms since the epoch.
+    pub last_used: Option<i64>,
+    /// True when the backend has it but the store does not (an orphan).
+    pub orphan: bool,
+}
+
+impl Runtime {
+    /// Create a sandbox (or re-attach to it) and record it.
+    pub async fn create_sandbox(
+        &self,
+        backend: &str,
+        spec: SandboxSpec,
+    ) -> Result<(Arc<dyn Sandbox>, bool, Option<String>)> {
+        let b = self.backend(backend).await?;
+        // Written first: if berth dies mid-provision, `ls` still shows the sandbox
+        // and `rm` can clean up whatever the backend made.
+        self.store.put_sandbox(backend, &spec)?;
+        let p = b.provision(&spec).await?;
+        self.store.append(&Event {
+            kind: if p.created {
+                "sandbox.created"
+            } else {
+                "sandbox.attached"
+            }
+            .into(),
+            backend: Some(backend.into()),
+            sandbox: Some(spec.name.clone()),
+            detail: p
+                .recreated
+                .as_ref()
+                .map(|r| serde_json::json!({ "recreated": r }).to_string()),
+            ..Default::default()
+        })?;
+        Ok((p.sandbox, p.created, p.recreated))
+    }
+
+    /// Remove a sandbox from the backend and the store.
+    pub async fn remove_sandbox(&self, backend: &str, name: &str, volumes: bool) -> Result<()> {
+        let slots: Vec<SessionSlot> = {
+            let mut map = self.sessions.lock().await;
+            let keys: Vec<SessionKey> = map
+                .keys()
+                .filter(|k| k.0 == backend && k.1 == name)
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| map.remove(k)).collect()
+        };
+        for slot in slots {
+            // Wait for a running command, then let the shell go.
+            if let Some(s) = slot.lock().await.take() {
+                drop(s.lock().await);
+            }
+        }
+        let known = self.store.sandbox(backend, name)?.is_some();
+        let b = self.backend(backend).await?;
+        let removed = match b.remove(name, RemoveOpts { volumes }).await {
+            Ok(()) => true,
+            Err(Error::NotFound { .. }) => false,
+            Err(e) => return Err(e),
+        };
+        self.store.delete_sandbox(backend, name)?;
+        if !known && !removed {
+            return Err(Error::NotFound {
+                what: "sandbox",
+                name: name.into(),
+                hint: format!("list them with `berth sandbox ls --backend {backend}`"),
+            });
+        }
+        self.store.append(&Event {
+            kind: "sandbox.removed".into(),
+            backend: Some(backend.into()),
+            sandbox: Some(name.into()),
+            ..Default::default()
+        })?;
+        Ok(())
+    }
+
+    /// Sandboxes of one backend: the store's rows joined with the backend's view.
+    pub async fn list_sandboxes(&self, backend: &str) -> Result<Vec<SandboxStatus>> {
+        let rows = self.store.sandboxes(Some(backend))?;
+        let live: Vec<SandboxInfo> = self.backend(backend).await?.list().await?;
+        let mut out: Vec<SandboxStatus> = rows
+            .iter()
+            .map(|r| {
+                let l = live.iter().find(|l| l.name == r.name);
+                SandboxStatus {
+                    backend: backend.into(),
+                    name: r.name.clone(),
+                    state: l
+                        .map(|l| l.state.clone())
+                        .unwrap_or_else(|| "missing".into()),
+                    id: l.map(|l| l.id.clone()),
+                    created_at: Some(r.created_at),
+                    last_used: Some(r.last_used),
+                    orphan: false,
+                }
+            })
+            .collect();
+        for l in live {
+            if !rows.iter().any(|r| r.name == l.name) {
+                out.push(SandboxStatus {
+                    backend: backend.into(),
+                    name: l.name,
+                    state: l.state,
+                    id: Some(l.id),
+                    created_at: l.created_unix.map(|s| s * 1000),
+                    last_used: None,
+                    orphan: true,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The stored row of a sandbox, creating `default` on first use.
+    pub(super) fn sandbox_row(&self, backend: &str, name: &str) -> Result<SandboxRow> {
+        if let Some(row) = self.store.sandbox(backend, name)? {
+            return Ok(row);
+        }
+        if name == DEFAULT_SANDBOX {
+            self.store.put_sandbox(backend, &SandboxSpec::named(name))?;
+            if let Some(row) = self.store.sandbox(backend, name)? {
+                return Ok(row);
+            }
+        }
+        Err(Error::NotFound {
+            what: "sandbox",
+            name: name.into(),
+            hint: format!(
+                "create it with `berth sandbox create {name} --backend {backend}`, or list sandboxes with `berth sandbox ls --backend {backend}`"
+            ),
+        })
+    }
+}
