@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use berth_core::approvals::{self, Approval};
+use berth_core::approvals::Approval;
 use berth_core::store::{Event, Store};
 use berth_policies::shell::printable;
 use clap::{Args, Subcommand};
@@ -52,7 +52,7 @@ pub fn ls(state_dir: Option<PathBuf>, cmd: ApprovalsCmd) -> Result<u8> {
     let ApprovalsCmd::Ls(a) = cmd;
     let store = store(state_dir)?;
     let gate = context::gate()?;
-    let list = store.with_db(|c| approvals::list(c, a.all))?;
+    let list = store.approvals(a.all)?;
     if a.json {
         for ap in &list {
             println!("{}", serde_json::to_value(gate.redact_approval(ap))?);
@@ -91,8 +91,7 @@ pub fn answer(state_dir: Option<PathBuf>, a: AnswerArgs, approve: bool) -> Resul
     }
     let store = store(state_dir)?;
     let gate = context::gate()?;
-    let ap: Approval =
-        store.with_db(|c| approvals::decide(c, a.id, approve, a.always && approve, "cli"))?;
+    let ap: Approval = store.decide_approval(a.id, approve, a.always && approve, "cli")?;
     let mut rule_added = None;
     if approve && a.always {
         let path = context::policy_path()?;

@@ -132,7 +132,7 @@ fn main() -> ExitCode {
     // cannot take them, so such a call runs in-process.
     let ssh_flags = format!("{:?}", cli.ssh) != format!("{:?}", ssh_flags::SshFlags::default());
     if ssh_flags && let Err(e) = cli.ssh.options().map(context::set_ssh_options) {
-        eprintln!("berth: error: {e:#}");
+        eprintln!("berth: error: {}", error_text(&e));
         return ExitCode::from(EXIT_BERTH_ERROR);
     }
     let result = rt.block_on(async move {
@@ -168,10 +168,25 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("berth: error: {e:#}");
+            eprintln!("berth: error: {}", error_text(&e));
             ExitCode::from(EXIT_BERTH_ERROR)
         }
     }
+}
+
+/// An error and its causes on one line. berth's errors keep their causes
+/// (`#[source]`) and most also name them in their own message, so a cause is
+/// added only when the text so far does not already say it.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
 }
 
 /// Whether this call goes through the server: `BERTH_SERVER`, except for what

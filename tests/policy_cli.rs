@@ -502,12 +502,9 @@ fn idle_sandboxes_are_reaped() -> TestResult {
     // Make `old` and `keep` look unused for two hours.
     let store = berth_core::store::Store::open(&env.state)?;
     let past = berth_core::store::now_ms() - 2 * 3600 * 1000;
-    store.with_conn(|c| {
-        c.execute(
-            "UPDATE sandboxes SET last_used = ?1 WHERE name IN ('old', 'keep')",
-            [past],
-        )
-    })?;
+    for name in ["old", "keep"] {
+        store.touch_sandbox_at("local", name, past)?;
+    }
     drop(store);
     let o = env.run(&["sandbox", "reap", "--dry-run"])?;
     let out = String::from_utf8_lossy(&o.stdout).into_owned();

@@ -16,31 +16,11 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::backend::now_unix_secs;
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-
-/// The table; migration 2 of the store.
-pub const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS approvals (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    created_unix INTEGER NOT NULL,
-    sandbox      TEXT NOT NULL,
-    backend      TEXT NOT NULL,
-    command      TEXT NOT NULL,
-    part         TEXT NOT NULL,
-    argv_json    TEXT NOT NULL,
-    rule         TEXT NOT NULL,
-    reason       TEXT NOT NULL,
-    state        TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
-    always       INTEGER NOT NULL DEFAULT 0,
-    decided_unix INTEGER,
-    decided_by   TEXT,
-    used         INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS approvals_state ON approvals(state);
-";
 
 /// Where an approval stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,21 +113,14 @@ pub struct Approval {
     pub decided_by: Option<String>,
 }
 
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 /// Write a pending approval and return it.
-pub fn create(conn: &Connection, a: &NewApproval) -> Result<Approval> {
+fn create(conn: &Connection, a: &NewApproval) -> Result<Approval> {
     let argv_json =
         serde_json::to_string(&a.argv).map_err(|e| Error::Store(format!("approval argv: {e}")))?;
     conn.execute(
         "INSERT INTO approvals (created_unix, sandbox, backend, command, part, argv_json, rule, reason, state)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending')",
-        params![now_unix(), a.sandbox, a.backend, a.command, a.part, argv_json, a.rule, a.reason],
+        params![now_unix_secs(), a.sandbox, a.backend, a.command, a.part, argv_json, a.rule, a.reason],
     )?;
     get(conn, conn.last_insert_rowid())
 }
@@ -184,7 +157,7 @@ fn finish((mut a, argv_json, state): (Approval, String, String)) -> Result<Appro
 }
 
 /// One approval by id.
-pub fn get(conn: &Connection, id: i64) -> Result<Approval> {
+fn get(conn: &Connection, id: i64) -> Result<Approval> {
     let found = conn
         .query_row(
             &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
@@ -203,7 +176,7 @@ pub fn get(conn: &Connection, id: i64) -> Result<Approval> {
 }
 
 /// Approvals, newest first; only pending ones unless `all`.
-pub fn list(conn: &Connection, all: bool) -> Result<Vec<Approval>> {
+fn list(conn: &Connection, all: bool) -> Result<Vec<Approval>> {
     let sql = if all {
         format!("SELECT {COLUMNS} FROM approvals ORDER BY id DESC")
     } else {
@@ -219,13 +192,7 @@ pub fn list(conn: &Connection, all: bool) -> Result<Vec<Approval>> {
 }
 
 /// Answer a pending approval. Fails if it is unknown or already decided.
-pub fn decide(
-    conn: &Connection,
-    id: i64,
-    approve: bool,
-    always: bool,
-    by: &str,
-) -> Result<Approval> {
+fn decide(conn: &Connection, id: i64, approve: bool, always: bool, by: &str) -> Result<Approval> {
     let state = if approve {
         ApprovalState::Approved
     } else {
@@ -234,7 +201,7 @@ pub fn decide(
     let n = conn.execute(
         "UPDATE approvals SET state = ?2, always = ?3, decided_unix = ?4, decided_by = ?5
          WHERE id = ?1 AND state = 'pending'",
-        params![id, state.as_str(), always as i64, now_unix(), by],
+        params![id, state.as_str(), always as i64, now_unix_secs(), by],
     )?;
     let a = get(conn, id)?;
     if n == 0 {
@@ -249,11 +216,11 @@ pub fn decide(
 
 /// Deny a still-pending approval because nobody answered in time.
 /// Returns the final row, whatever decided it.
-pub fn expire(conn: &Connection, id: i64) -> Result<Approval> {
+fn expire(conn: &Connection, id: i64) -> Result<Approval> {
     conn.execute(
         "UPDATE approvals SET state = 'expired', decided_unix = ?2, decided_by = 'timeout'
          WHERE id = ?1 AND state = 'pending'",
-        params![id, now_unix()],
+        params![id, now_unix_secs()],
     )?;
     get(conn, id)
 }
@@ -262,7 +229,7 @@ pub fn expire(conn: &Connection, id: i64) -> Result<Approval> {
 /// new ask: a pending one (its asker may have died with a restart of berth)
 /// or an approved one not yet used. Lets an answer given after a restart
 /// count when the command is run again.
-pub fn find_reusable(
+fn find_reusable(
     conn: &Connection,
     sandbox: &str,
     backend: &str,
@@ -282,9 +249,78 @@ pub fn find_reusable(
 }
 
 /// Mark an approved approval as spent, so it lets one run through, not many.
-pub fn mark_used(conn: &Connection, id: i64) -> Result<()> {
+fn mark_used(conn: &Connection, id: i64) -> Result<()> {
     conn.execute("UPDATE approvals SET used = 1 WHERE id = ?1", params![id])?;
     Ok(())
+}
+
+/// Approvals in the state store, one typed method per question.
+impl Store {
+    /// Record a new pending approval.
+    pub fn create_approval(&self, a: &NewApproval) -> Result<Approval> {
+        self.with_db(|c| create(c, a))
+    }
+
+    /// An approval by id.
+    pub fn approval(&self, id: i64) -> Result<Approval> {
+        self.with_db(|c| get(c, id))
+    }
+
+    /// Pending approvals, or every approval with `all`.
+    pub fn approvals(&self, all: bool) -> Result<Vec<Approval>> {
+        self.with_db(|c| list(c, all))
+    }
+
+    /// Answer a pending approval; fails if it is unknown or already decided.
+    pub fn decide_approval(
+        &self,
+        id: i64,
+        approve: bool,
+        always: bool,
+        by: &str,
+    ) -> Result<Approval> {
+        self.with_db(|c| decide(c, id, approve, always, by))
+    }
+
+    /// Expire a still-pending approval; returns the final row.
+    pub fn expire_approval(&self, id: i64) -> Result<Approval> {
+        self.with_db(|c| expire(c, id))
+    }
+
+    /// A pending, or approved and unused, approval for exactly this command.
+    pub fn reusable_approval(
+        &self,
+        sandbox: &str,
+        backend: &str,
+        command: &str,
+    ) -> Result<Option<Approval>> {
+        self.with_db(|c| find_reusable(c, sandbox, backend, command))
+    }
+
+    /// The newest unused approval for exactly this command, whatever its state.
+    pub fn latest_approval(
+        &self,
+        sandbox: &str,
+        backend: &str,
+        command: &str,
+    ) -> Result<Option<Approval>> {
+        self.with_db(|c| {
+            let id: Option<i64> = c
+                .query_row(
+                    "SELECT id FROM approvals WHERE sandbox = ?1 AND backend = ?2 AND command = ?3 AND used = 0
+                     ORDER BY id DESC LIMIT 1",
+                    params![sandbox, backend, command],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            id.map(|id| get(c, id)).transpose()
+        })
+    }
+
+    /// Mark an approval spent.
+    pub fn mark_approval_used(&self, id: i64) -> Result<()> {
+        self.with_db(|c| mark_used(c, id))
+    }
 }
 
 /// Wait until approval `id` is decided or `timeout` passes (then it expires).
@@ -292,13 +328,13 @@ pub fn mark_used(conn: &Connection, id: i64) -> Result<()> {
 pub async fn wait(store: &Store, id: i64, timeout: Duration, poll: Duration) -> Result<Approval> {
     let deadline = Instant::now() + timeout;
     loop {
-        let a = store.with_db(|c| get(c, id))?;
+        let a = store.approval(id)?;
         if a.state != ApprovalState::Pending {
             return Ok(a);
         }
         let now = Instant::now();
         if now >= deadline {
-            return store.with_db(|c| expire(c, id));
+            return store.expire_approval(id);
         }
         tokio::time::sleep(poll.min(deadline - now)).await;
     }
@@ -325,40 +361,38 @@ mod tests {
     async fn lifecycle_across_stores() {
         let dir = tempfile::tempdir().unwrap();
         let a = Store::open(dir.path()).unwrap();
-        let p = a.with_db(|c| create(c, &ask())).unwrap();
+        let p = a.create_approval(&ask()).unwrap();
         assert_eq!(p.state, ApprovalState::Pending);
-        assert_eq!(a.with_db(|c| list(c, false)).unwrap().len(), 1);
+        assert_eq!(a.approvals(false).unwrap().len(), 1);
         // Another store (another process in real use) answers.
         let b = Store::open(dir.path()).unwrap();
         let waiter = wait(&a, p.id, Duration::from_secs(10), Duration::from_millis(10));
         let answer = async {
             tokio::task::yield_now().await;
-            b.with_db(|c| decide(c, p.id, true, true, "cli")).unwrap()
+            b.decide_approval(p.id, true, true, "cli").unwrap()
         };
         let (got, _) = tokio::join!(waiter, answer);
         let got = got.unwrap();
         assert_eq!(got.state, ApprovalState::Approved);
         assert!(got.always);
         assert_eq!(got.argv, ask().argv);
-        assert!(a.with_db(|c| list(c, false)).unwrap().is_empty());
+        assert!(a.approvals(false).unwrap().is_empty());
         let again = b
-            .with_db(|c| decide(c, p.id, false, false, "cli"))
+            .decide_approval(p.id, false, false, "cli")
             .unwrap_err()
             .to_string();
         assert!(again.contains("already approved"), "{again}");
         let missing = b
-            .with_db(|c| decide(c, 999, true, false, "cli"))
+            .decide_approval(999, true, false, "cli")
             .unwrap_err()
             .to_string();
         assert!(missing.contains("not found"), "{missing}");
         // An approved, unused approval stands for the same command once.
-        let r = a
-            .with_db(|c| find_reusable(c, "s", "local", "git push -f"))
-            .unwrap();
+        let r = a.reusable_approval("s", "local", "git push -f").unwrap();
         assert_eq!(r.map(|r| r.id), Some(p.id));
-        a.with_db(|c| mark_used(c, p.id)).unwrap();
+        a.mark_approval_used(p.id).unwrap();
         assert!(
-            a.with_db(|c| find_reusable(c, "s", "local", "git push -f"))
+            a.reusable_approval("s", "local", "git push -f")
                 .unwrap()
                 .is_none()
         );
@@ -368,7 +402,7 @@ mod tests {
     async fn unanswered_approvals_expire_denied() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let p = store.with_db(|c| create(c, &ask())).unwrap();
+        let p = store.create_approval(&ask()).unwrap();
         let got = wait(
             &store,
             p.id,
@@ -380,10 +414,6 @@ mod tests {
         assert_eq!(got.state, ApprovalState::Expired);
         assert_eq!(got.decided_by.as_deref(), Some("timeout"));
         // A late answer cannot turn it into a yes.
-        assert!(
-            store
-                .with_db(|c| decide(c, p.id, true, false, "cli"))
-                .is_err()
-        );
+        assert!(store.decide_approval(p.id, true, false, "cli").is_err());
     }
 }

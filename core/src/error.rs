@@ -111,9 +111,28 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// The state store failed.
+    /// The state store failed: berth's own account of it.
     #[error("state store: {0}")]
     Store(String),
+
+    /// The state store's database refused a statement.
+    #[error("state store: {source}")]
+    Database {
+        /// SQLite's error, kept whole (code and all).
+        source: rusqlite::Error,
+    },
+
+    /// A backend call failed with its own library's error, kept as the cause
+    /// (an HTTP, SSH or Docker API error).
+    #[error("{backend}: {detail}")]
+    BackendCall {
+        /// The backend's short name.
+        backend: &'static str,
+        /// What failed, and what to do next.
+        detail: String,
+        /// The library's error.
+        source: BoxError,
+    },
 
     /// A policy refused the command (a deny rule, or an ask that was denied or
     /// timed out).
@@ -139,24 +158,6 @@ fn hint_suffix(hint: &str) -> String {
 }
 
 impl Error {
-    /// The same error with secrets masked in what it shows.
-    pub fn redacted(self, gate: &crate::gate::Gate) -> Self {
-        match self {
-            Error::Denied {
-                rule,
-                reason,
-                part,
-                hint,
-            } => Error::Denied {
-                rule,
-                reason: gate.redact(&reason).into_owned(),
-                part: gate.redact(&part).into_owned(),
-                hint,
-            },
-            other => other,
-        }
-    }
-
     /// A stream I/O error with context.
     pub fn stream(context: &'static str, source: std::io::Error) -> Self {
         Error::Stream { context, source }
@@ -171,6 +172,29 @@ impl Error {
         }
     }
 
+    /// A backend error caused by `source`, which the error keeps.
+    pub fn backend_call(
+        backend: &'static str,
+        detail: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::BackendCall {
+            backend,
+            detail: detail.into(),
+            source: source.into(),
+        }
+    }
+
+    /// True when SQLite said the database is locked by another connection.
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            Error::Database {
+                source: rusqlite::Error::SqliteFailure(f, _)
+            } if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        )
+    }
+
     /// True when the error means the sandbox itself is gone.
     pub fn is_sandbox_gone(&self) -> bool {
         matches!(self, Error::SandboxGone { .. })
@@ -178,10 +202,13 @@ impl Error {
 }
 
 impl From<rusqlite::Error> for Error {
-    fn from(e: rusqlite::Error) -> Self {
-        Error::Store(e.to_string())
+    fn from(source: rusqlite::Error) -> Self {
+        Error::Database { source }
     }
 }
+
+/// A library's error, boxed so a variant can keep it as its source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// berth-core's result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

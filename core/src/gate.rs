@@ -212,8 +212,7 @@ impl Gate {
                 .redacted(self))
             }
             Action::Ask => {
-                let existing =
-                    store.with_db(|c| approvals::find_reusable(c, sandbox, backend, command))?;
+                let existing = store.reusable_approval(sandbox, backend, command)?;
                 let pending = match existing {
                     Some(a) if a.state == ApprovalState::Approved => a,
                     Some(a) => {
@@ -221,19 +220,14 @@ impl Gate {
                         a
                     }
                     None => {
-                        let a = store.with_db(|c| {
-                            approvals::create(
-                                c,
-                                &NewApproval {
-                                    sandbox: sandbox.into(),
-                                    backend: backend.into(),
-                                    command: command.into(),
-                                    part: verdict.part.clone(),
-                                    argv: verdict.argv.clone(),
-                                    rule: verdict.rule.clone(),
-                                    reason: verdict.reason.clone(),
-                                },
-                            )
+                        let a = store.create_approval(&NewApproval {
+                            sandbox: sandbox.into(),
+                            backend: backend.into(),
+                            command: command.into(),
+                            part: verdict.part.clone(),
+                            argv: verdict.argv.clone(),
+                            rule: verdict.rule.clone(),
+                            reason: verdict.reason.clone(),
                         })?;
                         store.append(&event(
                             "approval.requested",
@@ -258,7 +252,7 @@ impl Gate {
                     .unwrap_or_else(|| "unknown".into());
                 match decided.state {
                     ApprovalState::Approved => {
-                        store.with_db(|c| approvals::mark_used(c, id))?;
+                        store.mark_approval_used(id)?;
                         store.append(&event(
                             "approval.granted",
                             json!({ "approval": id, "by": by, "always": decided.always }),
@@ -345,6 +339,26 @@ impl OutputFilter for RedactFilter {
 
     fn finish(&mut self, out: &mut Vec<u8>) {
         self.stream.finish(&self.gate.redactor, out);
+    }
+}
+
+impl Error {
+    /// The same error with secrets masked in what it shows.
+    pub fn redacted(self, gate: &Gate) -> Self {
+        match self {
+            Error::Denied {
+                rule,
+                reason,
+                part,
+                hint,
+            } => Error::Denied {
+                rule,
+                reason: gate.redact(&reason).into_owned(),
+                part: gate.redact(&part).into_owned(),
+                hint,
+            },
+            other => other,
+        }
     }
 }
 

@@ -18,59 +18,6 @@ use super::provider::{Attempt, Message, Usage};
 use crate::error::{Error, Result};
 use crate::store::{Store, now_ms};
 
-/// The tables; a migration of the store.
-pub const SCHEMA: &str = "
-CREATE TABLE runs (
-    id          TEXT PRIMARY KEY,
-    created_ms  INTEGER NOT NULL,
-    updated_ms  INTEGER NOT NULL,
-    task        TEXT NOT NULL,
-    backend     TEXT NOT NULL,
-    sandbox     TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    reason      TEXT,
-    setup       TEXT NOT NULL,
-    parent      TEXT,
-    parent_step INTEGER,
-    owner_pid   INTEGER
-);
-CREATE TABLE run_messages (
-    run_id  TEXT NOT NULL REFERENCES runs(id),
-    seq     INTEGER NOT NULL,
-    step    INTEGER NOT NULL,
-    ts_ms   INTEGER NOT NULL,
-    body    TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE run_steps (
-    run_id      TEXT NOT NULL REFERENCES runs(id),
-    step        INTEGER NOT NULL,
-    provider    TEXT,
-    attempts    TEXT NOT NULL,
-    usage       TEXT NOT NULL,
-    cost        REAL,
-    started_ms  INTEGER NOT NULL,
-    ended_ms    INTEGER NOT NULL,
-    summary     INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (run_id, step)
-);
-CREATE TABLE run_calls (
-    run_id      TEXT NOT NULL REFERENCES runs(id),
-    call_id     TEXT NOT NULL,
-    step        INTEGER NOT NULL,
-    idx         INTEGER NOT NULL,
-    name        TEXT NOT NULL,
-    args        TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    verdict     TEXT,
-    approval    INTEGER,
-    result      TEXT,
-    started_ms  INTEGER NOT NULL,
-    ended_ms    INTEGER,
-    PRIMARY KEY (run_id, call_id)
-);
-";
-
 /// Why a run stopped (or that it has not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -16,73 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::backend::SandboxSpec;
 use crate::error::{Error, Result};
 
-/// The schema, one entry per version. Never edit a shipped entry: append a new one.
-const MIGRATIONS: &[&str] = &[
-    // 1: sandboxes, sessions, the event log.
-    r#"
-    CREATE TABLE sandboxes (
-        backend     TEXT NOT NULL,
-        name        TEXT NOT NULL,
-        spec        TEXT NOT NULL,
-        created_at  INTEGER NOT NULL,
-        last_used   INTEGER NOT NULL,
-        PRIMARY KEY (backend, name)
-    );
-    CREATE TABLE sessions (
-        backend     TEXT NOT NULL,
-        sandbox     TEXT NOT NULL,
-        name        TEXT NOT NULL,
-        created_at  INTEGER NOT NULL,
-        last_used   INTEGER NOT NULL,
-        commands    INTEGER NOT NULL DEFAULT 0,
-        cwd         TEXT,
-        PRIMARY KEY (backend, sandbox, name)
-    );
-    CREATE TABLE events (
-        id          INTEGER PRIMARY KEY AUTOINCREMENT,
-        ts_ms       INTEGER NOT NULL,
-        kind        TEXT NOT NULL,
-        call_id     TEXT,
-        backend     TEXT,
-        sandbox     TEXT,
-        session     TEXT,
-        command     TEXT,
-        verdict     TEXT,
-        exit_code   INTEGER,
-        duration_ms INTEGER,
-        bytes_out   INTEGER,
-        detail      TEXT
-    );
-    CREATE INDEX events_call ON events(call_id);
-    "#,
-    // 2: background jobs.
-    r#"
-    CREATE TABLE jobs (
-        id          TEXT PRIMARY KEY,
-        name        TEXT,
-        backend     TEXT NOT NULL,
-        sandbox     TEXT NOT NULL,
-        command     TEXT NOT NULL,
-        state       TEXT NOT NULL,
-        exit_code   INTEGER,
-        pid         INTEGER,
-        created_at  INTEGER NOT NULL,
-        ended_at    INTEGER,
-        reason      TEXT,
-        watch       TEXT NOT NULL DEFAULT '[]',
-        scan_offset INTEGER NOT NULL DEFAULT 0,
-        out_bytes   INTEGER NOT NULL DEFAULT 0,
-        kill_signal TEXT
-    );
-    CREATE INDEX jobs_name ON jobs(name);
-    "#,
-    // 3: approvals.
-    crate::approvals::SCHEMA,
-    // 4: agent runs (`berth run`): the journal of every step and tool call.
-    crate::agent::journal::SCHEMA,
-    // 5: terminal jobs: the size of a job's terminal, `COLSxROWS` (NULL: none).
-    "ALTER TABLE jobs ADD COLUMN pty TEXT;",
-];
+mod migrations;
+
+use migrations::MIGRATIONS;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -162,7 +98,7 @@ impl Store {
                 path.display()
             ))
         })?;
-        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.busy_handler(Some(wait_while_busy))?;
         // Processes opening a new database at once race to switch it to WAL;
         // the loser gets SQLITE_BUSY without a busy wait, so it tries again.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -282,9 +218,14 @@ impl Store {
 
     /// Mark a sandbox used now.
     pub fn touch_sandbox(&self, backend: &str, name: &str) -> Result<()> {
+        self.touch_sandbox_at(backend, name, now_ms())
+    }
+
+    /// Mark a sandbox last used at `at_ms` (ms since the epoch).
+    pub fn touch_sandbox_at(&self, backend: &str, name: &str, at_ms: i64) -> Result<()> {
         self.conn()?.execute(
             "UPDATE sandboxes SET last_used = ?3 WHERE backend = ?1 AND name = ?2",
-            params![backend, name, now_ms()],
+            params![backend, name, at_ms],
         )?;
         Ok(())
     }
@@ -388,20 +329,49 @@ impl Store {
     }
 
     /// Like [`Store::with_conn`], for functions that return berth's own `Result`.
-    pub fn with_db<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    pub(crate) fn with_db<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.conn()?;
         f(&conn)
     }
 
-    /// Run `f` with the raw connection, for modules that own tables of their own
-    /// (jobs, approvals). They add their schema through [`MIGRATIONS`].
-    pub fn with_conn<T>(
+    /// Run `f` with the raw connection, for the modules that own tables of their
+    /// own (jobs, approvals, the agent's journal) and put typed methods over
+    /// them. Their schema is in [`migrations`]. Never handed outside the crate.
+    pub(crate) fn with_conn<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
     ) -> Result<T> {
         let mut conn = self.conn()?;
         Ok(f(&mut conn)?)
     }
+}
+
+/// How long a statement waits in all for another connection's write lock
+/// before it fails with SQLITE_BUSY.
+const BUSY_WAIT: Duration = Duration::from_secs(10);
+
+/// SQLite's busy handler: called with the number of times it was already
+/// called for this statement; true waits a little and tries again. The wait
+/// never stalls an async runtime: on a worker of a multi-threaded tokio
+/// runtime (`berth serve`, the MCP server), the worker hands its other tasks
+/// to another thread while this one sleeps. The fast path, no other writer,
+/// never gets here and costs nothing.
+fn wait_while_busy(calls: i32) -> bool {
+    const STEPS_MS: [u64; 6] = [1, 2, 5, 10, 20, 50];
+    let step = |i: i32| STEPS_MS[(i.max(0) as usize).min(STEPS_MS.len() - 1)];
+    let waited: u64 = (0..calls).map(step).sum();
+    if waited >= BUSY_WAIT.as_millis() as u64 {
+        return false;
+    }
+    let pause = Duration::from_millis(step(calls));
+    let on_worker = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if on_worker {
+        tokio::task::block_in_place(|| std::thread::sleep(pause));
+    } else {
+        std::thread::sleep(pause);
+    }
+    true
 }
 
 /// Create `dir` (and missing parents) readable by this user only, and take
@@ -519,6 +489,48 @@ mod tests {
             Err(Error::Store(m)) => assert!(m.contains("newer"), "{m}"),
             other => panic!("expected a schema error, got {:?}", other.map(|_| ())),
         }
+        Ok(())
+    }
+
+    /// Another process holding the write lock makes a statement wait, but on a
+    /// multi-threaded runtime (the server's) the waiting worker hands its other
+    /// tasks on: they keep running, and the write lands once the lock is free.
+    #[test]
+    fn a_write_waiting_for_the_lock_does_not_stall_other_tasks() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
+        let store = std::sync::Arc::new(Store::open(dir.path())?);
+        let other = Connection::open(dir.path().join("berth.db"))?;
+        other.execute_batch("BEGIN IMMEDIATE")?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| Error::stream("runtime", e))?;
+        rt.block_on(async {
+            let s = store.clone();
+            let write = tokio::spawn(async move {
+                s.append(&Event {
+                    kind: "waited".into(),
+                    ..Event::default()
+                })
+            });
+            // Let the one worker take the write and block on the lock.
+            std::thread::sleep(Duration::from_millis(100));
+            let other_task = tokio::spawn(async {
+                for _ in 0..10 {
+                    tokio::task::yield_now().await;
+                }
+            });
+            other_task.await.map_err(|e| Error::Store(e.to_string()))?;
+            assert!(
+                !write.is_finished(),
+                "the write should still be waiting for the lock"
+            );
+            other.execute_batch("COMMIT")?;
+            write.await.map_err(|e| Error::Store(e.to_string()))??;
+            Ok::<(), Error>(())
+        })?;
+        assert_eq!(store.events(0, 10, None)?.len(), 1);
         Ok(())
     }
 }

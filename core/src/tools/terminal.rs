@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use berth_policies::{Action, Verdict};
-use rusqlite::{OptionalExtension, params};
 use serde_json::json;
 
 use super::args::TerminalArgs;
@@ -242,17 +241,7 @@ fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOu
     let ctx = call.ctx;
     let rt = &ctx.runtime;
     let store = rt.store();
-    let latest = store.with_db(|c| {
-        let id: Option<i64> = c
-            .query_row(
-                "SELECT id FROM approvals WHERE sandbox = ?1 AND backend = ?2 AND command = ?3 AND used = 0
-                 ORDER BY id DESC LIMIT 1",
-                params![ctx.sandbox, ctx.backend, subject],
-                |r| r.get(0),
-            )
-            .optional()?;
-        id.map(|id| approvals::get(c, id)).transpose()
-    });
+    let latest = store.latest_approval(&ctx.sandbox, &ctx.backend, subject);
     let latest = latest.map_err(ToolOutcome::from)?;
     let awaiting = |id: i64| {
         ToolOutcome::new(
@@ -269,7 +258,7 @@ fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOu
         Some(a) if a.state == ApprovalState::Pending => Err(awaiting(a.id)),
         Some(a) => {
             // Denied or expired: this answer is spent on this call.
-            let _ = store.with_db(|c| approvals::mark_used(c, a.id));
+            let _ = store.mark_approval_used(a.id);
             let why = if a.state == ApprovalState::Expired {
                 format!("nobody answered approval #{} in time", a.id)
             } else {
@@ -291,19 +280,14 @@ fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOu
         }
         None => {
             let a = store
-                .with_db(|c| {
-                    approvals::create(
-                        c,
-                        &NewApproval {
-                            sandbox: ctx.sandbox.clone(),
-                            backend: ctx.backend.clone(),
-                            command: subject.into(),
-                            part: verdict.part.clone(),
-                            argv: verdict.argv.clone(),
-                            rule: verdict.rule.clone(),
-                            reason: verdict.reason.clone(),
-                        },
-                    )
+                .create_approval(&NewApproval {
+                    sandbox: ctx.sandbox.clone(),
+                    backend: ctx.backend.clone(),
+                    command: subject.into(),
+                    part: verdict.part.clone(),
+                    argv: verdict.argv.clone(),
+                    rule: verdict.rule.clone(),
+                    reason: verdict.reason.clone(),
                 })
                 .map_err(ToolOutcome::from)?;
             let _ = store.append(&Event {

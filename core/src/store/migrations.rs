@@ -1,0 +1,139 @@
+//! The store's schema, every version of it, in one place: each module's
+//! tables (sandboxes, events, jobs, approvals, agent runs) are migrations here,
+//! so the store depends on no module that uses it.
+
+/// The schema, one entry per version. Never edit a shipped entry: append a new one.
+pub(super) const MIGRATIONS: &[&str] = &[
+    // 1: sandboxes, sessions, the event log.
+    r#"
+    CREATE TABLE sandboxes (
+        backend     TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        spec        TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        last_used   INTEGER NOT NULL,
+        PRIMARY KEY (backend, name)
+    );
+    CREATE TABLE sessions (
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        last_used   INTEGER NOT NULL,
+        commands    INTEGER NOT NULL DEFAULT 0,
+        cwd         TEXT,
+        PRIMARY KEY (backend, sandbox, name)
+    );
+    CREATE TABLE events (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts_ms       INTEGER NOT NULL,
+        kind        TEXT NOT NULL,
+        call_id     TEXT,
+        backend     TEXT,
+        sandbox     TEXT,
+        session     TEXT,
+        command     TEXT,
+        verdict     TEXT,
+        exit_code   INTEGER,
+        duration_ms INTEGER,
+        bytes_out   INTEGER,
+        detail      TEXT
+    );
+    CREATE INDEX events_call ON events(call_id);
+    "#,
+    // 2: background jobs.
+    r#"
+    CREATE TABLE jobs (
+        id          TEXT PRIMARY KEY,
+        name        TEXT,
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        command     TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        exit_code   INTEGER,
+        pid         INTEGER,
+        created_at  INTEGER NOT NULL,
+        ended_at    INTEGER,
+        reason      TEXT,
+        watch       TEXT NOT NULL DEFAULT '[]',
+        scan_offset INTEGER NOT NULL DEFAULT 0,
+        out_bytes   INTEGER NOT NULL DEFAULT 0,
+        kill_signal TEXT
+    );
+    CREATE INDEX jobs_name ON jobs(name);
+    "#,
+    // 3: approvals.
+    r#"
+    CREATE TABLE IF NOT EXISTS approvals (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_unix INTEGER NOT NULL,
+        sandbox      TEXT NOT NULL,
+        backend      TEXT NOT NULL,
+        command      TEXT NOT NULL,
+        part         TEXT NOT NULL,
+        argv_json    TEXT NOT NULL,
+        rule         TEXT NOT NULL,
+        reason       TEXT NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
+        always       INTEGER NOT NULL DEFAULT 0,
+        decided_unix INTEGER,
+        decided_by   TEXT,
+        used         INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX IF NOT EXISTS approvals_state ON approvals(state);
+    "#,
+    // 4: agent runs (`berth run`): the journal of every step and tool call.
+    r#"
+    CREATE TABLE runs (
+        id          TEXT PRIMARY KEY,
+        created_ms  INTEGER NOT NULL,
+        updated_ms  INTEGER NOT NULL,
+        task        TEXT NOT NULL,
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        reason      TEXT,
+        setup       TEXT NOT NULL,
+        parent      TEXT,
+        parent_step INTEGER,
+        owner_pid   INTEGER
+    );
+    CREATE TABLE run_messages (
+        run_id  TEXT NOT NULL REFERENCES runs(id),
+        seq     INTEGER NOT NULL,
+        step    INTEGER NOT NULL,
+        ts_ms   INTEGER NOT NULL,
+        body    TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );
+    CREATE TABLE run_steps (
+        run_id      TEXT NOT NULL REFERENCES runs(id),
+        step        INTEGER NOT NULL,
+        provider    TEXT,
+        attempts    TEXT NOT NULL,
+        usage       TEXT NOT NULL,
+        cost        REAL,
+        started_ms  INTEGER NOT NULL,
+        ended_ms    INTEGER NOT NULL,
+        summary     INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (run_id, step)
+    );
+    CREATE TABLE run_calls (
+        run_id      TEXT NOT NULL REFERENCES runs(id),
+        call_id     TEXT NOT NULL,
+        step        INTEGER NOT NULL,
+        idx         INTEGER NOT NULL,
+        name        TEXT NOT NULL,
+        args        TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        verdict     TEXT,
+        approval    INTEGER,
+        result      TEXT,
+        started_ms  INTEGER NOT NULL,
+        ended_ms    INTEGER,
+        PRIMARY KEY (run_id, call_id)
+    );
+    "#,
+    // 5: terminal jobs: the size of a job's terminal, `COLSxROWS` (NULL: none).
+    "ALTER TABLE jobs ADD COLUMN pty TEXT;",
+];
