@@ -1,8 +1,8 @@
 //! The read side of a process's stdout or stderr when a pump task feeds it.
 //!
-//! The docker and ssh transports both demultiplex one connection into per-stream
+//! The docker, ssh and modal transports each demultiplex one connection into per-stream
 //! channels of byte chunks. Reading such a channel is exactly what
-//! `tokio_util`'s `StreamReader` does, so both use it through [`channel_reader`]
+//! `tokio_util`'s `StreamReader` does, so all three use it through [`channel_reader`]
 //! rather than each keeping its own `AsyncRead`.
 
 use std::io;

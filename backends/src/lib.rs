@@ -9,7 +9,7 @@ use std::sync::Arc;
 use berth_core::backend::Backend;
 use berth_core::error::{Error, Result};
 
-#[cfg(any(feature = "docker", feature = "ssh"))]
+#[cfg(any(feature = "docker", feature = "ssh", feature = "modal"))]
 mod chan_reader;
 #[cfg(feature = "docker")]
 pub mod docker;

@@ -362,6 +362,58 @@ pub async fn run_to_end(
     }
 }
 
+/// A note a transport puts in a process's output stream, as a read error of
+/// kind `ConnectionAborted`: the link to the process broke and was re-attached,
+/// so the bytes written between the two are lost, and the stream goes on. A
+/// reader that gets one reports what it was reading as lost, and may read on.
+#[derive(Debug)]
+pub struct OutputGap(pub String);
+
+impl std::fmt::Display for OutputGap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "output lost: {}; re-attached to the process", self.0)
+    }
+}
+
+impl std::error::Error for OutputGap {}
+
+impl OutputGap {
+    /// The read error that carries this gap.
+    pub fn into_io(self) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::ConnectionAborted, self)
+    }
+
+    /// The gap a read error carries, if it is one.
+    pub fn of(e: &std::io::Error) -> Option<&OutputGap> {
+        e.get_ref()?.downcast_ref::<OutputGap>()
+    }
+}
+
+/// `mkdir -p DIR` inside a sandbox, as its user, through one helper spawn:
+/// for transports that move files with no directory call of their own.
+pub async fn mkdir_p(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
+    let argv = ["mkdir", "-p", "--", dir].map(String::from);
+    let c = run_to_end(
+        sandbox,
+        &argv,
+        None,
+        4096,
+        std::time::Duration::from_secs(30),
+    )
+    .await?;
+    if c.status.code == Some(0) {
+        return Ok(());
+    }
+    Err(Error::Backend {
+        backend: sandbox.kind(),
+        detail: format!(
+            "sandbox `{}`: cannot create directory `{dir}`: {}",
+            sandbox.name(),
+            String::from_utf8_lossy(&c.stderr).trim()
+        ),
+    })
+}
+
 /// Check a sandbox name that becomes a directory name: 1-63 letters, digits,
 /// '-', '_' or '.', not starting with '.' (so never `..` or a hidden file).
 pub fn check_sandbox_name(name: &str) -> Result<()> {
@@ -380,10 +432,8 @@ pub fn check_sandbox_name(name: &str) -> Result<()> {
     }
 }
 
-/// Seconds since the Unix epoch.
+/// Seconds since the Unix epoch: berth's one clock in seconds (see
+/// [`crate::store::now_ms`] for milliseconds).
 pub fn now_unix_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    crate::store::now_ms() / 1000
 }

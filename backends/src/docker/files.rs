@@ -11,10 +11,8 @@ use berth_core::error::{Error, Result};
 use bollard::query_parameters::{DownloadFromContainerOptions, UploadToContainerOptions};
 use futures::StreamExt;
 use std::io::Read;
-use tokio::io::AsyncReadExt;
 
 use super::{DockerSandbox, is_connection_error, status_of, unreachable};
-use berth_core::backend::{Sandbox, SpawnOpts};
 
 /// Room for tar headers (including PAX headers for long names) beyond the data.
 const HEADER_ROOM: u64 = 64 * 1024;
@@ -76,9 +74,12 @@ async fn read_entry(sb: &DockerSandbox, path: &str, full: &str, limit: u64) -> R
 /// links to (a symlink).
 fn extract_first(tar: &[u8], path: &str, limit: u64) -> Result<Entry> {
     let mut archive = tar::Archive::new(tar);
-    let bad = |e: std::io::Error| Error::Backend {
-        backend: super::KIND,
-        detail: format!("reading `{path}`: the daemon sent an unreadable archive: {e}"),
+    let bad = |e: std::io::Error| {
+        Error::backend_call(
+            super::KIND,
+            format!("reading `{path}`: the daemon sent an unreadable archive: {e}"),
+            e,
+        )
     };
     let mut entries = archive.entries().map_err(bad)?;
     let Some(entry) = entries.next() else {
@@ -138,7 +139,7 @@ pub(crate) async fn write_file(
     match upload(sb, dir, tar.clone()).await {
         Err(e) if status_of(&e) == Some(404) => {
             // The parent is missing: create it as the sandbox user, then retry.
-            mkdir_p(sb, dir).await?;
+            berth_core::backend::mkdir_p(sb, dir).await?;
             upload(sb, dir, tar)
                 .await
                 .map_err(|e| file_error(sb, path, "writing", e))
@@ -175,30 +176,6 @@ fn build_tar(name: &str, data: &[u8], mode: u32, uid: u64, gid: u64) -> std::io:
     builder.into_inner()
 }
 
-/// `mkdir -p DIR` inside the sandbox, as its user.
-async fn mkdir_p(sb: &DockerSandbox, dir: &str) -> Result<()> {
-    let argv = ["mkdir", "-p", "--", dir].map(String::from);
-    let mut p = sb.spawn(&argv, SpawnOpts::default()).await?;
-    drop(p.take_stdin());
-    let mut err = String::new();
-    if let Some(mut e) = p.take_stderr() {
-        let _ = e.read_to_string(&mut err).await;
-    }
-    let status = p.wait().await?;
-    if status.code == Some(0) {
-        Ok(())
-    } else {
-        Err(Error::Backend {
-            backend: super::KIND,
-            detail: format!(
-                "sandbox `{}`: cannot create directory `{dir}`: {}",
-                sb.name,
-                err.trim()
-            ),
-        })
-    }
-}
-
 fn file_error(sb: &DockerSandbox, path: &str, doing: &str, e: bollard::errors::Error) -> Error {
     if is_connection_error(&e) {
         return unreachable(&sb.host, &e);
@@ -217,10 +194,11 @@ fn file_error(sb: &DockerSandbox, path: &str, doing: &str, e: bollard::errors::E
             backend: super::KIND,
             detail: format!("sandbox `{}`: {doing} `{path}`: permission denied", sb.name),
         },
-        _ => Error::Backend {
-            backend: super::KIND,
-            detail: format!("sandbox `{}`: {doing} `{path}`: {e}", sb.name),
-        },
+        _ => Error::backend_call(
+            super::KIND,
+            format!("sandbox `{}`: {doing} `{path}`: {e}", sb.name),
+            e,
+        ),
     }
 }
 

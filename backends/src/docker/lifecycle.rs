@@ -184,7 +184,7 @@ impl DockerBackend {
         older_than: Duration,
         select: impl Fn(&str) -> bool + Send,
     ) -> Result<GcReport> {
-        let now = now_unix();
+        let now = berth_core::backend::now_unix_secs();
         let cutoff = now - older_than.as_secs().min(i64::MAX as u64) as i64;
         let mut report = GcReport::default();
         for c in self.berth_containers().await? {
@@ -290,10 +290,7 @@ impl DockerBackend {
             if super::is_connection_error(&e) {
                 unreachable(&self.host, &e)
             } else {
-                Error::Backend {
-                    backend: KIND,
-                    detail: format!("listing containers: {e}"),
-                }
+                Error::backend_call(KIND, format!("listing containers: {e}"), e)
             }
         })
     }
@@ -464,10 +461,7 @@ async fn check_image(docker: &Docker, host: &str, image: &str) -> Result<()> {
             hint: "berth does not pull images; build or load it first (`berth image build` builds the default sandbox image), or leave the image unset".into(),
         }),
         Err(e) if super::is_connection_error(&e) => Err(unreachable(host, &e)),
-        Err(e) => Err(Error::Backend {
-            backend: KIND,
-            detail: format!("inspecting image {image}: {e}"),
-        }),
+        Err(e) => Err(Error::backend_call(KIND, format!("inspecting image {image}: {e}"), e)),
     }
 }
 
@@ -477,13 +471,6 @@ fn label_name(labels: &Option<HashMap<String, String>>) -> String {
         .and_then(|l| l.get(LABEL_SANDBOX))
         .cloned()
         .unwrap_or_default()
-}
-
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 /// Seconds since the epoch of a Docker timestamp (`2024-05-01T12:34:56.789Z`).

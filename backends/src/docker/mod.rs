@@ -241,10 +241,7 @@ pub(crate) fn api_error(host: &str, name: &str, doing: &str, e: bollard::errors:
         Some(409) if e.to_string().contains("is not running") => {
             gone(name, &format!("its container is not running ({doing})"))
         }
-        _ => Error::Backend {
-            backend: KIND,
-            detail: format!("sandbox `{name}`: {doing}: {e}"),
-        },
+        _ => Error::backend_call(KIND, format!("sandbox `{name}`: {doing}: {e}"), e),
     }
 }
 

@@ -199,10 +199,8 @@ impl Api {
     /// `POST /v2/sandboxes`.
     pub async fn create(&self, new: &NewSandbox) -> Result<SandboxRecord> {
         let doing = "creating a sandbox";
-        let body = serde_json::to_value(new).map_err(|e| Error::Backend {
-            backend: KIND,
-            detail: format!("{doing}: {e}"),
-        })?;
+        let body = serde_json::to_value(new)
+            .map_err(|e| Error::backend_call(KIND, format!("{doing}: {e}"), e))?;
         let a = self
             .call(
                 reqwest::Method::POST,

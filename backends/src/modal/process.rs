@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts};
 use berth_core::error::{Error, Result};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 use tonic::Code;
@@ -38,6 +38,7 @@ use super::proto::task_command_router::{
 };
 use super::router::Router;
 use super::{KIND, ModalSandbox};
+use crate::chan_reader::channel_reader;
 
 /// Output chunks buffered per stream before a pump waits for its reader.
 const CHANNEL_CHUNKS: usize = 64;
@@ -107,8 +108,8 @@ pub(crate) async fn spawn(
             tx: PollSender::new(in_tx),
             failed,
         })),
-        stdout: Some(Box::pin(ChanReader::new(out_rx))),
-        stderr: Some(Box::pin(ChanReader::new(err_rx))),
+        stdout: Some(channel_reader(out_rx)),
+        stderr: Some(channel_reader(err_rx)),
         pumps,
         status: None,
     }))
@@ -311,41 +312,6 @@ impl AsyncWrite for StdinWriter {
             let _ = self.tx.send_item(StdinMsg::Eof);
         }
         self.tx.close();
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// An `AsyncRead` over a channel of byte chunks.
-struct ChanReader {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    cur: Bytes,
-}
-
-impl ChanReader {
-    fn new(rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
-        Self {
-            rx,
-            cur: Bytes::new(),
-        }
-    }
-}
-
-impl AsyncRead for ChanReader {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        while self.cur.is_empty() {
-            match ready!(self.rx.poll_recv(cx)) {
-                Some(Ok(b)) => self.cur = b,
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                None => return Poll::Ready(Ok(())),
-            }
-        }
-        let n = self.cur.len().min(buf.remaining());
-        let chunk = self.cur.split_to(n);
-        buf.put_slice(&chunk);
         Poll::Ready(Ok(()))
     }
 }
