@@ -12,14 +12,21 @@
 //!   command's list, so the shell survives with its state. If no marker
 //!   arrives even then, the shell is killed and replaced, never trusted again; the
 //!   next command gets a new shell restored from the snapshot.
+//!
+//! Where it lives: this file holds the session's types and a command's run;
+//! [`framing`] reads markers and snapshots, `shell` starts, restores and reaps
+//! the shell, and `stop` escalates a timeout or an interrupt.
 
 pub mod capture;
 pub mod effects;
+mod framing;
 pub mod script;
+mod shell;
+mod stop;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -27,10 +34,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::backend::{BoxWrite, Process, Sandbox, SpawnOpts};
+use crate::backend::{OutputGap, Sandbox};
 use crate::error::{Error, Result};
 pub use capture::{Capture, CaptureLimits, Output, Tee};
+use framing::{Ending, is_lost_framing, new_nonce, scan};
 use script::SnapshotMode;
+use shell::Shell;
+use stop::Stop;
 
 /// How long a new shell may take to answer its handshake and restore.
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
@@ -154,101 +164,6 @@ pub struct ShellInfo {
     pub restored_seq: Option<u64>,
 }
 
-struct Shell {
-    process: Box<dyn Process>,
-    stdin: BoxWrite,
-    stdout: crate::backend::BoxRead,
-    /// `stdout`'s raw non-blocking descriptor, for a local shell: see [`SPIN`].
-    spin_fd: Option<std::os::fd::RawFd>,
-    /// Read buffer, reused across commands.
-    buf: Vec<u8>,
-    /// Bytes read but not yet attributed to a command.
-    pending: Vec<u8>,
-    stderr_tail: Arc<Mutex<Vec<u8>>>,
-    /// The task collecting stderr; done once the shell's stderr is closed.
-    stderr_reader: Option<tokio::task::JoinHandle<()>>,
-    info: ShellInfo,
-    /// The shell's function and alias names as of its last snapshot; `None` until
-    /// it first reports them, and until then every command snapshots.
-    names: Option<HashSet<String>>,
-    /// A command set up something (a trap) that can change state at any time:
-    /// every command snapshots from then on.
-    always_snapshot: bool,
-    /// The shell's watermark (time and pid), from its last end marker (see `KILL_TREE`).
-    watermark: u64,
-    /// cwd and the length of `PATH` from the last end marker, and as of the last
-    /// snapshot. When they differ after a command that skipped its snapshot, the
-    /// engine asks for one: a backstop behind the reading of command texts.
-    last_place: (String, u64),
-    saved_place: Option<(String, u64)>,
-}
-
-impl Shell {
-    /// Poll a local shell's stdout without waiting, for up to [`SPIN`], until the
-    /// end marker is in `pending`, the output ends, or time is up. Whatever it
-    /// reads lands in `pending` for the normal read loop to attribute.
-    fn spin(&mut self, end_pat: &[u8]) {
-        let Some(fd) = self.spin_fd else {
-            return;
-        };
-        let until = Instant::now() + SPIN;
-        loop {
-            // SAFETY: `fd` belongs to `self.stdout`, which is alive for as long as
-            // `self` is; it is non-blocking (checked when the shell started), so
-            // this read returns at once; `buf` is valid for `buf.len()` bytes.
-            let n = unsafe { libc::read(fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
-            match usize::try_from(n) {
-                Ok(0) => return,
-                Ok(n) => {
-                    self.pending.extend_from_slice(&self.buf[..n]);
-                    if memchr::memmem::find(&self.pending, end_pat).is_some() {
-                        return;
-                    }
-                }
-                Err(_) => {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::WouldBlock
-                        && e.kind() != std::io::ErrorKind::Interrupted
-                    {
-                        return;
-                    }
-                }
-            }
-            if Instant::now() >= until {
-                return;
-            }
-            // Let the shell run, should it share this CPU.
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// Whether a descriptor is in non-blocking mode.
-fn is_nonblocking(fd: std::os::fd::RawFd) -> bool {
-    // SAFETY: F_GETFL only reads the descriptor's flags; an invalid descriptor
-    // yields -1, which reads as "no".
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    flags >= 0 && flags & libc::O_NONBLOCK != 0
-}
-
-/// How a framed command ended.
-enum Ending {
-    Marker {
-        code: i32,
-        cwd: String,
-        /// The shell's function and alias names, sent after a snapshot (and only then).
-        names: Option<HashSet<String>>,
-        /// The shell is exiting (`exit`, `set -e`), its state saved.
-        exiting: bool,
-        /// The shell's watermark before this command.
-        watermark_before: u64,
-        /// The length of the shell's `PATH` after the command.
-        path_len: u64,
-    },
-    /// The shell closed its stdout: it exited or died.
-    Eof,
-}
-
 /// A persistent shell in a sandbox.
 pub struct Session {
     sandbox: Arc<dyn Sandbox>,
@@ -304,6 +219,11 @@ impl Session {
                     let n = rb.filled().len();
                     shell.pending.extend_from_slice(&shell.buf[..n]);
                 }
+                // The link broke and was re-attached while the shell was idle:
+                // it lives on, and the next command first resynchronises.
+                std::task::Poll::Ready(Err(e)) if OutputGap::of(&e).is_some() => {
+                    shell.resync = true;
+                }
                 std::task::Poll::Ready(Err(_)) => return true,
                 std::task::Poll::Pending => return false,
             }
@@ -343,6 +263,7 @@ impl Session {
             ));
         }
         self.ensure_shell(startup).await?;
+        self.resync(startup).await?;
         let stdin_path = match &opts.stdin {
             Some(data) => {
                 let path = format!("{}/stdin", self.state_dir());
@@ -426,6 +347,23 @@ impl Session {
                     notices.append(&mut self.notices);
                 }
                 (code, Some(cwd))
+            }
+            Some(Ending::Gap(why)) => {
+                // The transport re-attached to the same shell: it lives on with
+                // its state, but this command's output and status are lost.
+                if let Some(sh) = self.shell.as_mut() {
+                    sh.resync = true;
+                }
+                return Err(Error::Unreachable {
+                    backend: self.sandbox.kind(),
+                    detail: format!(
+                        "sandbox `{}`: the link to the shell broke while the command ran ({why}); berth re-attached to the same shell, which keeps its state, but the command's output and exit status are lost",
+                        self.sandbox.name()
+                    ),
+                    hint:
+                        "check the network, and check the command's effects before running it again"
+                            .into(),
+                });
             }
             Some(Ending::Eof) => {
                 // A transport that lost its link reports that as an error: the
@@ -558,141 +496,6 @@ impl Session {
         }
     }
 
-    /// Start a shell if there is none, restored from the last snapshot, within
-    /// `limit`. A snapshot the shell cannot replay within it is set aside: a
-    /// clean shell starts instead, and says so.
-    async fn ensure_shell(&mut self, limit: Duration) -> Result<()> {
-        if self.shell.is_some() {
-            return Ok(());
-        }
-        let until = Instant::now() + limit;
-        self.start_shell(limit).await?;
-        let Some((seq, text)) = self.newest_snapshot(limit).await else {
-            return Ok(());
-        };
-        let left = until.saturating_duration_since(Instant::now());
-        match self.replay(seq, &text, left).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                warn!(session = %self.cfg.name, seq, error = %e, "could not restore snapshot");
-                self.drop_shell().await;
-                self.notices.push(format!(
-                    "snapshot {seq} could not be restored ({e}); the session started from a clean shell"
-                ));
-                let left = until.saturating_duration_since(Instant::now());
-                self.start_shell(left.max(Duration::from_secs(1))).await?;
-                // Carry on the sequence, so the next snapshot supersedes the bad one.
-                self.internal(
-                    &format!("__berth_seq={seq}"),
-                    SnapshotMode::Never,
-                    STARTUP_DEADLINE,
-                )
-                .await?;
-                Ok(())
-            }
-        }
-    }
-
-    /// Spawn a shell, send it the loop, and learn its pid and session id.
-    async fn start_shell(&mut self, limit: Duration) -> Result<()> {
-        let layout = self.sandbox.layout().clone();
-        let argv: Vec<String> = ["bash", "--noprofile", "--norc"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let mut process = self
-            .sandbox
-            .spawn(
-                &argv,
-                SpawnOpts {
-                    env: self.cfg.env.clone(),
-                    cwd: Some(layout.workdir.clone()),
-                    helper: false,
-                    ..SpawnOpts::default()
-                },
-            )
-            .await?;
-        let spin_fd = process.stdout_fd().filter(|fd| is_nonblocking(*fd));
-        let (stdin, stdout, stderr) = match (
-            process.take_stdin(),
-            process.take_stdout(),
-            process.take_stderr(),
-        ) {
-            (Some(i), Some(o), e) => (i, o, e),
-            _ => {
-                let _ = process.terminate().await;
-                return Err(self.session_error("the backend gave the shell no stdin or stdout"));
-            }
-        };
-        let stderr_tail = Arc::new(Mutex::new(Vec::new()));
-        let stderr_reader = stderr
-            .map(|err| tokio::spawn(keep_tail(err, stderr_tail.clone(), self.cfg.name.clone())));
-        let mut shell = Shell {
-            process,
-            stdin,
-            stdout,
-            spin_fd,
-            buf: vec![0u8; 64 * 1024],
-            pending: Vec::new(),
-            stderr_tail,
-            stderr_reader,
-            info: ShellInfo {
-                pid: 0,
-                sid: 0,
-                restored_seq: None,
-            },
-            names: None,
-            always_snapshot: false,
-            watermark: 0,
-            last_place: Default::default(),
-            saved_place: None,
-        };
-        let boot = script::bootstrap(
-            self.cfg.dir.as_deref().unwrap_or(&layout.berth_dir),
-            &layout.workdir,
-        );
-        if let Err(e) = shell.stdin.write_all(boot.as_bytes()).await {
-            // It died at once: its stderr says why (say, the sandbox wrapper's refusal).
-            if let Some(reader) = shell.stderr_reader.take() {
-                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
-            }
-            let said = shell
-                .stderr_tail
-                .lock()
-                .map(|t| String::from_utf8_lossy(&t).trim().to_string())
-                .unwrap_or_default();
-            let said = if said.is_empty() {
-                String::new()
-            } else {
-                format!(": {said}")
-            };
-            return Err(self.session_error(&format!("could not start the shell: {e}{said}")));
-        }
-        self.shell = Some(shell);
-
-        let hello = self
-            .internal(script::HELLO, SnapshotMode::Never, limit)
-            .await?;
-        let mut parts = hello.split_whitespace().map(str::parse::<u32>);
-        let (pid, sid) = match (parts.next(), parts.next()) {
-            (Some(Ok(p)), Some(Ok(s))) => (p, s),
-            _ => {
-                self.drop_shell().await;
-                return Err(
-                    self.session_error(&format!("the shell's handshake was garbled ({hello:?})"))
-                );
-            }
-        };
-        if let Some(sh) = self.shell.as_mut() {
-            sh.info.pid = pid;
-            sh.info.sid = sid;
-        }
-        if pid != sid {
-            debug!(session = %self.cfg.name, pid, sid, "shell is not a session leader; tree kills use descent only");
-        }
-        Ok(())
-    }
-
     /// The shell's function and alias names as of its last snapshot.
     pub fn names(&self) -> Option<&HashSet<String>> {
         self.shell.as_ref()?.names.as_ref()
@@ -723,61 +526,6 @@ impl Session {
             .dir
             .clone()
             .unwrap_or_else(|| self.sandbox.layout().berth_dir.clone())
-    }
-
-    /// The newest intact snapshot in the sandbox, if any. Each read is bounded by
-    /// `limit`: the files live where commands can replace them (by a FIFO, say).
-    async fn newest_snapshot(&mut self, limit: Duration) -> Option<(u64, String)> {
-        let dir = self.state_dir();
-        let mut best: Option<(u64, String)> = None;
-        for slot in 0..2 {
-            let path = format!("{dir}/snap.{slot}");
-            let read = self.sandbox.read_file(&path, SNAPSHOT_LIMIT);
-            let data = match tokio::time::timeout(limit, read).await {
-                Ok(Ok(d)) => d,
-                Ok(Err(Error::NotFound { .. })) => continue,
-                Err(_) => {
-                    warn!(session = %self.cfg.name, %path, "reading a snapshot timed out");
-                    self.notices.push(format!(
-                        "snapshot {path} could not be read within {}s; ignored",
-                        limit.as_secs_f64()
-                    ));
-                    continue;
-                }
-                Ok(Err(e)) => {
-                    warn!(session = %self.cfg.name, %path, error = %e, "cannot read snapshot");
-                    self.notices
-                        .push(format!("snapshot {path} could not be read ({e}); ignored"));
-                    continue;
-                }
-            };
-            match parse_snapshot(&data) {
-                Some((seq, text)) => {
-                    if best.as_ref().is_none_or(|(s, _)| seq > *s) {
-                        best = Some((seq, text));
-                    }
-                }
-                None => {
-                    warn!(session = %self.cfg.name, %path, "discarding corrupt snapshot");
-                    self.notices.push(format!(
-                        "snapshot {path} is corrupt or incomplete and was discarded"
-                    ));
-                }
-            }
-        }
-        best
-    }
-
-    /// Replay a snapshot into the new shell.
-    async fn replay(&mut self, seq: u64, text: &str, limit: Duration) -> Result<()> {
-        let replay = script::strip_own(text);
-        let out = self.internal(&replay, SnapshotMode::Force, limit).await?;
-        debug!(session = %self.cfg.name, seq, output = %out, "restored snapshot");
-        if let Some(sh) = self.shell.as_mut() {
-            sh.info.restored_seq = Some(seq);
-        }
-        self.restored = Some(seq);
-        Ok(())
     }
 
     /// Run berth's own command in the shell and return its output as text.
@@ -940,6 +688,11 @@ impl Session {
                         return Ok((Some(Ending::Eof), stop));
                     }
                     Ok(n) => shell.pending.extend_from_slice(&shell.buf[..n]),
+                    Err(e) if OutputGap::of(&e).is_some() => {
+                        capture.push(&std::mem::take(&mut shell.pending))?;
+                        let why = OutputGap::of(&e).map(|g| g.0.clone()).unwrap_or_default();
+                        return Ok((Some(Ending::Gap(why)), stop));
+                    }
                     Err(e) => {
                         debug!(session = %self.cfg.name, error = %e, "shell stdout failed");
                         capture.push(&std::mem::take(&mut shell.pending))?;
@@ -967,119 +720,6 @@ impl Session {
         }
     }
 
-    /// One step of the stop sequence. Returns false once the shell was replaced.
-    ///
-    /// The first step also tells the shell to abandon the rest of the command's
-    /// list (say, the `rm` of `sleep 60; rm x`), as Ctrl-C does at a terminal;
-    /// see `script::traps`. `distrust` kills the shell instead.
-    async fn escalate(&mut self, stage: usize, why: Stop, distrust: bool) -> bool {
-        let sig = match stage {
-            0 => "INT",
-            1 => "TERM",
-            2 => "KILL",
-            _ => {
-                self.replace_shell().await;
-                return false;
-            }
-        };
-        let cut = match (stage, why) {
-            (0, _) if distrust => Some("KILL"),
-            (0, Stop::Timeout) => Some("USR1"),
-            (0, Stop::Interrupt) => Some("USR2"),
-            _ => None,
-        };
-        if let Err(e) = self.kill_tree(sig, None, cut).await {
-            warn!(session = %self.cfg.name, error = %e, "could not signal the command's processes");
-        }
-        true
-    }
-
-    /// Signal the running command's process tree through a second spawn: every
-    /// process newer than `watermark` (the shell's current one by default).
-    /// `cut`, when given, is the signal sent to the shell itself (see `KILL_TREE`).
-    async fn kill_tree(
-        &mut self,
-        sig: &str,
-        watermark: Option<u64>,
-        cut: Option<&str>,
-    ) -> Result<()> {
-        let Some(shell) = self.shell.as_ref() else {
-            return Ok(());
-        };
-        let watermark = watermark.unwrap_or(shell.watermark).to_string();
-        let mut argv = vec![
-            "bash".to_string(),
-            "-c".to_string(),
-            script::KILL_TREE.to_string(),
-            "berth-kill".to_string(),
-            shell.info.pid.to_string(),
-            shell.info.sid.to_string(),
-            watermark,
-            sig.to_string(),
-        ];
-        argv.extend(cut.map(str::to_string));
-        self.run_helper(&argv).await.map(|out| {
-            debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
-        })
-    }
-
-    /// Run a short helper process in the sandbox and return its stdout.
-    async fn run_helper(&mut self, argv: &[String]) -> Result<String> {
-        let c = crate::backend::run_to_end(
-            self.sandbox.as_ref(),
-            argv,
-            None,
-            64 * 1024,
-            Duration::from_secs(10),
-        )
-        .await?;
-        Ok(String::from_utf8_lossy(&c.stdout).into_owned())
-    }
-
-    /// Kill the shell itself and forget it.
-    async fn replace_shell(&mut self) {
-        if let Some(shell) = self.shell.as_ref() {
-            let argv = vec![
-                "kill".to_string(),
-                "-KILL".to_string(),
-                shell.info.pid.to_string(),
-            ];
-            if let Err(e) = self.run_helper(&argv).await {
-                debug!(session = %self.cfg.name, error = %e, "could not kill the shell in-band");
-            }
-        }
-        self.drop_shell().await;
-    }
-
-    async fn drop_shell(&mut self) {
-        if let Some(mut shell) = self.shell.take() {
-            let _ = shell.process.terminate().await;
-            let _ = tokio::time::timeout(Duration::from_secs(2), shell.process.wait()).await;
-        }
-    }
-
-    /// The shell's stdout ended: collect how it ended and forget it.
-    async fn reap_dead_shell(&mut self) -> Result<String> {
-        let Some(mut shell) = self.shell.take() else {
-            return Ok("unknown status".into());
-        };
-        Ok(
-            match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await {
-                Ok(Ok(st)) => match (st.code, st.signal) {
-                    (Some(c), _) => format!("exit code {c}"),
-                    (None, Some(s)) => format!("killed by signal {s}"),
-                    _ => "unknown status".into(),
-                },
-                Ok(Err(e @ Error::Unreachable { .. })) => return Err(e),
-                Ok(Err(e)) => format!("status unknown: {e}"),
-                Err(_) => {
-                    let _ = shell.process.terminate().await;
-                    "did not exit after closing its output".into()
-                }
-            },
-        )
-    }
-
     fn stderr_text(&self) -> String {
         self.shell
             .as_ref()
@@ -1105,236 +745,5 @@ impl Session {
             session: self.cfg.name.clone(),
             detail: detail.to_string(),
         }
-    }
-}
-
-/// Whether a dead shell's status says its loop lost the framing.
-fn is_lost_framing(status: &str) -> bool {
-    status == format!("exit code {}", script::LOST_FRAMING)
-}
-
-/// Why a command was stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stop {
-    Timeout,
-    Interrupt,
-}
-
-/// Move output out of `pending` into `capture` until the marker; return the
-/// ending once the whole marker is there.
-fn scan(
-    pending: &mut Vec<u8>,
-    start_pat: &[u8],
-    end_pat: &[u8],
-    capture: &mut Capture,
-) -> Result<Option<Ending>> {
-    if pending.is_empty() {
-        return Ok(None);
-    }
-    match memchr::memmem::find(pending, start_pat) {
-        Some(i) => {
-            if i > 0 {
-                capture.push(&pending[..i])?;
-                pending.drain(..i);
-            }
-            let body_start = start_pat.len();
-            if let Some(j) = memchr::memmem::find(&pending[body_start..], end_pat) {
-                let body =
-                    String::from_utf8_lossy(&pending[body_start..body_start + j]).into_owned();
-                pending.drain(..body_start + j + end_pat.len());
-                return Ok(Some(parse_marker(&body)));
-            }
-            Ok(None)
-        }
-        None => {
-            // Hold back only a suffix that could begin the marker, so output reaches
-            // a live tee as soon as it arrives. The marker's only 0x1e is its first
-            // byte, so the last 0x1e is the only candidate.
-            let window = pending.len().saturating_sub(start_pat.len() - 1);
-            let cut = match memchr::memrchr(0x1e, &pending[window..]) {
-                Some(k) if start_pat.starts_with(&pending[window + k..]) => window + k,
-                _ => pending.len(),
-            };
-            if cut > 0 {
-                capture.push(&pending[..cut])?;
-                pending.drain(..cut);
-            }
-            Ok(None)
-        }
-    }
-}
-
-/// Read a marker's body: `<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>`, where
-/// `<names>` is an optional `!` (the shell is exiting), then `-`, or `=` and one
-/// function or alias name per line. The watermark is returned in
-/// `watermark_before`, which the caller swaps with the shell's current one.
-fn parse_marker(body: &str) -> Ending {
-    let mut parts = body.splitn(5, '\u{1f}');
-    let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
-    let names = parts.next().unwrap_or_default();
-    let (exiting, names) = match names.strip_prefix('!') {
-        Some(rest) => (true, rest),
-        None => (false, names),
-    };
-    let names = names.strip_prefix('=').map(|list| {
-        list.lines()
-            .filter(|n| !n.is_empty() && !n.starts_with("__berth_"))
-            .map(str::to_string)
-            .collect()
-    });
-    let watermark = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-    let path_len = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-    let cwd = parts.next().unwrap_or_default().to_string();
-    Ending::Marker {
-        code,
-        cwd,
-        names,
-        exiting,
-        watermark_before: watermark,
-        path_len,
-    }
-}
-
-/// Check a snapshot's header and trailer; return its sequence and text. Snapshots
-/// are rewritten in place, so bytes after the matching trailer are stale and ignored.
-fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
-    let nl = memchr::memchr(b'\n', data)?;
-    let first = std::str::from_utf8(&data[..nl]).ok()?;
-    let seq: u64 = first
-        .strip_prefix("# berth snapshot v2 seq=")
-        .or_else(|| first.strip_prefix("# berth snapshot v1 seq="))?
-        .parse()
-        .ok()?;
-    let trailer = format!("\n# berth snapshot end seq={seq}\n");
-    // Cut before decoding: the stale bytes past the trailer may split a UTF-8
-    // sequence of the older snapshot they came from.
-    let end = memchr::memmem::find(data, trailer.as_bytes())? + trailer.len();
-    let text = std::str::from_utf8(&data[..end]).ok()?;
-    Some((seq, text.to_string()))
-}
-
-/// 64 random bits: unguessable for one command's lifetime.
-fn new_nonce() -> String {
-    let n: u64 = rand::random();
-    format!("{n:016x}")
-}
-
-async fn keep_tail(mut err: crate::backend::BoxRead, tail: Arc<Mutex<Vec<u8>>>, name: String) {
-    let mut buf = vec![0u8; 8192];
-    loop {
-        match err.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                debug!(session = %name, stderr = %String::from_utf8_lossy(&buf[..n]), "shell stderr");
-                if let Ok(mut t) = tail.lock() {
-                    t.extend_from_slice(&buf[..n]);
-                    let len = t.len();
-                    if len > STDERR_KEEP {
-                        t.drain(..len - STDERR_KEEP);
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cap() -> Capture {
-        match Capture::new(CaptureLimits::default(), None) {
-            Ok(c) => c,
-            Err(e) => panic!("{e}"),
-        }
-    }
-
-    #[test]
-    fn scan_finds_marker_split_across_chunks() -> Result<()> {
-        let start = b"\x1eabc:".to_vec();
-        let end = b":abc\x1e".to_vec();
-        let mut c = cap();
-        let mut pending = b"hello \x1eab".to_vec();
-        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
-        pending.extend_from_slice(b"c:0\x1f-\x1f77\x1f9\x1f/tm");
-        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
-        pending.extend_from_slice(b"p:x\x1fy:abc\x1eleft");
-        match scan(&mut pending, &start, &end, &mut c)? {
-            Some(Ending::Marker {
-                code,
-                cwd,
-                names,
-                exiting,
-                watermark_before,
-                path_len,
-            }) => {
-                assert_eq!(code, 0);
-                assert_eq!(cwd, "/tmp:x\x1fy");
-                assert_eq!(path_len, 9);
-                assert!(names.is_none());
-                assert!(!exiting);
-                assert_eq!(watermark_before, 77);
-            }
-            _ => panic!("no marker"),
-        }
-        assert_eq!(pending, b"left");
-        assert_eq!(c.finish()?.text(), "hello ");
-        Ok(())
-    }
-
-    #[test]
-    fn a_marker_carries_names_after_a_snapshot() {
-        match parse_marker("3\x1f!=hello\nll\n__berth_post\n\x1f12\x1f4\x1f/a b") {
-            Ending::Marker {
-                code,
-                cwd,
-                names,
-                exiting,
-                ..
-            } => {
-                assert_eq!(code, 3);
-                assert_eq!(cwd, "/a b");
-                assert!(exiting);
-                let mut n: Vec<String> = names.unwrap_or_default().into_iter().collect();
-                n.sort();
-                assert_eq!(n, ["hello", "ll"]);
-            }
-            Ending::Eof => panic!("no marker"),
-        }
-        match parse_marker("0\x1f=\x1f1\x1f0\x1f/") {
-            Ending::Marker { names, .. } => assert_eq!(names.map(|n| n.len()), Some(0)),
-            Ending::Eof => panic!("no marker"),
-        }
-    }
-
-    #[test]
-    fn a_marker_with_another_nonce_is_output() -> Result<()> {
-        let mut c = cap();
-        let mut pending = b"\x1exyz:0:/:xyz\x1e".to_vec();
-        assert!(scan(&mut pending, b"\x1eabc:", b":abc\x1e", &mut c)?.is_none());
-        pending.clear();
-        let out = c.finish()?;
-        assert!(out.text().contains("xyz:0"));
-        Ok(())
-    }
-
-    #[test]
-    fn snapshot_needs_its_trailer() {
-        let good = b"# berth snapshot v1 seq=7\nexport A=1\n# berth snapshot end seq=7\n";
-        assert_eq!(parse_snapshot(good).map(|s| s.0), Some(7));
-        let cut = b"# berth snapshot v1 seq=7\nexport A=1\n";
-        assert!(parse_snapshot(cut).is_none());
-        let wrong = b"# berth snapshot v1 seq=7\n# berth snapshot end seq=6\n";
-        assert!(parse_snapshot(wrong).is_none());
-        // Rewritten in place over a longer, older one: the stale tail is cut off.
-        let stale = b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\nexport OLD=1\n# berth snapshot end seq=7\n";
-        let (seq, text) = parse_snapshot(stale).unwrap_or_default();
-        assert_eq!(seq, 9);
-        assert!(!text.contains("OLD"));
-        // ... even where the cut splits a UTF-8 sequence of the older one.
-        let split =
-            b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\n\x98\x80x\n";
-        assert_eq!(parse_snapshot(split).map(|s| s.0), Some(9));
-        assert!(parse_snapshot(b"\xff\xfe").is_none());
     }
 }

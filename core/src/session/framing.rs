@@ -1,0 +1,237 @@
+//! The framing between the engine and the shell's loop: reading a command's
+//! output up to its end marker, the marker's fields, and a snapshot's header
+//! and trailer.
+
+use std::collections::HashSet;
+
+use super::Capture;
+use super::script;
+use crate::error::Result;
+
+/// How a framed command ended.
+pub(super) enum Ending {
+    Marker {
+        code: i32,
+        cwd: String,
+        /// The shell's function and alias names, sent after a snapshot (and only then).
+        names: Option<HashSet<String>>,
+        /// The shell is exiting (`exit`, `set -e`), its state saved.
+        exiting: bool,
+        /// The shell's watermark before this command.
+        watermark_before: u64,
+        /// The length of the shell's `PATH` after the command.
+        path_len: u64,
+    },
+    /// The shell closed its stdout: it exited or died.
+    Eof,
+    /// The transport lost the link to the shell and re-attached to it: the
+    /// shell lives on, but what it wrote in between is lost (see
+    /// [`crate::backend::OutputGap`]).
+    Gap(String),
+}
+
+/// Whether a dead shell's status says its loop lost the framing.
+pub(super) fn is_lost_framing(status: &str) -> bool {
+    status == format!("exit code {}", script::LOST_FRAMING)
+}
+
+/// Move output out of `pending` into `capture` until the marker; return the
+/// ending once the whole marker is there.
+pub(super) fn scan(
+    pending: &mut Vec<u8>,
+    start_pat: &[u8],
+    end_pat: &[u8],
+    capture: &mut Capture,
+) -> Result<Option<Ending>> {
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    match memchr::memmem::find(pending, start_pat) {
+        Some(i) => {
+            if i > 0 {
+                capture.push(&pending[..i])?;
+                pending.drain(..i);
+            }
+            let body_start = start_pat.len();
+            if let Some(j) = memchr::memmem::find(&pending[body_start..], end_pat) {
+                let body =
+                    String::from_utf8_lossy(&pending[body_start..body_start + j]).into_owned();
+                pending.drain(..body_start + j + end_pat.len());
+                return Ok(Some(parse_marker(&body)));
+            }
+            Ok(None)
+        }
+        None => {
+            // Hold back only a suffix that could begin the marker, so output reaches
+            // a live tee as soon as it arrives. The marker's only 0x1e is its first
+            // byte, so the last 0x1e is the only candidate.
+            let window = pending.len().saturating_sub(start_pat.len() - 1);
+            let cut = match memchr::memrchr(0x1e, &pending[window..]) {
+                Some(k) if start_pat.starts_with(&pending[window + k..]) => window + k,
+                _ => pending.len(),
+            };
+            if cut > 0 {
+                capture.push(&pending[..cut])?;
+                pending.drain(..cut);
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Read a marker's body: `<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>`, where
+/// `<names>` is an optional `!` (the shell is exiting), then `-`, or `=` and one
+/// function or alias name per line. The watermark is returned in
+/// `watermark_before`, which the caller swaps with the shell's current one.
+pub(super) fn parse_marker(body: &str) -> Ending {
+    let mut parts = body.splitn(5, '\u{1f}');
+    let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
+    let names = parts.next().unwrap_or_default();
+    let (exiting, names) = match names.strip_prefix('!') {
+        Some(rest) => (true, rest),
+        None => (false, names),
+    };
+    let names = names.strip_prefix('=').map(|list| {
+        list.lines()
+            .filter(|n| !n.is_empty() && !n.starts_with("__berth_"))
+            .map(str::to_string)
+            .collect()
+    });
+    let watermark = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let path_len = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let cwd = parts.next().unwrap_or_default().to_string();
+    Ending::Marker {
+        code,
+        cwd,
+        names,
+        exiting,
+        watermark_before: watermark,
+        path_len,
+    }
+}
+
+/// Check a snapshot's header and trailer; return its sequence and text. Snapshots
+/// are rewritten in place, so bytes after the matching trailer are stale and ignored.
+pub(super) fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
+    let nl = memchr::memchr(b'\n', data)?;
+    let first = std::str::from_utf8(&data[..nl]).ok()?;
+    let seq: u64 = first
+        .strip_prefix("# berth snapshot v2 seq=")
+        .or_else(|| first.strip_prefix("# berth snapshot v1 seq="))?
+        .parse()
+        .ok()?;
+    let trailer = format!("\n# berth snapshot end seq={seq}\n");
+    // Cut before decoding: the stale bytes past the trailer may split a UTF-8
+    // sequence of the older snapshot they came from.
+    let end = memchr::memmem::find(data, trailer.as_bytes())? + trailer.len();
+    let text = std::str::from_utf8(&data[..end]).ok()?;
+    Some((seq, text.to_string()))
+}
+
+/// 64 random bits: unguessable for one command's lifetime.
+pub(super) fn new_nonce() -> String {
+    let n: u64 = rand::random();
+    format!("{n:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::CaptureLimits;
+
+    fn cap() -> Capture {
+        match Capture::new(CaptureLimits::default(), None) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn scan_finds_marker_split_across_chunks() -> Result<()> {
+        let start = b"\x1eabc:".to_vec();
+        let end = b":abc\x1e".to_vec();
+        let mut c = cap();
+        let mut pending = b"hello \x1eab".to_vec();
+        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
+        pending.extend_from_slice(b"c:0\x1f-\x1f77\x1f9\x1f/tm");
+        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
+        pending.extend_from_slice(b"p:x\x1fy:abc\x1eleft");
+        match scan(&mut pending, &start, &end, &mut c)? {
+            Some(Ending::Marker {
+                code,
+                cwd,
+                names,
+                exiting,
+                watermark_before,
+                path_len,
+            }) => {
+                assert_eq!(code, 0);
+                assert_eq!(cwd, "/tmp:x\x1fy");
+                assert_eq!(path_len, 9);
+                assert!(names.is_none());
+                assert!(!exiting);
+                assert_eq!(watermark_before, 77);
+            }
+            _ => panic!("no marker"),
+        }
+        assert_eq!(pending, b"left");
+        assert_eq!(c.finish()?.text(), "hello ");
+        Ok(())
+    }
+
+    #[test]
+    fn a_marker_carries_names_after_a_snapshot() {
+        match parse_marker("3\x1f!=hello\nll\n__berth_post\n\x1f12\x1f4\x1f/a b") {
+            Ending::Marker {
+                code,
+                cwd,
+                names,
+                exiting,
+                ..
+            } => {
+                assert_eq!(code, 3);
+                assert_eq!(cwd, "/a b");
+                assert!(exiting);
+                let mut n: Vec<String> = names.unwrap_or_default().into_iter().collect();
+                n.sort();
+                assert_eq!(n, ["hello", "ll"]);
+            }
+            _ => panic!("no marker"),
+        }
+        match parse_marker("0\x1f=\x1f1\x1f0\x1f/") {
+            Ending::Marker { names, .. } => assert_eq!(names.map(|n| n.len()), Some(0)),
+            _ => panic!("no marker"),
+        }
+    }
+
+    #[test]
+    fn a_marker_with_another_nonce_is_output() -> Result<()> {
+        let mut c = cap();
+        let mut pending = b"\x1exyz:0:/:xyz\x1e".to_vec();
+        assert!(scan(&mut pending, b"\x1eabc:", b":abc\x1e", &mut c)?.is_none());
+        pending.clear();
+        let out = c.finish()?;
+        assert!(out.text().contains("xyz:0"));
+        Ok(())
+    }
+
+    #[test]
+    fn snapshot_needs_its_trailer() {
+        let good = b"# berth snapshot v1 seq=7\nexport A=1\n# berth snapshot end seq=7\n";
+        assert_eq!(parse_snapshot(good).map(|s| s.0), Some(7));
+        let cut = b"# berth snapshot v1 seq=7\nexport A=1\n";
+        assert!(parse_snapshot(cut).is_none());
+        let wrong = b"# berth snapshot v1 seq=7\n# berth snapshot end seq=6\n";
+        assert!(parse_snapshot(wrong).is_none());
+        // Rewritten in place over a longer, older one: the stale tail is cut off.
+        let stale = b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\nexport OLD=1\n# berth snapshot end seq=7\n";
+        let (seq, text) = parse_snapshot(stale).unwrap_or_default();
+        assert_eq!(seq, 9);
+        assert!(!text.contains("OLD"));
+        // ... even where the cut splits a UTF-8 sequence of the older one.
+        let split =
+            b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\n\x98\x80x\n";
+        assert_eq!(parse_snapshot(split).map(|s| s.0), Some(9));
+        assert!(parse_snapshot(b"\xff\xfe").is_none());
+    }
+}

@@ -1,0 +1,377 @@
+//! The shell's lifecycle: starting one, restoring it from its newest snapshot,
+//! and replacing or reaping it when it dies. Also the local-only spin read, the
+//! one `unsafe` read of a shell's stdout (see [`SPIN`]).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::{debug, warn};
+
+use super::framing::parse_snapshot;
+use super::script::{self, SnapshotMode};
+use super::{SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE, STDERR_KEEP, Session, ShellInfo};
+use crate::backend::{BoxWrite, Process, SpawnOpts};
+use crate::error::{Error, Result};
+
+pub(super) struct Shell {
+    pub(super) process: Box<dyn Process>,
+    pub(super) stdin: BoxWrite,
+    pub(super) stdout: crate::backend::BoxRead,
+    /// `stdout`'s raw non-blocking descriptor, for a local shell: see [`SPIN`].
+    pub(super) spin_fd: Option<std::os::fd::RawFd>,
+    /// Read buffer, reused across commands.
+    pub(super) buf: Vec<u8>,
+    /// Bytes read but not yet attributed to a command.
+    pub(super) pending: Vec<u8>,
+    pub(super) stderr_tail: Arc<Mutex<Vec<u8>>>,
+    /// The task collecting stderr; done once the shell's stderr is closed.
+    pub(super) stderr_reader: Option<tokio::task::JoinHandle<()>>,
+    pub(super) info: ShellInfo,
+    /// The shell's function and alias names as of its last snapshot; `None` until
+    /// it first reports them, and until then every command snapshots.
+    pub(super) names: Option<HashSet<String>>,
+    /// A command set up something (a trap) that can change state at any time:
+    /// every command snapshots from then on.
+    pub(super) always_snapshot: bool,
+    /// The shell's watermark (time and pid), from its last end marker (see `KILL_TREE`).
+    pub(super) watermark: u64,
+    /// cwd and the length of `PATH` from the last end marker, and as of the last
+    /// snapshot. When they differ after a command that skipped its snapshot, the
+    /// engine asks for one: a backstop behind the reading of command texts.
+    pub(super) last_place: (String, u64),
+    pub(super) saved_place: Option<(String, u64)>,
+    /// The link to the shell broke and was re-attached: output of a lost
+    /// command may still be on its way, so the next command first sends an
+    /// empty one and drops everything up to its marker.
+    pub(super) resync: bool,
+}
+
+impl Shell {
+    /// Poll a local shell's stdout without waiting, for up to [`SPIN`], until the
+    /// end marker is in `pending`, the output ends, or time is up. Whatever it
+    /// reads lands in `pending` for the normal read loop to attribute.
+    pub(super) fn spin(&mut self, end_pat: &[u8]) {
+        let Some(fd) = self.spin_fd else {
+            return;
+        };
+        let until = Instant::now() + SPIN;
+        loop {
+            // SAFETY: `fd` belongs to `self.stdout`, which is alive for as long as
+            // `self` is; it is non-blocking (checked when the shell started), so
+            // this read returns at once; `buf` is valid for `buf.len()` bytes.
+            let n = unsafe { libc::read(fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
+            match usize::try_from(n) {
+                Ok(0) => return,
+                Ok(n) => {
+                    self.pending.extend_from_slice(&self.buf[..n]);
+                    if memchr::memmem::find(&self.pending, end_pat).is_some() {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::WouldBlock
+                        && e.kind() != std::io::ErrorKind::Interrupted
+                    {
+                        return;
+                    }
+                }
+            }
+            if Instant::now() >= until {
+                return;
+            }
+            // Let the shell run, should it share this CPU.
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Whether a descriptor is in non-blocking mode.
+pub(super) fn is_nonblocking(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: F_GETFL only reads the descriptor's flags; an invalid descriptor
+    // yields -1, which reads as "no".
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+pub(super) async fn keep_tail(
+    mut err: crate::backend::BoxRead,
+    tail: Arc<Mutex<Vec<u8>>>,
+    name: String,
+) {
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match err.read(&mut buf).await {
+            // A re-attached link: the stream goes on.
+            Err(e) if crate::backend::OutputGap::of(&e).is_some() => continue,
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                debug!(session = %name, stderr = %String::from_utf8_lossy(&buf[..n]), "shell stderr");
+                if let Ok(mut t) = tail.lock() {
+                    t.extend_from_slice(&buf[..n]);
+                    let len = t.len();
+                    if len > STDERR_KEEP {
+                        t.drain(..len - STDERR_KEEP);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Start a shell if there is none, restored from the last snapshot, within
+    /// `limit`. A snapshot the shell cannot replay within it is set aside: a
+    /// clean shell starts instead, and says so.
+    pub(super) async fn ensure_shell(&mut self, limit: Duration) -> Result<()> {
+        if self.shell.is_some() {
+            return Ok(());
+        }
+        let until = Instant::now() + limit;
+        self.start_shell(limit).await?;
+        let Some((seq, text)) = self.newest_snapshot(limit).await else {
+            return Ok(());
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        match self.replay(seq, &text, left).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                warn!(session = %self.cfg.name, seq, error = %e, "could not restore snapshot");
+                self.drop_shell().await;
+                self.notices.push(format!(
+                    "snapshot {seq} could not be restored ({e}); the session started from a clean shell"
+                ));
+                let left = until.saturating_duration_since(Instant::now());
+                self.start_shell(left.max(Duration::from_secs(1))).await?;
+                // Carry on the sequence, so the next snapshot supersedes the bad one.
+                self.internal(
+                    &format!("__berth_seq={seq}"),
+                    SnapshotMode::Never,
+                    STARTUP_DEADLINE,
+                )
+                .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Spawn a shell, send it the loop, and learn its pid and session id.
+    pub(super) async fn start_shell(&mut self, limit: Duration) -> Result<()> {
+        let layout = self.sandbox.layout().clone();
+        let argv: Vec<String> = ["bash", "--noprofile", "--norc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut process = self
+            .sandbox
+            .spawn(
+                &argv,
+                SpawnOpts {
+                    env: self.cfg.env.clone(),
+                    cwd: Some(layout.workdir.clone()),
+                    helper: false,
+                    ..SpawnOpts::default()
+                },
+            )
+            .await?;
+        let spin_fd = process.stdout_fd().filter(|fd| is_nonblocking(*fd));
+        let (stdin, stdout, stderr) = match (
+            process.take_stdin(),
+            process.take_stdout(),
+            process.take_stderr(),
+        ) {
+            (Some(i), Some(o), e) => (i, o, e),
+            _ => {
+                let _ = process.terminate().await;
+                return Err(self.session_error("the backend gave the shell no stdin or stdout"));
+            }
+        };
+        let stderr_tail = Arc::new(Mutex::new(Vec::new()));
+        let stderr_reader = stderr
+            .map(|err| tokio::spawn(keep_tail(err, stderr_tail.clone(), self.cfg.name.clone())));
+        let mut shell = Shell {
+            process,
+            stdin,
+            stdout,
+            spin_fd,
+            buf: vec![0u8; 64 * 1024],
+            pending: Vec::new(),
+            stderr_tail,
+            stderr_reader,
+            info: ShellInfo {
+                pid: 0,
+                sid: 0,
+                restored_seq: None,
+            },
+            names: None,
+            always_snapshot: false,
+            watermark: 0,
+            last_place: Default::default(),
+            saved_place: None,
+            resync: false,
+        };
+        let boot = script::bootstrap(
+            self.cfg.dir.as_deref().unwrap_or(&layout.berth_dir),
+            &layout.workdir,
+        );
+        if let Err(e) = shell.stdin.write_all(boot.as_bytes()).await {
+            // It died at once: its stderr says why (say, the sandbox wrapper's refusal).
+            if let Some(reader) = shell.stderr_reader.take() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+            }
+            let said = shell
+                .stderr_tail
+                .lock()
+                .map(|t| String::from_utf8_lossy(&t).trim().to_string())
+                .unwrap_or_default();
+            let said = if said.is_empty() {
+                String::new()
+            } else {
+                format!(": {said}")
+            };
+            return Err(self.session_error(&format!("could not start the shell: {e}{said}")));
+        }
+        self.shell = Some(shell);
+
+        let hello = self
+            .internal(script::HELLO, SnapshotMode::Never, limit)
+            .await?;
+        let mut parts = hello.split_whitespace().map(str::parse::<u32>);
+        let (pid, sid) = match (parts.next(), parts.next()) {
+            (Some(Ok(p)), Some(Ok(s))) => (p, s),
+            _ => {
+                self.drop_shell().await;
+                return Err(
+                    self.session_error(&format!("the shell's handshake was garbled ({hello:?})"))
+                );
+            }
+        };
+        if let Some(sh) = self.shell.as_mut() {
+            sh.info.pid = pid;
+            sh.info.sid = sid;
+        }
+        if pid != sid {
+            debug!(session = %self.cfg.name, pid, sid, "shell is not a session leader; tree kills use descent only");
+        }
+        Ok(())
+    }
+
+    /// The newest intact snapshot in the sandbox, if any. Each read is bounded by
+    /// `limit`: the files live where commands can replace them (by a FIFO, say).
+    pub(super) async fn newest_snapshot(&mut self, limit: Duration) -> Option<(u64, String)> {
+        let dir = self.state_dir();
+        let mut best: Option<(u64, String)> = None;
+        for slot in 0..2 {
+            let path = format!("{dir}/snap.{slot}");
+            let read = self.sandbox.read_file(&path, SNAPSHOT_LIMIT);
+            let data = match tokio::time::timeout(limit, read).await {
+                Ok(Ok(d)) => d,
+                Ok(Err(Error::NotFound { .. })) => continue,
+                Err(_) => {
+                    warn!(session = %self.cfg.name, %path, "reading a snapshot timed out");
+                    self.notices.push(format!(
+                        "snapshot {path} could not be read within {}s; ignored",
+                        limit.as_secs_f64()
+                    ));
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    warn!(session = %self.cfg.name, %path, error = %e, "cannot read snapshot");
+                    self.notices
+                        .push(format!("snapshot {path} could not be read ({e}); ignored"));
+                    continue;
+                }
+            };
+            match parse_snapshot(&data) {
+                Some((seq, text)) => {
+                    if best.as_ref().is_none_or(|(s, _)| seq > *s) {
+                        best = Some((seq, text));
+                    }
+                }
+                None => {
+                    warn!(session = %self.cfg.name, %path, "discarding corrupt snapshot");
+                    self.notices.push(format!(
+                        "snapshot {path} is corrupt or incomplete and was discarded"
+                    ));
+                }
+            }
+        }
+        best
+    }
+
+    /// Replay a snapshot into the new shell.
+    pub(super) async fn replay(&mut self, seq: u64, text: &str, limit: Duration) -> Result<()> {
+        let replay = script::strip_own(text);
+        let out = self.internal(&replay, SnapshotMode::Force, limit).await?;
+        debug!(session = %self.cfg.name, seq, output = %out, "restored snapshot");
+        if let Some(sh) = self.shell.as_mut() {
+            sh.info.restored_seq = Some(seq);
+        }
+        self.restored = Some(seq);
+        Ok(())
+    }
+
+    /// Kill the shell itself and forget it.
+    pub(super) async fn replace_shell(&mut self) {
+        if let Some(shell) = self.shell.as_ref() {
+            let argv = vec![
+                "kill".to_string(),
+                "-KILL".to_string(),
+                shell.info.pid.to_string(),
+            ];
+            if let Err(e) = self.run_helper(&argv).await {
+                debug!(session = %self.cfg.name, error = %e, "could not kill the shell in-band");
+            }
+        }
+        self.drop_shell().await;
+    }
+
+    pub(super) async fn drop_shell(&mut self) {
+        if let Some(mut shell) = self.shell.take() {
+            let _ = shell.process.terminate().await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), shell.process.wait()).await;
+        }
+    }
+
+    /// The shell's stdout ended: collect how it ended and forget it.
+    pub(super) async fn reap_dead_shell(&mut self) -> Result<String> {
+        let Some(mut shell) = self.shell.take() else {
+            return Ok("unknown status".into());
+        };
+        Ok(
+            match tokio::time::timeout(Duration::from_secs(5), shell.process.wait()).await {
+                Ok(Ok(st)) => match (st.code, st.signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (None, Some(s)) => format!("killed by signal {s}"),
+                    _ => "unknown status".into(),
+                },
+                Ok(Err(e @ Error::Unreachable { .. })) => return Err(e),
+                Ok(Err(e)) => format!("status unknown: {e}"),
+                Err(_) => {
+                    let _ = shell.process.terminate().await;
+                    "did not exit after closing its output".into()
+                }
+            },
+        )
+    }
+
+    /// After a re-attached link, drop what the lost command still writes:
+    /// an empty command's marker ends it. A lost command that still runs is
+    /// stopped when `limit` passes, as any command would be.
+    pub(super) async fn resync(&mut self, limit: Duration) -> Result<()> {
+        if !self.shell.as_ref().is_some_and(|s| s.resync) {
+            return Ok(());
+        }
+        let dropped = self.internal(":", SnapshotMode::Never, limit).await?;
+        debug!(session = %self.cfg.name, dropped = dropped.len(), "resynchronised a re-attached shell");
+        if let Some(sh) = self.shell.as_mut() {
+            sh.resync = false;
+        }
+        self.notices.push(
+            "the link to the shell broke and was re-attached; the shell kept its state".into(),
+        );
+        Ok(())
+    }
+}
