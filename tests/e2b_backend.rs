@@ -111,6 +111,8 @@ async fn a_stream_cut_mid_output_loses_the_command_never_success() -> TestResult
     let p = b.provision(&SandboxSpec::named("cut")).await?;
     let mut s = session(p.sandbox.clone(), "cut").await?;
     s.exec("export KEEP=1", ExecOpts::default()).await?;
+    // A plain variable lives in the shell alone, never in a snapshot.
+    let before = s.exec("plain=7; echo $$", ExecOpts::default()).await?;
     standin.faults().set(FaultPlan {
         cut_stream_on: Some("CUT-HERE".into()),
         ..Default::default()
@@ -119,16 +121,29 @@ async fn a_stream_cut_mid_output_loses_the_command_never_success() -> TestResult
         .exec("echo CUT-HERE; echo after", ExecOpts::default())
         .await;
     match &r {
-        Err(_) => {}
+        Err(e) => assert!(
+            e.to_string().contains("lost") && e.to_string().contains("re-attached"),
+            "{e}"
+        ),
         Ok(r) => panic!(
             "a cut stream reported exit {} with {:?}",
             r.exit_code,
             r.output.text()
         ),
     }
-    // The next command gets a new shell, restored from the snapshot.
-    let r = s.exec("echo $KEEP", ExecOpts::default()).await?;
-    assert_eq!((r.exit_code, r.output.text()), (0, "1\n".to_string()));
+    // envd's `Connect` re-attached the same shell: its pid, its plain
+    // variable and its exports are all still there, and the lost command's
+    // tail (`after`) does not leak into the next command's output.
+    let r = s.exec("echo $KEEP $plain $$", ExecOpts::default()).await?;
+    assert_eq!(
+        (r.exit_code, r.output.text()),
+        (0, format!("1 7 {}", before.output.text()))
+    );
+    assert!(
+        r.notices.iter().any(|n| n.contains("re-attached")),
+        "{:?}",
+        r.notices
+    );
     // Directly on the process: a cut stream is an error from wait, not a status.
     let sb = concrete(&b, "cut").await?;
     standin.faults().set(FaultPlan {
@@ -144,7 +159,11 @@ async fn a_stream_cut_mid_output_loses_the_command_never_success() -> TestResult
         .await
         .err()
         .ok_or("a cut stream gave an exit status")?;
-    assert!(e.to_string().contains("lost"), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("lost") && msg.contains("re-attached") && msg.contains("exit code 0"),
+        "{msg}"
+    );
     s.close().await;
     Ok(())
 }

@@ -4,8 +4,12 @@
 //! - `Start` (stdin enabled) answers with a stream whose first event is
 //!   `start{pid}`; until it arrives, an error is a failed spawn, classified.
 //! - A pump task turns `data` events into the stdout and stderr pipes and the
-//!   one `end` event into the exit. A stream that breaks or ends before `end`
-//!   is a lost command: both pipes fail and `wait` says so, never a success.
+//!   one `end` event into the exit. A stream that breaks before `end` is
+//!   re-attached with `Connect` by pid when the process still runs: each pipe
+//!   then gets one [`OutputGap`] error (what was written in between is lost)
+//!   and goes on, and `wait` reports the process as lost, never a success. A
+//!   stream that cannot be re-attached, or ends before `end`, is a lost
+//!   command: both pipes fail and `wait` says so.
 //!   `deadline_exceeded`, or an `end` with exit code -1 after a deadline berth
 //!   set, is a timeout.
 //! - stdin is a writer whose bytes go out in order, one `SendInput` call at a
@@ -21,7 +25,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, TermSize};
+use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, OutputGap, Process, TermSize};
 use berth_core::error::{Error, Result, SpawnFailure};
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
@@ -43,6 +47,13 @@ const PIPE_DEPTH: usize = 256;
 const DEADLINE_SLACK: Duration = Duration::from_millis(50);
 /// The most stdin bytes sent in one `SendInput`.
 const INPUT_CHUNK: usize = 256 * 1024;
+/// Attempts to re-attach a broken stream with `Connect`, and the pause before
+/// each: a connection that broke may take a moment to come back.
+const REATTACH_PAUSES: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(250),
+    Duration::from_secs(1),
+];
 
 /// How a process's stream ended.
 #[derive(Debug)]
@@ -53,6 +64,9 @@ pub enum Outcome {
     TimedOut,
     /// The stream broke before the `end` event: the outcome is unknown.
     Lost(String),
+    /// The stream broke and was re-attached, and then the process ended with
+    /// this status; but what it wrote in between is lost.
+    Gapped(String, ExitStatus),
     /// envd ended the stream with an error.
     Failed(ConnectError),
 }
@@ -114,7 +128,11 @@ pub(crate) async fn start(
     let (out_tx, out_rx) = mpsc::channel(PIPE_DEPTH);
     let (err_tx, err_rx) = mpsc::channel(PIPE_DEPTH);
     let (exit_tx, exit_rx) = oneshot::channel();
-    tokio::spawn(pump(stream, out_tx, err_tx, exit_tx, deadline));
+    let link = Link {
+        envd: envd.clone(),
+        pid,
+    };
+    tokio::spawn(pump(stream, out_tx, err_tx, exit_tx, deadline, link));
     let tty = spec.request.pty.is_some();
     let stdin: Option<BoxWrite> = if spec.request.stdin == Some(true) || tty {
         Some(Box::pin(InputWriter::new(envd.clone(), pid, tty)))
@@ -175,14 +193,59 @@ fn reader(rx: mpsc::Receiver<io::Result<Bytes>>) -> BoxRead {
     Box::pin(tokio_util::io::StreamReader::new(Box::pin(stream)))
 }
 
+/// Where a process's stream can be re-attached.
+struct Link {
+    envd: Envd,
+    pid: u32,
+}
+
+impl Link {
+    /// `Connect` to the process by pid: a new stream of its events from now
+    /// on, once envd confirms with `start`. `None` when it cannot be had: the
+    /// process ended, or the sandbox or the link is gone for good.
+    async fn reattach(&self) -> Option<ServerStream> {
+        let req = SelectRequest {
+            process: Selector::Pid(self.pid),
+        };
+        for pause in REATTACH_PAUSES {
+            tokio::time::sleep(pause).await;
+            let mut stream = match self
+                .envd
+                .stream("/process.Process/Connect", &req, None)
+                .await
+            {
+                Ok(s) => s,
+                // The link is still down: try again.
+                Err(CallError::Transport(_)) => continue,
+                // Refused (the process ended, the sandbox is gone): trying
+                // again will not help.
+                Err(_) => return None,
+            };
+            match stream.next::<EventResponse>().await {
+                Step::Message(EventResponse {
+                    event: Some(ev), ..
+                }) if ev.start.as_ref().is_some_and(|s| s.pid == self.pid) => {
+                    return Some(stream);
+                }
+                Step::Cut(_) => continue,
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
 async fn pump(
     mut stream: ServerStream,
     out: mpsc::Sender<io::Result<Bytes>>,
     err: mpsc::Sender<io::Result<Bytes>>,
     exit: oneshot::Sender<Outcome>,
     deadline: Option<Instant>,
+    link: Link,
 ) {
     let mut end: Option<EndEvent> = None;
+    // Why the stream broke, once it was re-attached after a break.
+    let mut gap: Option<String> = None;
     let outcome = loop {
         match stream.next::<EventResponse>().await {
             Step::Message(r) => {
@@ -215,12 +278,25 @@ async fn pump(
             }
             // The `end` event arrived, only the trailer was lost: the outcome is known.
             Step::Cut(why) => {
-                break match end.take() {
-                    Some(e) => from_end(e, deadline),
-                    None => Outcome::Lost(why),
+                if let Some(e) = end.take() {
+                    break from_end(e, deadline);
+                }
+                // The link broke, perhaps not the process: re-attach to it, and
+                // tell each reader, in its stream, that bytes are missing.
+                let Some(again) = link.reattach().await else {
+                    break Outcome::Lost(why);
                 };
+                tracing::debug!(pid = link.pid, %why, "re-attached a broken envd stream");
+                let _ = out.send(Err(OutputGap(why.clone()).into_io())).await;
+                let _ = err.send(Err(OutputGap(why.clone()).into_io())).await;
+                gap = Some(why);
+                stream = again;
             }
         }
+    };
+    let outcome = match (outcome, gap) {
+        (Outcome::Exited(s), Some(why)) => Outcome::Gapped(why, s),
+        (o, _) => o,
     };
     if let Outcome::Lost(why) = &outcome {
         let e = || io::Error::new(io::ErrorKind::ConnectionAborted, why.clone());
@@ -307,6 +383,20 @@ impl Process for E2bProcess {
                     "sandbox `{sandbox}`: `{program}` hit its deadline and envd killed it (timed out)"
                 ),
             }),
+            // Re-attached after a break: the status is known, but not all of
+            // the output, so it is no success.
+            Outcome::Gapped(why, s) => Err(Error::Unreachable {
+                backend: KIND,
+                detail: format!(
+                    "sandbox `{sandbox}`: the stream of `{program}` broke ({why}); berth re-attached and it then ended with {}, but the output written in between is lost",
+                    match (s.code, s.signal) {
+                        (Some(c), _) => format!("exit code {c}"),
+                        (None, Some(sig)) => format!("signal {sig}"),
+                        _ => "an unknown status".into(),
+                    }
+                ),
+                hint: "check the network; check the command's effects before running it again".into(),
+            }),
             // A lost link, as the engine expects it: the outcome is unknown.
             Outcome::Lost(why) => Err(Error::Unreachable {
                 backend: KIND,
@@ -357,10 +447,11 @@ impl Process for E2bProcess {
             Ok(()) => Ok(()),
             Err(e) if e.code() == Some("not_found") => Ok(()),
             Err(CallError::Status { status: 502, .. }) => Ok(()),
-            Err(e) => Err(Error::Backend {
-                backend: KIND,
-                detail: format!("sandbox `{}`: killing pid {}: {e}", self.sandbox, self.pid),
-            }),
+            Err(e) => Err(Error::backend_call(
+                KIND,
+                format!("sandbox `{}`: killing pid {}: {e}", self.sandbox, self.pid),
+                e,
+            )),
         }
     }
 }
