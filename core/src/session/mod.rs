@@ -14,7 +14,7 @@
 //!   next command gets a new shell restored from the snapshot.
 //!
 //! Where it lives: this file holds the session's types and a command's run;
-//! [`framing`] reads markers and snapshots, `shell` starts, restores and reaps
+//! [`framing`] sends a command and reads it to its marker, `shell` starts, restores and reaps
 //! the shell, and `stop` escalates a timeout or an interrupt.
 
 pub mod capture;
@@ -30,14 +30,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::backend::{OutputGap, Sandbox};
 use crate::error::{Error, Result};
 pub use capture::{Capture, CaptureLimits, Output, Tee};
-use framing::{Ending, is_lost_framing, new_nonce, scan};
+use framing::{Ending, is_lost_framing, new_nonce};
 use script::SnapshotMode;
 use shell::Shell;
 use stop::Stop;
@@ -526,198 +526,6 @@ impl Session {
             .dir
             .clone()
             .unwrap_or_else(|| self.sandbox.layout().berth_dir.clone())
-    }
-
-    /// Run berth's own command in the shell and return its output as text.
-    async fn internal(
-        &mut self,
-        text: &str,
-        snapshot: SnapshotMode,
-        limit: Duration,
-    ) -> Result<String> {
-        let mut capture = Capture::new(
-            CaptureLimits {
-                head: 64 * 1024,
-                tail: 0,
-            },
-            None,
-        )?;
-        // berth's own commands finish at once: one that does not is not stopped
-        // step by step like a user's, its shell is replaced.
-        let framed = self.run_framed(text, false, snapshot, &mut capture, None, None);
-        let Ok(framed) = tokio::time::timeout(limit, framed).await else {
-            self.replace_shell().await;
-            return Err(self.session_error(&format!(
-                "the shell did not answer berth's own command within {:.1}s; it was replaced",
-                limit.as_secs_f64()
-            )));
-        };
-        let (ending, _) = framed?;
-        let out = capture.finish()?.text();
-        if let Some(Ending::Marker { .. }) = ending {
-            return Ok(out);
-        }
-        // The shell ended. Its last words (say, the sandbox wrapper's refusal)
-        // may still be in flight on stderr: give the reader a moment to finish,
-        // and keep them before the shell is reaped, which drops its stderr.
-        if let Some(reader) = self.shell.as_mut().and_then(|s| s.stderr_reader.take()) {
-            let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
-        }
-        let stderr = self.stderr_text();
-        if matches!(ending, Some(Ending::Eof))
-            && self
-                .reap_dead_shell()
-                .await
-                .is_ok_and(|st| is_lost_framing(&st))
-        {
-            return Err(self.lost_framing());
-        }
-        self.drop_shell().await;
-        Err(self.session_error(&format!(
-            "the shell died while starting{}",
-            if stderr.is_empty() {
-                String::new()
-            } else {
-                format!(": {stderr}")
-            }
-        )))
-    }
-
-    /// Send one framed command and read until its marker, the shell's end, or the
-    /// end of the stop sequence. Returns `None` as the ending when the shell had to
-    /// be replaced.
-    async fn run_framed(
-        &mut self,
-        text: &str,
-        with_stdin: bool,
-        snapshot: SnapshotMode,
-        capture: &mut Capture,
-        timeout: Option<Duration>,
-        cancel: Option<CancellationToken>,
-    ) -> Result<(Option<Ending>, Option<Stop>)> {
-        if text.len() > script::MAX_TEXT {
-            return Err(Error::InvalidInput(format!(
-                "the command text is {} bytes, more than a frame carries ({} bytes); write it to a file and run that",
-                text.len(),
-                script::MAX_TEXT
-            )));
-        }
-        let nonce = new_nonce();
-        // The guard runs after anything that may define a function; the engine's
-        // reading of the text sends every such command with a snapshot.
-        let guard = snapshot != SnapshotMode::Auto
-            || !self.cfg.read_commands
-            || text.contains("builtin")
-            || text.contains("enable");
-        let frame = script::frame(&nonce, text, snapshot, with_stdin, guard);
-
-        let start_pat = format!("\u{1e}{nonce}:").into_bytes();
-        let end_pat = format!(":{nonce}\u{1e}").into_bytes();
-        let cancel = cancel.unwrap_or_default();
-        // A command that sets traps may have replaced the one that abandons it
-        // on an interrupt: stopping it kills its shell instead.
-        let distrust = text.contains("trap");
-        let mut deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        let mut stop: Option<Stop> = None;
-        let mut stage = 0usize;
-
-        let Some(shell) = self.shell.as_mut() else {
-            return Err(self.session_error("no shell"));
-        };
-        // The shell is idle at its `read`, so the frame drains promptly; a shell that
-        // does not take it within the deadline is wedged and gets replaced.
-        let write = async {
-            shell.stdin.write_all(&frame).await?;
-            shell.stdin.flush().await
-        };
-        let write_limit = timeout.unwrap_or(STARTUP_DEADLINE).min(STARTUP_DEADLINE);
-        match tokio::time::timeout(write_limit, write).await {
-            Ok(Ok(())) => {}
-            // A closed stdin means the shell is gone; its stdout ends too and the
-            // loop below reports that.
-            Ok(Err(e)) => debug!(session = %self.cfg.name, error = %e, "shell stdin closed"),
-            Err(_) => {
-                self.replace_shell().await;
-                return Err(self.session_error(
-                    "the shell stopped reading its input; it was replaced, run the command again",
-                ));
-            }
-        }
-
-        if let Some(shell) = self.shell.as_mut() {
-            shell.spin(&end_pat);
-        }
-        loop {
-            // Attribute whatever is pending.
-            if let Some(shell) = self.shell.as_mut()
-                && let Some(mut ending) = scan(&mut shell.pending, &start_pat, &end_pat, capture)?
-            {
-                if let Ending::Marker {
-                    names,
-                    watermark_before,
-                    cwd,
-                    path_len,
-                    ..
-                } = &mut ending
-                {
-                    shell.last_place = (cwd.clone(), *path_len);
-                    if let Some(n) = names.clone() {
-                        shell.names = Some(n);
-                        shell.saved_place = Some(shell.last_place.clone());
-                    }
-                    // The marker carried the watermark after the command.
-                    std::mem::swap(&mut shell.watermark, watermark_before);
-                }
-                return Ok((Some(ending), stop));
-            }
-            let Some(shell) = self.shell.as_mut() else {
-                return Ok((None, stop));
-            };
-            let sleep = async move {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                // Read in place rather than through a pump task: one fewer hop per
-                // round trip, and the pipe itself is the backpressure.
-                n = shell.stdout.read(&mut shell.buf) => match n {
-                    Ok(0) => {
-                        capture.push(&std::mem::take(&mut shell.pending))?;
-                        return Ok((Some(Ending::Eof), stop));
-                    }
-                    Ok(n) => shell.pending.extend_from_slice(&shell.buf[..n]),
-                    Err(e) if OutputGap::of(&e).is_some() => {
-                        capture.push(&std::mem::take(&mut shell.pending))?;
-                        let why = OutputGap::of(&e).map(|g| g.0.clone()).unwrap_or_default();
-                        return Ok((Some(Ending::Gap(why)), stop));
-                    }
-                    Err(e) => {
-                        debug!(session = %self.cfg.name, error = %e, "shell stdout failed");
-                        capture.push(&std::mem::take(&mut shell.pending))?;
-                        return Ok((Some(Ending::Eof), stop));
-                    }
-                },
-                _ = sleep => {
-                    let why = stop.unwrap_or(Stop::Timeout);
-                    stop = Some(why);
-                    if !self.escalate(stage, why, distrust).await {
-                        return Ok((None, stop));
-                    }
-                    stage += 1;
-                    deadline = Some(tokio::time::Instant::now() + self.cfg.grace);
-                }
-                _ = cancel.cancelled(), if stop.is_none() => {
-                    stop = Some(Stop::Interrupt);
-                    if !self.escalate(stage, Stop::Interrupt, distrust).await {
-                        return Ok((None, stop));
-                    }
-                    stage += 1;
-                    deadline = Some(tokio::time::Instant::now() + self.cfg.grace);
-                }
-            }
-        }
     }
 
     fn stderr_text(&self) -> String {
