@@ -16,6 +16,14 @@ use super::{Capture, CaptureLimits, STARTUP_DEADLINE, Session};
 use crate::backend::OutputGap;
 use crate::error::{Error, Result};
 
+/// How one command is framed: when its snapshot is written, and whether the
+/// loop's guard runs after it (see `script::GUARD`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Plan {
+    pub(super) snapshot: SnapshotMode,
+    pub(super) guard: bool,
+}
+
 /// How a framed command ended.
 pub(super) enum Ending {
     Marker {
@@ -159,7 +167,12 @@ impl Session {
         )?;
         // berth's own commands finish at once: one that does not is not stopped
         // step by step like a user's, its shell is replaced.
-        let framed = self.run_framed(text, false, snapshot, &mut capture, None, None);
+        // berth's own text (a snapshot's replay) defines functions: guarded.
+        let plan = Plan {
+            snapshot,
+            guard: true,
+        };
+        let framed = self.run_framed(text, false, plan, &mut capture, None, None);
         let Ok(framed) = tokio::time::timeout(limit, framed).await else {
             self.replace_shell().await;
             return Err(self.session_error(&format!(
@@ -205,7 +218,7 @@ impl Session {
         &mut self,
         text: &str,
         with_stdin: bool,
-        snapshot: SnapshotMode,
+        plan: Plan,
         capture: &mut Capture,
         timeout: Option<Duration>,
         cancel: Option<CancellationToken>,
@@ -218,13 +231,7 @@ impl Session {
             )));
         }
         let nonce = new_nonce();
-        // The guard runs after anything that may define a function; the engine's
-        // reading of the text sends every such command with a snapshot.
-        let guard = snapshot != SnapshotMode::Auto
-            || !self.cfg.read_commands
-            || text.contains("builtin")
-            || text.contains("enable");
-        let frame = script::frame(&nonce, text, snapshot, with_stdin, guard);
+        let frame = script::frame(&nonce, text, plan.snapshot, with_stdin, plan.guard);
 
         let start_pat = format!("\u{1e}{nonce}:").into_bytes();
         let end_pat = format!(":{nonce}\u{1e}").into_bytes();

@@ -37,7 +37,7 @@ use tracing::{debug, warn};
 use crate::backend::{OutputGap, Sandbox};
 use crate::error::{Error, Result};
 pub use capture::{Capture, CaptureLimits, Output, Tee};
-use framing::{Ending, is_lost_framing, new_nonce};
+use framing::{Ending, Plan, is_lost_framing, new_nonce};
 use script::SnapshotMode;
 use shell::Shell;
 use stop::Stop;
@@ -281,7 +281,7 @@ impl Session {
             }
             None => None,
         };
-        let mode = self.snapshot_mode(command);
+        let plan = self.plan(command);
         let timeout = opts.timeout.map(|t| {
             t.saturating_sub(started.elapsed())
                 .max(Duration::from_millis(1))
@@ -294,7 +294,7 @@ impl Session {
             .run_framed(
                 command,
                 stdin_path.is_some(),
-                mode,
+                plan,
                 &mut capture,
                 timeout,
                 opts.cancel.clone(),
@@ -425,26 +425,43 @@ impl Session {
         })
     }
 
-    /// Whether this command's snapshot can be left to the shell's own check of
-    /// cwd and `PATH`: only when the text cannot change state otherwise.
-    fn snapshot_mode(&mut self, command: &str) -> SnapshotMode {
+    /// How to frame this command, from a reading of its text:
+    /// - its snapshot can be left to the shell's own check of cwd and `PATH`
+    ///   only when the text cannot change state otherwise;
+    /// - the guard, which undoes what would break the loop (a function named
+    ///   `builtin`, a disabled builtin, a replaced trap), runs after anything
+    ///   that may define a function or change how builtins resolve, and after
+    ///   every command once a trap was set (a trap can run any code later).
+    ///   Most state changes (`export`, `cd`, assignments) cannot, and skip it.
+    fn plan(&mut self, command: &str) -> Plan {
+        let named = |snapshot| Plan {
+            snapshot,
+            guard: true,
+        };
         let Some(shell) = self.shell.as_mut() else {
-            return SnapshotMode::Force;
+            return named(SnapshotMode::Force);
         };
         let Some(names) = &shell.names else {
-            return SnapshotMode::Force;
+            return named(SnapshotMode::Force);
         };
         if !self.cfg.read_commands {
-            return SnapshotMode::Auto;
+            return named(SnapshotMode::Auto);
         }
         let fx = effects::effects(command, names);
         if fx.sticky {
             shell.always_snapshot = true;
         }
-        if fx.may_change || shell.always_snapshot {
+        let snapshot = if fx.may_change || shell.always_snapshot {
             SnapshotMode::Force
         } else {
             SnapshotMode::Auto
+        };
+        Plan {
+            snapshot,
+            guard: fx.may_define
+                || shell.always_snapshot
+                || command.contains("builtin")
+                || command.contains("enable"),
         }
     }
 

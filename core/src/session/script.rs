@@ -242,6 +242,10 @@ fn guard() -> String {
 
 /// The function that reports a command and writes its snapshot. It is defined
 /// again right before each call, so a command that redefines it changes nothing.
+/// While it writes a snapshot it removes itself and the EXIT function, both
+/// defined again before their next use: `declare -f` then prints the user's
+/// functions only, not berth's two longest (bash runs a copy of a function's
+/// body, so removing the running one is safe).
 const POST: &str = r#"__berth_post() {
   __berth_busy=
   if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
@@ -258,6 +262,7 @@ const POST: &str = r#"__berth_post() {
       builtin printf '# berth snapshot v2 seq=%s\n__berth_seq=%s\n' "$__berth_seq" "$__berth_seq"
       builtin export -p
       builtin printf 'builtin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
+      builtin unset -f __berth_exit __berth_post
       builtin declare -f
       builtin printf '# berth aliases\n'
       builtin alias -p

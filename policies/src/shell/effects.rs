@@ -55,6 +55,14 @@ const STATEFUL: &[&str] = &[
     "ulimit",
 ];
 
+/// Builtins that can define a function, change how a builtin resolves (`enable`,
+/// a shell option), replace a trap, or run text the reader cannot see. After a
+/// command that may do any of that, the loop runs its guard (see berth-core's
+/// `session::script`), which undoes what would break the loop.
+const DEFINING: &[&str] = &[
+    ".", "builtin", "command", "enable", "eval", "exec", "set", "shopt", "source", "trap",
+];
+
 /// Builtins whose effect outlasts the command: once seen, every later command in
 /// the session counts as a possible change (a trap can run any code later).
 const STICKY: &[&str] = &["trap", "enable"];
@@ -66,6 +74,9 @@ pub struct Effects {
     pub may_change: bool,
     /// The command sets up something (a trap) that can change state later.
     pub sticky: bool,
+    /// The command may define a function, change how builtins resolve, or
+    /// replace a trap: a subset of `may_change`.
+    pub may_define: bool,
 }
 
 /// Read `text` and tell whether running it at the shell's top level may change
@@ -76,6 +87,7 @@ pub fn effects(text: &str, names: &HashSet<String>) -> Effects {
         return Effects {
             may_change: true,
             sticky: false,
+            may_define: true,
         };
     };
     of_script(&script, names)
@@ -86,6 +98,7 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
     let mut fx = Effects {
         may_change: !script.state.is_empty() || !script.opaque.is_empty(),
         sticky: false,
+        may_define: !script.opaque.is_empty() || !script.functions.is_empty(),
     };
     for cmd in &script.commands {
         let first = cmd.argv.iter().position(|w| argv::assignment(w).is_none());
@@ -94,6 +107,7 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
         };
         if !cmd.is_literal(first) {
             fx.may_change = true;
+            fx.may_define = true;
         }
         for view in argv::views(&cmd.argv) {
             let Some(prog) = view.first().map(String::as_str) else {
@@ -105,6 +119,9 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
             if STATEFUL.contains(&prog) || names.contains(prog) {
                 fx.may_change = true;
             }
+            if DEFINING.contains(&prog) || names.contains(prog) {
+                fx.may_define = true;
+            }
             if prog == "printf" && view.iter().any(|a| a.starts_with("-v")) {
                 fx.may_change = true;
             }
@@ -113,6 +130,7 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
         // even where `views` would read it as a path.
         if names.contains(&cmd.argv[first]) {
             fx.may_change = true;
+            fx.may_define = true;
         }
     }
     fx
@@ -245,5 +263,54 @@ mod tests {
         assert!(effects("enable -f ./x.so x", &HashSet::new()).sticky);
         assert!(!effects("grep -rn trap src", &HashSet::new()).sticky);
         assert!(!effects("cd /tmp", &HashSet::new()).sticky);
+    }
+
+    /// What can break the session loop (a function that shadows `builtin`, a
+    /// disabled builtin, a replaced trap) is a narrower set than what changes
+    /// state: `export` and `cd` change state but cannot define anything, so
+    /// they skip the guard that runs after definitions.
+    #[test]
+    fn definitions_are_told_apart_from_other_changes() {
+        let defines = |t: &str, names: &[&str]| {
+            let names: HashSet<String> = names.iter().map(|s| s.to_string()).collect();
+            effects(t, &names)
+        };
+        for t in [
+            "export A=1",
+            "cd /tmp",
+            "A=1; B=2",
+            "unset A",
+            "declare -x A=1",
+            "alias ll='ls -l'",
+            "read -r x < f",
+            "umask 022",
+        ] {
+            let fx = defines(t, &[]);
+            assert!(fx.may_change && !fx.may_define, "{t:?}: {fx:?}");
+        }
+        for t in [
+            "f() { :; }",
+            "function builtin { :; }",
+            "eval \"$x\"",
+            "source ./env.sh",
+            ". ./env.sh",
+            "enable -n read",
+            "trap 'echo' USR1",
+            "builtin eval x",
+            "command eval x",
+            "set -o posix",
+            "shopt -s extglob",
+            "$cmd arg",
+            "exec 3>&-",
+            "x=$(echo hi); \"$x\"",
+        ] {
+            let fx = defines(t, &[]);
+            assert!(fx.may_define, "{t:?} may define: {fx:?}");
+        }
+        // A function or alias the session defined can do anything.
+        assert!(defines("mkvenv", &["mkvenv"]).may_define);
+        assert!(!defines("echo hi", &["mkvenv"]).may_define);
+        // Text that does not parse is assumed to define.
+        assert!(defines("if then fi (", &[]).may_define);
     }
 }
