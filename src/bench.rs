@@ -78,7 +78,14 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         "persistent session, `export` + snapshot",
     )
     .await?;
-    let floor = floor_series(&a.backend, &sandbox, &spec_host, a.count).await?;
+    let floor = floor_series(
+        &a.backend,
+        &sandbox,
+        &spec_host,
+        &rt.config().state_dir,
+        a.count,
+    )
+    .await?;
     let job_wake = crate::bench_jobs::job_wake_latency(&rt, &a.backend, BENCH_SANDBOX).await?;
     let (out_berth, out_floor) = output_throughput(&rt, &a.backend).await?;
     let mbps = |d: Duration| THROUGHPUT_BYTES as f64 / 1e6 / d.as_secs_f64().max(1e-9);
@@ -348,8 +355,11 @@ async fn floor_series(
     backend: &str,
     sandbox: &Arc<dyn Sandbox>,
     spec_host: &Option<String>,
+    state_dir: &std::path::Path,
     n: usize,
 ) -> Result<Series> {
+    #[cfg(not(feature = "docker"))]
+    let _ = state_dir; // only docker names its containers by installation
     #[cfg(not(feature = "ssh"))]
     let _ = spec_host; // only ssh has a host to name
     match backend {
@@ -391,9 +401,15 @@ async fn floor_series(
         }
         #[cfg(feature = "docker")]
         "docker" => {
-            let per =
-                berth_backends::docker::bench::fresh_exec_per_command(sandbox.name(), n, PROBE)
-                    .await?;
+            // The sandbox's container, as this state dir's installation names it.
+            let installation = berth_backends::installation_id(state_dir)?;
+            let per = berth_backends::docker::bench::fresh_exec_per_command(
+                &installation,
+                sandbox.name(),
+                n,
+                PROBE,
+            )
+            .await?;
             Ok(Series {
                 label: "a fresh exec per command (bollard)",
                 per_cmd: per,

@@ -542,6 +542,36 @@ fn bench_reports_both_series_and_their_ratio() -> TestResult {
     Ok(())
 }
 
+/// On docker the floor is a fresh exec in the bench sandbox's own container,
+/// found under this state dir's installation id (it once looked under a new
+/// random one, and the bench failed with "No such container").
+#[test]
+fn bench_runs_on_docker_against_a_fresh_exec() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = berth(
+        dir.path(),
+        &["bench", "-n", "5", "--json", "--backend", "docker"],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["backend"], "docker");
+    for k in [
+        "session_ms",
+        "session_stateful_ms",
+        "floor_ms",
+        "snapshot_cost_ms",
+    ] {
+        assert!(v[k].as_f64().is_some_and(|x| x >= 0.0), "{k}: {v}");
+    }
+    assert!(v["floor_ms"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    let o = berth(
+        dir.path(),
+        &["sandbox", "ls", "--backend", "docker", "--json"],
+    )?;
+    assert!(!stdout(&o).contains("berth-bench"), "{}", stdout(&o));
+    Ok(())
+}
+
 #[test]
 fn state_spool_and_sandboxes_are_private() -> TestResult {
     use std::os::unix::fs::PermissionsExt;

@@ -98,9 +98,17 @@ const PROBE: &str = "echo hi";
 /// The floor for `berth bench --backend docker`: the mean time of `n` fresh
 /// execs of `bash -c probe` in sandbox `sandbox`'s container, each created,
 /// started, read to its end and inspected through bollard, on the daemon at
-/// `DOCKER_HOST`. The probe must print `hi`.
-pub async fn fresh_exec_per_command(sandbox: &str, n: usize, probe: &str) -> Result<Duration> {
-    let backend = DockerBackend::connect().await?;
+/// `DOCKER_HOST`, as installation `installation` names it (see
+/// [`crate::installation_id`]). The probe must print `hi`.
+pub async fn fresh_exec_per_command(
+    installation: &str,
+    sandbox: &str,
+    n: usize,
+    probe: &str,
+) -> Result<Duration> {
+    let backend = DockerBackend::connect()
+        .await?
+        .with_installation(installation);
     fresh_execs(
         backend.client(),
         &backend.names().container(sandbox),
