@@ -190,8 +190,9 @@ trap '\__berth_exit' EXIT
 /// Builtins a command disabled (`enable -n`) are enabled again.
 ///
 /// It runs after every command the engine marks (flag `g`: any command that may
-/// change state, or names `builtin` or `enable`), which is every command that
-/// can define a function.
+/// define a function, disable a builtin, replace a trap or run text the engine
+/// cannot read, every command once a trap is set, and any that names `builtin`
+/// or `enable`). Other state changes (`export`, `cd`) skip it.
 const GUARD: &str = concat!(
     r#"if [[ :$SHELLOPTS: == *:posix:* ]]; then "#,
     r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x"; __berth_gone+=" $__berth_x"; }; done; "#,
@@ -341,8 +342,11 @@ fn main_loop() -> String {
         rs,
         r#"builtin eval "$__berth_c" <"$__berth_in"; "#,
         "__berth_rc=$?; ",
+        // The guard only after a command the engine read as one that may
+        // define a function or change how builtins resolve (flag `g`).
+        "if [[ ${__berth_h:11:1} == g ]]; then ",
         &guard,
-        "\n",
+        "\nfi\n",
         POST,
         "__berth_post ;;\n",
         "esac; done; [[ -n $__berth_busy ]] || break; __berth_rc=0; ",
