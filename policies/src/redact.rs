@@ -62,6 +62,11 @@ pub struct Redactor {
     shapes: Vec<Shape>,
     /// How each shape begins (see [`INTROS`]), ASCII case-insensitive.
     intros: Option<AhoCorasick>,
+    /// The same intros, for one question only: is any of them anywhere? The
+    /// regex engine finds case-insensitive literals with a SIMD prefilter,
+    /// which the overlapping automaton cannot use, so output with no intro
+    /// at all (most of it) costs one fast pass.
+    any_intro: Option<regex::bytes::Regex>,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -191,12 +196,19 @@ impl Redactor {
             .match_kind(MatchKind::Standard)
             .build(INTROS.iter().map(|(i, _, _)| i.as_bytes()))
             .ok();
+        let alternation: Vec<String> = INTROS.iter().map(|(i, _, _)| regex::escape(i)).collect();
+        let any_intro = regex::bytes::RegexBuilder::new(&alternation.join("|"))
+            .case_insensitive(true)
+            .unicode(false)
+            .build()
+            .ok();
         Self {
             literals,
             literal_values: pairs.iter().map(|(_, v)| v.as_bytes().to_vec()).collect(),
             literal_names: pairs.into_iter().map(|(k, _)| k).collect(),
             shapes,
             intros,
+            any_intro,
         }
     }
 
@@ -217,6 +229,9 @@ impl Redactor {
         let Some(intros) = &self.intros else {
             return u32::MAX;
         };
+        if !self.any_intro_in(text) {
+            return 0;
+        }
         let mut found = 0u32;
         for m in intros.find_overlapping_iter(text) {
             for &i in INTROS[m.pattern().as_usize()].2 {
@@ -224,6 +239,11 @@ impl Redactor {
             }
         }
         found
+    }
+
+    /// Whether any shape's intro occurs in `text` (true when unknown).
+    fn any_intro_in(&self, text: &[u8]) -> bool {
+        self.any_intro.as_ref().is_none_or(|a| a.is_match(text))
     }
 
     fn ranges(&self, text: &[u8]) -> Vec<(usize, usize, String)> {
@@ -374,6 +394,9 @@ impl Redactor {
         let Some(intros) = &self.intros else {
             return (u32::MAX, from.max(floor));
         };
+        if !self.any_intro_in(buf) {
+            return (0, from.max(floor));
+        }
         // A shape begun and not yet ended: a token in the last word, a keyword
         // in the last line, a key block with no end.
         let line = buf[floor..]
@@ -745,5 +768,32 @@ mod tests {
             "{}",
             r.redact(text)
         );
+    }
+
+    /// The fast "any intro at all?" check never says no where the full
+    /// (overlapping, case-insensitive) pass finds an intro.
+    #[test]
+    fn the_quick_intro_check_agrees_with_the_full_pass() {
+        let r = Redactor::shapes_only();
+        let mut samples: Vec<String> = vec![
+            "a".repeat(5000),
+            "plain log line with nothing in it\n".repeat(100),
+            "xx-sk".into(),
+        ];
+        for (intro, _, _) in INTROS {
+            samples.push(format!("aaaa {intro} aaaa"));
+            samples.push(format!("zz{}zz", intro.to_ascii_lowercase()));
+            samples.push(intro.to_ascii_uppercase());
+        }
+        for s in &samples {
+            let full = r
+                .intros
+                .as_ref()
+                .unwrap()
+                .find_overlapping_iter(s.as_bytes())
+                .next()
+                .is_some();
+            assert_eq!(r.any_intro_in(s.as_bytes()), full, "{s:.60}");
+        }
     }
 }
