@@ -83,13 +83,7 @@ impl Runtime {
     /// Change a terminal job's size; its program gets SIGWINCH.
     pub async fn resize_job(&self, id: &str, size: TermSize) -> Result<()> {
         let (job, _) = self.pty_job(id).await?;
-        if job.state.is_final() {
-            return Err(Error::InvalidInput(format!(
-                "job {} has {}; its terminal is gone",
-                job.id,
-                job.state.as_str()
-            )));
-        }
+        job.still_running("its terminal is gone")?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let args = argv(&[
             "bash",
@@ -141,13 +135,7 @@ impl Runtime {
     /// rather than one helper per write as [`Runtime::send_job`] does.
     pub async fn job_input(&self, id: &str) -> Result<JobInput> {
         let job = self.job(id).await?;
-        if job.state.is_final() {
-            return Err(Error::InvalidInput(format!(
-                "job {} has {}; there is no stdin to write to",
-                job.id,
-                job.state.as_str()
-            )));
-        }
+        job.still_running("there is no stdin to write to")?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let cmd = format!(
             "exec cat > {}/in",
@@ -177,4 +165,18 @@ pub struct JobInput {
     /// Bytes written here reach the job's stdin (its terminal, for a terminal job).
     pub stdin: crate::backend::BoxWrite,
     _process: Box<dyn crate::backend::Process>,
+}
+
+impl Job {
+    /// An error naming how the job ended and `what` that means, once it has.
+    fn still_running(&self, what: &str) -> Result<()> {
+        if !self.state.is_final() {
+            return Ok(());
+        }
+        Err(Error::InvalidInput(format!(
+            "job {} has {}; {what}",
+            self.id,
+            self.state.as_str()
+        )))
+    }
 }
