@@ -1,16 +1,16 @@
 //! `berth approvals ls`, `berth approve ID [--always]`, `berth deny ID`:
 //! answering the commands that wait for a person, from any terminal.
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
 use berth_core::approvals::Approval;
+use berth_core::gate::Gate;
 use berth_core::store::{Event, Store};
 use berth_policies::shell::printable;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::context;
+use crate::io::outln;
 
 #[derive(Subcommand, Debug)]
 pub enum ApprovalsCmd {
@@ -43,29 +43,23 @@ pub struct AnswerArgs {
     pub json: bool,
 }
 
-fn store(state_dir: Option<PathBuf>) -> Result<Store> {
-    let dir = context::state_dir(state_dir)?;
-    Ok(Store::open(&dir)?)
-}
-
-pub fn ls(state_dir: Option<PathBuf>, cmd: ApprovalsCmd) -> Result<u8> {
+/// `approvals ls` on `store`, redacting with `gate`.
+pub fn ls(store: &Store, gate: &Gate, cmd: ApprovalsCmd) -> Result<u8> {
     let ApprovalsCmd::Ls(a) = cmd;
-    let store = store(state_dir)?;
-    let gate = context::gate()?;
     let list = store.approvals(a.all)?;
     if a.json {
         for ap in &list {
-            println!("{}", serde_json::to_value(gate.redact_approval(ap))?);
+            outln!("{}", serde_json::to_value(gate.redact_approval(ap))?);
         }
         return Ok(0);
     }
     if list.is_empty() {
-        println!("no {}approvals", if a.all { "" } else { "pending " });
+        outln!("no {}approvals", if a.all { "" } else { "pending " });
         return Ok(0);
     }
     let list: Vec<Approval> = list.iter().map(|a| gate.redact_approval(a)).collect();
     for ap in &list {
-        println!(
+        outln!(
             "#{:<4} {:<8} {}/{}  {}",
             ap.id,
             ap.state,
@@ -73,7 +67,7 @@ pub fn ls(state_dir: Option<PathBuf>, cmd: ApprovalsCmd) -> Result<u8> {
             ap.sandbox,
             printable(&gate.redact(&ap.command))
         );
-        println!(
+        outln!(
             "       rule {}: {}",
             ap.rule,
             printable(&gate.redact(&ap.reason))
@@ -82,15 +76,14 @@ pub fn ls(state_dir: Option<PathBuf>, cmd: ApprovalsCmd) -> Result<u8> {
     Ok(0)
 }
 
-pub fn answer(state_dir: Option<PathBuf>, a: AnswerArgs, approve: bool) -> Result<u8> {
+/// `approve`/`deny` on `store`, redacting with `gate`.
+pub fn answer(store: &Store, gate: &Gate, a: AnswerArgs, approve: bool) -> Result<u8> {
     if a.always && !approve {
         anyhow::bail!(
             "--always only goes with `berth approve`; `berth deny {}` denies this once",
             a.id
         );
     }
-    let store = store(state_dir)?;
-    let gate = context::gate()?;
     let ap: Approval = store.decide_approval(a.id, approve, a.always && approve, "cli")?;
     let mut rule_added = None;
     if approve && a.always {
@@ -133,14 +126,14 @@ pub fn answer(state_dir: Option<PathBuf>, a: AnswerArgs, approve: bool) -> Resul
             "rule_added": rule_added.as_ref().map(|(n, p)| json!({ "name": n, "file": p })),
         }));
     } else {
-        println!(
+        outln!(
             "approval #{} {}: {}",
             ap.id,
             ap.state,
             printable(&gate.redact(&ap.command))
         );
         if let Some((name, path)) = &rule_added {
-            println!("added allow rule `{name}` to {}", path.display());
+            outln!("added allow rule `{name}` to {}", path.display());
         }
     }
     Ok(0)

@@ -1,7 +1,6 @@
 //! `berth events`: the append-only log of every call.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -11,7 +10,9 @@ use clap::Args;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
-use crate::context;
+use berth_core::runtime::Runtime;
+
+use crate::io::{self, outln};
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
@@ -29,8 +30,8 @@ pub struct EventsArgs {
     pub json: bool,
 }
 
-pub async fn run(state_dir: Option<PathBuf>, a: EventsArgs) -> Result<u8> {
-    let rt = context::runtime(state_dir)?;
+/// `berth events` on `rt` (in-process, or in the server for a client).
+pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {
     let store = rt.store().clone();
     let mut last = 0;
     for e in store.events(0, a.limit, a.kind.as_deref())? {
@@ -45,7 +46,6 @@ pub async fn run(state_dir: Option<PathBuf>, a: EventsArgs) -> Result<u8> {
     }
     // Each unfinished job has a waiter in its sandbox that wakes the moment the
     // job ends, so its `job.exited` shows up at once, not at the next refresh.
-    let rt = &rt;
     let mut waits = FuturesUnordered::new();
     let mut watched: HashSet<String> = HashSet::new();
     let mut ticks = 0u32;
@@ -83,12 +83,14 @@ pub async fn run(state_dir: Option<PathBuf>, a: EventsArgs) -> Result<u8> {
                 print_event(&e, a.json)?;
             }
         }
+        // A client that reads slowly holds the follow here, not in memory.
+        io::drained().await;
     }
 }
 
 fn print_event(e: &Event, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string(e)?);
+        outln!("{}", serde_json::to_string(e)?);
         return Ok(());
     }
     let secs = e.ts_ms / 1000;
@@ -117,12 +119,12 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
             .unwrap_or_default();
         if let Some(l) = detail["detail"]["line"].as_str() {
             line.push_str(&format!("  match: {}", printable(l)));
-            println!("{line}");
+            outln!("{line}");
             return Ok(());
         }
         if let Some(n) = detail["detail"]["dropped"].as_u64() {
             line.push_str(&format!("  {n} more matches not recorded (rate limit)"));
-            println!("{line}");
+            outln!("{line}");
             return Ok(());
         }
         if let Some(r) = detail["reason"].as_str() {
@@ -142,7 +144,7 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
     {
         line.push_str(&format!("  {}", printable(d)));
     }
-    println!("{line}");
+    outln!("{line}");
     Ok(())
 }
 

@@ -56,6 +56,29 @@ pub struct ExecArgs {
     pub command: Vec<String>,
 }
 
+/// `exec --background` on `rt` (in-process, or in the server for a client):
+/// start the command as a job and print its id.
+pub async fn background_on(rt: &berth_core::runtime::Runtime, a: ExecArgs) -> Result<u8> {
+    let command = a.command.join(" ");
+    if command.trim().is_empty() {
+        bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
+    }
+    berth_core::runtime::check_session_name(&a.session)?;
+    let opts = berth_core::jobs::JobOptions {
+        session: Some(a.session.clone()),
+        ..Default::default()
+    };
+    let job = rt
+        .start_job_with(&a.backend, &a.sandbox, &command, opts)
+        .await?;
+    if a.json {
+        context::print_json(&json!({ "job": job.id, "state": job.state.as_str(), "pid": job.pid }));
+    } else {
+        crate::io::outln!("{}", job.id);
+    }
+    Ok(0)
+}
+
 /// Check a timeout given in seconds.
 pub fn timeout_from_secs(secs: f64) -> Result<Duration> {
     if !secs.is_finite() || secs <= 0.0 {
@@ -73,22 +96,9 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
     berth_core::runtime::check_session_name(&a.session)?;
     if a.background {
         let rt = context::runtime(state_dir)?;
-        let opts = berth_core::jobs::JobOptions {
-            session: Some(a.session.clone()),
-            ..Default::default()
-        };
-        let job = rt
-            .start_job_with(&a.backend, &a.sandbox, &command, opts)
-            .await?;
+        let r = background_on(&rt, a).await;
         rt.shutdown().await;
-        if a.json {
-            context::print_json(
-                &json!({ "job": job.id, "state": job.state.as_str(), "pid": job.pid }),
-            );
-        } else {
-            println!("{}", job.id);
-        }
-        return Ok(0);
+        return r;
     }
     let stdin = if a.stdin {
         let mut buf = Vec::new();

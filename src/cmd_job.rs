@@ -1,7 +1,5 @@
 //! `berth job start|ls|logs|wait|kill|send|screen|resize`: detached background work.
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -12,7 +10,10 @@ use berth_core::runtime::DEFAULT_SANDBOX;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 
+use berth_core::runtime::Runtime;
+
 use crate::context::{self, DEFAULT_BACKEND};
+use crate::io::{self, errln, outln, outp};
 
 #[derive(Subcommand, Debug)]
 pub enum JobCmd {
@@ -169,8 +170,8 @@ pub struct SendArgs {
     pub eof: bool,
 }
 
-pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
-    let rt = context::runtime(state_dir)?;
+/// Run a job subcommand on `rt` (in-process, or in the server for a client).
+pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
     let code = match cmd {
         JobCmd::Start(a) => {
             let command = a.command.join(" ");
@@ -186,7 +187,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
             if a.json {
                 context::print_json(&job_json(&job));
             } else {
-                println!("{}", job.id);
+                outln!("{}", job.id);
             }
             0
         }
@@ -197,11 +198,17 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                     jobs.iter().map(job_json).collect(),
                 ));
             } else if jobs.is_empty() {
-                println!("no jobs; start one with `berth job start -- COMMAND`");
+                outln!("no jobs; start one with `berth job start -- COMMAND`");
             } else {
-                println!(
+                outln!(
                     "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  COMMAND",
-                    "ID", "NAME", "SANDBOX", "STATE", "EXIT", "RUNTIME", "OUTPUT"
+                    "ID",
+                    "NAME",
+                    "SANDBOX",
+                    "STATE",
+                    "EXIT",
+                    "RUNTIME",
+                    "OUTPUT"
                 );
                 for j in &jobs {
                     let cmd: String = j
@@ -210,7 +217,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                         .take(40)
                         .map(|c| if c == '\n' { ' ' } else { c })
                         .collect();
-                    println!(
+                    outln!(
                         "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  {cmd}",
                         j.id,
                         j.name.clone().unwrap_or_else(|| "-".into()),
@@ -223,9 +230,9 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                         j.out_bytes,
                     );
                     if let (JobState::Lost | JobState::Failed, Some(r)) = (j.state, &j.reason) {
-                        println!("           ^ {r}");
+                        outln!("           ^ {r}");
                     } else if j.state == JobState::Killed {
-                        println!("           ^ {}", how_it_ended(j));
+                        outln!("           ^ {}", how_it_ended(j));
                     }
                 }
             }
@@ -233,15 +240,14 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
         }
         JobCmd::Logs(a) => {
             if let Some(n) = a.tail {
-                std::io::stdout().write_all(&rt.job_tail(&a.id, n).await?)?;
+                io::out(&rt.job_tail(&a.id, n).await?);
             } else {
-                let mut sink = |b: &[u8]| {
-                    let mut out = std::io::stdout().lock();
-                    let _ = out.write_all(b);
-                    let _ = out.flush();
-                };
-                let end = rt.job_logs(&a.id, a.offset, a.follow, &mut sink).await?;
-                eprintln!("berth: next offset {end} (resume with --offset {end})");
+                let mut sink = |b: &[u8]| io::out(b);
+                let pace: &berth_core::jobs::Pace = &|| Box::pin(io::drained());
+                let end = rt
+                    .job_logs_paced(&a.id, a.offset, a.follow, &mut sink, Some(pace))
+                    .await?;
+                errln!("berth: next offset {end} (resume with --offset {end})");
             }
             0
         }
@@ -258,14 +264,14 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                 context::print_json(&job_json(&job));
             }
             if !job.state.is_final() {
-                eprintln!(
+                errln!(
                     "berth: job {} is still running after the wait's timeout",
                     job.id
                 );
                 124
             } else {
                 if !a.json {
-                    eprintln!("berth: job {} {}", job.id, job.standing());
+                    errln!("berth: job {} {}", job.id, job.standing());
                 }
                 match (job.state, job.exit_code) {
                     (_, Some(c)) if (0..=255).contains(&c) => c as u8,
@@ -292,7 +298,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
             match outcome {
                 KillOutcome::Signalled => {
                     if !a.json {
-                        println!("job {} {}", job.id, how_it_ended(&job));
+                        outln!("job {} {}", job.id, how_it_ended(&job));
                     }
                     // The job's own exit code (128+N), as `job wait` would give.
                     match job.exit_code {
@@ -302,7 +308,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
                 }
                 KillOutcome::AlreadyEnded(state, code) => {
                     if !a.json {
-                        println!(
+                        outln!(
                             "job {} had already {}{}; nothing to kill",
                             a.id,
                             state.as_str(),
@@ -327,8 +333,8 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
             if a.json {
                 context::print_json(&serde_json::to_value(&screen)?);
             } else {
-                print!("{}", screen.text());
-                eprintln!("berth: screen {}", screen.summary());
+                outp!("{}", screen.text());
+                errln!("berth: screen {}", screen.summary());
             }
             0
         }
@@ -337,7 +343,6 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: JobCmd) -> Result<u8> {
             0
         }
     };
-    rt.shutdown().await;
     Ok(code)
 }
 

@@ -6,6 +6,7 @@ use berth_core::runtime::Runtime;
 use clap::Args;
 
 use crate::context;
+use crate::io::outln;
 
 #[derive(Args, Debug)]
 #[command(
@@ -36,13 +37,16 @@ pub async fn run(rt: &Runtime, a: ReapArgs) -> Result<u8> {
             (None, true) => "would remove".into(),
             (None, false) => "removed".into(),
         };
-        println!(
+        outln!(
             "{what}: {} ({}), idle {}s > {}s",
-            i.name, i.backend, i.idle_secs, i.lifetime_secs
+            i.name,
+            i.backend,
+            i.idle_secs,
+            i.lifetime_secs
         );
     }
     if idle.is_empty() && !a.json {
-        println!("no idle sandboxes");
+        outln!("no idle sandboxes");
     }
     Ok(if failed { 1 } else { 0 })
 }

@@ -73,6 +73,10 @@ pub struct RunArgs {
     /// Wait for approvals instead of saving the run and exiting.
     #[arg(long)]
     pub wait: bool,
+    /// Run the tools in the berth server the CLI uses (started if none runs),
+    /// on its warm shells: the run and a person at the CLI share one session.
+    #[arg(long)]
+    pub server: bool,
     /// One JSON event per line on stdout.
     #[arg(long)]
     pub json: bool,
@@ -205,7 +209,8 @@ fn providers(a: &RunArgs, stored: &[ProviderConfig]) -> Result<Vec<ProviderConfi
 }
 
 pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
-    let rt = Arc::new(context::runtime(state_dir)?);
+    let dir = context::state_dir(state_dir)?;
+    let rt = Arc::new(context::runtime(Some(dir.clone()))?);
     let store = rt.store().clone();
     // Which run, in which sandbox.
     let (run_id, backend, sandbox, stored) = match (&a.resume, &a.fork) {
@@ -233,11 +238,24 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         (None, None) => (None, a.backend.clone(), a.sandbox.clone(), vec![]),
     };
     let providers = providers(&a, &stored)?;
-    // Fail early, with the runtime's own hint, if the sandbox cannot be had.
-    rt.attach(&backend, &sandbox)
-        .await
-        .with_context(|| format!("sandbox `{sandbox}` ({backend})"))?;
-    let host: Arc<dyn ToolHost> = Arc::new(RegistryTools::new(rt.clone(), &backend, &sandbox));
+    let mut tools = RegistryTools::new(rt.clone(), &backend, &sandbox);
+    if a.server {
+        let mode = match crate::server::Mode::from_env()? {
+            crate::server::Mode::Off => anyhow::bail!(
+                "--server runs the tools in the berth server, and BERTH_SERVER=off turns it off; drop one of them"
+            ),
+            m => m,
+        };
+        let remote = crate::server::tools::ServerTools::new(dir, mode);
+        remote.check().await?;
+        tools = tools.dispatched_by(Arc::new(remote));
+    } else {
+        // Fail early, with the runtime's own hint, if the sandbox cannot be had.
+        rt.attach(&backend, &sandbox)
+            .await
+            .with_context(|| format!("sandbox `{sandbox}` ({backend})"))?;
+    }
+    let host: Arc<dyn ToolHost> = Arc::new(tools);
     let printer = Arc::new(Printer::new(a.json));
     let sink: EventSink = {
         let p = printer.clone();

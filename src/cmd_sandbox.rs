@@ -1,14 +1,16 @@
 //! `berth sandbox create|ls|rm`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 
 use anyhow::{Result, bail};
 use berth_core::backend::{Limits, SandboxSpec};
+use berth_core::runtime::Runtime;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::context::{self, DEFAULT_BACKEND};
+use crate::io::outln;
 
 #[derive(Subcommand, Debug)]
 pub enum SandboxCmd {
@@ -136,9 +138,9 @@ fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
-pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
-    let dir = context::state_dir(state_dir.clone())?;
-    let rt = context::runtime(state_dir)?;
+/// Run a sandbox subcommand on `rt` (in-process, or in the server for a
+/// client); `dir` is the state dir.
+pub async fn run_on(rt: &Runtime, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
     match cmd {
         SandboxCmd::Create(a) => {
             if a.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
@@ -169,12 +171,14 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
                 } else {
                     "attached to existing"
                 };
-                println!(
+                outln!(
                     "{verb} sandbox {} ({}), workspace {}",
-                    a.name, a.backend, layout.workdir
+                    a.name,
+                    a.backend,
+                    layout.workdir
                 );
                 if let Some(r) = recreated {
-                    println!("note: recreated: {r}");
+                    outln!("note: recreated: {r}");
                 }
             }
         }
@@ -183,19 +187,20 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
             if a.json {
                 context::print_json(&serde_json::to_value(&list)?);
             } else if list.is_empty() {
-                println!(
+                outln!(
                     "no sandboxes on {}; create one with `berth sandbox create NAME --backend {}`",
-                    a.backend, a.backend
+                    a.backend,
+                    a.backend
                 );
             } else {
-                println!("{:<24} {:<8} {:<10} ID", "NAME", "BACKEND", "STATE");
+                outln!("{:<24} {:<8} {:<10} ID", "NAME", "BACKEND", "STATE");
                 for s in list {
                     let state = if s.orphan {
                         format!("{} (orphan)", s.state)
                     } else {
                         s.state
                     };
-                    println!(
+                    outln!(
                         "{:<24} {:<8} {:<10} {}",
                         s.name,
                         s.backend,
@@ -205,16 +210,20 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: SandboxCmd) -> Result<u8> {
                 }
             }
         }
-        SandboxCmd::Reap(a) => return crate::cmd_reap::run(&rt, a).await,
-        SandboxCmd::Gc(a) => return gc(&rt, &dir, a).await,
+        SandboxCmd::Reap(a) => return crate::cmd_reap::run(rt, a).await,
+        SandboxCmd::Gc(a) => return gc(rt, dir, a).await,
         SandboxCmd::Rm(a) => {
-            crate::server::client::forget(&dir, &a.backend, &a.name).await;
+            // In-process, a server may hold the sandbox's shell: tell it. In
+            // the server, its own runtime lets go in `remove_sandbox`.
+            if !crate::io::remote() {
+                crate::server::client::forget(dir, &a.backend, &a.name).await;
+            }
             rt.remove_sandbox(&a.backend, &a.name, !a.keep_workspace)
                 .await?;
             if a.json {
                 context::print_json(&json!({ "removed": a.name, "backend": a.backend }));
             } else {
-                println!("removed sandbox {} ({})", a.name, a.backend);
+                outln!("removed sandbox {} ({})", a.name, a.backend);
             }
         }
     }
@@ -254,12 +263,12 @@ async fn gc(
         }));
     } else {
         for name in &report.removed {
-            println!("removed the container of sandbox {name} (its volumes are kept)");
+            outln!("removed the container of sandbox {name} (its volumes are kept)");
         }
         for v in &volumes {
-            println!("removed orphaned volume {v}");
+            outln!("removed orphaned volume {v}");
         }
-        println!(
+        outln!(
             "{} removed, {} kept (running or too recent)",
             report.removed.len(),
             report.kept

@@ -119,7 +119,9 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
         ssh: ssh_options(),
         modal: berth_backends::ModalSettings::from_env(),
         // A first docker sandbox builds its image: say what is happening.
-        progress: Some(Arc::new(|line: &str| eprintln!("berth: image: {line}"))),
+        progress: Some(Arc::new(|line: &str| {
+            crate::io::errln!("berth: image: {line}")
+        })),
     };
     Ok(Runtime::new(
         Arc::new(store),
@@ -127,8 +129,9 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
         runtime_config(dir)?,
     )
     .with_gate(gate)
+    // To the client whose call waits, when the server runs it.
     .with_approval_notice(Arc::new(|ap: &berth_core::approvals::Approval| {
-        eprintln!("{}", approval_notice_text(ap));
+        crate::io::errln!("{}", approval_notice_text(ap));
     })))
 }
 
@@ -143,7 +146,7 @@ pub fn approval_notice_text(ap: &berth_core::approvals::Approval) -> String {
     )
 }
 
-/// Print a value as one line of JSON.
+/// Print a value as one line of JSON (to the client, when the server runs the call).
 pub fn print_json(v: &serde_json::Value) {
-    println!("{v}");
+    crate::io::outln!("{v}");
 }

@@ -18,6 +18,7 @@ mod cmd_run;
 mod cmd_sandbox;
 mod cmd_server;
 mod context;
+mod io;
 mod mcp;
 mod server;
 mod shell;
@@ -66,7 +67,7 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {
+pub(crate) enum Command {
     /// Run a command in a sandbox's persistent session.
     Exec(cmd_exec::ExecArgs),
     /// An interactive prompt over a sandbox's persistent session.
@@ -137,6 +138,14 @@ fn main() -> ExitCode {
     }
     let result = rt.block_on(async move {
         match cli.command {
+            c if served(&c) => match server_mode(ssh_flags, false) {
+                Ok(server::Mode::Off) => in_process(cli.state_dir, c).await,
+                Ok(mode) => match context::state_dir(cli.state_dir) {
+                    Ok(dir) => server::client::run(dir, mode).await,
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            },
             Command::Exec(a) => match server_mode(ssh_flags, a.background) {
                 Ok(server::Mode::Off) => cmd_exec::run(cli.state_dir, a).await,
                 Ok(mode) => match context::state_dir(cli.state_dir) {
@@ -146,21 +155,16 @@ fn main() -> ExitCode {
                 Err(e) => Err(e),
             },
             Command::Shell(a) => shell::run(cli.state_dir, a).await,
-            Command::Sandbox(c) => cmd_sandbox::run(cli.state_dir, c).await,
-            Command::Job(c) => cmd_job::run(cli.state_dir, c).await,
             Command::Attach(a) => cmd_attach::run(cli.state_dir, a).await,
-            Command::Events(a) => cmd_events::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),
-            Command::Approvals(c) => cmd_approvals::ls(cli.state_dir, c),
-            Command::Approve(a) => cmd_approvals::answer(cli.state_dir, a, true),
-            Command::Deny(a) => cmd_approvals::answer(cli.state_dir, a, false),
             Command::Image(c) => cmd_image::run(c).await,
             Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
             Command::Run(a) => cmd_run::run(cli.state_dir, *a).await,
             Command::Runs(c) => cmd_run::runs(cli.state_dir, c),
             Command::Serve(a) => cmd_server::serve(cli.state_dir, a).await,
             Command::Server(c) => cmd_server::run(cli.state_dir, c).await,
+            c => in_process(cli.state_dir, c).await,
         }
     });
     // Don't wait for detached readers of dead processes.
@@ -174,10 +178,79 @@ fn main() -> ExitCode {
     }
 }
 
+/// The subcommands `berth serve` runs for a client, on its warm runtime;
+/// the others run in the CLI's process (`exec` has a call of its own).
+pub(crate) fn served(c: &Command) -> bool {
+    match c {
+        Command::Job(_)
+        | Command::Sandbox(_)
+        | Command::Events(_)
+        | Command::Approvals(_)
+        | Command::Approve(_)
+        | Command::Deny(_) => true,
+        Command::Exec(a) => a.background,
+        _ => false,
+    }
+}
+
+/// Run a served subcommand in this process, on a runtime of its own.
+async fn in_process(state_dir: Option<PathBuf>, c: Command) -> anyhow::Result<u8> {
+    let dir = context::state_dir(state_dir)?;
+    let rt = context::runtime(Some(dir.clone()))?;
+    let r = run_on(&rt, &dir, c).await;
+    rt.shutdown().await;
+    r
+}
+
+/// Run a served subcommand on `rt`, whose state dir is `dir`: what the server
+/// does for a client, and what the CLI does with `BERTH_SERVER=off`.
+pub(crate) async fn run_on(
+    rt: &berth_core::runtime::Runtime,
+    dir: &std::path::Path,
+    c: Command,
+) -> anyhow::Result<u8> {
+    let gate = || -> anyhow::Result<std::sync::Arc<berth_core::gate::Gate>> {
+        rt.gate()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("this runtime has no policy gate"))
+    };
+    match c {
+        Command::Job(c) => cmd_job::run_on(rt, c).await,
+        Command::Sandbox(c) => cmd_sandbox::run_on(rt, dir, c).await,
+        Command::Events(a) => cmd_events::run_on(rt, a).await,
+        Command::Approvals(c) => cmd_approvals::ls(rt.store(), &*gate()?, c),
+        Command::Approve(a) => cmd_approvals::answer(rt.store(), &*gate()?, a, true),
+        Command::Deny(a) => cmd_approvals::answer(rt.store(), &*gate()?, a, false),
+        Command::Exec(a) if a.background => cmd_exec::background_on(rt, a).await,
+        other => anyhow::bail!("`{}` runs in the CLI, not in the server", name_of(&other)),
+    }
+}
+
+/// Parse a client's command line in the server: the served subcommand it
+/// names. Its state dir and ssh options were the client's to apply (they chose
+/// this server, or kept the call in-process).
+pub(crate) fn served_command(args: Vec<std::ffi::OsString>) -> anyhow::Result<Command> {
+    let cli = Cli::try_parse_from(std::iter::once(std::ffi::OsString::from("berth")).chain(args))
+        .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim_end()))?;
+    if !served(&cli.command) {
+        anyhow::bail!(
+            "`{}` runs in the CLI, not in the server",
+            name_of(&cli.command)
+        );
+    }
+    Ok(cli.command)
+}
+
+/// A subcommand's name, for messages.
+fn name_of(c: &Command) -> String {
+    let dbg = format!("{c:?}");
+    dbg.split('(').next().unwrap_or_default().to_lowercase()
+}
+
 /// An error and its causes on one line. berth's errors keep their causes
 /// (`#[source]`) and most also name them in their own message, so a cause is
 /// added only when the text so far does not already say it.
-fn error_text(e: &anyhow::Error) -> String {
+pub(crate) fn error_text(e: &anyhow::Error) -> String {
     let mut text = e.to_string();
     for cause in e.chain().skip(1) {
         let c = cause.to_string();

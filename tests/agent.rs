@@ -857,3 +857,42 @@ fn no_provider_answering_ends_the_run_provider_failed_and_resumable() -> TestRes
     assert_eq!(show(d, &id)?["run"]["state"], "done");
     Ok(())
 }
+
+/// `berth run --server`: the run's tools run in the berth server the CLI
+/// uses, so the run and the CLI share one shell, plain variables included.
+#[test]
+fn a_run_through_the_server_shares_the_cli_shell() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let o = cmd(d, &["exec", "--", "cli_plain=from-cli"])
+        .env("BERTH_SERVER", "auto")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let s = ProviderStandin::start(vec![
+        Reply::call(
+            "c1",
+            "terminal",
+            r#"{"command": "echo seen-$cli_plain; run_plain=from-run"}"#,
+        ),
+        Reply::text("done"),
+    ])?;
+    let url = s.url();
+    let o = run_cmd(d, &url, &["--server", "look around"])
+        .env("BERTH_SERVER", "auto")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let r = tool_results(&s.requests()[1]);
+    assert!(r[0].starts_with("seen-from-cli"), "{r:?}");
+    let o = cmd(d, &["exec", "--", "echo $run_plain"])
+        .env("BERTH_SERVER", "require")
+        .output()?;
+    assert_eq!(text(&o.stdout), "from-run\n", "{}", text(&o.stderr));
+    // Off and --server contradict each other: said, not guessed.
+    let o = run_cmd(d, &url, &["--server", "again"])
+        .env("BERTH_SERVER", "off")
+        .output()?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("BERTH_SERVER=off"));
+    let _ = cmd(d, &["server", "stop"]).output();
+    Ok(())
+}

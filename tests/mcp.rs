@@ -124,9 +124,14 @@ impl Env {
 
     /// The SDK's client over `berth mcp` on stdio.
     async fn stdio(&self) -> Result<Client, BoxError> {
+        self.stdio_with(&[]).await
+    }
+
+    /// The SDK's client over `berth mcp ARGS…` on stdio.
+    async fn stdio_with(&self, extra: &[&str]) -> Result<Client, BoxError> {
         let std = self.berth();
         let mut cmd = tokio::process::Command::from(std);
-        cmd.args(self.mcp_args());
+        cmd.args(self.mcp_args()).args(extra);
         let (transport, _stderr) = TokioChildProcess::builder(cmd)
             .stderr(Stdio::inherit())
             .spawn()?;
@@ -632,6 +637,29 @@ async fn core_flow(c: &Client, backend: &str) -> TestResult {
     Ok(())
 }
 
+/// What one side sets in the shell, even unexported, the other side sees:
+/// one shell serves both, not two restored from one snapshot.
+async fn shares_the_cli_session(env: &Env, c: &Client) -> TestResult {
+    let r = c.run("from_mcp=plain-mcp; cd /").await?;
+    assert_eq!(data(&r)["exit_code"], 0, "{}", text(&r));
+    let o = env
+        .berth()
+        .args(["exec", "--backend", env.backend, "--sandbox", &env.sandbox])
+        .args(["--", "echo $from_mcp $PWD; from_cli=plain-cli"])
+        .env("BERTH_SERVER", "require")
+        .stdin(Stdio::null())
+        .output()?;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "plain-mcp /\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = c.run("echo $from_cli").await?;
+    assert!(text(&r).starts_with("plain-cli"), "{}", text(&r));
+    Ok(())
+}
+
 macro_rules! mcp_suite {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -643,6 +671,19 @@ macro_rules! mcp_suite {
                 let c = env.stdio().await?;
                 core_flow(&c, $backend).await?;
                 c.service.cancel().await?;
+                Ok(())
+            }
+
+            /// `--server`: the same flow, run by the berth server the CLI
+            /// uses, so the agent and the CLI share one warm shell.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_stdio_through_the_server() -> TestResult {
+                let env = Env::new($backend)?;
+                let c = env.stdio_with(&["--server"]).await?;
+                core_flow(&c, $backend).await?;
+                shares_the_cli_session(&env, &c).await?;
+                c.service.cancel().await?;
+                let _ = env.berth().args(["server", "stop"]).output();
                 Ok(())
             }
 

@@ -443,3 +443,126 @@ fn berth_shell_and_exec_through_the_server_see_each_others_state() -> TestResult
     assert_eq!(s.exec("echo $FROM_EXEC $FROM_SHELL; pwd")?, "1 2\n/tmp\n");
     Ok(())
 }
+
+/// `job`, `sandbox`, `events`, approvals and `exec --background` run in the
+/// server, on its warm runtime, and print what they print in-process.
+#[test]
+fn job_sandbox_events_and_approvals_calls_run_in_the_server() -> TestResult {
+    let s = Served::new()?;
+    s.exec("true")?;
+    let before = s.status()?.ok_or("no server")?["served_calls"]
+        .as_u64()
+        .ok_or("status without served_calls")?;
+    let ok = |args: &[&str]| -> Result<String, BoxError> {
+        let o = s.run(args)?;
+        if o.status.code() != Some(0) {
+            return Err(format!("{args:?}: {}", text(&o)).into());
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let id = ok(&["job", "start", "--name", "j", "--", "echo from-job"])?;
+    assert!(id.trim().starts_with('j'), "{id}");
+    let o = s.run(&["job", "wait", "j", "--json"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["state"], "exited", "{v}");
+    assert_eq!(ok(&["job", "logs", "j"])?, "from-job\n");
+    assert!(ok(&["job", "ls"])?.contains("from-job"));
+    let bg = ok(&["exec", "--background", "--", "true"])?;
+    assert!(bg.trim().starts_with('j'), "{bg}");
+    assert!(ok(&["sandbox", "ls"])?.contains("default"));
+    assert!(ok(&["events", "--kind", "job.", "-n", "5"])?.contains("job.started"));
+    assert_eq!(ok(&["approvals", "ls"])?, "no pending approvals\n");
+    // An error comes back as berth's error, with its exit status.
+    let o = s.run(&["job", "logs", "no-such-job"])?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("job `no-such-job` not found"),
+        "{}",
+        text(&o)
+    );
+    let after = s.status()?.ok_or("the server stopped")?["served_calls"]
+        .as_u64()
+        .ok_or("status without served_calls")?;
+    assert_eq!(after - before, 9, "every call above went to the server");
+    Ok(())
+}
+
+/// Ctrl-C ends a `job logs --follow` that runs in the server; the job runs on.
+#[test]
+fn ctrl_c_ends_a_follow_in_the_server_and_the_job_runs_on() -> TestResult {
+    let s = Served::new()?;
+    let o = s
+        .cmd(&[
+            "job",
+            "start",
+            "--name",
+            "long",
+            "--",
+            "echo started; sleep 60",
+        ])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let mut follow = s
+        .cmd(&["job", "logs", "--follow", "long"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // The follow is under way once the job's first line came through it.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(follow.stdout.take().ok_or("no stdout")?),
+        &mut line,
+    )?;
+    assert_eq!(line, "started\n");
+    s.wait_active(1)?;
+    // SAFETY: SIGINT to the client this test started, as Ctrl-C would send.
+    assert_eq!(
+        unsafe { libc::kill(follow.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let o = wait_child(&mut follow, Duration::from_secs(20))?;
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    // The server dropped the follow; the job was not touched.
+    s.wait_active(0)?;
+    let o = s.run(&["job", "ls", "--json"])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v[0]["state"], "running", "{v}");
+    let o = s.run(&["job", "kill", "long", "--signal", "kill"])?;
+    assert!(o.status.code().is_some(), "{}", text(&o));
+    Ok(())
+}
+
+/// A client that reads more slowly than its command writes costs the server
+/// a bounded queue, not memory without end: what did not fit is left out of
+/// the live view, and the client is told exactly how much (the spool has it).
+#[test]
+fn a_slow_client_is_told_exactly_what_it_missed() -> TestResult {
+    const TOTAL: usize = 40_000_000;
+    let s = Served::new()?;
+    s.exec("true")?;
+    let client = s
+        .cmd(&["exec", "--", &format!("head -c {TOTAL} /dev/zero")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Read nothing while the command writes everything.
+    std::thread::sleep(Duration::from_secs(3));
+    let o = client.wait_with_output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let missed: usize = err
+        .lines()
+        .filter(|l| l.contains("bytes of output") && l.contains("left out"))
+        .map(|l| {
+            l.trim_start_matches("berth: ")
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(missed > 0, "nothing was left out: {err}");
+    assert_eq!(o.stdout.len() + missed, TOTAL, "{err}");
+    Ok(())
+}

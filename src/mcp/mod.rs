@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use berth_core::runtime::{DEFAULT_SANDBOX, Runtime};
-use berth_core::tools::{OutcomeKind, Progress, ProgressSink, Registry, ToolContext};
+use berth_core::tools::{Dispatch, OutcomeKind, Progress, ProgressSink, Registry, ToolContext};
 use clap::Args;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -64,12 +64,20 @@ pub struct McpArgs {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
+    /// Run the tools in the berth server the CLI uses (started if none
+    /// runs), on its warm shells: an agent and a person at the CLI then
+    /// share one session. Without it the tools run in this process.
+    #[arg(long)]
+    pub server: bool,
 }
 
 /// What every connection of the server shares.
 pub(crate) struct Shared {
     rt: Arc<Runtime>,
-    registry: Registry,
+    /// Runs the calls: this process's registry, or the berth server's.
+    dispatch: Arc<dyn Dispatch>,
+    /// The server watches jobs itself (`--server`): only read the event log.
+    served: bool,
     tools: Vec<Tool>,
     backend: String,
     sandbox: String,
@@ -85,7 +93,8 @@ pub(crate) struct BerthServer {
 
 pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
     berth_core::runtime::check_session_name(&a.session)?;
-    let rt = Arc::new(context::runtime(state_dir)?);
+    let dir = context::state_dir(state_dir)?;
+    let rt = Arc::new(context::runtime(Some(dir.clone()))?);
     let registry = Registry::new(&rt);
     let tools = registry
         .specs()
@@ -98,9 +107,24 @@ pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
             Tool::new(s.name, s.description, Arc::new(schema))
         })
         .collect();
+    let dispatch: Arc<dyn Dispatch> = if a.server {
+        let mode = match crate::server::Mode::from_env()? {
+            crate::server::Mode::Off => anyhow::bail!(
+                "--server runs the tools in the berth server, and BERTH_SERVER=off turns it off; drop one of them"
+            ),
+            m => m,
+        };
+        let remote = crate::server::tools::ServerTools::new(dir, mode);
+        let pid = remote.check().await?;
+        tracing::info!(pid, "tools run in the berth server");
+        Arc::new(remote)
+    } else {
+        Arc::new(registry)
+    };
     let shared = Arc::new(Shared {
         rt: rt.clone(),
-        registry,
+        dispatch,
+        served: a.server,
         tools,
         backend: a.backend.clone(),
         sandbox: a.sandbox.clone(),
@@ -169,7 +193,7 @@ impl ServerHandler for BerthServer {
             });
             ctx = ctx.with_progress(sink);
         }
-        let o = s.registry.dispatch(&ctx, &request.name, args).await;
+        let o = s.dispatch.dispatch(&ctx, &request.name, args).await;
         if o.kind == OutcomeKind::UnknownTool {
             return Err(McpError::invalid_params(o.text, None));
         }

@@ -76,6 +76,8 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
             .filter(|j| j.backend == shared.backend && j.sandbox == shared.sandbox)
             .map(|j| j.id)
             .collect();
+        // A berth server records job endings as they happen; with none, ask.
+        let running = if shared.served { Vec::new() } else { running };
         for id in running {
             if let Err(e) = shared.rt.job(&id).await {
                 tracing::debug!(job = %id, error = %e, "could not refresh a job");

@@ -26,8 +26,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use super::Mode;
 use super::proto::berth_client::BerthClient;
 use super::proto::{
-    ExecCall, ForgetRequest, HelloReply, HelloRequest, InterruptRequest, ShutdownRequest,
-    exec_event,
+    ExecCall, ForgetRequest, HelloReply, HelloRequest, InterruptRequest, RunCall, ShutdownRequest,
+    exec_event, run_event,
 };
 use crate::cmd_exec::{EXIT_DENIED, ExecArgs};
 
@@ -39,7 +39,7 @@ pub const EXIT_LOST: u8 = 125;
 
 /// A connected, checked server.
 pub struct Server {
-    client: BerthClient<Channel>,
+    pub(super) client: BerthClient<Channel>,
     /// What the server said about itself.
     pub hello: HelloReply,
 }
@@ -413,6 +413,63 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
             Some(exec_event::Event::Output(_)) | None => {}
         }
     }
+}
+
+/// A served subcommand (`job …`, `sandbox …`, `events`, approvals, `exec
+/// --background`) through the server: this process's command line goes over,
+/// and what the server's run of it prints comes back to stdout and stderr.
+/// Ctrl-C ends the call (the server stops the work where it waits), as a
+/// signal ends the in-process CLI.
+pub async fn run(state_dir: PathBuf, mode: Mode) -> Result<u8> {
+    use std::os::unix::ffi::OsStringExt;
+    let args = std::env::args_os().skip(1).map(|a| a.into_vec()).collect();
+    let mut server = connect(&state_dir, mode).await?;
+    let pid = server.hello.pid;
+    let mut stream = match server.client.run(RunCall { args }).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::InvalidArgument => bail!("{}", s.message()),
+        Err(s) => return Ok(lost_call(pid, &s.to_string())),
+    };
+    loop {
+        let next = tokio::select! {
+            m = stream.message() => m,
+            c = tokio::signal::ctrl_c() => {
+                if c.is_err() {
+                    continue;
+                }
+                // Dropping the stream tells the server; 130 as for SIGINT.
+                return Ok(130);
+            }
+        };
+        let event = match next {
+            Ok(Some(m)) => m.event,
+            Ok(None) => return Ok(lost_call(pid, "the stream ended before the call did")),
+            Err(s) => return Ok(lost_call(pid, &s.to_string())),
+        };
+        match event {
+            Some(run_event::Event::Stdout(b)) => {
+                let mut out = std::io::stdout().lock();
+                // A closed pipe (`| head`) ends the call, as SIGPIPE would.
+                if out.write_all(&b).and_then(|()| out.flush()).is_err() {
+                    return Ok(141);
+                }
+            }
+            Some(run_event::Event::Stderr(b)) => {
+                let _ = std::io::stderr().lock().write_all(&b);
+            }
+            Some(run_event::Event::Exit(c)) => return Ok(u8::try_from(c).unwrap_or(u8::MAX)),
+            Some(run_event::Event::Error(m)) => bail!("{m}"),
+            None => {}
+        }
+    }
+}
+
+/// Report a served call whose server died under it.
+fn lost_call(pid: u32, why: &str) -> u8 {
+    eprintln!(
+        "berth: error: lost the berth server (pid {pid}) during the call ({why}); it may have taken effect in part or in full. The next call starts a new server; check with `berth job ls` or `berth sandbox ls`"
+    );
+    EXIT_LOST
 }
 
 /// Report a command whose server died under it: never a success.

@@ -28,7 +28,6 @@ use anyhow::{Context, Result, bail};
 use berth_core::runtime::{ExecRequest, Runtime, new_call_id};
 use futures::Stream;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
@@ -36,15 +35,19 @@ use tracing::{info, warn};
 use super::proto::berth_server::{Berth, BerthServer};
 use super::proto::{
     ExecCall, ExecEvent, Failure, ForgetReply, ForgetRequest, HelloReply, HelloRequest,
-    InterruptReply, InterruptRequest, Report, ShutdownReply, ShutdownRequest, exec_event,
+    InterruptReply, InterruptRequest, Report, RunCall, RunEvent, ShutdownReply, ShutdownRequest,
+    ToolCall, ToolEvent, exec_event, run_event, tool_event,
 };
+use crate::io::{LIVE_CAP, Live, Piece};
 
 /// How long a shutdown waits for running calls before closing the shells.
 const DRAIN: Duration = Duration::from_secs(15);
 
 /// What every connection shares.
 struct Shared {
-    rt: Runtime,
+    rt: Arc<Runtime>,
+    /// The tools `CallTool` runs, for the runtime's policy.
+    registry: berth_core::tools::Registry,
     state_dir: PathBuf,
     socket: PathBuf,
     /// (device, inode) of the socket this server bound.
@@ -56,6 +59,8 @@ struct Shared {
     exe_id: String,
     config_key: String,
     active: AtomicUsize,
+    /// `Run` calls taken so far.
+    served: std::sync::atomic::AtomicU64,
     last_active: Mutex<Instant>,
     /// Running calls by id, to interrupt them.
     calls: Mutex<HashMap<String, CancellationToken>>,
@@ -133,6 +138,64 @@ impl Conn {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<ExecEvent, Status>> + Send>>;
+type RunStream = Pin<Box<dyn Stream<Item = Result<RunEvent, Status>> + Send>>;
+type ToolStream = Pin<Box<dyn Stream<Item = Result<ToolEvent, Status>> + Send>>;
+
+fn tool_event(e: tool_event::Event) -> ToolEvent {
+    ToolEvent { event: Some(e) }
+}
+
+/// The live copy of a command's output for a client that may read slowly:
+/// what does not fit the client's budget ([`LIVE_CAP`]) is left out of the
+/// live view, counted, and named in a notice once there is room again; the
+/// spool and the report keep all of it. The command never waits for the client.
+struct LiveTee {
+    live: Live<ExecEvent>,
+    left_out: std::sync::atomic::AtomicU64,
+}
+
+impl LiveTee {
+    fn push(&self, b: &[u8]) {
+        self.say_left_out();
+        if self.left_out.load(Ordering::SeqCst) > 0
+            || !self
+                .live
+                .send_if_room(event(exec_event::Event::Output(b.to_vec())), b.len())
+        {
+            self.left_out.fetch_add(b.len() as u64, Ordering::SeqCst);
+        }
+    }
+
+    /// Name what was left out, if anything was and there is room to say so.
+    fn say_left_out(&self) {
+        let n = self.left_out.load(Ordering::SeqCst);
+        if n == 0 || !self.live.half_empty() {
+            return;
+        }
+        let notice = format!(
+            "{n} bytes of output were left out here: this client read more slowly than the command wrote. The report's spool file (`--json`: `spool`) holds all of it"
+        );
+        if self
+            .live
+            .send_if_room(event(exec_event::Event::Notice(notice)), 0)
+        {
+            self.left_out.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Before the report: say what was left out, whatever the queue holds.
+    fn finish(&self) {
+        let n = self.left_out.swap(0, Ordering::SeqCst);
+        if n > 0 {
+            self.live.send(
+                event(exec_event::Event::Notice(format!(
+                    "{n} bytes of output at the end were left out: this client read more slowly than the command wrote. The report's spool file (`--json`: `spool`) holds all of it"
+                ))),
+                0,
+            );
+        }
+    }
+}
 
 fn event(e: exec_event::Event) -> ExecEvent {
     ExecEvent { event: Some(e) }
@@ -155,6 +218,7 @@ impl Berth for Conn {
             idle_secs: s.idle.as_secs(),
             state_dir: s.state_dir.display().to_string(),
             watched_jobs: s.watching.lock().map(|w| w.len()).unwrap_or(0) as u32,
+            served_calls: s.served.load(Ordering::SeqCst),
         }))
     }
 
@@ -178,8 +242,8 @@ impl Berth for Conn {
         if let Ok(mut calls) = shared.calls.lock() {
             calls.insert(call_id.clone(), cancel.clone());
         }
-        let (tx, rx) = mpsc::unbounded_channel::<ExecEvent>();
-        let _ = tx.send(event(exec_event::Event::Started(call_id.clone())));
+        let (tx, rx) = crate::io::live::<ExecEvent>(LIVE_CAP);
+        tx.send(event(exec_event::Event::Started(call_id.clone())), 0);
         tokio::spawn(async move {
             let _active = active;
             // The client went away (closed its terminal, was killed): interrupt.
@@ -200,12 +264,19 @@ impl Berth for Conn {
                 .is_busy(&call.backend, &call.sandbox, &session)
                 .await
             {
-                let _ = tx.send(event(exec_event::Event::Notice(format!(
-                    "waiting for the command before this one in sandbox `{}` (session {session}) to end",
-                    call.sandbox
-                ))));
+                tx.send(
+                    event(exec_event::Event::Notice(format!(
+                        "waiting for the command before this one in sandbox `{}` (session {session}) to end",
+                        call.sandbox
+                    ))),
+                    0,
+                );
             }
-            let out = tx.clone();
+            let tee = Arc::new(LiveTee {
+                live: tx.clone(),
+                left_out: Default::default(),
+            });
+            let out = tee.clone();
             let notices = tx.clone();
             let req = ExecRequest {
                 backend: call.backend.clone(),
@@ -215,13 +286,14 @@ impl Berth for Conn {
                 timeout,
                 stdin: call.stdin,
                 cancel: Some(cancel),
-                tee: Some(Arc::new(move |b: &[u8]| {
-                    let _ = out.send(event(exec_event::Event::Output(b.to_vec())));
-                })),
+                tee: Some(Arc::new(move |b: &[u8]| out.push(b))),
                 on_approval: Some(Arc::new(move |ap| {
-                    let _ = notices.send(event(exec_event::Event::Notice(
-                        crate::context::approval_notice_text(ap),
-                    )));
+                    notices.send(
+                        event(exec_event::Event::Notice(
+                            crate::context::approval_notice_text(ap),
+                        )),
+                        0,
+                    );
                 })),
                 call_id: Some(call_id.clone()),
                 ..Default::default()
@@ -241,17 +313,141 @@ impl Berth for Conn {
                     message: e.to_string(),
                 }),
             };
-            let _ = tx.send(event(last));
+            tee.finish();
+            tx.send(event(last), 0);
             gone.abort();
             if let Ok(mut calls) = shared.calls.lock() {
                 calls.remove(&call_id);
             }
         });
-        let stream =
-            futures::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) },
+        let stream = futures::StreamExt::map(rx.into_stream(), Ok);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type RunStream = RunStream;
+
+    async fn run(&self, req: Request<RunCall>) -> Result<Response<RunStream>, Status> {
+        use std::os::unix::ffi::OsStringExt;
+        self.check_peer()?;
+        let args = req
+            .into_inner()
+            .args
+            .into_iter()
+            .map(std::ffi::OsString::from_vec)
+            .collect();
+        let command =
+            crate::served_command(args).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let shared = self.shared.clone();
+        shared.served.fetch_add(1, Ordering::SeqCst);
+        let active = Active::new(&shared);
+        let call_id = new_call_id();
+        let cancel = CancellationToken::new();
+        if let Ok(mut calls) = shared.calls.lock() {
+            calls.insert(call_id.clone(), cancel.clone());
+        }
+        let (tx, rx) = crate::io::live::<Piece>(LIVE_CAP);
+        tokio::spawn(async move {
+            let _active = active;
+            let work = crate::io::for_client(
+                tx.clone(),
+                crate::run_on(&shared.rt, &shared.state_dir, command),
             );
+            // A client that went away (Ctrl-C, a closed terminal) ends the
+            // work where it waits, as a signal ends the in-process CLI.
+            let end = tokio::select! {
+                r = work => Some(match r {
+                    Ok(code) => Piece::Exit(code),
+                    Err(e) => Piece::Error(crate::error_text(&e)),
+                }),
+                _ = tx.closed() => None,
+                _ = cancel.cancelled() => Some(Piece::Error("interrupted: the berth server is stopping".into())),
+            };
+            if let Some(end) = end {
+                tx.send(end, 0);
+            }
+            if let Ok(mut calls) = shared.calls.lock() {
+                calls.remove(&call_id);
+            }
+        });
+        let stream = futures::StreamExt::map(rx.into_stream(), |p| {
+            Ok(RunEvent {
+                event: Some(match p {
+                    Piece::Out(b) => run_event::Event::Stdout(b),
+                    Piece::Err(b) => run_event::Event::Stderr(b),
+                    Piece::Exit(c) => run_event::Event::Exit(u32::from(c)),
+                    Piece::Error(m) => run_event::Event::Error(m),
+                }),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type CallToolStream = ToolStream;
+
+    async fn call_tool(&self, req: Request<ToolCall>) -> Result<Response<ToolStream>, Status> {
+        use berth_core::tools::{ApprovalMode, Progress, ToolContext};
+        self.check_peer()?;
+        let call = req.into_inner();
+        let args: serde_json::Value = serde_json::from_str(&call.args_json).map_err(|e| {
+            Status::invalid_argument(format!("the tool's arguments are not JSON: {e}"))
+        })?;
+        if !call.session.is_empty() {
+            berth_core::runtime::check_session_name(&call.session)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        }
+        let shared = self.shared.clone();
+        let active = Active::new(&shared);
+        let call_id = new_call_id();
+        let cancel = CancellationToken::new();
+        if let Ok(mut calls) = shared.calls.lock() {
+            calls.insert(call_id.clone(), cancel.clone());
+        }
+        let (tx, rx) = crate::io::live::<ToolEvent>(LIVE_CAP);
+        tx.send(tool_event(tool_event::Event::Started(call_id.clone())), 0);
+        tokio::spawn(async move {
+            let _active = active;
+            // The client went away: interrupt, as for a command.
+            let gone = {
+                let (tx, cancel) = (tx.clone(), cancel.clone());
+                tokio::spawn(async move {
+                    tx.closed().await;
+                    cancel.cancel();
+                })
+            };
+            let mut ctx = ToolContext::new(shared.rt.clone(), &call.backend, &call.sandbox)
+                .with_cancel(cancel)
+                .with_approval(if call.defer_approvals {
+                    ApprovalMode::Defer
+                } else {
+                    ApprovalMode::Wait
+                });
+            if !call.session.is_empty() {
+                ctx = ctx.with_session(&call.session);
+            }
+            if call.progress {
+                let tx = tx.clone();
+                ctx = ctx.with_progress(Arc::new(move |p: &Progress| {
+                    if let Ok(j) = serde_json::to_string(p) {
+                        // Progress is advisory: a client behind on reading misses some.
+                        tx.send_if_room(tool_event(tool_event::Event::Progress(j)), 0);
+                    }
+                }));
+            }
+            let o = shared.registry.dispatch(&ctx, &call.name, args).await;
+            let json = serde_json::to_string(&o).unwrap_or_else(|e| {
+                serde_json::json!({
+                    "call_id": o.call_id, "text": format!("cannot encode the outcome: {e}"),
+                    "is_error": true, "kind": {"kind": "error"}, "data": null, "spool": null,
+                })
+                .to_string()
+            });
+            tx.send(tool_event(tool_event::Event::Outcome(json)), 0);
+            gone.abort();
+            if let Ok(mut calls) = shared.calls.lock() {
+                calls.remove(&call_id);
+            }
+        });
+        let stream = futures::StreamExt::map(rx.into_stream(), Ok);
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -359,7 +555,9 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     let meta = std::fs::symlink_metadata(&socket)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let owner_uid = unsafe { libc::geteuid() };
+    let rt = Arc::new(rt);
     let shared = Arc::new(Shared {
+        registry: berth_core::tools::Registry::new(&rt),
         rt,
         state_dir: state_dir.clone(),
         socket: socket.clone(),
@@ -371,6 +569,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         exe_id: super::exe_id(),
         config_key: super::config_key(),
         active: AtomicUsize::new(0),
+        served: Default::default(),
         last_active: Mutex::new(Instant::now()),
         calls: Mutex::new(HashMap::new()),
         lock: Mutex::new(Some(lock)),

@@ -10,7 +10,11 @@
 //!    configuration is told to shut down and a new one is started;
 //! 4. the call runs in the server's `Runtime`, where the sandbox's shell stays
 //!    warm: output streams back, then the report; Ctrl-C sends `Interrupt`, and
-//!    a client that goes away interrupts its command too;
+//!    a client that goes away interrupts its command too. `Run` carries any
+//!    other served subcommand (`job`, `sandbox`, `events`, approvals) as a
+//!    command line the server runs with the CLI's own code ([`crate::io`]);
+//!    `CallTool` runs a tool call for `berth mcp --server`/`berth run --server`
+//!    ([`tools`]);
 //! 5. the server checks every peer's uid (`SO_PEERCRED`), and exits after its
 //!    idle time with nothing running, or when its socket is removed.
 //!
@@ -19,6 +23,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod tools;
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -32,7 +37,7 @@ pub mod proto {
 }
 
 /// The wire protocol's revision: bump it on a change an older peer cannot read.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// How long an idle server lives by default (seconds).
 pub const DEFAULT_IDLE_SECS: u64 = 300;

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::Runtime;
-use crate::tools::{ApprovalMode, OutcomeKind, Registry, ToolContext};
+use crate::tools::{ApprovalMode, Dispatch, OutcomeKind, Registry, ToolContext};
 
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,7 +80,8 @@ pub trait ToolHost: Send + Sync {
 /// The shared tool registry, in one sandbox, as the loop's [`ToolHost`].
 pub struct RegistryTools {
     rt: Arc<Runtime>,
-    registry: Registry,
+    registry: Arc<Registry>,
+    dispatch: Arc<dyn Dispatch>,
     backend: String,
     sandbox: String,
 }
@@ -88,12 +89,21 @@ pub struct RegistryTools {
 impl RegistryTools {
     /// The registry's tools in `sandbox` on `backend`.
     pub fn new(rt: Arc<Runtime>, backend: &str, sandbox: &str) -> Self {
+        let registry = Arc::new(Registry::new(&rt));
         Self {
-            registry: Registry::new(&rt),
+            dispatch: registry.clone(),
+            registry,
             rt,
             backend: backend.into(),
             sandbox: sandbox.into(),
         }
+    }
+
+    /// The same tools, run by `dispatch` (a `berth serve` the front end is
+    /// attached to) instead of this process's registry.
+    pub fn dispatched_by(mut self, dispatch: Arc<dyn Dispatch>) -> Self {
+        self.dispatch = dispatch;
+        self
     }
 }
 
@@ -116,7 +126,7 @@ impl ToolHost for RegistryTools {
         let ctx = ToolContext::new(self.rt.clone(), &self.backend, &self.sandbox)
             .with_cancel(cancel)
             .with_approval(ApprovalMode::Defer);
-        let o = self.registry.dispatch(&ctx, name, args.clone()).await;
+        let o = self.dispatch.dispatch(&ctx, name, args.clone()).await;
         if let OutcomeKind::AwaitingApproval { id } = o.kind {
             return ToolOutcome::NeedsApproval {
                 approval: id,

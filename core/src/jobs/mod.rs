@@ -193,6 +193,9 @@ fn argv(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
+/// Called between pieces of a long read; the read waits for what it returns.
+pub type Pace = dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Sync;
+
 impl Runtime {
     /// Start `command` detached in a sandbox. Returns the job, already running.
     pub async fn start_job(
@@ -391,6 +394,20 @@ impl Runtime {
         follow: bool,
         sink: &mut (dyn FnMut(&[u8]) + Send),
     ) -> Result<u64> {
+        self.job_logs_paced(id, offset, follow, sink, None).await
+    }
+
+    /// [`Runtime::job_logs`], awaiting `pace` after each piece handed to
+    /// `sink`: a sink that forwards to a slow reader holds the read back
+    /// there, instead of buffering without bound.
+    pub async fn job_logs_paced(
+        &self,
+        id: &str,
+        offset: u64,
+        follow: bool,
+        sink: &mut (dyn FnMut(&[u8]) + Send),
+        pace: Option<&Pace>,
+    ) -> Result<u64> {
         let job = self.job(id).await?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
@@ -451,6 +468,9 @@ impl Runtime {
                         }
                     }
                     None => sink(&buf[..n]),
+                }
+                if let Some(pace) = pace {
+                    pace().await;
                 }
             }
         }

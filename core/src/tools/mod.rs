@@ -55,7 +55,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -88,7 +89,7 @@ pub enum ApprovalMode {
 }
 
 /// A progress report of a running call.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
     /// Time since the call started.
     pub elapsed: Duration,
@@ -164,7 +165,7 @@ impl ToolContext {
 }
 
 /// What became of a call, for programs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OutcomeKind {
     /// It ran (a command that exited non-zero still ran: see `data.exit_code`).
@@ -208,7 +209,7 @@ impl OutcomeKind {
 }
 
 /// What a call returns.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolOutcome {
     /// The call's id in the event log.
     pub call_id: String,
@@ -309,6 +310,22 @@ pub(crate) struct Call<'a> {
     pub ctx: &'a ToolContext,
     pub id: String,
     pub live: Arc<Live>,
+}
+
+/// Runs tool calls: the [`Registry`] itself in this process, or a front
+/// end's link to a `berth serve` that runs them in its registry (so an agent
+/// and a person at the CLI share one warm session).
+#[async_trait]
+pub trait Dispatch: Send + Sync {
+    /// Run one call as [`Registry::dispatch`] does.
+    async fn dispatch(&self, ctx: &ToolContext, name: &str, args: Value) -> ToolOutcome;
+}
+
+#[async_trait]
+impl Dispatch for Registry {
+    async fn dispatch(&self, ctx: &ToolContext, name: &str, args: Value) -> ToolOutcome {
+        Registry::dispatch(self, ctx, name, args).await
+    }
 }
 
 /// The tools and their specs, built once.
