@@ -32,7 +32,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub mcp: bool,
     /// Measure whole CLI processes instead: `berth exec -- echo hi` with the
-    /// server, with `BERTH_SERVER=off`, and `bash -c` (at most 100 runs each).
+    /// server, with `BERTH_SERVER=off`, and the backend's own way without
+    /// berth: `bash -c`, `docker exec`, or `ssh` over a ControlMaster (at most
+    /// 100 runs each).
     #[arg(long)]
     pub cli: bool,
 }

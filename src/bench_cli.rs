@@ -1,6 +1,8 @@
 //! `berth bench --cli`: whole CLI processes, as a person or a script pays for
 //! them: `berth exec -- echo hi` through the server, the same in-process
-//! (`BERTH_SERVER=off`), and `bash -c` as the floor, in one run.
+//! (`BERTH_SERVER=off`), and in the same run the backend's own fastest way
+//! without berth: `bash -c` (local), `docker exec` (docker), `ssh` over a
+//! ControlMaster (ssh, `--opt host=HOST`).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -38,51 +40,224 @@ fn median(n: usize, mut cmd: impl FnMut() -> Command) -> Result<Duration> {
     Ok(runs[runs.len() / 2])
 }
 
+/// The bench's own sandbox, made and removed through the CLI.
+const SANDBOX: &str = "berth-bench-cli";
+
+/// The fastest way to run `echo hi` on this backend without berth: the
+/// floor a served call is compared with.
+enum Floor {
+    /// `bash -c` (local).
+    Bash,
+    /// `docker exec` in the bench sandbox's container.
+    DockerExec(String),
+    /// OpenSSH with a ControlMaster kept up for the run (`ssh -o
+    /// ControlPath=…`): a new channel on one connection per call.
+    SshControlMaster {
+        host: String,
+        port: Option<String>,
+        config: Option<PathBuf>,
+        control: PathBuf,
+    },
+}
+
+impl Floor {
+    fn label(&self) -> &'static str {
+        match self {
+            Floor::Bash => "bash -c",
+            Floor::DockerExec(_) => "docker exec",
+            Floor::SshControlMaster { .. } => "ssh, ControlMaster",
+        }
+    }
+
+    fn command(&self) -> Command {
+        match self {
+            Floor::Bash => {
+                let mut c = Command::new("bash");
+                c.args(["-c", "echo hi"]);
+                c
+            }
+            Floor::DockerExec(id) => {
+                let mut c = Command::new("docker");
+                c.args(["exec", id, "echo", "hi"]);
+                c
+            }
+            Floor::SshControlMaster {
+                host,
+                port,
+                config,
+                control,
+            } => {
+                let mut c = Command::new("ssh");
+                if let Some(f) = config {
+                    c.arg("-F").arg(f);
+                }
+                if let Some(p) = port {
+                    c.args(["-p", p]);
+                }
+                c.args(["-o", "BatchMode=yes", "-o", "ControlMaster=auto"])
+                    .arg("-o")
+                    .arg(format!("ControlPath={}", control.display()))
+                    .args(["-o", "ControlPersist=120", host, "echo", "hi"]);
+                c
+            }
+        }
+    }
+
+    /// Close the ControlMaster the floor kept up.
+    fn close(&self) {
+        if let Floor::SshControlMaster { host, control, .. } = self {
+            let _ = Command::new("ssh")
+                .arg("-o")
+                .arg(format!("ControlPath={}", control.display()))
+                .args(["-O", "exit", host])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// `user@host:port` or an alias, split for OpenSSH's `ssh`.
+fn ssh_target(host: &str) -> (String, Option<String>) {
+    match host.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            (h.to_string(), Some(p.to_string()))
+        }
+        _ => (host.to_string(), None),
+    }
+}
+
 pub async fn run(state_dir: Option<PathBuf>, a: &BenchArgs) -> Result<u8> {
     let dir = context::state_dir(state_dir)?;
     let n = a.count.clamp(1, MAX_RUNS);
     let exe = std::env::current_exe().context("cannot find berth's own executable")?;
-    let berth = |mode: &str| {
+    let berth_cmd = |args: &[&str], mode: &str| {
         let mut c = Command::new(&exe);
-        c.args(["exec", "--backend", &a.backend, "--", "echo hi"])
+        c.args(args)
             .env("BERTH_STATE_DIR", &dir)
             .env("BERTH_SERVER", mode);
         c
     };
-    // Warm both paths once: the first call starts the server and the sandbox.
-    median(1, || berth("auto"))?;
-    median(1, || berth("off"))?;
-    let served = median(n, || berth("auto"))?;
-    let off = median(n, || berth("off"))?;
-    let bash = median(n, || {
-        let mut c = Command::new("bash");
-        c.args(["-c", "echo hi"]);
-        c
-    })?;
+    // The bench sandbox, with the options given (`host=` for ssh).
+    let mut create = vec!["sandbox", "create", SANDBOX, "--backend", &a.backend];
+    for o in &a.options {
+        create.extend(["--opt", o.as_str()]);
+    }
+    let o = berth_cmd(&create, "auto")
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run `berth sandbox create`")?;
+    if !o.status.success() {
+        bail!(
+            "cannot create the bench sandbox: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    let result = measure(a, n, &dir, &berth_cmd).await;
+    let _ = berth_cmd(&["sandbox", "rm", SANDBOX, "--backend", &a.backend], "auto")
+        .stdin(Stdio::null())
+        .output();
+    result
+}
+
+async fn measure(
+    a: &BenchArgs,
+    n: usize,
+    dir: &std::path::Path,
+    berth_cmd: &dyn Fn(&[&str], &str) -> Command,
+) -> Result<u8> {
+    let floor = match a.backend.as_str() {
+        "local" => Floor::Bash,
+        "docker" => {
+            let o = berth_cmd(&["sandbox", "ls", "--backend", "docker", "--json"], "auto")
+                .stdin(Stdio::null())
+                .output()?;
+            let list: serde_json::Value = serde_json::from_slice(&o.stdout)
+                .context("`berth sandbox ls --json` did not print JSON")?;
+            let id = list
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|s| s["name"] == SANDBOX)
+                .and_then(|s| s["id"].as_str())
+                .context("the bench sandbox has no container id")?;
+            Floor::DockerExec(id.to_string())
+        }
+        "ssh" => {
+            let host = a
+                .options
+                .iter()
+                .find_map(|o| o.strip_prefix("host="))
+                .context("the ssh bench needs its host: --opt host=HOST (an ~/.ssh/config alias or user@host[:port])")?;
+            let (host, port) = ssh_target(host);
+            // berth reads $HOME/.ssh/config; OpenSSH the passwd entry's: give it the same file.
+            let config = std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".ssh/config"))
+                .filter(|p| p.is_file());
+            Floor::SshControlMaster {
+                host,
+                port,
+                config,
+                control: dir.join(format!("bench-cm-{}", std::process::id())),
+            }
+        }
+        // e2b and modal have no client of their own to compare with here.
+        _ => Floor::Bash,
+    };
+    let exec = [
+        "exec",
+        "--backend",
+        &a.backend,
+        "--sandbox",
+        SANDBOX,
+        "--",
+        "echo hi",
+    ];
+    // Warm each path once: the first call starts the server, the shell, the
+    // ControlMaster.
+    let r = (|| -> Result<(Duration, Duration, Duration, Duration)> {
+        median(1, || berth_cmd(&exec, "auto"))?;
+        median(1, || berth_cmd(&exec, "off"))?;
+        median(1, || floor.command())?;
+        let served = median(n, || berth_cmd(&exec, "auto"))?;
+        let off = median(n, || berth_cmd(&exec, "off"))?;
+        let floor_d = median(n, || floor.command())?;
+        let bash = median(n, || Floor::Bash.command())?;
+        Ok((served, off, floor_d, bash))
+    })();
+    floor.close();
+    let (served, off, floor_d, bash) = r?;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let ratio = |x: Duration, y: Duration| x.as_secs_f64() / y.as_secs_f64().max(1e-9);
     if a.json {
         context::print_json(&json!({
             "backend": a.backend, "runs": n,
             "server_ms": ms(served), "off_ms": ms(off), "bash_c_ms": ms(bash),
+            "floor": floor.label(), "floor_ms": ms(floor_d),
             "off_over_server": ratio(off, served), "server_over_bash_c": ratio(served, bash),
+            "server_over_floor": ratio(served, floor_d),
         }));
     } else {
         println!(
             "whole CLI processes, `echo hi`, median of {n} runs ({}):",
             a.backend
         );
-        for (label, d) in [
+        let mut rows = vec![
             ("berth exec, server", served),
             ("berth exec, BERTH_SERVER=off", off),
-            ("bash -c", bash),
-        ] {
+        ];
+        if !matches!(floor, Floor::Bash) {
+            rows.push((floor.label(), floor_d));
+        }
+        rows.push(("bash -c (local)", bash));
+        for (label, d) in rows {
             println!("  {label:<30} {:>8.2} ms", ms(d));
         }
         println!(
-            "  the server makes a call {:.1}x faster than in-process; a call costs {:.1}x `bash -c`",
+            "  the server makes a call {:.1}x faster than in-process; a call costs {:.2}x {}",
             ratio(off, served),
-            ratio(served, bash)
+            ratio(served, floor_d),
+            floor.label()
         );
     }
     Ok(0)

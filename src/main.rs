@@ -131,11 +131,22 @@ fn main() -> ExitCode {
     };
     // ssh flags on the command line are this call's own: a shared server
     // cannot take them, so such a call runs in-process.
-    let ssh_flags = format!("{:?}", cli.ssh) != format!("{:?}", ssh_flags::SshFlags::default());
-    if ssh_flags && let Err(e) = cli.ssh.options().map(context::set_ssh_options) {
+    let default_ssh = format!("{:?}", ssh_flags::SshFlags::default());
+    if format!("{:?}", cli.ssh) != default_ssh
+        && let Err(e) = cli.ssh.options().map(context::set_ssh_options)
+    {
         eprintln!("berth: error: {}", error_text(&e));
         return ExitCode::from(EXIT_BERTH_ERROR);
     }
+    // BERTH_SSH_HOST is part of the environment a server is started with (its
+    // configuration key), so a host from there does not keep a call in-process.
+    let ssh_flags = {
+        let mut own = cli.ssh.clone();
+        if own.host.is_some() && own.host == std::env::var("BERTH_SSH_HOST").ok() {
+            own.host = None;
+        }
+        format!("{own:?}") != default_ssh
+    };
     let result = rt.block_on(async move {
         match cli.command {
             c if served(&c) => match server_mode(ssh_flags, false) {

@@ -700,3 +700,79 @@ fn events_follow_shows_a_job_end_at_once() -> TestResult {
     }
     Ok(())
 }
+
+/// `bench --cli` on a backend: served and in-process CLI calls against the
+/// backend's own client without berth, measured in one run; the bench's
+/// sandbox and server are cleaned up.
+fn bench_cli(
+    backend: &str,
+    extra: &[&str],
+    home: Option<&Path>,
+    floor: &str,
+) -> Result<Value, crate::support::BoxError> {
+    let dir = tempfile::tempdir()?;
+    let run = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_berth"));
+        c.args(args)
+            .env("BERTH_STATE_DIR", dir.path())
+            .env("BERTH_POLICY", dir.path().join("policy.toml"))
+            .env_remove("BERTH_SERVER")
+            .stdin(Stdio::null());
+        if let Some(h) = home {
+            c.env("HOME", h).env_remove("SSH_AUTH_SOCK");
+        }
+        c.output()
+    };
+    let mut args = vec!["bench", "--cli", "-n", "5", "--json", "--backend", backend];
+    args.extend_from_slice(extra);
+    let o = run(&args)?;
+    let stopped = run(&["server", "stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["floor"], floor, "{v}");
+    for k in ["server_ms", "off_ms", "floor_ms", "bash_c_ms"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    }
+    let ratio = v["server_over_floor"].as_f64().ok_or("no ratio")?;
+    let want = v["server_ms"].as_f64().unwrap_or(0.0) / v["floor_ms"].as_f64().unwrap_or(1.0);
+    assert!((ratio - want).abs() < 1e-6 * want.max(1.0), "{v}");
+    assert!(stopped?.status.success());
+    Ok(v)
+}
+
+#[test]
+fn bench_cli_on_local_against_bash_c() -> TestResult {
+    bench_cli("local", &[], None, "bash -c")?;
+    Ok(())
+}
+
+#[test]
+fn bench_cli_on_docker_against_docker_exec() -> TestResult {
+    bench_cli("docker", &[], None, "docker exec")?;
+    Ok(())
+}
+
+/// The ssh floor is OpenSSH over a ControlMaster, reaching the host through
+/// the same ~/.ssh/config alias berth reads.
+#[test]
+fn bench_cli_on_ssh_against_a_control_master() -> TestResult {
+    let sshd = berth_backends::ssh::testing::Sshd::start()?;
+    let home = sshd.home();
+    std::fs::write(
+        home.join(".ssh/config"),
+        format!(
+            "Host berthbench\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
+            sshd.port(),
+            sshd.user(),
+            sshd.user_key().display(),
+            sshd.known_hosts().display()
+        ),
+    )?;
+    bench_cli(
+        "ssh",
+        &["--opt", "host=berthbench"],
+        Some(&home),
+        "ssh, ControlMaster",
+    )?;
+    Ok(())
+}
