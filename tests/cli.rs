@@ -776,3 +776,74 @@ fn bench_cli_on_ssh_against_a_control_master() -> TestResult {
     )?;
     Ok(())
 }
+
+/// The restricted local sandbox (the CLI's default) runs terminal jobs in a
+/// devpts instance of its own: a REPL is driven, and a resize reaches it
+/// through the job's resizer (the sandbox's `/dev/pts` is not the host's, so
+/// berth cannot set the size by the terminal's name from outside).
+#[test]
+fn a_terminal_job_runs_and_resizes_in_the_restricted_local_sandbox() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let ok = |args: &[&str]| -> Result<String, crate::support::BoxError> {
+        let o = berth(d, args)?;
+        if o.status.code() != Some(0) {
+            return Err(format!("{args:?}: {}", stderr(&o)).into());
+        }
+        Ok(stdout(&o))
+    };
+    let screen_shows = |want: &str| -> TestResult {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let s = ok(&["job", "screen", "py"])?;
+            if s.contains(want) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > end {
+                return Err(format!("the screen never showed {want:?}:\n{s}").into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    ok(&[
+        "job",
+        "start",
+        "--pty",
+        "--size",
+        "80x24",
+        "--name",
+        "py",
+        "--",
+        "python3 -q -i",
+    ])?;
+    screen_shows(">>>")?;
+    ok(&[
+        "job",
+        "send",
+        "py",
+        "import os; os.get_terminal_size(0)",
+        "--keys",
+        "Enter",
+    ])?;
+    screen_shows("columns=80, lines=24")?;
+    ok(&["job", "resize", "py", "100x30"])?;
+    ok(&[
+        "job",
+        "send",
+        "py",
+        "os.get_terminal_size(0)",
+        "--keys",
+        "Enter",
+    ])?;
+    screen_shows("columns=100, lines=30")?;
+    let v: Value = serde_json::from_str(&ok(&["job", "screen", "py", "--json"])?)?;
+    assert_eq!(
+        (v["cols"].as_u64(), v["rows"].as_u64()),
+        (Some(100), Some(30)),
+        "{v}"
+    );
+    let o = berth(d, &["job", "kill", "py", "--signal", "kill"])?;
+    assert!(o.status.code().is_some(), "{}", stderr(&o));
+    let _ = berth(d, &["server", "stop"]);
+    Ok(())
+}

@@ -170,6 +170,51 @@ fn cannot_write_outside_the_workspace() {
     assert!(o.status.success() && outside.exists(), "{}", text(&o));
 }
 
+/// Landlock has no right for metadata: `chmod`, `chown` and `utimes` of a file
+/// the sandbox's uid owns went through wherever the file was (as root: all of
+/// /etc). Outside the write grants every mount is read-only for the sandbox
+/// now, so each fails with EROFS; inside the workspace each still works, and
+/// the workspace is mounted nosuid.
+#[test]
+fn metadata_outside_the_workspace_cannot_change() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let sb = Sandbox::new();
+    let outside = sb.dir.parent().unwrap().join("mine.txt");
+    std::fs::write(&outside, "x").unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mtime = std::fs::metadata(&outside).unwrap().mtime();
+    let script = format!(
+        "o='{o}'; chmod 666 \"$o\" && echo CHMOD; chown \"$(id -u):$(id -g)\" \"$o\" && echo CHOWN; \
+         touch -d 2001-01-01 \"$o\" && echo TOUCH; echo in > f; chmod 755 f && touch -d 2001-01-01 f && \
+         chown \"$(id -u)\" f && echo INSIDE_OK; grep \" $PWD \" /proc/self/mountinfo",
+        o = outside.display()
+    );
+    let o = sb.run(&script);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for bad in ["CHMOD", "CHOWN", "TOUCH"] {
+        assert!(!out.contains(bad), "{bad}: {}", text(&o));
+    }
+    assert!(out.contains("INSIDE_OK"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Read-only file system"),
+        "{}",
+        text(&o)
+    );
+    let work_mount = out.lines().find(|l| l.contains(" rw,")).unwrap_or("");
+    assert!(work_mount.contains("nosuid"), "{}", text(&o));
+    let meta = std::fs::metadata(&outside).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(meta.mtime(), mtime);
+    // Control: the same chmod works without the restrictions.
+    let o = sb.unrestricted(&format!("chmod 640 '{}'", outside.display()));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        std::fs::metadata(&outside).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+}
+
 #[test]
 fn cannot_read_ssh_keys_or_berths_state() {
     let sb = Sandbox::new();
@@ -739,17 +784,60 @@ fn socket_families_are_an_allow_list() {
 fn terminals_and_shared_memory_of_the_host_are_out_of_reach() {
     let sb = Sandbox::new();
     let shm = format!("/dev/shm/berth-{}", sb.name);
+    // A terminal of the host's, open while the sandbox runs: its slave is
+    // what an attack would write escape sequences to.
+    let mut master: libc::c_int = -1;
+    let mut slave: libc::c_int = -1;
+    // SAFETY: openpty writes two descriptors into the ints given; no name,
+    // termios or size is passed.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    let host_pty = std::fs::read_link(format!("/proc/self/fd/{slave}")).unwrap();
     let o = sb.run(&format!(
-        "for t in /dev/pts/*; do [ \"$t\" = /dev/pts/ptmx ] && continue; echo x 2>/dev/null > \"$t\" && echo \"WROTE $t\"; done; \
+        "echo x 2>/dev/null > {pty} && echo WROTE_HOST_PTY; ls /dev/pts | grep -qx {n} && echo SEES_HOST_PTY; \
+         for t in /dev/pts/*; do [ \"$t\" = /dev/pts/ptmx ] && continue; echo x 2>/dev/null > \"$t\" && echo \"WROTE $t\"; done; \
          echo x > {shm} && echo SHM_WRITTEN; ls /dev/shm >/dev/null && echo SHM_LISTED; \
-         python3 -c 'import os; os.open(\"/dev/ptmx\", os.O_RDWR)' 2>/dev/null && echo PTMX; true"
+         script -qec 'tty' /dev/null </dev/null | grep -q '^/dev/pts/' && echo OWN_TERMINAL; true",
+        pty = host_pty.display(),
+        n = host_pty.file_name().unwrap().to_string_lossy(),
     ));
     ran(&o);
     let out = String::from_utf8_lossy(&o.stdout);
-    for bad in ["WROTE", "SHM_WRITTEN", "SHM_LISTED", "PTMX"] {
+    for bad in [
+        "WROTE_HOST_PTY",
+        "SEES_HOST_PTY",
+        "WROTE",
+        "SHM_WRITTEN",
+        "SHM_LISTED",
+    ] {
         assert!(!out.contains(bad), "{bad}: {}", text(&o));
     }
+    // It may open terminals of its own (a devpts instance nobody else sees).
+    assert!(out.contains("OWN_TERMINAL"), "{}", text(&o));
     assert!(!Path::new(&shm).exists());
+    // Control: unconfined, the same write reaches the host's terminal.
+    let o = sb.unrestricted(&format!(
+        "echo x > {} && echo WROTE_HOST_PTY",
+        host_pty.display()
+    ));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("WROTE_HOST_PTY"),
+        "{}",
+        text(&o)
+    );
+    // SAFETY: closing the two descriptors openpty gave this test.
+    unsafe {
+        libc::close(slave);
+        libc::close(master);
+    }
     let o = sb.unrestricted(&format!("echo x > {shm} && echo SHM_WRITTEN; rm -f {shm}"));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("SHM_WRITTEN"),
@@ -796,7 +884,8 @@ fn an_ordinary_users_sandbox_is_confined_too() {
     let pid = victim.id();
     let script = format!(
         "kill -0 {pid} && echo REACHED; echo x > {o}/f && echo WROTE; cp /bin/true t; chmod 4755 t && echo SUID; \
-         python3 -c 'import socket; socket.socket(40, 1)' 2>/dev/null && echo VSOCK; id -u",
+         python3 -c 'import socket; socket.socket(40, 1)' 2>/dev/null && echo VSOCK; \
+         chmod 777 {o} && echo CHMOD; touch -d 2001-01-01 {o} && echo TOUCH; id -u",
         o = outside.display()
     );
     let o = as_nobody(&[BERTH, "__sandbox-exec", "--sandbox-dir"])
@@ -809,7 +898,7 @@ fn an_ordinary_users_sandbox_is_confined_too() {
         .unwrap();
     ran(&o);
     let out = String::from_utf8_lossy(&o.stdout);
-    for bad in ["REACHED", "WROTE", "SUID", "VSOCK"] {
+    for bad in ["REACHED", "WROTE", "SUID", "VSOCK", "CHMOD", "TOUCH"] {
         assert!(!out.contains(bad), "{bad}: {}", text(&o));
     }
     assert!(out.contains("65534"), "{}", text(&o));

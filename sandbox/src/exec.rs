@@ -136,13 +136,24 @@ fn run(args: Vec<OsString>) -> Result<Never> {
         );
         return exec(&args.argv);
     }
-    let profile = args
+    let mut profile = args
         .policy
         .profile(&args.name, &args.sandbox_dir, |p: &Path| p.exists());
     let abi = crate::landlock::abi();
     check_support(&profile, abi)?;
     crate::cgroup::join_for(&profile, &args.sandbox_dir)?;
     crate::rlimits::apply(&profile.rlimits)?;
+    // Before the capabilities go: making the namespace needs them (as root).
+    // A kernel that gives no namespace leaves the rest of the sandbox as it is.
+    let view = crate::mounts::read_only_view(&crate::landlock::write_grants(&profile))?;
+    if view == (crate::mounts::View::Made { terminals: true }) {
+        // Its own devpts instance: the host's terminals are not in it.
+        profile.read_write.extend(
+            crate::mounts::PRIVATE_TERMINALS
+                .iter()
+                .map(std::path::PathBuf::from),
+        );
+    }
     crate::caps::drop_all()?;
     set_no_new_privs()?;
     crate::landlock::apply(&profile, abi, !args.helper)?;

@@ -94,7 +94,8 @@ fn carve(p: &Path, out: &mut Vec<PathBuf>, depth: u32) {
 
 /// The write grants: the sandbox's own directories as they are (a real
 /// directory, not a link to elsewhere), everything else with secrets carved out.
-fn write_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
+/// The paths the profile lets the sandbox write, secrets carved out.
+pub fn write_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for p in &profile.read_write {
         let own = profile.own.contains(p)

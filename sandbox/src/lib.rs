@@ -6,9 +6,11 @@
 //!   backend puts in front of every process it spawns;
 //! - the new process enters [`dispatch`] first thing in `main`, still single
 //!   threaded, and [`exec`] restricts itself, one module per mechanism:
-//!   [`env`] (inherited fds), [`cgroup`] (pids bound), [`rlimits`], [`caps`],
-//!   no_new_privs, [`landlock`] (files, TCP, signal and socket scopes) and
-//!   [`seccomp`] (syscalls and their arguments);
+//!   [`env`] (inherited fds), [`cgroup`] (pids bound), [`rlimits`],
+//!   [`mounts`] (a mount namespace where all but the write grants is
+//!   read-only, so no metadata outside them changes), [`caps`], no_new_privs,
+//!   [`landlock`] (files, TCP, signal and socket scopes) and [`seccomp`]
+//!   (syscalls and their arguments);
 //! - then it execs the real argv, so the restrictions hold for the whole
 //!   process tree that follows.
 //!
@@ -22,6 +24,7 @@ pub mod env;
 mod error;
 pub mod exec;
 pub mod landlock;
+pub mod mounts;
 #[cfg(test)]
 mod readback;
 pub mod rlimits;

@@ -162,14 +162,15 @@ exec tail -c +"$((off + 1))" -- "$f"
 /// does. `script` copies the job's stdin (the FIFO) to the terminal and the
 /// terminal's output to the job's `out`, untouched: the log is the raw stream a
 /// terminal would receive. Inside, before the program starts, the terminal
-/// gets its size, its name goes to `tty` (for resizes) and its session id to
-/// `ptysid` (for kills).
+/// gets its size, its name goes to `tty` and its session id to `ptysid` (for
+/// kills), and a resizer ([`RESIZER`]) starts beside the program.
 pub fn pty_cmd(dir: &str, size: crate::backend::TermSize) -> String {
     let d = quote(dir);
     // `script -c` runs `$SHELL -c`: the job's own SHELL may be anything (fish,
     // nologin), so it is set to sh for script and given back inside.
     let inner = format!(
         "stty cols {c} rows {r} 2>/dev/null; tty > {d}/tty; echo $$ > {d}/ptysid; \
+         sh {d}/resizer.sh {d} $$ </dev/null >/dev/null 2>&1 & \
          if [ -n \"$BERTH_SHELL\" ]; then SHELL=$BERTH_SHELL; export SHELL; else unset SHELL; fi; \
          unset BERTH_SHELL; exec bash {d}/prog",
         c = size.cols,
@@ -179,6 +180,7 @@ pub fn pty_cmd(dir: &str, size: crate::backend::TermSize) -> String {
         "command -v script >/dev/null 2>&1 || {{ echo 'berth: a terminal job needs `script` (util-linux) in the sandbox' >&2; exit 127; }}\n\
          export TERM=xterm-256color BERTH_SHELL=\"${{SHELL:-}}\"\n\
          printf '0 %s %s\\n' {c} {r} > {d}/sizes\n\
+         cat > {d}/resizer.sh <<'BERTH_RESIZER'\n{RESIZER}BERTH_RESIZER\n\
          SHELL=/bin/sh exec script -qfec {inner} /dev/null\n",
         c = size.cols,
         r = size.rows,
@@ -186,23 +188,54 @@ pub fn pty_cmd(dir: &str, size: crate::backend::TermSize) -> String {
     )
 }
 
+/// The resizer of a terminal job (POSIX sh, `$1` dir, `$2` the program's
+/// pid): it runs inside the job's terminal session, so a resize happens
+/// where the terminal is (a sandbox with its own devpts instance has a
+/// `/dev/pts` nobody outside sees). On SIGUSR1 it reads `winsize` (`SEQ COLS
+/// ROWS`), sets the terminal's size (the kernel sends the program SIGWINCH),
+/// appends the size and the output offset it took effect at to `sizes`, and
+/// acknowledges with SEQ in `resized`. It holds no descriptor of the
+/// terminal, so `script` ends with the program; the terminal's hang-up at the
+/// program's end ends it, and it checks the program every 30 s besides.
+pub const RESIZER: &str = r#"d=$1; p=$2
+trap '' INT QUIT TSTP TTIN TTOU
+trap 'if read -r n c r < "$d/winsize" && read -r t < "$d/tty" && stty -F "$t" cols "$c" rows "$r"; then
+  o=$(stat -c %s "$d/out" 2>/dev/null || echo 0); printf "%s %s %s\n" "$o" "$c" "$r" >> "$d/sizes"; echo "$n" > "$d/resized"; fi' USR1
+echo $$ > "$d/resizer"
+while kill -0 "$p" 2>/dev/null; do sleep 30 & wait $!; done
+"#;
+
 /// Opens the launch of a terminal job (`...; fi` closes it): refuses, with
 /// what to do instead, where `script` is missing or cannot open a terminal.
-/// The local backend's Landlock profile closes `/dev/ptmx` and `/dev/pts` (a
-/// sandbox that can open terminals can open the operator's own).
+/// The restricted local sandbox opens terminals only in a devpts instance of
+/// its own (a sandbox that could open the host's could write to the
+/// operator's terminal); a kernel that gives it no mount namespace leaves it
+/// none.
 pub const PTY_PRECHECK: &str = "if ! command -v script >/dev/null 2>&1; then \
 echo 'a terminal job needs `script` (util-linux) in the sandbox: install util-linux (bsdutils on Debian) there, or start the job without --pty' >&2; false; \
 elif ! script -qec true /dev/null </dev/null >/dev/null 2>&1; then \
-echo 'this sandbox cannot open a terminal (no access to /dev/ptmx and /dev/pts; the local backend closes them so sandboxed code cannot reach your own terminal): run terminal jobs on the docker or ssh backend, or start the job without --pty' >&2; false; \
+echo 'this sandbox cannot open a terminal (the local sandbox gets terminals only in a devpts instance of its own, and this kernel gave it no mount namespace for one; the terminals of the host stay closed so sandboxed code cannot reach yours): run terminal jobs on the docker or ssh backend, or start the job without --pty' >&2; false; \
 else ";
 
-/// Resizes a terminal job's terminal: `$1` dir, `$2` cols, `$3` rows. The
-/// kernel tells the program (SIGWINCH to the terminal's foreground group). The
-/// size and the output offset it took effect at are appended to `sizes`, so a
-/// screen rendered later follows the same sizes at the same points.
+/// Resizes a terminal job's terminal: `$1` dir, `$2` cols, `$3` rows, through
+/// the job's resizer ([`RESIZER`]), and waits for its acknowledgement. A job
+/// started by a berth without resizers has its terminal set by name.
 pub const RESIZE: &str = r#"d=$1
-# A job started a moment ago may not have written its terminal's name yet.
-i=0; while [ ! -s "$d/tty" ] && [ "$i" -lt 100 ]; do sleep 0.02; i=$((i + 1)); done
+# A job started a moment ago may not have started its resizer yet.
+i=0; while [ ! -s "$d/resizer" ] && [ ! -s "$d/tty" -o "$i" -lt 50 ] && [ "$i" -lt 100 ]; do sleep 0.02; i=$((i + 1)); done
+if [ -s "$d/resizer" ]; then
+  read -r rp < "$d/resizer"
+  n=$$.$RANDOM
+  printf '%s %s %s\n' "$n" "$2" "$3" > "$d/winsize.$n" && mv -f "$d/winsize.$n" "$d/winsize" || exit 4
+  kill -USR1 "$rp" 2>/dev/null || { echo "the job's terminal is gone" >&2; exit 4; }
+  i=0
+  while [ "$i" -lt 250 ]; do
+    got=; read -r got < "$d/resized" 2>/dev/null
+    [ "$got" = "$n" ] && exit 0
+    sleep 0.02; i=$((i + 1))
+  done
+  echo "the job's terminal did not take the new size within 5s" >&2; exit 4
+fi
 read -r t < "$d/tty" || { echo "the job has no terminal (yet?)" >&2; exit 3; }
 stty -F "$t" cols "$2" rows "$3" || exit 4
 o=$(stat -c %s "$d/out" 2>/dev/null || echo 0)
