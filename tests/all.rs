@@ -51,3 +51,4 @@ terminal_suite!(ssh_terminal, crate::support::ssh_harness);
 #[cfg(feature = "docker")]
 terminal_suite!(docker_terminal, crate::support::docker_harness);
 terminal_suite!(e2b_terminal, crate::support::e2b_harness);
+terminal_suite!(modal_terminal, crate::support::modal_harness);

@@ -1,6 +1,6 @@
 //! Processes on a terminal (`SpawnOpts::tty`), the same assertions on every
-//! backend that has terminals: local (openpty), docker (exec with Tty), ssh
-//! (pty-req), e2b (envd's `pty`).
+//! backend: local (openpty), docker (exec with Tty), ssh (pty-req), e2b
+//! (envd's `pty`), modal (`pty_info`; resized by `stty` from a helper exec).
 
 use std::time::{Duration, Instant};
 

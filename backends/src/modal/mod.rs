@@ -242,12 +242,6 @@ impl Sandbox for ModalSandbox {
     }
 
     async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {
-        if opts.tty {
-            // Modal's exec has `pty_info`; berth does not drive it yet.
-            return Err(Error::Unsupported(
-                "a terminal (tty) for a process on modal; use local, docker or ssh".into(),
-            ));
-        }
         process::spawn(self, argv, opts).await
     }
 

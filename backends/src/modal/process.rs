@@ -31,6 +31,7 @@ use tokio_util::sync::PollSender;
 use tonic::Code;
 
 use super::client::{MAX_RETRIES, backoff, random_id, retryable};
+use super::proto::client::PtyInfo;
 use super::proto::task_command_router::{
     TaskExecStartRequest, TaskExecStderrConfig, TaskExecStdinWriteRequest,
     TaskExecStdioFileDescriptor, TaskExecStdioReadRequest, TaskExecStdoutConfig,
@@ -54,12 +55,25 @@ pub(crate) async fn spawn(
     if argv.is_empty() {
         return Err(Error::InvalidInput("empty argv".into()));
     }
-    let mut command_args = vec!["setsid".to_string(), "-w".to_string()];
+    let exec_id = random_id();
+    // On a terminal the process leads the session Modal gives it (its
+    // controlling terminal is the pty, so a typed Ctrl-C reaches it); it
+    // first writes the terminal's name where a resize finds it.
+    let tty_file = opts.tty.then(|| format!("/tmp/.berth-tty-{exec_id}"));
+    let mut command_args = match &tty_file {
+        Some(f) => vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            "tty > \"$0\" 2>/dev/null; exec \"$@\"".to_string(),
+            f.clone(),
+        ],
+        None => vec!["setsid".to_string(), "-w".to_string()],
+    };
     command_args.extend(argv.iter().cloned());
+    let size = opts.tty_size.unwrap_or_default();
     let mut env = sb.env.clone();
     env.insert("BERTH_SANDBOX".into(), sb.name.clone());
     env.extend(opts.env.iter().cloned());
-    let exec_id = random_id();
     let req = TaskExecStartRequest {
         task_id: sb.inner.router.task_id.clone(),
         exec_id: exec_id.clone(),
@@ -68,7 +82,12 @@ pub(crate) async fn spawn(
         stderr_config: TaskExecStderrConfig::Pipe as i32,
         timeout_secs: None,
         workdir: Some(opts.cwd.unwrap_or_else(|| sb.layout.workdir.clone())),
-        pty_info: None,
+        pty_info: tty_file.is_some().then(|| PtyInfo {
+            enabled: true,
+            winsz_rows: u32::from(size.rows),
+            winsz_cols: u32::from(size.cols),
+            env_term: "xterm-256color".into(),
+        }),
         env: env.into_iter().collect(),
     };
     if let Err(s) = sb
@@ -112,8 +131,19 @@ pub(crate) async fn spawn(
         stderr: Some(channel_reader(err_rx)),
         pumps,
         status: None,
+        tty: tty_file.map(|f| {
+            (
+                ModalSandbox::new(sb.handle(), sb.layout.clone(), sb.env.clone()),
+                f,
+            )
+        }),
     }))
 }
+
+/// Sets a terminal's size from beside it: the router has no resize call, so a
+/// helper exec in the same container runs `stty` on the terminal by name.
+const RESIZE: &str = "i=0; while [ ! -s \"$0\" ] && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done; \
+read -r t < \"$0\" && stty -F \"$t\" cols \"$1\" rows \"$2\"";
 
 /// What the pumps, the stdin writer and `wait` share about one exec.
 pub(crate) struct Exec {
@@ -324,6 +354,8 @@ struct ModalProcess {
     stderr: Option<BoxRead>,
     pumps: Vec<tokio::task::JoinHandle<()>>,
     status: Option<ExitStatus>,
+    /// On a terminal: the sandbox, for resizes, and where the terminal's name is.
+    tty: Option<(ModalSandbox, String)>,
 }
 
 #[async_trait]
@@ -390,6 +422,42 @@ impl Process for ModalProcess {
         };
         self.status = Some(status);
         Ok(status)
+    }
+
+    async fn resize(&mut self, size: berth_core::backend::TermSize) -> Result<()> {
+        let Some((sb, file)) = &self.tty else {
+            return Err(Error::Unsupported(
+                "resizing a process that has no terminal (spawn it with `tty`)".into(),
+            ));
+        };
+        let argv: Vec<String> = [
+            "sh",
+            "-c",
+            RESIZE,
+            file,
+            &size.cols.to_string(),
+            &size.rows.to_string(),
+        ]
+        .map(String::from)
+        .into();
+        let c = berth_core::backend::run_to_end(
+            sb,
+            &argv,
+            None,
+            4096,
+            std::time::Duration::from_secs(15),
+        )
+        .await?;
+        if c.status.code != Some(0) {
+            return Err(Error::Backend {
+                backend: KIND,
+                detail: format!(
+                    "could not resize the terminal: {}",
+                    String::from_utf8_lossy(&c.stderr).trim()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Drop the exec's streams. The router cannot signal an exec; the session

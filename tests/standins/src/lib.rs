@@ -10,3 +10,4 @@ pub mod e2b;
 #[cfg(feature = "modal")]
 pub mod modal;
 pub mod provider;
+pub mod pty;

@@ -62,21 +62,35 @@ impl TaskCommandRouter for RouterService {
         let pipe_out = q.stdout_config == TaskExecStdoutConfig::Pipe as i32;
         let merge = q.stderr_config == TaskExecStderrConfig::Stdout as i32;
         let pipe_err = q.stderr_config == TaskExecStderrConfig::Pipe as i32;
-        let exec = sb
-            .start_exec(
+        let exec = match q.pty_info.as_ref().filter(|p| p.enabled) {
+            Some(p) => {
+                let size = (
+                    u16::try_from(p.winsz_cols).unwrap_or(80).max(1),
+                    u16::try_from(p.winsz_rows).unwrap_or(24).max(1),
+                );
+                sb.start_exec_pty(
+                    &q.command_args,
+                    q.workdir.as_deref(),
+                    &env,
+                    size,
+                    &p.env_term,
+                )
+            }
+            None => sb.start_exec(
                 &q.command_args,
                 q.workdir.as_deref(),
                 &env,
                 pipe_out,
                 pipe_err,
                 merge,
-            )
-            .map_err(|e| {
-                Status::failed_precondition(format!(
-                    "cannot start {:?}: {e}",
-                    q.command_args.first().cloned().unwrap_or_default()
-                ))
-            })?;
+            ),
+        }
+        .map_err(|e| {
+            Status::failed_precondition(format!(
+                "cannot start {:?}: {e}",
+                q.command_args.first().cloned().unwrap_or_default()
+            ))
+        })?;
         if let Ok(mut e) = sb.execs.lock() {
             e.insert(q.exec_id, exec);
         }

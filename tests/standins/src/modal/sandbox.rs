@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, Command};
 use tokio::sync::{Notify, watch};
 
 use super::pb::client::GenericResult;
@@ -47,8 +47,8 @@ pub struct OutBuf {
 pub struct StdinState {
     /// Bytes accepted so far: the next write must start at or before this offset.
     pub written: u64,
-    /// The pipe, until eof closes it.
-    pub pipe: Option<ChildStdin>,
+    /// The pipe (or the terminal's master), until eof closes it.
+    pub pipe: Option<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
 }
 
 /// One exec in a sandbox.
@@ -180,7 +180,6 @@ impl Sandbox {
             .or_else(|| self.workdir.clone())
             .unwrap_or_else(|| self.dir.path().display().to_string());
         cmd.current_dir(cwd);
-        cmd.process_group(0);
         cmd.kill_on_drop(false);
         Ok(cmd)
     }
@@ -188,6 +187,7 @@ impl Sandbox {
     /// Start the entrypoint; when it exits the sandbox ends with its code.
     pub fn start_entrypoint(self: &Arc<Self>, argv: &[String]) -> std::io::Result<()> {
         let mut cmd = self.command(argv, None, &[])?;
+        cmd.process_group(0);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -227,17 +227,86 @@ impl Sandbox {
         merge: bool,
     ) -> std::io::Result<Arc<Exec>> {
         let mut cmd = self.command(argv, cwd, env)?;
+        cmd.process_group(0);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child: Child = cmd.spawn()?;
+        let child: Child = cmd.spawn()?;
+        Ok(self.track(child, None, pipe_out, pipe_err, merge))
+    }
+
+    /// Start an exec on a terminal of its own (`pty_info`): stdin, stdout and
+    /// stderr are the terminal, which is its controlling one (a new session),
+    /// and everything it prints is stdout.
+    pub fn start_exec_pty(
+        &self,
+        argv: &[String],
+        cwd: Option<&str>,
+        env: &[(String, String)],
+        size: (u16, u16),
+        term: &str,
+    ) -> std::io::Result<Arc<Exec>> {
+        let mut env = env.to_vec();
+        if !term.is_empty() {
+            env.push(("TERM".into(), term.into()));
+        }
+        let mut cmd = self.command(argv, cwd, &env)?;
+        let (master, slave) =
+            crate::pty::open_pty(size.0, size.1).map_err(std::io::Error::other)?;
+        cmd.stdin(Stdio::from(slave.try_clone()?))
+            .stdout(Stdio::from(slave.try_clone()?))
+            .stderr(Stdio::from(slave));
+        // SAFETY: setsid and ioctl are async-signal-safe; the child leads a
+        // session of its own whose controlling terminal is the new one.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child: Child = cmd.spawn()?;
+        let master = std::fs::File::from(master);
+        let reader = master.try_clone()?;
+        Ok(self.track(
+            child,
+            Some((reader, Box::new(tokio::fs::File::from_std(master)))),
+            true,
+            false,
+            false,
+        ))
+    }
+
+    /// Follow a started child: its output into the exec's buffers, its exit
+    /// into the exec's state. `pty`: the terminal's master to read (output)
+    /// and write (input) instead of the child's pipes.
+    #[allow(clippy::type_complexity)]
+    fn track(
+        &self,
+        mut child: Child,
+        pty: Option<(std::fs::File, Box<dyn tokio::io::AsyncWrite + Send + Unpin>)>,
+        pipe_out: bool,
+        pipe_err: bool,
+        merge: bool,
+    ) -> Arc<Exec> {
+        let (pty_out, pty_in) = match pty {
+            Some((r, w)) => (Some(r), Some(w)),
+            None => (None, None),
+        };
         let (tx, rx) = watch::channel(None);
         let exec = Arc::new(Exec {
             out: [Mutex::new(OutBuf::default()), Mutex::new(OutBuf::default())],
             changed: Notify::new(),
             stdin: tokio::sync::Mutex::new(StdinState {
                 written: 0,
-                pipe: child.stdin.take(),
+                pipe: pty_in.or_else(|| {
+                    child
+                        .stdin
+                        .take()
+                        .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>)
+                }),
             }),
             exit: rx,
             pgid: child.id().and_then(|p| i32::try_from(p).ok()),
@@ -251,6 +320,23 @@ impl Sandbox {
             ),
         ];
         let mut readers = Vec::new();
+        if let Some(mut m) = pty_out {
+            // A terminal's master reads EIO once nothing holds the terminal.
+            let e = exec.clone();
+            readers.push(tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let mut buf = vec![0u8; 32 * 1024];
+                while let Ok(n) = m.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut o) = e.out[0].lock() {
+                        o.data.extend_from_slice(&buf[..n]);
+                    }
+                    e.changed.notify_waiters();
+                }
+            }));
+        }
         for (stream, fd, keep) in streams {
             let Some(mut stream) = stream else { continue };
             let e = exec.clone();
@@ -293,7 +379,7 @@ impl Sandbox {
             };
             let _ = tx.send(Some(kind));
         });
-        Ok(exec)
+        exec
     }
 }
 
