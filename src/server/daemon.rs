@@ -116,6 +116,49 @@ impl Drop for Active {
     }
 }
 
+/// A call being served: counted as running, registered so `Interrupt` and a
+/// shutdown can cancel it, and unregistered when it ends (dropped).
+struct Serving {
+    _active: Active,
+    shared: Arc<Shared>,
+    id: String,
+    cancel: CancellationToken,
+}
+
+impl Serving {
+    fn new(shared: &Arc<Shared>) -> Serving {
+        let id = new_call_id();
+        let cancel = CancellationToken::new();
+        if let Ok(mut calls) = shared.calls.lock() {
+            calls.insert(id.clone(), cancel.clone());
+        }
+        Serving {
+            _active: Active::new(shared),
+            shared: shared.clone(),
+            id,
+            cancel,
+        }
+    }
+
+    /// Cancel the call when its client goes away (closed its terminal, was
+    /// killed): the stream to it is dropped.
+    fn cancel_when_gone<T: Send + 'static>(&self, live: &Live<T>) -> tokio::task::JoinHandle<()> {
+        let (live, cancel) = (live.clone(), self.cancel.clone());
+        tokio::spawn(async move {
+            live.closed().await;
+            cancel.cancel();
+        })
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Ok(mut calls) = self.shared.calls.lock() {
+            calls.remove(&self.id);
+        }
+    }
+}
+
 /// One connection: the shared state and the peer's uid.
 struct Conn {
     shared: Arc<Shared>,
@@ -236,24 +279,12 @@ impl Berth for Conn {
             t => t.map(Duration::from_secs_f64),
         };
         let shared = self.shared.clone();
-        let active = Active::new(&shared);
-        let call_id = new_call_id();
-        let cancel = CancellationToken::new();
-        if let Ok(mut calls) = shared.calls.lock() {
-            calls.insert(call_id.clone(), cancel.clone());
-        }
+        let serving = Serving::new(&shared);
+        let (call_id, cancel) = (serving.id.clone(), serving.cancel.clone());
         let (tx, rx) = crate::io::live::<ExecEvent>(LIVE_CAP);
         tx.send(event(exec_event::Event::Started(call_id.clone())), 0);
         tokio::spawn(async move {
-            let _active = active;
-            // The client went away (closed its terminal, was killed): interrupt.
-            let gone = {
-                let (tx, cancel) = (tx.clone(), cancel.clone());
-                tokio::spawn(async move {
-                    tx.closed().await;
-                    cancel.cancel();
-                })
-            };
+            let gone = serving.cancel_when_gone(&tx);
             let session = if call.session.is_empty() {
                 berth_core::runtime::MAIN_SESSION.to_string()
             } else {
@@ -316,9 +347,7 @@ impl Berth for Conn {
             tee.finish();
             tx.send(event(last), 0);
             gone.abort();
-            if let Ok(mut calls) = shared.calls.lock() {
-                calls.remove(&call_id);
-            }
+            drop(serving);
         });
         let stream = futures::StreamExt::map(rx.into_stream(), Ok);
         Ok(Response::new(Box::pin(stream)))
@@ -339,15 +368,10 @@ impl Berth for Conn {
             crate::served_command(args).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let shared = self.shared.clone();
         shared.served.fetch_add(1, Ordering::SeqCst);
-        let active = Active::new(&shared);
-        let call_id = new_call_id();
-        let cancel = CancellationToken::new();
-        if let Ok(mut calls) = shared.calls.lock() {
-            calls.insert(call_id.clone(), cancel.clone());
-        }
+        let serving = Serving::new(&shared);
+        let cancel = serving.cancel.clone();
         let (tx, rx) = crate::io::live::<Piece>(LIVE_CAP);
         tokio::spawn(async move {
-            let _active = active;
             let work = crate::io::for_client(
                 tx.clone(),
                 crate::run_on(&shared.rt, &shared.state_dir, command),
@@ -365,9 +389,7 @@ impl Berth for Conn {
             if let Some(end) = end {
                 tx.send(end, 0);
             }
-            if let Ok(mut calls) = shared.calls.lock() {
-                calls.remove(&call_id);
-            }
+            drop(serving);
         });
         let stream = futures::StreamExt::map(rx.into_stream(), |p| {
             Ok(RunEvent {
@@ -396,24 +418,15 @@ impl Berth for Conn {
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
         }
         let shared = self.shared.clone();
-        let active = Active::new(&shared);
-        let call_id = new_call_id();
-        let cancel = CancellationToken::new();
-        if let Ok(mut calls) = shared.calls.lock() {
-            calls.insert(call_id.clone(), cancel.clone());
-        }
+        let serving = Serving::new(&shared);
+        let cancel = serving.cancel.clone();
         let (tx, rx) = crate::io::live::<ToolEvent>(LIVE_CAP);
-        tx.send(tool_event(tool_event::Event::Started(call_id.clone())), 0);
+        tx.send(
+            tool_event(tool_event::Event::Started(serving.id.clone())),
+            0,
+        );
         tokio::spawn(async move {
-            let _active = active;
-            // The client went away: interrupt, as for a command.
-            let gone = {
-                let (tx, cancel) = (tx.clone(), cancel.clone());
-                tokio::spawn(async move {
-                    tx.closed().await;
-                    cancel.cancel();
-                })
-            };
+            let gone = serving.cancel_when_gone(&tx);
             let mut ctx = ToolContext::new(shared.rt.clone(), &call.backend, &call.sandbox)
                 .with_cancel(cancel)
                 .with_approval(if call.defer_approvals {
@@ -443,9 +456,7 @@ impl Berth for Conn {
             });
             tx.send(tool_event(tool_event::Event::Outcome(json)), 0);
             gone.abort();
-            if let Ok(mut calls) = shared.calls.lock() {
-                calls.remove(&call_id);
-            }
+            drop(serving);
         });
         let stream = futures::StreamExt::map(rx.into_stream(), Ok);
         Ok(Response::new(Box::pin(stream)))
