@@ -545,6 +545,18 @@ pub async fn a_stopped_command_abandons_the_rest_of_its_list(h: &Harness) -> Tes
         ok(&mut s, "echo $PWD $STAY; ls").await?,
         format!("{dir} here\n")
     );
+    // ... and so is one that replaces it through a function defined earlier,
+    // whose call never says `trap`.
+    ok(&mut s, "sethandler() { trap 'echo mine' USR1 USR2; }").await?;
+    let [d] = unique_sleeps::<1>();
+    let r = s
+        .exec(&format!("sethandler; {d}; touch q"), quick(500))
+        .await?;
+    assert_eq!(r.exit_code, 124);
+    assert_eq!(
+        ok(&mut s, "echo $PWD $STAY; ls").await?,
+        format!("{dir} here\n")
+    );
     // An interrupt through the cancellation token does the same, with 130.
     ok(&mut s, "LOCAL=again").await?;
     let cancel = tokio_util::sync::CancellationToken::new();

@@ -22,6 +22,11 @@ use crate::error::{Error, Result};
 pub(super) struct Plan {
     pub(super) snapshot: SnapshotMode,
     pub(super) guard: bool,
+    /// The command may run code the engine cannot read (a call of a name the
+    /// session defined, `source`, `eval`, a command word built at run time),
+    /// which may replace the loop's interrupt handlers: stopping it kills its
+    /// shell rather than trusting the handlers.
+    pub(super) distrust: bool,
 }
 
 /// How a framed command ended.
@@ -171,6 +176,7 @@ impl Session {
         let plan = Plan {
             snapshot,
             guard: true,
+            distrust: false,
         };
         let framed = self.run_framed(text, false, plan, &mut capture, None, None);
         let Ok(framed) = tokio::time::timeout(limit, framed).await else {
@@ -237,8 +243,9 @@ impl Session {
         let end_pat = format!(":{nonce}\u{1e}").into_bytes();
         let cancel = cancel.unwrap_or_default();
         // A command that sets traps may have replaced the one that abandons it
-        // on an interrupt: stopping it kills its shell instead.
-        let distrust = text.contains("trap");
+        // on an interrupt: stopping it kills its shell instead. So may one that
+        // runs code the engine cannot read, though its text never says `trap`.
+        let distrust = text.contains("trap") || plan.distrust;
         let mut deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut stop: Option<Stop> = None;
         let mut stage = 0usize;

@@ -437,6 +437,7 @@ impl Session {
         let named = |snapshot| Plan {
             snapshot,
             guard: true,
+            distrust: true,
         };
         let Some(shell) = self.shell.as_mut() else {
             return named(SnapshotMode::Force);
@@ -456,12 +457,13 @@ impl Session {
         } else {
             SnapshotMode::Auto
         };
+        let builtins = command.contains("builtin") || command.contains("enable");
         Plan {
             snapshot,
-            guard: fx.may_define
-                || shell.always_snapshot
-                || command.contains("builtin")
-                || command.contains("enable"),
+            guard: fx.may_define || shell.always_snapshot || builtins,
+            // Not for stickiness: the guard put the handlers back after the
+            // command that set a trap, so a plain command later is trusted.
+            distrust: fx.may_define || builtins,
         }
     }
 
