@@ -127,26 +127,13 @@ fn private_terminals() -> bool {
     if !pts.is_dir() || !Path::new("/dev/ptmx").exists() {
         return false;
     }
-    let (Ok(fstype), Ok(opts)) = (
-        CString::new("devpts"),
-        CString::new("newinstance,ptmxmode=0666,mode=0620"),
-    ) else {
-        return false;
-    };
-    let Ok(target) = CString::new("/dev/pts") else {
-        return false;
-    };
-    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
-    let r = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NOEXEC,
-            opts.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
+    let fresh = mount_fs(
+        "devpts",
+        pts,
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        "newinstance,ptmxmode=0666,mode=0620",
+    );
+    if fresh.is_err() {
         return false;
     }
     mount(
@@ -215,26 +202,50 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A bind, a remount or a propagation change: no file system type, no data.
 fn mount(source: Option<&Path>, target: &Path, flags: libc::c_ulong) -> Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes()).map_err(|e| {
+    let source = source.map(|p| p.as_os_str().as_bytes());
+    mount2(source, target, None, flags, None)
+}
+
+/// A new mount of file system `fstype` (its name as the source too) with `data`.
+fn mount_fs(fstype: &str, target: &Path, flags: libc::c_ulong, data: &str) -> Result<()> {
+    let t = fstype.as_bytes();
+    mount2(Some(t), target, Some(t), flags, Some(data.as_bytes()))
+}
+
+/// mount(2), with an error that names the target and the flags.
+fn mount2(
+    source: Option<&[u8]>,
+    target: &Path,
+    fstype: Option<&[u8]>,
+    flags: libc::c_ulong,
+    data: Option<&[u8]>,
+) -> Result<()> {
+    let c = |b: &[u8]| {
+        CString::new(b).map_err(|e| {
             Error::setup(
-                format!("path {} for the read-only view", p.display()),
+                format!("mount {} for the read-only view", target.display()),
                 io::Error::other(e),
             )
         })
     };
-    let src = source.map(c).transpose()?;
-    let dst = c(target)?;
-    // SAFETY: the strings outlive the call; a null source, type and data are
-    // what a bind, a remount and a propagation change take.
+    let (src, dst) = (
+        source.map(c).transpose()?,
+        c(target.as_os_str().as_bytes())?,
+    );
+    let (fstype, data) = (fstype.map(c).transpose()?, data.map(c).transpose()?);
+    let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is null or a NUL-terminated string that outlives
+    // the call; a bind, a remount and a propagation change take null type and
+    // data.
     let r = unsafe {
         libc::mount(
-            src.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            ptr(&src),
             dst.as_ptr(),
-            std::ptr::null(),
+            ptr(&fstype),
             flags,
-            std::ptr::null(),
+            ptr(&data).cast(),
         )
     };
     if r != 0 {
