@@ -910,3 +910,116 @@ fn an_ordinary_users_sandbox_is_confined_too() {
     victim.kill().unwrap();
     victim.wait().unwrap();
 }
+
+/// Processes whose command line is `sleep SECS`, a test's marker.
+fn marked(secs: &str) -> Vec<i32> {
+    let marker = format!("sleep\0{secs}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == marker.as_bytes()))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// A fork bomb run by an ordinary user with no pids cgroup to bound it fills
+/// the user's process limit, so berth itself can start no process of that
+/// user: its stop must still end the whole tree, and say so only when it did
+/// (#10 item 20). Before, the stop's helper could not start, 110 processes
+/// outlived an exec that reported them stopped, and `job kill` failed.
+#[test]
+fn an_ordinary_users_fork_bomb_is_stopped_whole() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test switches to uid 65534 with setpriv and must run as root (as CI does)"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = root.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    // The sandbox's own bound is the user's: berth's process shares it.
+    std::fs::write(home.join("policy.toml"), "[local.rlimits]\nnproc = 120\n").unwrap();
+    let chown = Command::new("chown")
+        .args(["-R", "nobody:"])
+        .arg(root.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let berth = |args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+            .args(["prlimit", "--nproc=120:120", BERTH])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &home)
+            .env("BERTH_POLICY", home.join("policy.toml"))
+            .env("BERTH_STATE_DIR", home.join("state"))
+            .env("BERTH_SERVER", "off")
+            .current_dir(&home);
+        c.output().unwrap()
+    };
+    let bomb = |secs: &str| {
+        format!(
+            "for i in 1 2 3 4; do (trap '' INT TERM; while :; do sleep {secs} & done) & done; wait"
+        )
+    };
+    let o = berth(&["exec", "--", "export KEEP=1"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    let o = berth(&["exec", "--timeout", "2", "--", &bomb("101.31")]);
+    let left = marked("101.31");
+    for &p in &left {
+        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+    }
+    assert_eq!(o.status.code(), Some(124), "{}", text(&o));
+    assert!(
+        left.is_empty(),
+        "{} of the command's processes outlived its stop: {}",
+        left.len(),
+        text(&o)
+    );
+    let o = berth(&["exec", "--", "echo still $KEEP"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "still 1\n",
+        "{}",
+        text(&o)
+    );
+
+    // The same bomb as a background job, ended by `job kill`.
+    let o = berth(&["job", "start", "--name", "bomb", "--", &bomb("101.32")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while marked("101.32").len() < 60 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bomb never filled the limit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = berth(&["job", "kill", "--grace", "1", "bomb"]);
+    let left = marked("101.32");
+    for &p in &left {
+        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+    }
+    // `job kill` exits with the job's own status, 128 + the signal.
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(" killed by SIG")
+            && matches!(o.status.code(), Some(137 | 143)),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        left.is_empty(),
+        "{} of the job's processes outlived `job kill`: {}",
+        left.len(),
+        text(&o)
+    );
+    let o = berth(&["job", "ls", "--json"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("\"killed\""), "{}", text(&o));
+}

@@ -32,6 +32,8 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
 const KIND: &str = "local";
+
+
 /// The PATH every local sandbox process starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -301,6 +303,10 @@ impl Sandbox for LocalSandbox {
 
     fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    fn host_processes(&self) -> bool {
+        true
     }
 
     async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {

@@ -289,6 +289,14 @@ pub trait Sandbox: Send + Sync {
     async fn alive(&self) -> Result<bool>;
     /// Destroy the sandbox.
     async fn destroy(&self) -> Result<()>;
+    /// Whether the sandbox's processes are berth's own: in berth's pid
+    /// namespace, under its uid, with paths as berth sees them (the local
+    /// backend). The engine then signals them from its own process rather than
+    /// through a helper it spawns, which a command that filled its process
+    /// limit would leave no room for.
+    fn host_processes(&self) -> bool {
+        false
+    }
 }
 
 /// What [`run_to_end`] collected.

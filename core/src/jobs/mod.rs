@@ -11,6 +11,7 @@
 //! - `logs` streams the output file from a byte offset through the sandbox, so
 //!   memory stays flat whatever the log's size.
 
+mod here;
 mod input;
 mod monitor;
 pub mod pty;
@@ -535,32 +536,38 @@ impl Runtime {
         job.kill_signal = Some(signal.name().into());
         self.store().save_job(&job)?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
-        let grace_ms = grace.as_millis().min(u32::MAX as u128).to_string();
-        let args = argv(&[
-            "bash",
-            "-c",
-            script::KILL,
-            "berth-kill",
-            &job.dir(sb.as_ref()),
-            signal.name(),
-            &grace_ms,
-        ]);
-        let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT + grace).await?;
-        if c.status.code != Some(0) {
+        let c = if sb.host_processes() {
+            let sig = crate::procs::signal(signal.name())?;
+            here::end(std::path::Path::new(&job.dir(sb.as_ref())), sig, grace).await
+        } else {
+            let grace_ms = grace.as_millis().min(u32::MAX as u128).to_string();
+            let args = argv(&[
+                "bash",
+                "-c",
+                script::KILL,
+                "berth-kill",
+                &job.dir(sb.as_ref()),
+                signal.name(),
+                &grace_ms,
+            ]);
+            let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT + grace).await?;
+            here::Ended {
+                code: c.status.code.unwrap_or(-1),
+                stdout: String::from_utf8_lossy(&c.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&c.stderr).into_owned(),
+            }
+        };
+        if c.code != 0 {
             let now = self.job(&job.id).await?;
-            if now.state.is_final() && c.status.code != Some(5) {
+            if now.state.is_final() && c.code != 5 {
                 return Ok(KillOutcome::AlreadyEnded(now.state, now.exit_code));
             }
             return Err(Error::Backend {
                 backend: sb.kind(),
-                detail: format!(
-                    "could not end job {}: {}",
-                    job.id,
-                    String::from_utf8_lossy(&c.stderr).trim()
-                ),
+                detail: format!("could not end job {}: {}", job.id, c.stderr.trim()),
             });
         }
-        let escalated = String::from_utf8_lossy(&c.stdout).trim() == "escalated";
+        let escalated = c.stdout.trim() == "escalated";
         let mut detail = serde_json::json!({ "signal": signal.name() });
         if escalated {
             job.kill_signal = Some(crate::backend::Signal::Kill.name().into());

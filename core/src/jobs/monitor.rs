@@ -28,10 +28,15 @@ impl Runtime {
             }
         };
         let base = format!("{}/jobs", sb.layout().berth_dir);
-        let mut args = argv(&["bash", "-c", script::STATUS, "berth-status", &base]);
-        args.extend(jobs.iter().map(|j| j.id.clone()));
-        let c = run_to_end(sb.as_ref(), &args, None, 1 << 20, HELPER_TIMEOUT).await?;
-        let text = String::from_utf8_lossy(&c.stdout).into_owned();
+        let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+        let text = if sb.host_processes() {
+            here::status(std::path::Path::new(&base), &ids)
+        } else {
+            let mut args = argv(&["bash", "-c", script::STATUS, "berth-status", &base]);
+            args.extend(ids);
+            let c = run_to_end(sb.as_ref(), &args, None, 1 << 20, HELPER_TIMEOUT).await?;
+            String::from_utf8_lossy(&c.stdout).into_owned()
+        };
         for mut job in jobs {
             let line = text
                 .lines()

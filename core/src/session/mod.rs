@@ -23,6 +23,7 @@ mod framing;
 pub mod script;
 mod shell;
 mod stop;
+mod tree;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -36,9 +36,11 @@ impl Session {
         true
     }
 
-    /// Signal the running command's process tree through a second spawn: every
-    /// process newer than `watermark` (the shell's current one by default).
-    /// `cut`, when given, is the signal sent to the shell itself (see `KILL_TREE`).
+    /// Signal the running command's process tree: every process newer than
+    /// `watermark` (the shell's current one by default). `cut`, when given, is
+    /// the signal sent to the shell itself (see `KILL_TREE`). Through a second
+    /// spawn in the sandbox, or from berth's own process when the sandbox's
+    /// processes are berth's (see `tree`).
     pub(super) async fn kill_tree(
         &mut self,
         sig: &str,
@@ -48,7 +50,14 @@ impl Session {
         let Some(shell) = self.shell.as_ref() else {
             return Ok(());
         };
-        let watermark = watermark.unwrap_or(shell.watermark).to_string();
+        let watermark = watermark.unwrap_or(shell.watermark);
+        if self.sandbox.host_processes() {
+            let tree = super::tree::Tree::new(shell.info.pid, shell.info.sid, watermark);
+            let out = tree.signal(sig, cut).await?;
+            debug!(session = %self.cfg.name, sig, killed = %out, "signalled command tree");
+            return Ok(());
+        }
+        let watermark = watermark.to_string();
         let mut argv = vec![
             "bash".to_string(),
             "-c".to_string(),

@@ -1,0 +1,188 @@
+//! Stopping a command's process tree from berth's own process, for a sandbox
+//! whose processes are berth's (see [`Sandbox::host_processes`]).
+//!
+//! The rules are [`script::KILL_TREE`]'s, read the same way from `/proc`; only
+//! the place differs. The script needs a process of its own, and a command
+//! that filled its user's process limit (a fork bomb, with berth run by an
+//! ordinary user and no delegated pids cgroup) leaves no room for one: that
+//! spawn fails, and the command would outlive its timeout. Signalling from
+//! here creates no process and no thread (threads count against the same
+//! limit).
+//!
+//! [`Sandbox::host_processes`]: crate::backend::Sandbox::host_processes
+//! [`script::KILL_TREE`]: super::script::KILL_TREE
+
+use std::collections::{HashMap, HashSet};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::error::Result;
+use crate::procs::{pids, signal, stat};
+
+/// What [`script::KILL_TREE`](super::script::KILL_TREE) takes as arguments.
+pub(super) struct Tree {
+    shell: i32,
+    sid: i32,
+    /// The watermark's time (hundredths since boot; 0: none) and pid.
+    wt: u64,
+    wpid: u64,
+    /// The last pid allocated now, to tell a wrap at `pid_max`.
+    now: u64,
+    hz: u64,
+    spare: HashSet<i32>,
+}
+
+impl Tree {
+    pub(super) fn new(shell: u32, sid: u32, watermark: u64) -> Self {
+        let now = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().nth(4)?.parse().ok())
+            .unwrap_or(0);
+        let shell = i32::try_from(shell).unwrap_or(i32::MAX);
+        Self {
+            shell,
+            sid: i32::try_from(sid).unwrap_or(i32::MAX),
+            wt: watermark >> 22,
+            wpid: watermark & ((1 << 22) - 1),
+            now,
+            // USER_HZ, the unit of `/proc/PID/stat` times: 100 on every Linux
+            // port berth runs on, as the script assumes.
+            hz: 100,
+            spare: HashSet::from([shell, std::process::id() as i32]),
+        }
+    }
+
+    /// Created since the watermark.
+    fn new_since(&self, pid: i32, start: u64) -> bool {
+        if self.wt > 0 {
+            let cs = start * 100 / self.hz;
+            if cs != self.wt {
+                return cs > self.wt;
+            }
+        }
+        let pid = u64::try_from(pid).unwrap_or(0);
+        if self.now >= self.wpid {
+            pid > self.wpid
+        } else {
+            pid > self.wpid || pid <= self.now
+        }
+    }
+
+    /// One pass over `/proc`: the command's live processes.
+    fn scan(&self) -> Vec<i32> {
+        let mut parent = HashMap::new();
+        let mut victims = Vec::new();
+        let mut maybe = Vec::new();
+        for pid in pids() {
+            let Some(s) = stat(pid) else { continue };
+            parent.insert(pid, s.ppid);
+            if self.spare.contains(&pid) || s.state == b'Z' || !self.new_since(pid, s.start) {
+                continue;
+            }
+            if s.sid == self.sid && self.sid == self.shell {
+                victims.push(pid);
+            } else {
+                maybe.push(pid);
+            }
+        }
+        // Outside the shell's session: the shell's descendants only.
+        for p in maybe {
+            let mut q = parent.get(&p).copied();
+            for _ in 0..64 {
+                match q {
+                    Some(q) if q == self.shell => {
+                        victims.push(p);
+                        break;
+                    }
+                    Some(q2) if q2 > 1 => q = parent.get(&q2).copied(),
+                    _ => break,
+                }
+            }
+        }
+        victims
+    }
+
+    /// Whether the shell still catches `sig`.
+    fn shell_catches(&self, sig: Signal) -> bool {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.shell)) else {
+            return false;
+        };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m >> (sig as i32 - 1) & 1 == 1)
+    }
+
+    /// Signal the tree as the script does: `cut` to the shell first (or KILL
+    /// when it no longer catches it), then `sig` to every process of the
+    /// command. For KILL, freeze and kill and look again until nothing is
+    /// left. Returns what the script prints.
+    pub(super) async fn signal(&self, sig: &str, cut: Option<&str>) -> Result<String> {
+        let sig = signal(sig)?;
+        let mut out = self.scan();
+        if let Some(cut) = cut {
+            let cut = signal(cut)?;
+            let to = if cut != Signal::SIGKILL && self.shell_catches(cut) {
+                cut
+            } else {
+                Signal::SIGKILL
+            };
+            let _ = kill(Pid::from_raw(self.shell), to);
+        }
+        if sig != Signal::SIGKILL {
+            for &p in &out {
+                let _ = kill(Pid::from_raw(p), sig);
+            }
+            return Ok(out.len().to_string());
+        }
+        let (mut killed, mut rounds) = (0, 0);
+        while !out.is_empty() && rounds < 50 {
+            for &p in &out {
+                let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
+            }
+            for &p in &out {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            killed += out.len();
+            rounds += 1;
+            // A scan of a full process table takes a while: let other
+            // sandboxes' work run between rounds.
+            tokio::task::yield_now().await;
+            out = self.scan();
+        }
+        Ok(format!("{killed} {}", out.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The watermark compares start times first, and pids only within one
+    /// hundredth, with a wrap at `pid_max` splitting the range.
+    #[test]
+    fn created_since_reads_the_watermark_as_the_script_does() {
+        let t = |wt: u64, wpid: u64, now: u64| Tree {
+            shell: 1,
+            sid: 1,
+            wt,
+            wpid,
+            now,
+            hz: 100,
+            spare: HashSet::new(),
+        };
+        let a = t(500, 1000, 2000);
+        assert!(
+            a.new_since(10, 501),
+            "a later start is new, whatever its pid"
+        );
+        assert!(!a.new_since(5000, 499), "an earlier start is old");
+        assert!(a.new_since(1001, 500) && !a.new_since(999, 500));
+        let wrapped = t(0, 30000, 200);
+        assert!(wrapped.new_since(31000, 0) && wrapped.new_since(100, 0));
+        assert!(!wrapped.new_since(20000, 0));
+    }
+}
