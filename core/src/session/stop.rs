@@ -39,8 +39,8 @@ impl Session {
     /// Signal the running command's process tree: every process newer than
     /// `watermark` (the shell's current one by default). `cut`, when given, is
     /// the signal sent to the shell itself (see `KILL_TREE`). Through a second
-    /// spawn in the sandbox, or from berth's own process when the sandbox's
-    /// processes are berth's (see `tree`).
+    /// spawn in the sandbox; when that cannot start and the sandbox's processes
+    /// are berth's, from berth's own process (see `tree`).
     pub(super) async fn kill_tree(
         &mut self,
         sig: &str,
@@ -51,27 +51,31 @@ impl Session {
             return Ok(());
         };
         let watermark = watermark.unwrap_or(shell.watermark);
-        if self.sandbox.host_processes() {
-            let tree = super::tree::Tree::new(shell.info.pid, shell.info.sid, watermark);
-            let out = tree.signal(sig, cut).await?;
-            debug!(session = %self.cfg.name, sig, killed = %out, "signalled command tree");
-            return Ok(());
-        }
-        let watermark = watermark.to_string();
+        let (pid, sid) = (shell.info.pid, shell.info.sid);
         let mut argv = vec![
             "bash".to_string(),
             "-c".to_string(),
             script::KILL_TREE.to_string(),
             "berth-kill".to_string(),
-            shell.info.pid.to_string(),
-            shell.info.sid.to_string(),
-            watermark,
+            pid.to_string(),
+            sid.to_string(),
+            watermark.to_string(),
             sig.to_string(),
         ];
         argv.extend(cut.map(str::to_string));
-        self.run_helper(&argv).await.map(|out| {
-            debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
-        })
+        let out = match self.run_helper(&argv).await {
+            // The helper could not start (a command that filled its user's
+            // process limit leaves no room for it): where the sandbox's
+            // processes are berth's, the same rules run here, forking nothing.
+            Err(e) if self.sandbox.host_processes() => {
+                debug!(session = %self.cfg.name, error = %e, "kill helper failed; signalling from berth");
+                let tree = super::tree::Tree::new(pid, sid, watermark);
+                tree.signal(sig, cut).await?
+            }
+            r => r?,
+        };
+        debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
+        Ok(())
     }
 
     /// Run a short helper process in the sandbox and return its stdout.
