@@ -33,6 +33,9 @@ use tokio::process::{Child, Command};
 
 const KIND: &str = "local";
 
+/// The size berth asks for a child's stdout pipe (the kernel's default
+/// `pipe-max-size` for an ordinary user).
+const PIPE_SIZE: i32 = 1 << 20;
 
 /// The PATH every local sandbox process starts with.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -395,6 +398,12 @@ impl Sandbox for LocalSandbox {
                 detail: e.to_string(),
             }
         })?;
+        // A large output moves through the pipe in fewer, larger pieces: with
+        // the default 64 KiB the writer stalls and berth wakes every 64 KiB.
+        // Best effort: an ordinary user's pipes may be held to less.
+        if let Some(out) = child.stdout.as_ref() {
+            let _ = nix::fcntl::fcntl(out, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        }
         // The child holds the slave now; the parent keeps only the master.
         let pty = match pty {
             Some(p) => {

@@ -62,12 +62,19 @@ pub struct Redactor {
     shapes: Vec<Shape>,
     /// How each shape begins (see [`INTROS`]), ASCII case-insensitive.
     intros: Option<AhoCorasick>,
-    /// The same intros, for one question only: is any of them anywhere? The
-    /// regex engine finds case-insensitive literals with a SIMD prefilter,
-    /// which the overlapping automaton cannot use, so output with no intro
-    /// at all (most of it) costs one fast pass.
+    /// For one question only, is any shape's intro anywhere: the intros of
+    /// the case-sensitive shapes, exactly. The regex engine finds a small set
+    /// of exact literals with a SIMD search (Teddy), which neither the
+    /// overlapping automaton nor a case-insensitive pattern can use, so output
+    /// with no intro at all (most of it) costs one fast pass. The two
+    /// case-insensitive shapes are found by their punctuation (see [`FOLDED`]).
     any_intro: Option<regex::bytes::Regex>,
 }
+
+/// The intros of the shapes whose patterns ignore case, and the offset of
+/// the one byte in each that has no case: a search for that byte, then a
+/// case-blind comparison around it, finds them without a case-folding pass.
+const FOLDED: &[(&str, usize)] = &[("aws_secret_access_key", 3), ("authorization:", 13)];
 
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -196,9 +203,12 @@ impl Redactor {
             .match_kind(MatchKind::Standard)
             .build(INTROS.iter().map(|(i, _, _)| i.as_bytes()))
             .ok();
-        let alternation: Vec<String> = INTROS.iter().map(|(i, _, _)| regex::escape(i)).collect();
+        let alternation: Vec<String> = INTROS
+            .iter()
+            .filter(|(i, _, _)| !FOLDED.iter().any(|(f, _)| f == i))
+            .map(|(i, _, _)| regex::escape(i))
+            .collect();
         let any_intro = regex::bytes::RegexBuilder::new(&alternation.join("|"))
-            .case_insensitive(true)
             .unicode(false)
             .build()
             .ok();
@@ -241,9 +251,24 @@ impl Redactor {
         found
     }
 
-    /// Whether any shape's intro occurs in `text` (true when unknown).
+    /// Whether any shape's intro occurs in `text` as that shape would match
+    /// it: exactly, or ignoring case for the [`FOLDED`] ones (true when
+    /// unknown).
     fn any_intro_in(&self, text: &[u8]) -> bool {
-        self.any_intro.as_ref().is_none_or(|a| a.is_match(text))
+        let Some(exact) = &self.any_intro else {
+            return true;
+        };
+        exact.is_match(text)
+            || memchr::memchr2_iter(b'_', b':', text).any(|i| {
+                FOLDED.iter().any(|(intro, at)| {
+                    let intro = intro.as_bytes();
+                    intro[*at] == text[i]
+                        && i >= *at
+                        && text
+                            .get(i - at..i - at + intro.len())
+                            .is_some_and(|t| t.eq_ignore_ascii_case(intro))
+                })
+            })
     }
 
     fn ranges(&self, text: &[u8]) -> Vec<(usize, usize, String)> {
@@ -770,8 +795,9 @@ mod tests {
         );
     }
 
-    /// The fast "any intro at all?" check never says no where the full
-    /// (overlapping, case-insensitive) pass finds an intro.
+    /// The fast "any intro at all?" check never says no where a shape can
+    /// match: it agrees with the full (overlapping, case-blind) pass on every
+    /// intro as its shape spells it, and on the case-blind shapes in any case.
     #[test]
     fn the_quick_intro_check_agrees_with_the_full_pass() {
         let r = Redactor::shapes_only();
@@ -782,8 +808,13 @@ mod tests {
         ];
         for (intro, _, _) in INTROS {
             samples.push(format!("aaaa {intro} aaaa"));
-            samples.push(format!("zz{}zz", intro.to_ascii_lowercase()));
-            samples.push(intro.to_ascii_uppercase());
+            samples.push(format!("zz{intro}"));
+            samples.push(format!("{intro}zz"));
+        }
+        for (intro, _) in FOLDED {
+            samples.push(format!("zz{}zz", intro.to_ascii_uppercase()));
+            samples.push(format!("a_b:{}", intro.to_ascii_lowercase()));
+            samples.push(intro.replace('a', "A"));
         }
         for s in &samples {
             let full = r
@@ -794,6 +825,19 @@ mod tests {
                 .next()
                 .is_some();
             assert_eq!(r.any_intro_in(s.as_bytes()), full, "{s:.60}");
+        }
+        // An intro in a case its shape never matches needs no look: the
+        // shapes find nothing there either.
+        for (intro, _, _) in INTROS {
+            if FOLDED.iter().any(|(f, _)| f == intro) {
+                continue;
+            }
+            for s in [intro.to_ascii_uppercase(), intro.to_ascii_lowercase()] {
+                if s != *intro {
+                    let found = r.ranges(format!("{s}{}", "A1".repeat(30)).as_bytes());
+                    assert!(r.any_intro_in(s.as_bytes()) || found.is_empty(), "{s}");
+                }
+            }
         }
     }
 }

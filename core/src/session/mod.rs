@@ -47,6 +47,9 @@ use stop::Stop;
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 /// How much of the shell's own stderr is kept for diagnostics.
 const STDERR_KEEP: usize = 4096;
+/// How much of a shell's output one read takes: large output costs a wakeup
+/// and a pass of the capture per read (the local backend's pipe holds 1 MiB).
+const READ_BUF: usize = 256 * 1024;
 /// The largest snapshot berth will read back.
 const SNAPSHOT_LIMIT: u64 = 8 * 1024 * 1024;
 /// How long the gate waits to read the session's definitions from its snapshot.

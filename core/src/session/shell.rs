@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 
 use super::framing::parse_snapshot;
 use super::script::{self, SnapshotMode};
-use super::{SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE, STDERR_KEEP, Session, ShellInfo};
+use super::{READ_BUF, SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE, STDERR_KEEP, Session, ShellInfo};
 use crate::backend::{BoxWrite, Process, SpawnOpts};
 use crate::error::{Error, Result};
 
@@ -196,7 +196,7 @@ impl Session {
             stdin,
             stdout,
             spin_fd,
-            buf: vec![0u8; 64 * 1024],
+            buf: vec![0u8; READ_BUF],
             pending: Vec::new(),
             stderr_tail,
             stderr_reader,
