@@ -182,7 +182,24 @@ impl Backend for LocalBackend {
             berth_sandbox::cgroup::remove(&cg)
                 .map_err(|e| Error::io("stopping the sandbox's processes", &cg, e))?;
         }
-        std::fs::remove_dir_all(&dir).map_err(|e| Error::io("removing sandbox", &dir, e))
+        remove_tree(&dir).await
+    }
+}
+
+/// Remove a sandbox's directory. A process of the sandbox that is just ending
+/// (a job's wrapper recording its status) can add an entry while the tree is
+/// being removed, which fails the last `rmdir` with ENOTEMPTY: look again a
+/// few times before calling it an error.
+async fn remove_tree(dir: &Path) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && tries < 10 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            r => return r.map_err(|e| Error::io("removing sandbox", dir, e)),
+        }
     }
 }
 
@@ -487,7 +504,7 @@ impl Sandbox for LocalSandbox {
     }
 
     async fn destroy(&self) -> Result<()> {
-        std::fs::remove_dir_all(&self.dir).map_err(|e| Error::io("removing sandbox", &self.dir, e))
+        remove_tree(&self.dir).await
     }
 }
 
