@@ -333,8 +333,8 @@ struct RedactFilter {
 }
 
 impl OutputFilter for RedactFilter {
-    fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        self.stream.push(&self.gate.redactor, chunk, out);
+    fn push<'a>(&mut self, chunk: &'a [u8], out: &'a mut Vec<u8>) -> [&'a [u8]; 2] {
+        self.stream.push_borrowed(&self.gate.redactor, chunk, out)
     }
 
     fn finish(&mut self, out: &mut Vec<u8>) {

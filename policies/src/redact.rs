@@ -36,6 +36,10 @@ const NOT_SECRET_SUFFIXES: &[&str] = &[
 /// split across two reads is still caught.
 pub const STREAM_OVERLAP: usize = 64 * 1024;
 
+/// The first prefix of a chunk that [`RedactStream::push_borrowed`] settles a
+/// held tail on (copied); each next one is twice as long.
+const SETTLE_STEP: usize = 4096;
+
 /// Values shorter than this are not treated as secrets (too many false hits).
 pub const MIN_SECRET_LEN: usize = 8;
 
@@ -517,13 +521,51 @@ impl RedactStream {
     pub fn push(&mut self, r: &Redactor, chunk: &[u8], out: &mut Vec<u8>) {
         self.buf.extend_from_slice(chunk);
         let (found, limit) = r.hold_from(&self.buf);
-        self.emit(r, found, limit, out);
+        let ranges = r.ranges_of(&self.buf, found);
+        self.emit(&ranges, limit, out);
+    }
+
+    /// [`RedactStream::push`], returning what can be shown as two pieces in
+    /// order: a part of `out`, then a part of `chunk` itself. Large output is
+    /// not copied in the common case: a held tail is settled on a small prefix
+    /// of `chunk` (a stream gives the same result however it is cut), and
+    /// when nothing is held and nothing is masked the rest passes through as
+    /// it is, all but a new held tail.
+    pub fn push_borrowed<'a>(
+        &mut self,
+        r: &Redactor,
+        chunk: &'a [u8],
+        out: &'a mut Vec<u8>,
+    ) -> [&'a [u8]; 2] {
+        let mut rest = chunk;
+        let mut step = SETTLE_STEP;
+        while !rest.is_empty() && (!self.buf.is_empty() || self.skip > 0) {
+            let n = step.min(rest.len());
+            self.push(r, &rest[..n], out);
+            rest = &rest[n..];
+            step = step.saturating_mul(2);
+        }
+        if rest.is_empty() {
+            return [out, rest];
+        }
+        let (found, limit) = r.hold_from(rest);
+        let ranges = r.ranges_of(rest, found);
+        // Ranges come sorted by start: none below the limit means none shown.
+        if ranges.first().is_none_or(|(s, ..)| *s >= limit) {
+            self.buf.extend_from_slice(&rest[limit..]);
+            self.consumed += limit as u64;
+            return [out, &rest[..limit]];
+        }
+        self.buf.extend_from_slice(rest);
+        self.emit(&ranges, limit, out);
+        [out, &[]]
     }
 
     /// The stream has ended: append the rest to `out`.
     pub fn finish(&mut self, r: &Redactor, out: &mut Vec<u8>) {
         let found = r.shapes_in(&self.buf);
-        self.emit(r, found, self.buf.len(), out);
+        let ranges = r.ranges_of(&self.buf, found);
+        self.emit(&ranges, self.buf.len(), out);
     }
 
     /// Raw bytes decided so far, counting from the stream's start (context
@@ -537,7 +579,8 @@ impl RedactStream {
         self.buf.len()
     }
 
-    fn emit(&mut self, r: &Redactor, found: u32, limit: usize, out: &mut Vec<u8>) {
+    /// Show `buf` up to `limit` with `ranges` (of all of `buf`) masked; keep the rest.
+    fn emit(&mut self, ranges: &[(usize, usize, String)], limit: usize, out: &mut Vec<u8>) {
         let skip = self.skip;
         let copy = |out: &mut Vec<u8>, a: usize, b: usize, buf: &[u8]| {
             let a = a.max(skip);
@@ -546,7 +589,7 @@ impl RedactStream {
             }
         };
         let mut pos = 0;
-        for (s, e, label) in r.ranges_of(&self.buf, found) {
+        for &(s, e, ref label) in ranges {
             if s >= limit {
                 break;
             }
@@ -689,6 +732,8 @@ mod tests {
         assert!(out.ends_with(" y"));
     }
 
+    /// `pieces` through a stream, by `push` and by `push_borrowed`, which
+    /// must agree.
     fn streamed(r: &Redactor, pieces: &[&[u8]]) -> Vec<u8> {
         let mut st = RedactStream::default();
         let mut out = Vec::new();
@@ -696,6 +741,22 @@ mod tests {
             st.push(r, p, &mut out);
         }
         st.finish(r, &mut out);
+        let mut st = RedactStream::default();
+        let mut borrowed = Vec::new();
+        let mut fed = 0;
+        for p in pieces {
+            let mut scratch = Vec::new();
+            let [a, b] = st.push_borrowed(r, p, &mut scratch);
+            borrowed.extend_from_slice(a);
+            borrowed.extend_from_slice(b);
+            fed += p.len();
+            assert_eq!(st.consumed() as usize + st.held(), fed);
+        }
+        st.finish(r, &mut borrowed);
+        assert_eq!(
+            borrowed, out,
+            "push_borrowed differs from push for {pieces:?}"
+        );
         out
     }
 
@@ -722,6 +783,56 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Large chunks, each ending in a tail that may begin a secret, and
+    /// secrets that run far past where a held tail is settled: streamed by
+    /// `push_borrowed` they give what redacting the whole gives.
+    #[test]
+    fn a_stream_of_large_chunks_masks_what_the_whole_does() {
+        let r = Redactor::from_env(env(&[("DB_PASSWORD", "hunter2hunter2")]));
+        let filler = |n: usize| "abcdefgh ".repeat(n / 9).into_bytes();
+        let block = format!(
+            "-----BEGIN RSA PRIVATE KEY-----\n{}\n-----END RSA PRIVATE KEY-----\n",
+            "QUJD".repeat(6000)
+        );
+        let mut whole = Vec::new();
+        let mut cuts = Vec::new();
+        for (i, tail) in [
+            &b"...sk-"[..],
+            b"a",
+            b"pw=hunter2",
+            b"x\nAuthorization: Bearer ",
+            b"gh",
+            b"-----BEG",
+        ]
+        .iter()
+        .enumerate()
+        {
+            whole.extend_from_slice(&filler(70_000 + i * 1000));
+            whole.extend_from_slice(tail);
+            cuts.push(whole.len());
+        }
+        // A held "-----BEG" goes on into a key block of 24 KB.
+        whole.extend_from_slice(&block.as_bytes()[8..]);
+        whole.extend_from_slice(b"token ghp_abcdefghijklmnopqrstuvwxyz0123456789 ");
+        whole.extend_from_slice(&filler(9000));
+        whole.extend_from_slice(b"hunter2hunter2 sk-proj-abcdefghijklmnopqrstuvwxyz012345");
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for c in cuts {
+            pieces.push(&whole[at..c]);
+            at = c;
+        }
+        pieces.push(&whole[at..]);
+        let expect = r.redact_bytes(&whole).into_owned();
+        let got = streamed(&r, &pieces);
+        assert!(got == expect, "the stream differs from the whole");
+        let text = String::from_utf8_lossy(&got);
+        for secret in ["QUJDQUJD", "hunter2hunter2", "ghp_abc", "sk-proj-abc"] {
+            assert!(!text.contains(secret), "{secret} was shown");
+        }
+        assert!(text.contains("[REDACTED:"));
     }
 
     /// Text that cannot become a secret is passed on at once; what could is

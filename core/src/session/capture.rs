@@ -43,8 +43,11 @@ pub type Tee = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
 /// redaction, so no secret reaches even the spool file). `push` may hold back
 /// a tail that the next chunk completes; `finish` lets it out.
 pub trait OutputFilter: Send {
-    /// Transform `chunk`, appending what can go on now to `out`.
-    fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>);
+    /// Transform `chunk` and return what can go on now, as two pieces in
+    /// order: typically a part of `out`, an empty buffer the filter may fill,
+    /// then a part of `chunk` itself that the filter changes nothing in (so
+    /// large output is not copied).
+    fn push<'a>(&mut self, chunk: &'a [u8], out: &'a mut Vec<u8>) -> [&'a [u8]; 2];
     /// The output has ended: append whatever was held back.
     fn finish(&mut self, out: &mut Vec<u8>);
 }
@@ -130,8 +133,8 @@ impl Capture {
         };
         let mut out = std::mem::take(&mut self.filtered);
         out.clear();
-        filter.push(chunk, &mut out);
-        let r = self.accept(&out);
+        let [first, second] = filter.push(chunk, &mut out);
+        let r = self.accept(first).and_then(|()| self.accept(second));
         self.filtered = out;
         r
     }

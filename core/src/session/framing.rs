@@ -302,6 +302,7 @@ impl Session {
             let Some(shell) = self.shell.as_mut() else {
                 return Ok((None, stop));
             };
+            shell.reserve();
             let sleep = async move {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -310,13 +311,14 @@ impl Session {
             };
             tokio::select! {
                 // Read in place rather than through a pump task: one fewer hop per
-                // round trip, and the pipe itself is the backpressure.
-                n = shell.stdout.read(&mut shell.buf) => match n {
+                // round trip, and the pipe itself is the backpressure. The bytes
+                // land in `pending` itself, not in a buffer to copy from.
+                n = shell.stdout.read_buf(&mut shell.pending) => match n {
                     Ok(0) => {
                         capture.push(&std::mem::take(&mut shell.pending))?;
                         return Ok((Some(Ending::Eof), stop));
                     }
-                    Ok(n) => shell.pending.extend_from_slice(&shell.buf[..n]),
+                    Ok(_) => {}
                     Err(e) if OutputGap::of(&e).is_some() => {
                         capture.push(&std::mem::take(&mut shell.pending))?;
                         let why = OutputGap::of(&e).map(|g| g.0.clone()).unwrap_or_default();

@@ -213,16 +213,11 @@ impl Session {
         // since nobody waits on this poll; the next exec reads normally.
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         loop {
-            if shell.buf.len() < 64 * 1024 {
-                shell.buf.resize(64 * 1024, 0);
-            }
-            let mut rb = tokio::io::ReadBuf::new(&mut shell.buf);
-            match shell.stdout.as_mut().poll_read(&mut cx, &mut rb) {
-                std::task::Poll::Ready(Ok(())) if rb.filled().is_empty() => return true,
-                std::task::Poll::Ready(Ok(())) => {
-                    let n = rb.filled().len();
-                    shell.pending.extend_from_slice(&shell.buf[..n]);
-                }
+            shell.reserve();
+            match tokio_util::io::poll_read_buf(shell.stdout.as_mut(), &mut cx, &mut shell.pending)
+            {
+                std::task::Poll::Ready(Ok(0)) => return true,
+                std::task::Poll::Ready(Ok(_)) => {}
                 // The link broke and was re-attached while the shell was idle:
                 // it lives on, and the next command first resynchronises.
                 std::task::Poll::Ready(Err(e)) if OutputGap::of(&e).is_some() => {

@@ -21,9 +21,8 @@ pub(super) struct Shell {
     pub(super) stdout: crate::backend::BoxRead,
     /// `stdout`'s raw non-blocking descriptor, for a local shell: see [`SPIN`].
     pub(super) spin_fd: Option<std::os::fd::RawFd>,
-    /// Read buffer, reused across commands.
-    pub(super) buf: Vec<u8>,
-    /// Bytes read but not yet attributed to a command.
+    /// Bytes read but not yet attributed to a command. Output is read
+    /// straight into its spare room (see [`Shell::reserve`]), not copied in.
     pub(super) pending: Vec<u8>,
     pub(super) stderr_tail: Arc<Mutex<Vec<u8>>>,
     /// The task collecting stderr; done once the shell's stderr is closed.
@@ -58,15 +57,21 @@ impl Shell {
         };
         let until = Instant::now() + SPIN;
         loop {
+            self.reserve();
+            let len = self.pending.len();
+            let spare = self.pending.spare_capacity_mut();
             // SAFETY: `fd` belongs to `self.stdout`, which is alive for as long as
             // `self` is; it is non-blocking (checked when the shell started), so
-            // this read returns at once; `buf` is valid for `buf.len()` bytes.
-            let n = unsafe { libc::read(fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
+            // this read returns at once; `spare` is valid for `spare.len()` bytes.
+            let n = unsafe { libc::read(fd, spare.as_mut_ptr().cast(), spare.len()) };
             match usize::try_from(n) {
                 Ok(0) => return,
                 Ok(n) => {
-                    self.pending.extend_from_slice(&self.buf[..n]);
-                    if memchr::memmem::find(&self.pending, end_pat).is_some() {
+                    // SAFETY: the read initialised the `n` bytes after `len`.
+                    unsafe { self.pending.set_len(len + n) };
+                    // Only the new bytes, and a marker they may complete.
+                    let from = len.saturating_sub(end_pat.len().saturating_sub(1));
+                    if memchr::memmem::find(&self.pending[from..], end_pat).is_some() {
                         return;
                     }
                 }
@@ -85,6 +90,14 @@ impl Shell {
             // Let the shell run, should it share this CPU.
             std::thread::yield_now();
         }
+    }
+}
+
+impl Shell {
+    /// Make room in `pending` for one read of [`READ_BUF`] bytes. Its memory
+    /// is kept across commands, so this allocates once per shell.
+    pub(super) fn reserve(&mut self) {
+        self.pending.reserve(READ_BUF);
     }
 }
 
@@ -196,7 +209,6 @@ impl Session {
             stdin,
             stdout,
             spin_fd,
-            buf: vec![0u8; READ_BUF],
             pending: Vec::new(),
             stderr_tail,
             stderr_reader,
