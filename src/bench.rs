@@ -89,9 +89,12 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     )
     .await?;
     let job_wake = crate::bench_jobs::job_wake_latency(&rt, &a.backend, BENCH_SANDBOX).await?;
-    let (out_berth, out_floor) = output_throughput(&rt, &a.backend).await?;
+    let out = output_throughput(&rt, &a.backend).await?;
     let mbps = |d: Duration| THROUGHPUT_BYTES as f64 / 1e6 / d.as_secs_f64().max(1e-9);
-    let out_overhead = out_berth.as_secs_f64() / out_floor.as_secs_f64().max(1e-9) - 1.0;
+    let over = |d: Duration| d.as_secs_f64() / out.floor.as_secs_f64().max(1e-9) - 1.0;
+    let (out_berth, out_floor) = (out.berth, out.floor);
+    let out_overhead = over(out.berth);
+    let cat_overhead = over(out.cat);
     let mcp = if a.mcp {
         Some((
             registry_series(&rt, &a.backend, a.count).await?,
@@ -124,6 +127,9 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "output_floor_ms": ms(out_floor),
             "output_floor_mb_per_s": mbps(out_floor),
             "output_overhead": out_overhead,
+            "output_cat_ms": ms(out.cat),
+            "output_cat_mb_per_s": mbps(out.cat),
+            "output_cat_overhead": cat_overhead,
             "registry_ms": mcp.as_ref().map(|(r, _)| ms(r.per_cmd)),
             "mcp_stdio_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd)),
             "mcp_overhead_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd) - ms(on.per_cmd)),
@@ -169,8 +175,17 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             ms(out_floor)
         );
         println!(
+            "  the same pipeline through `cat` to a file{:>9.1} MB/s ({:.0} ms)",
+            mbps(out.cat),
+            ms(out.cat)
+        );
+        println!(
             "  berth's overhead on large output         {:>8.0} % of the pipeline's own time",
             out_overhead * 100.0
+        );
+        println!(
+            "  `cat` to a file's overhead (the least a spooling reader costs) {:.0} %",
+            cat_overhead * 100.0
         );
     }
     let _ = rt.remove_sandbox(&a.backend, BENCH_SANDBOX, true).await;
@@ -180,13 +195,21 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
 /// Bytes the output figure streams.
 const THROUGHPUT_BYTES: u64 = 50_000_000;
 
+/// The output figures: medians of three runs each.
+struct Throughput {
+    /// The pipeline's output through berth.
+    berth: Duration,
+    /// The pipeline writing to /dev/null.
+    floor: Duration,
+    /// The pipeline through `cat` into a file: one more reader of a pipe that
+    /// keeps what it reads, as berth's spool does, and does nothing else.
+    cat: Duration,
+}
+
 /// Large output through the whole runtime path (capture, spool, redaction, a
-/// live tee as the CLI has) against the same pipeline writing to /dev/null in
-/// the same session: the medians of three runs each.
-async fn output_throughput(
-    rt: &berth_core::runtime::Runtime,
-    backend: &str,
-) -> Result<(Duration, Duration)> {
+/// live tee as the CLI has) against the same pipeline writing to /dev/null,
+/// and through `cat` into a file, in the same session.
+async fn output_throughput(rt: &berth_core::runtime::Runtime, backend: &str) -> Result<Throughput> {
     use berth_core::runtime::ExecRequest;
     let pipeline = format!("head -c {THROUGHPUT_BYTES} /dev/zero | tr '\\0' a");
     let run = async |command: String, tee: bool| -> Result<(Duration, u64)> {
@@ -208,9 +231,17 @@ async fn output_throughput(
         }
         Ok((took, r.result.output.total_bytes as u64))
     };
-    let (mut through, mut floor) = (Vec::new(), Vec::new());
+    let (mut through, mut floor, mut cat) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         floor.push(run(format!("{pipeline} > /dev/null"), false).await?.0);
+        cat.push(
+            run(
+                format!("f=$(mktemp) && {{ {pipeline} | cat > \"$f\"; }}; rm -f \"$f\""),
+                false,
+            )
+            .await?
+            .0,
+        );
         let (took, bytes) = run(pipeline.clone(), true).await?;
         if bytes != THROUGHPUT_BYTES {
             bail!("the output probe returned {bytes} bytes, not {THROUGHPUT_BYTES}");
@@ -219,7 +250,12 @@ async fn output_throughput(
     }
     through.sort();
     floor.sort();
-    Ok((through[1], floor[1]))
+    cat.sort();
+    Ok(Throughput {
+        berth: through[1],
+        floor: floor[1],
+        cat: cat[1],
+    })
 }
 
 /// `terminal` calls through the tool registry in this process: validation,
