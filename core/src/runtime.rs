@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod sandboxes;
+mod spool;
 
 pub use sandboxes::SandboxStatus;
 
@@ -158,6 +159,7 @@ pub struct Runtime {
     sessions: Mutex<HashMap<SessionKey, SessionSlot>>,
     gate: Option<Arc<Gate>>,
     approval_notice: Option<ApprovalNotice>,
+    spool_index: std::sync::Mutex<spool::SpoolIndex>,
 }
 
 impl Runtime {
@@ -171,6 +173,7 @@ impl Runtime {
             sessions: Mutex::new(HashMap::new()),
             gate: None,
             approval_notice: None,
+            spool_index: Default::default(),
         }
     }
 
@@ -558,7 +561,7 @@ impl Runtime {
             req.session_name(),
             result.cwd.as_deref(),
         )?;
-        self.prune_spool();
+        self.prune_spool(&self.spool_path(call_id));
         Ok(ExecReport {
             call_id: call_id.to_string(),
             result,
@@ -574,26 +577,10 @@ impl Runtime {
             .join(format!("{call_id}.out"))
     }
 
-    fn prune_spool(&self) {
+    fn prune_spool(&self, newest: &std::path::Path) {
         let dir = self.cfg.state_dir.join("spool");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return;
-        };
-        let mut files: Vec<(std::time::SystemTime, PathBuf, u64)> = entries
-            .flatten()
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((m.modified().ok()?, e.path(), m.len()))
-            })
-            .collect();
-        // Newest first: keep them while both the count and the size allow.
-        files.sort_by_key(|f| std::cmp::Reverse(f.0));
-        let mut used = 0u64;
-        for (i, (_, p, len)) in files.iter().enumerate() {
-            used = used.saturating_add(*len);
-            if i >= SPOOL_KEEP || (i > 0 && used > self.cfg.spool_dir_cap) {
-                let _ = std::fs::remove_file(p);
-            }
+        if let Ok(mut idx) = self.spool_index.lock() {
+            idx.prune(&dir, newest, SPOOL_KEEP, self.cfg.spool_dir_cap);
         }
     }
 

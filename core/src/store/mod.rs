@@ -176,11 +176,10 @@ impl Store {
     pub fn sandbox(&self, backend: &str, name: &str) -> Result<Option<SandboxRow>> {
         let conn = self.conn()?;
         let row = conn
-            .query_row(
+            .prepare_cached(
                 "SELECT backend, name, spec, created_at, last_used FROM sandboxes WHERE backend = ?1 AND name = ?2",
-                params![backend, name],
-                row_to_sandbox,
-            )
+            )?
+            .query_row(params![backend, name], row_to_sandbox)
             .optional()?;
         row.transpose()
     }
@@ -223,10 +222,10 @@ impl Store {
 
     /// Mark a sandbox last used at `at_ms` (ms since the epoch).
     pub fn touch_sandbox_at(&self, backend: &str, name: &str, at_ms: i64) -> Result<()> {
-        self.conn()?.execute(
-            "UPDATE sandboxes SET last_used = ?3 WHERE backend = ?1 AND name = ?2",
-            params![backend, name, at_ms],
-        )?;
+        // Statements run on every call are prepared once per connection.
+        self.conn()?
+            .prepare_cached("UPDATE sandboxes SET last_used = ?3 WHERE backend = ?1 AND name = ?2")?
+            .execute(params![backend, name, at_ms])?;
         Ok(())
     }
 
@@ -239,14 +238,15 @@ impl Store {
         cwd: Option<&str>,
     ) -> Result<()> {
         let now = now_ms();
-        self.conn()?.execute(
-            "INSERT INTO sessions (backend, sandbox, name, created_at, last_used, commands, cwd)
+        self.conn()?
+            .prepare_cached(
+                "INSERT INTO sessions (backend, sandbox, name, created_at, last_used, commands, cwd)
              VALUES (?1, ?2, ?3, ?4, ?4, 1, ?5)
              ON CONFLICT(backend, sandbox, name) DO UPDATE SET
                last_used = excluded.last_used, commands = commands + 1,
                cwd = COALESCE(excluded.cwd, cwd)",
-            params![backend, sandbox, name, now, cwd],
-        )?;
+            )?
+            .execute(params![backend, sandbox, name, now, cwd])?;
         Ok(())
     }
 
@@ -266,25 +266,25 @@ impl Store {
     /// Append an event; returns its id.
     pub fn append(&self, e: &Event) -> Result<i64> {
         let conn = self.conn()?;
-        conn.execute(
+        conn.prepare_cached(
             "INSERT INTO events (ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
                                  exit_code, duration_ms, bytes_out, detail)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            params![
-                if e.ts_ms == 0 { now_ms() } else { e.ts_ms },
-                e.kind,
-                e.call_id,
-                e.backend,
-                e.sandbox,
-                e.session,
-                e.command,
-                e.verdict,
-                e.exit_code,
-                e.duration_ms,
-                e.bytes_out,
-                e.detail
-            ],
-        )?;
+        )?
+        .execute(params![
+            if e.ts_ms == 0 { now_ms() } else { e.ts_ms },
+            e.kind,
+            e.call_id,
+            e.backend,
+            e.sandbox,
+            e.session,
+            e.command,
+            e.verdict,
+            e.exit_code,
+            e.duration_ms,
+            e.bytes_out,
+            e.detail
+        ])?;
         Ok(conn.last_insert_rowid())
     }
 
