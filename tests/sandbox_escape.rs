@@ -868,15 +868,9 @@ fn an_ordinary_users_sandbox_is_confined_too() {
     ] {
         std::fs::create_dir_all(&d).unwrap();
     }
-    let chown = Command::new("chown")
-        .args(["-R", "nobody:"])
-        .arg(root.path())
-        .status()
-        .unwrap();
-    assert!(chown.success());
+    chown_to_nobody(root.path());
     let as_nobody = |args: &[&str]| {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"]);
+        let mut c = as_nobody();
         c.args(args);
         c
     };
@@ -911,6 +905,24 @@ fn an_ordinary_users_sandbox_is_confined_too() {
     victim.wait().unwrap();
 }
 
+/// Give `path` and everything under it to the user nobody.
+fn chown_to_nobody(path: &std::path::Path) {
+    let chown = Command::new("chown")
+        .args(["-R", "nobody:"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+}
+
+/// A command that runs what its arguments say as the user nobody, with no
+/// supplementary groups (the tests run as root).
+fn as_nobody() -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"]);
+    c
+}
+
 /// Processes whose command line is `sleep SECS`, a test's marker.
 fn marked(secs: &str) -> Vec<i32> {
     let marker = format!("sleep\0{secs}\0");
@@ -942,16 +954,10 @@ fn an_ordinary_users_fork_bomb_is_stopped_whole() {
     std::fs::create_dir_all(&home).unwrap();
     // The sandbox's own bound is the user's: berth's process shares it.
     std::fs::write(home.join("policy.toml"), "[local.rlimits]\nnproc = 120\n").unwrap();
-    let chown = Command::new("chown")
-        .args(["-R", "nobody:"])
-        .arg(root.path())
-        .status()
-        .unwrap();
-    assert!(chown.success());
+    chown_to_nobody(root.path());
     let berth = |args: &[&str]| {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
-            .args(["prlimit", "--nproc=120:120", BERTH])
+        let mut c = as_nobody();
+        c.args(["prlimit", "--nproc=120:120", BERTH])
             .args(args)
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
