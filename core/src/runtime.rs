@@ -464,8 +464,19 @@ impl Runtime {
             command: Some(command_text),
             ..finished
         };
-        if let Err(e) = self.store.append(&finished) {
+        let used = outcome.as_ref().ok().map(|r| crate::store::SessionUse {
+            backend: &req.backend,
+            sandbox: &req.sandbox,
+            session: req.session_name(),
+            cwd: r.result.cwd.as_deref(),
+        });
+        if let Err(e) = self.store.record_call_end(used.as_ref(), &finished) {
             warn!(call = %call_id, error = %e, "could not record the end of a call");
+            // The command ran, but the store missed it: say so rather than
+            // report a success the event log and the session table lack.
+            if outcome.is_ok() {
+                return Err(e);
+            }
         }
         outcome
     }
@@ -554,13 +565,8 @@ impl Runtime {
                 return Err(e);
             }
         };
-        self.store.touch_sandbox(&req.backend, &req.sandbox)?;
-        self.store.session_used(
-            &req.backend,
-            &req.sandbox,
-            req.session_name(),
-            result.cwd.as_deref(),
-        )?;
+        // The sandbox and session are marked used with the call's end event
+        // (`Store::record_call_end`), in one transaction.
         self.prune_spool(&self.spool_path(call_id));
         Ok(ExecReport {
             call_id: call_id.to_string(),

@@ -222,11 +222,7 @@ impl Store {
 
     /// Mark a sandbox last used at `at_ms` (ms since the epoch).
     pub fn touch_sandbox_at(&self, backend: &str, name: &str, at_ms: i64) -> Result<()> {
-        // Statements run on every call are prepared once per connection.
-        self.conn()?
-            .prepare_cached("UPDATE sandboxes SET last_used = ?3 WHERE backend = ?1 AND name = ?2")?
-            .execute(params![backend, name, at_ms])?;
-        Ok(())
+        touch_in(&*self.conn()?, backend, name, at_ms)
     }
 
     /// Record a command run in a session.
@@ -237,16 +233,21 @@ impl Store {
         name: &str,
         cwd: Option<&str>,
     ) -> Result<()> {
-        let now = now_ms();
-        self.conn()?
-            .prepare_cached(
-                "INSERT INTO sessions (backend, sandbox, name, created_at, last_used, commands, cwd)
-             VALUES (?1, ?2, ?3, ?4, ?4, 1, ?5)
-             ON CONFLICT(backend, sandbox, name) DO UPDATE SET
-               last_used = excluded.last_used, commands = commands + 1,
-               cwd = COALESCE(excluded.cwd, cwd)",
-            )?
-            .execute(params![backend, sandbox, name, now, cwd])?;
+        session_used_in(&*self.conn()?, backend, sandbox, name, cwd)
+    }
+
+    /// The end of a command, in one transaction (one write to the log, not
+    /// three): the sandbox and session marked used (`used`, when it ran) and
+    /// its `exec.finished` or `exec.failed` event.
+    pub fn record_call_end(&self, used: Option<&SessionUse<'_>>, finished: &Event) -> Result<()> {
+        let mut conn = self.conn()?;
+        let tx = conn.transaction()?;
+        if let Some(u) = used {
+            touch_in(&tx, u.backend, u.sandbox, now_ms())?;
+            session_used_in(&tx, u.backend, u.sandbox, u.session, u.cwd)?;
+        }
+        append_in(&tx, finished)?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -265,27 +266,7 @@ impl Store {
 
     /// Append an event; returns its id.
     pub fn append(&self, e: &Event) -> Result<i64> {
-        let conn = self.conn()?;
-        conn.prepare_cached(
-            "INSERT INTO events (ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
-                                 exit_code, duration_ms, bytes_out, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-        )?
-        .execute(params![
-            if e.ts_ms == 0 { now_ms() } else { e.ts_ms },
-            e.kind,
-            e.call_id,
-            e.backend,
-            e.sandbox,
-            e.session,
-            e.command,
-            e.verdict,
-            e.exit_code,
-            e.duration_ms,
-            e.bytes_out,
-            e.detail
-        ])?;
-        Ok(conn.last_insert_rowid())
+        append_in(&*self.conn()?, e)
     }
 
     /// The newest `limit` events with id greater than `after`, oldest first.
@@ -446,6 +427,63 @@ fn row_to_sandbox(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<SandboxRow>>
         created_at: r.get(3).unwrap_or_default(),
         last_used: r.get(4).unwrap_or_default(),
     }))
+}
+
+/// A command run in a session, for [`Store::record_call_end`].
+pub struct SessionUse<'a> {
+    pub backend: &'a str,
+    pub sandbox: &'a str,
+    pub session: &'a str,
+    pub cwd: Option<&'a str>,
+}
+
+// Statements run on every call are prepared once per connection.
+
+fn touch_in(c: &Connection, backend: &str, name: &str, at_ms: i64) -> Result<()> {
+    c.prepare_cached("UPDATE sandboxes SET last_used = ?3 WHERE backend = ?1 AND name = ?2")?
+        .execute(params![backend, name, at_ms])?;
+    Ok(())
+}
+
+fn session_used_in(
+    c: &Connection,
+    backend: &str,
+    sandbox: &str,
+    name: &str,
+    cwd: Option<&str>,
+) -> Result<()> {
+    c.prepare_cached(
+        "INSERT INTO sessions (backend, sandbox, name, created_at, last_used, commands, cwd)
+         VALUES (?1, ?2, ?3, ?4, ?4, 1, ?5)
+         ON CONFLICT(backend, sandbox, name) DO UPDATE SET
+           last_used = excluded.last_used, commands = commands + 1,
+           cwd = COALESCE(excluded.cwd, cwd)",
+    )?
+    .execute(params![backend, sandbox, name, now_ms(), cwd])?;
+    Ok(())
+}
+
+fn append_in(c: &Connection, e: &Event) -> Result<i64> {
+    c.prepare_cached(
+        "INSERT INTO events (ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
+                             exit_code, duration_ms, bytes_out, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )?
+    .execute(params![
+        if e.ts_ms == 0 { now_ms() } else { e.ts_ms },
+        e.kind,
+        e.call_id,
+        e.backend,
+        e.sandbox,
+        e.session,
+        e.command,
+        e.verdict,
+        e.exit_code,
+        e.duration_ms,
+        e.bytes_out,
+        e.detail
+    ])?;
+    Ok(c.last_insert_rowid())
 }
 
 #[cfg(test)]
