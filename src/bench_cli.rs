@@ -130,7 +130,14 @@ fn ssh_target(host: &str) -> (String, Option<String>) {
 pub async fn run(state_dir: Option<PathBuf>, a: &BenchArgs) -> Result<u8> {
     let dir = context::state_dir(state_dir)?;
     let n = a.count.clamp(1, MAX_RUNS);
-    let exe = std::env::current_exe().context("cannot find berth's own executable")?;
+    // The thin client, as a person runs it: `berth` beside this engine.
+    let exe = berth_client::engine_path()?.with_file_name(berth_client::CLIENT);
+    if !exe.is_file() {
+        anyhow::bail!(
+            "the berth client is not at {}; build both binaries with `cargo build --release`",
+            exe.display()
+        );
+    }
     let berth_cmd = |args: &[&str], mode: &str| {
         let mut c = Command::new(&exe);
         c.args(args)

@@ -6,55 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use berth_core::runtime::{DEFAULT_SANDBOX, ExecReport, ExecRequest, MAIN_SESSION};
+use berth_core::runtime::{ExecReport, ExecRequest};
 use berth_core::session::Tee;
-use clap::Args;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{self, DEFAULT_BACKEND};
+use crate::context;
 
-/// Exit code when a policy refused the command.
-pub const EXIT_DENIED: u8 = 126;
+pub use berth_client::report::{EXIT_DENIED, exit_byte, print_notice_lines, timeout_from_secs};
 
 /// Default timeout: generous, but a hung command does not hang berth forever.
 const DEFAULT_TIMEOUT_SECS: f64 = 600.0;
 
-#[derive(Args, Debug)]
-#[command(
-    after_help = "The command's output goes to stdout and berth exits with the command's exit code: \
-124 after a timeout, 130 after Ctrl-C, 125 when berth itself fails, 126 when a policy refused it.\n\n\
-Examples:\n  berth exec -- ls -la\n  berth exec -- 'cd /srv && export ENV=prod'\n  berth exec --timeout 5 -- sleep 60     # exits 124\n  echo hi | berth exec --stdin -- cat\n  berth exec --json -- make test | jq .exit_code"
-)]
-pub struct ExecArgs {
-    /// Backend to run on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
-    /// Sandbox to run in; `default` is created on first use.
-    #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
-    pub sandbox: String,
-    /// The sandbox's session to run in: each named session is a shell of its own
-    /// (cwd, environment, snapshot) beside the others, sharing the sandbox's files.
-    #[arg(long, value_name = "NAME", default_value = MAIN_SESSION)]
-    pub session: String,
-    /// Stop the command (and every process it started) after SECS seconds
-    /// [default: the policy's `default_timeout_secs`, 600].
-    #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true)]
-    pub timeout: Option<f64>,
-    /// Print one JSON object instead of the raw output.
-    #[arg(long)]
-    pub json: bool,
-    /// Feed berth's stdin to the command (otherwise its stdin is /dev/null).
-    #[arg(long, conflicts_with = "background")]
-    pub stdin: bool,
-    /// Run it as a background job with the session's cwd and environment, and
-    /// print the job id (see `berth job --help`).
-    #[arg(long)]
-    pub background: bool,
-    /// The command, run by bash in the session. Several words are joined with spaces.
-    #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
-}
+pub use berth_client::args::ExecArgs;
 
 /// `exec --background` on `rt` (in-process, or in the server for a client):
 /// start the command as a job and print its id.
@@ -79,14 +43,6 @@ pub async fn background_on(rt: &berth_core::runtime::Runtime, a: ExecArgs) -> Re
     Ok(0)
 }
 
-/// Check a timeout given in seconds.
-pub fn timeout_from_secs(secs: f64) -> Result<Duration> {
-    if !secs.is_finite() || secs <= 0.0 {
-        bail!("--timeout must be a positive number of seconds, got {secs}; e.g. --timeout 30");
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
     let command = a.command.join(" ");
     if command.trim().is_empty() {
@@ -94,12 +50,8 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
     }
     let timeout = a.timeout.map(timeout_from_secs).transpose()?;
     berth_core::runtime::check_session_name(&a.session)?;
-    if a.background {
-        let rt = context::runtime(state_dir)?;
-        let r = background_on(&rt, a).await;
-        rt.shutdown().await;
-        return r;
-    }
+    // `--background` is a served subcommand: main runs it with `background_on`.
+    debug_assert!(!a.background);
     let stdin = if a.stdin {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
@@ -209,39 +161,18 @@ fn print_notices(r: &ExecReport, timeout: Duration) {
     );
 }
 
-/// The lines on stderr after a command: recreation, notices, timeout, interrupt.
-pub fn print_notice_lines(
-    recreated: Option<&str>,
-    notices: &[String],
-    timed_out: bool,
-    interrupted: bool,
-    timeout: Duration,
-) {
-    if let Some(why) = recreated {
-        eprintln!("berth: the sandbox was recreated: {why}");
-    }
-    for n in notices {
-        eprintln!("berth: {n}");
-    }
-    if timed_out {
-        eprintln!(
-            "berth: command timed out after {}s; it and every process it started were stopped (exit 124). Raise --timeout if it needs longer.",
-            timeout.as_secs_f64()
+#[cfg(test)]
+mod tests {
+    /// The thin client's defaults (it links no core code) are core's.
+    #[test]
+    fn the_clients_defaults_are_the_runtimes() {
+        assert_eq!(
+            berth_client::DEFAULT_SANDBOX,
+            berth_core::runtime::DEFAULT_SANDBOX
         );
-    }
-    if interrupted {
-        eprintln!(
-            "berth: interrupted; the command's processes were stopped, the session is intact"
+        assert_eq!(
+            berth_client::MAIN_SESSION,
+            berth_core::runtime::MAIN_SESSION
         );
-    }
-}
-
-/// A process exit status byte for a shell exit code.
-pub fn exit_byte(code: i32) -> u8 {
-    if (0..=255).contains(&code) {
-        code as u8
-    } else {
-        // Unknown (-1): the shell died without a code.
-        crate::EXIT_BERTH_ERROR
     }
 }

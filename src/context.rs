@@ -11,22 +11,7 @@ use berth_core::gate::Gate;
 use berth_core::runtime::{BackendSource, Runtime, RuntimeConfig};
 use berth_core::store::Store;
 
-/// The backend used when none is named.
-pub const DEFAULT_BACKEND: &str = "local";
-
-/// Resolve the state directory: flag or BERTH_STATE_DIR, else the XDG state dir.
-pub fn state_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(d) = flag {
-        return Ok(d);
-    }
-    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(x).join("berth"));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .context("neither --state-dir, BERTH_STATE_DIR, XDG_STATE_HOME nor HOME is set; pass --state-dir DIR")?;
-    Ok(PathBuf::from(home).join(".local/state/berth"))
-}
+pub use berth_client::{DEFAULT_BACKEND, state_dir};
 
 /// The runtime's settings; `BERTH_SPOOL_CAP_MB` and `BERTH_SPOOL_DIR_CAP_MB` bound
 /// the output spool (one command's file, and all of them).
@@ -51,20 +36,7 @@ fn runtime_config(dir: PathBuf) -> Result<RuntimeConfig> {
     Ok(cfg)
 }
 
-/// The policy file: BERTH_POLICY, else $XDG_CONFIG_HOME/berth/policy.toml,
-/// else ~/.config/berth/policy.toml. It need not exist (built-in defaults).
-pub fn policy_path() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BERTH_POLICY").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(x).join("berth/policy.toml"));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .context("neither BERTH_POLICY, XDG_CONFIG_HOME nor HOME is set; set BERTH_POLICY=FILE")?;
-    Ok(PathBuf::from(home).join(".config/berth/policy.toml"))
-}
+pub use berth_client::policy_path;
 
 /// The gate: the policy file over the built-in defaults, and berth's environment.
 pub fn gate() -> Result<Gate> {

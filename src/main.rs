@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// Exit code for berth's own failures (as opposed to the command's).
-pub const EXIT_BERTH_ERROR: u8 = 125;
+pub const EXIT_BERTH_ERROR: u8 = berth_client::EXIT_BERTH_ERROR;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -129,27 +129,18 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BERTH_ERROR);
         }
     };
-    // ssh flags on the command line are this call's own: a shared server
-    // cannot take them, so such a call runs in-process.
-    let default_ssh = format!("{:?}", ssh_flags::SshFlags::default());
-    if format!("{:?}", cli.ssh) != default_ssh
-        && let Err(e) = cli.ssh.options().map(context::set_ssh_options)
+    if cli.ssh.any()
+        && let Err(e) = ssh_flags::options(&cli.ssh).map(context::set_ssh_options)
     {
         eprintln!("berth: error: {}", error_text(&e));
         return ExitCode::from(EXIT_BERTH_ERROR);
     }
-    // BERTH_SSH_HOST is part of the environment a server is started with (its
-    // configuration key), so a host from there does not keep a call in-process.
-    let ssh_flags = {
-        let mut own = cli.ssh.clone();
-        if own.host.is_some() && own.host == std::env::var("BERTH_SSH_HOST").ok() {
-            own.host = None;
-        }
-        format!("{own:?}") != default_ssh
-    };
+    // ssh flags on the command line are this call's own: a shared server
+    // cannot take them, so such a call runs in-process.
+    let ssh_flags = cli.ssh.own();
     let result = rt.block_on(async move {
         match cli.command {
-            c if served(&c) => match server_mode(ssh_flags, false) {
+            c if served(&c) => match server_mode(ssh_flags) {
                 Ok(server::Mode::Off) => in_process(cli.state_dir, c).await,
                 Ok(mode) => match context::state_dir(cli.state_dir) {
                     Ok(dir) => server::client::run(dir, mode).await,
@@ -157,7 +148,7 @@ fn main() -> ExitCode {
                 },
                 Err(e) => Err(e),
             },
-            Command::Exec(a) => match server_mode(ssh_flags, a.background) {
+            Command::Exec(a) => match server_mode(ssh_flags) {
                 Ok(server::Mode::Off) => cmd_exec::run(cli.state_dir, a).await,
                 Ok(mode) => match context::state_dir(cli.state_dir) {
                     Ok(dir) => server::client::exec(dir, mode, a).await,
@@ -258,29 +249,15 @@ fn name_of(c: &Command) -> String {
     dbg.split('(').next().unwrap_or_default().to_lowercase()
 }
 
-/// An error and its causes on one line. berth's errors keep their causes
-/// (`#[source]`) and most also name them in their own message, so a cause is
-/// added only when the text so far does not already say it.
-pub(crate) fn error_text(e: &anyhow::Error) -> String {
-    let mut text = e.to_string();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
-        if !text.contains(&c) {
-            text.push_str(": ");
-            text.push_str(&c);
-        }
-    }
-    text
-}
+pub(crate) use berth_client::error_text;
 
-/// Whether this call goes through the server: `BERTH_SERVER`, except for what
-/// runs in-process for now (ssh flags on the command line, `--background`).
-fn server_mode(ssh_flags: bool, background: bool) -> anyhow::Result<server::Mode> {
-    let mode = server::Mode::from_env()?;
-    if ssh_flags || background {
+/// Whether this call goes through the server: `BERTH_SERVER`, except for a
+/// call with ssh flags of its own, which runs in-process.
+fn server_mode(ssh_flags: bool) -> anyhow::Result<server::Mode> {
+    if ssh_flags {
         return Ok(server::Mode::Off);
     }
-    Ok(mode)
+    server::Mode::from_env()
 }
 
 fn init_logging(filter: &str) {

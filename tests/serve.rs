@@ -346,6 +346,24 @@ fn the_socket_refuses_another_uid() -> TestResult {
         "{}",
         text(&o)
     );
+    // A call that carries its identity (`berth exec`, the thin client's
+    // one round trip) meets the same check.
+    // (`server status` above is the engine's; this is the thin client's.)
+    let mut c = Command::new("setpriv");
+    let o = c
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BERTH])
+        .args(["exec", "--", "id -u"])
+        .env("BERTH_STATE_DIR", s.path())
+        .env("BERTH_SERVER", "require")
+        .stdin(Stdio::null())
+        .output()?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("uid 65534 may not use it"),
+        "{}",
+        text(&o)
+    );
+    assert!(o.stdout.is_empty(), "{}", text(&o));
     // The owner still can.
     assert_eq!(s.exec("echo mine")?, "mine\n");
     Ok(())
@@ -564,5 +582,62 @@ fn a_slow_client_is_told_exactly_what_it_missed() -> TestResult {
         .sum();
     assert!(missed > 0, "nothing was left out: {err}");
     assert_eq!(o.stdout.len() + missed, TOTAL, "{err}");
+    Ok(())
+}
+
+/// `berth` is a thin client: what it does not take as its own goes to
+/// `berth-engine`, argv unchanged, and prints exactly as the engine prints it.
+#[test]
+fn the_thin_client_hands_the_rest_to_the_engine() -> TestResult {
+    let s = Served::new()?;
+    // A usage error in a served subcommand: the server's parser refuses the
+    // line, and the engine prints clap's error with clap's status.
+    let o = s.run(&["job", "frobnicate"])?;
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("unrecognized subcommand 'frobnicate'"),
+        "{}",
+        text(&o)
+    );
+    // Help, the version, and commands that never go to the server.
+    let o = s.run(&["job", "ls", "--help"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: berth job ls"));
+    let o = s.run(&["--version"])?;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        format!("berth {}", env!("CARGO_PKG_VERSION"))
+    );
+    let o = s.run(&["policy", "check", "--", "rm -rf /"])?;
+    assert!(o.status.code().is_some_and(|c| c != 125), "{}", text(&o));
+    // A global option after a served subcommand's name is the caller's: the
+    // engine reads it (the thin parser does not look past the name).
+    let other = tempfile::tempdir()?;
+    s.exec("true")?;
+    let started = s
+        .cmd(&["job", "start", "--name", "elsewhere", "--state-dir"])
+        .arg(other.path())
+        .args(["--", "sleep 0"])
+        .output()?;
+    assert_eq!(started.status.code(), Some(0), "{}", text(&started));
+    let mine = s.run(&["job", "ls", "--json"])?;
+    assert!(
+        !String::from_utf8_lossy(&mine.stdout).contains("elsewhere"),
+        "the job went to the default state dir: {}",
+        text(&mine)
+    );
+    let theirs = s
+        .cmd(&["job", "ls", "--json", "--state-dir"])
+        .arg(other.path())
+        .output()?;
+    assert!(
+        String::from_utf8_lossy(&theirs.stdout).contains("elsewhere"),
+        "{}",
+        text(&theirs)
+    );
+    let _ = s
+        .cmd(&["server", "stop", "--state-dir"])
+        .arg(other.path())
+        .output();
     Ok(())
 }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use berth_core::runtime::{ExecRequest, Runtime, new_call_id};
 use futures::Stream;
 use tokio::net::{UnixListener, UnixStream};
@@ -34,9 +34,9 @@ use tracing::{info, warn};
 
 use super::proto::berth_server::{Berth, BerthServer};
 use super::proto::{
-    ExecCall, ExecEvent, Failure, ForgetReply, ForgetRequest, HelloReply, HelloRequest,
-    InterruptReply, InterruptRequest, Report, RunCall, RunEvent, ShutdownReply, ShutdownRequest,
-    ToolCall, ToolEvent, exec_event, run_event, tool_event,
+    CheckedExec, CheckedRun, ClientId, ExecCall, ExecEvent, Failure, ForgetReply, ForgetRequest,
+    HelloReply, HelloRequest, InterruptReply, InterruptRequest, Report, RunCall, RunEvent,
+    ShutdownReply, ShutdownRequest, ToolCall, ToolEvent, exec_event, run_event, tool_event,
 };
 use crate::io::{LIVE_CAP, Live, Piece};
 
@@ -166,6 +166,24 @@ struct Conn {
 }
 
 impl Conn {
+    /// Refuse a call from a client of another version, build or
+    /// configuration: it shakes hands and replaces this server instead.
+    fn check_client(&self, client: Option<ClientId>) -> Result<(), Status> {
+        self.check_peer()?;
+        let s = &self.shared;
+        let own = ClientId {
+            version: s.version.clone(),
+            protocol: super::PROTOCOL,
+            exe_id: s.exe_id.clone(),
+            config_key: s.config_key.clone(),
+        };
+        let client = client.unwrap_or_default();
+        match super::client::differs(&own, &client) {
+            None => Ok(()),
+            Some(why) => Err(Status::failed_precondition(why)),
+        }
+    }
+
     fn check_peer(&self) -> Result<(), Status> {
         match self.peer_uid {
             Some(uid) if uid == self.shared.owner_uid => Ok(()),
@@ -263,6 +281,31 @@ impl Berth for Conn {
             watched_jobs: s.watching.lock().map(|w| w.len()).unwrap_or(0) as u32,
             served_calls: s.served.load(Ordering::SeqCst),
         }))
+    }
+
+    type ExecCheckedStream = EventStream;
+
+    async fn exec_checked(
+        &self,
+        req: Request<CheckedExec>,
+    ) -> Result<Response<EventStream>, Status> {
+        let c = req.into_inner();
+        self.check_client(c.client)?;
+        let call = c
+            .call
+            .ok_or_else(|| Status::invalid_argument("the call has no command"))?;
+        self.exec(Request::new(call)).await
+    }
+
+    type RunCheckedStream = RunStream;
+
+    async fn run_checked(&self, req: Request<CheckedRun>) -> Result<Response<RunStream>, Status> {
+        let c = req.into_inner();
+        self.check_client(c.client)?;
+        let call = c
+            .call
+            .ok_or_else(|| Status::invalid_argument("the call has no command line"))?;
+        self.run(Request::new(call)).await
     }
 
     type ExecStream = EventStream;
@@ -683,15 +726,4 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     }
 }
 
-/// Fail early with a clear message when the state dir cannot hold a socket path.
-pub fn check_socket_path(state_dir: &Path) -> Result<()> {
-    let p = super::socket_path(state_dir);
-    // sun_path holds 108 bytes with its NUL.
-    if p.as_os_str().len() >= 108 {
-        bail!(
-            "the server socket path {} is too long for a unix socket (107 bytes at most); use a shorter --state-dir or BERTH_SERVER=off",
-            p.display()
-        );
-    }
-    Ok(())
-}
+pub use berth_client::check_socket_path;

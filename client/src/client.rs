@@ -3,15 +3,18 @@
 //!
 //! Flow at a glance:
 //! 1. connect to the socket; none there, or a stale one, and `BERTH_SERVER` is
-//!    `auto`: start `berth serve` detached (its own session, output to
+//!    `auto`: start `berth-engine serve` detached (its own session, output to
 //!    `server.log`) and wait for the socket;
-//! 2. `Hello`: another version, protocol, executable or configuration means
-//!    `Shutdown` that server (it gives up the socket at once) and start anew;
+//! 2. the call carries this client's identity (`ExecChecked`, `RunChecked`);
+//!    a server of another version, protocol, engine build or configuration
+//!    refuses it (an older one has no such method), and the client falls back
+//!    to `Hello`: it `Shutdown`s that server (it gives up the socket at once),
+//!    starts anew and calls again;
 //! 3. `exec`: print output as it streams; Ctrl-C sends `Interrupt` and waits for
 //!    the report; a stream that breaks before the report means the server died,
 //!    and the command's outcome is unknown (exit 125, never success).
 //!
-//! Nothing here opens the store or a backend: a call costs a connect and a
+//! Nothing here opens the store or a backend: a call costs a connect and one
 //! round trip.
 
 use std::io::Write;
@@ -23,13 +26,14 @@ use anyhow::{Context, Result, anyhow, bail};
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::Mode;
-use super::proto::berth_client::BerthClient;
-use super::proto::{
-    ExecCall, ForgetRequest, HelloReply, HelloRequest, InterruptRequest, RunCall, ShutdownRequest,
-    exec_event, run_event,
+use crate::Mode;
+use crate::args::ExecArgs;
+use crate::proto::berth_client::BerthClient;
+use crate::proto::{
+    CheckedExec, CheckedRun, ClientId, ExecCall, ForgetRequest, HelloReply, HelloRequest,
+    InterruptRequest, RunCall, ShutdownRequest, exec_event, run_event,
 };
-use crate::cmd_exec::{EXIT_DENIED, ExecArgs};
+use crate::report::EXIT_DENIED;
 
 /// How long the client waits for a server it started to listen.
 const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -39,7 +43,7 @@ pub const EXIT_LOST: u8 = 125;
 
 /// A connected, checked server.
 pub struct Server {
-    pub(super) client: BerthClient<Channel>,
+    pub client: BerthClient<Channel>,
     /// What the server said about itself.
     pub hello: HelloReply,
 }
@@ -52,8 +56,15 @@ enum ConnectError {
     Other(anyhow::Error),
 }
 
+/// A connection to a server, not yet checked to be the same berth.
+struct Connected {
+    client: BerthClient<Channel>,
+    /// The server's pid, from the socket's peer credentials (0 if unknown).
+    pid: u32,
+}
+
 /// Connect to the socket and speak gRPC over that one connection.
-async fn connect_once(socket: &Path) -> std::result::Result<BerthClient<Channel>, ConnectError> {
+async fn connect_once(socket: &Path) -> std::result::Result<Connected, ConnectError> {
     let stream = match UnixStream::connect(socket).await {
         Ok(s) => s,
         Err(e)
@@ -71,6 +82,12 @@ async fn connect_once(socket: &Path) -> std::result::Result<BerthClient<Channel>
             ))));
         }
     };
+    let pid = stream
+        .peer_cred()
+        .ok()
+        .and_then(|c| c.pid())
+        .and_then(|p| u32::try_from(p).ok())
+        .unwrap_or(0);
     // The connector hands over the stream connected above, once: a channel
     // that needs a second connection fails instead of reaching another server.
     let slot = Arc::new(Mutex::new(Some(stream)));
@@ -90,7 +107,10 @@ async fn connect_once(socket: &Path) -> std::result::Result<BerthClient<Channel>
                 anyhow!(e).context("cannot open the connection to the berth server"),
             )
         })?;
-    Ok(BerthClient::new(channel).max_decoding_message_size(usize::MAX))
+    Ok(Connected {
+        client: BerthClient::new(channel).max_decoding_message_size(usize::MAX),
+        pid,
+    })
 }
 
 async fn hello(client: &mut BerthClient<Channel>) -> Result<HelloReply> {
@@ -106,24 +126,43 @@ async fn hello(client: &mut BerthClient<Channel>) -> Result<HelloReply> {
     }
 }
 
-/// Why this client will not use `h`'s server, if it will not.
-fn mismatch(h: &HelloReply) -> Option<String> {
-    let version = env!("CARGO_PKG_VERSION");
-    if h.version != version || h.protocol != super::PROTOCOL {
+/// This client's identity, as a server compares it with its own.
+pub fn identity() -> ClientId {
+    ClientId {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        protocol: crate::PROTOCOL,
+        exe_id: crate::exe_id(),
+        config_key: crate::config_key(),
+    }
+}
+
+/// Why a client `client` and a server `server` do not belong together, if
+/// they do not (phrased for the client's user).
+pub fn differs(server: &ClientId, client: &ClientId) -> Option<String> {
+    if server.version != client.version || server.protocol != client.protocol {
         return Some(format!(
-            "it is berth {} (protocol {}), this is {version} (protocol {})",
-            h.version,
-            h.protocol,
-            super::PROTOCOL
+            "it is berth {} (protocol {}), this is {} (protocol {})",
+            server.version, server.protocol, client.version, client.protocol
         ));
     }
-    if h.exe_id != super::exe_id() {
+    if server.exe_id != client.exe_id {
         return Some("it runs another build of berth".into());
     }
-    if h.config_key != super::config_key() {
+    if server.config_key != client.config_key {
         return Some("it was started with another environment or policy file".into());
     }
     None
+}
+
+/// Why this client will not use `h`'s server, if it will not.
+fn mismatch(h: &HelloReply) -> Option<String> {
+    let server = ClientId {
+        version: h.version.clone(),
+        protocol: h.protocol,
+        exe_id: h.exe_id.clone(),
+        config_key: h.config_key.clone(),
+    };
+    differs(&server, &identity())
 }
 
 /// Start `berth serve` for `state_dir`, detached from this process: its own
@@ -132,7 +171,7 @@ fn spawn_server(state_dir: &Path) -> Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(state_dir)
         .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
-    let log_path = super::log_path(state_dir);
+    let log_path = crate::log_path(state_dir);
     use std::os::unix::fs::OpenOptionsExt;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -140,12 +179,11 @@ fn spawn_server(state_dir: &Path) -> Result<std::process::Child> {
         .mode(0o600)
         .open(&log_path)
         .with_context(|| format!("cannot open the server log {}", log_path.display()))?;
-    let exe = std::env::current_exe()
-        .context("cannot find berth's own executable to start the server")?;
-    let mut cmd = std::process::Command::new(exe);
+    let exe = crate::engine_path()?;
+    let mut cmd = std::process::Command::new(&exe);
     cmd.arg("serve")
         .arg("--idle")
-        .arg(super::idle_from_env()?.to_string())
+        .arg(crate::idle_from_env()?.to_string())
         .env("BERTH_STATE_DIR", state_dir)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
@@ -159,12 +197,18 @@ fn spawn_server(state_dir: &Path) -> Result<std::process::Child> {
             Ok(())
         });
     }
-    cmd.spawn().context("cannot start `berth serve`")
+    cmd.spawn().with_context(|| {
+        format!(
+            "cannot start `{} serve`; berth and {} are built and installed together (`cargo build --release` builds both)",
+            exe.display(),
+            crate::ENGINE
+        )
+    })
 }
 
 /// The last lines of the server log, for an error message.
 fn log_tail(state_dir: &Path) -> String {
-    let text = std::fs::read_to_string(super::log_path(state_dir)).unwrap_or_default();
+    let text = std::fs::read_to_string(crate::log_path(state_dir)).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(5)..].join("\n")
 }
@@ -174,7 +218,7 @@ async fn wait_for_server(
     state_dir: &Path,
     socket: &Path,
     mut child: std::process::Child,
-) -> Result<BerthClient<Channel>> {
+) -> Result<Connected> {
     let deadline = Instant::now() + START_DEADLINE;
     let mut pause = Duration::from_millis(1);
     loop {
@@ -189,7 +233,7 @@ async fn wait_for_server(
             bail!(
                 "`berth serve` exited ({status}) before listening on {}; its log ({}) ends:\n{}\nset BERTH_SERVER=off to run without a server",
                 socket.display(),
-                super::log_path(state_dir).display(),
+                crate::log_path(state_dir).display(),
                 log_tail(state_dir)
             );
         }
@@ -198,7 +242,7 @@ async fn wait_for_server(
                 "`berth serve` did not listen on {} within {}s; see {} or set BERTH_SERVER=off",
                 socket.display(),
                 START_DEADLINE.as_secs(),
-                super::log_path(state_dir).display()
+                crate::log_path(state_dir).display()
             );
         }
         tokio::time::sleep(pause).await;
@@ -208,9 +252,9 @@ async fn wait_for_server(
 
 /// Connect to the running server of `state_dir` without starting one.
 pub async fn running(state_dir: &Path) -> Result<Option<Server>> {
-    let socket = super::socket_path(state_dir);
+    let socket = crate::socket_path(state_dir);
     match connect_once(&socket).await {
-        Ok(mut client) => {
+        Ok(Connected { mut client, .. }) => {
             let hello = hello(&mut client).await?;
             Ok(Some(Server { client, hello }))
         }
@@ -219,10 +263,11 @@ pub async fn running(state_dir: &Path) -> Result<Option<Server>> {
     }
 }
 
-/// The server for `state_dir`: the running one if it is the same berth, else a
-/// new one (`auto`); `require` fails when none runs.
-pub async fn connect(state_dir: &Path, mode: Mode) -> Result<Server> {
-    super::daemon::check_socket_path(state_dir)?;
+/// The server for `state_dir`, connected but not checked: the running one, or
+/// (`auto`) one started now. The call that follows carries this client's
+/// identity ([`call_checked`]), or asks for the server's ([`connect`]).
+async fn open(state_dir: &Path, mode: Mode) -> Result<Connected> {
+    crate::check_socket_path(state_dir)?;
     if mode == Mode::Auto {
         std::fs::create_dir_all(state_dir).map_err(|e| {
             anyhow!(
@@ -231,21 +276,77 @@ pub async fn connect(state_dir: &Path, mode: Mode) -> Result<Server> {
             )
         })?;
     }
-    let socket = super::socket_path(state_dir);
+    let socket = crate::socket_path(state_dir);
+    match connect_once(&socket).await {
+        Ok(c) => Ok(c),
+        Err(ConnectError::Other(e)) => Err(e),
+        Err(ConnectError::NoServer) if mode == Mode::Require => bail!(
+            "no berth server runs for {} and BERTH_SERVER=require; start one with `berth serve`, or use BERTH_SERVER=auto",
+            state_dir.display()
+        ),
+        Err(ConnectError::NoServer) => {
+            let child = spawn_server(state_dir)?;
+            wait_for_server(state_dir, &socket, child).await
+        }
+    }
+}
+
+/// Send a call that carries this client's identity to the server of
+/// `state_dir`: one round trip. A server that refuses the identity (another
+/// version, build or configuration; or an older server without the method) is
+/// replaced through the handshake ([`connect`]) and the call is sent again.
+/// Returns the client (for `Interrupt`), the server's pid, and the call's
+/// own result.
+async fn call_checked<T, F, Fut>(
+    state_dir: &Path,
+    mode: Mode,
+    mut send: F,
+) -> Result<(
+    BerthClient<Channel>,
+    u32,
+    std::result::Result<T, tonic::Status>,
+)>
+where
+    F: FnMut(BerthClient<Channel>, ClientId) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+{
+    let Connected {
+        mut client,
+        mut pid,
+    } = open(state_dir, mode).await?;
+    let id = identity();
+    let mut handshaken = false;
+    loop {
+        match send(client.clone(), id.clone()).await {
+            Err(s)
+                if !handshaken
+                    && matches!(
+                        s.code(),
+                        tonic::Code::FailedPrecondition | tonic::Code::Unimplemented
+                    ) =>
+            {
+                let server = connect(state_dir, mode).await?;
+                (client, pid) = (server.client, server.hello.pid);
+                handshaken = true;
+            }
+            Err(s) if s.code() == tonic::Code::PermissionDenied => {
+                bail!("the berth server refused this client: {}", s.message())
+            }
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => bail!(
+                "the berth server (pid {pid}) does not match this client: {}; stop it with `berth server stop` or set BERTH_SERVER=off",
+                s.message()
+            ),
+            r => return Ok((client, pid, r.map(tonic::Response::into_inner))),
+        }
+    }
+}
+
+/// The server for `state_dir`: the running one if it is the same berth, else a
+/// new one (`auto`); `require` fails when none runs.
+pub async fn connect(state_dir: &Path, mode: Mode) -> Result<Server> {
     // Twice at most: a mismatched server is replaced once.
     for _ in 0..2 {
-        let mut client = match connect_once(&socket).await {
-            Ok(c) => c,
-            Err(ConnectError::Other(e)) => return Err(e),
-            Err(ConnectError::NoServer) if mode == Mode::Require => bail!(
-                "no berth server runs for {} and BERTH_SERVER=require; start one with `berth serve`, or use BERTH_SERVER=auto",
-                state_dir.display()
-            ),
-            Err(ConnectError::NoServer) => {
-                let child = spawn_server(state_dir)?;
-                wait_for_server(state_dir, &socket, child).await?
-            }
-        };
+        let Connected { mut client, .. } = open(state_dir, mode).await?;
         let h = hello(&mut client).await?;
         let Some(why) = mismatch(&h) else {
             return Ok(Server { client, hello: h });
@@ -290,8 +391,8 @@ impl Server {
 /// before this process removes the sandbox. Best effort: with no server, or an
 /// old one, there is nothing to tell.
 pub async fn forget(state_dir: &Path, backend: &str, sandbox: &str) {
-    let socket = super::socket_path(state_dir);
-    if let Ok(mut client) = connect_once(&socket).await {
+    let socket = crate::socket_path(state_dir);
+    if let Ok(Connected { mut client, .. }) = connect_once(&socket).await {
         let _ = client
             .forget(ForgetRequest {
                 backend: backend.into(),
@@ -308,7 +409,7 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
         bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
     }
     if let Some(t) = a.timeout {
-        crate::cmd_exec::timeout_from_secs(t)?;
+        crate::report::timeout_from_secs(t)?;
     }
     let stdin = if a.stdin {
         let mut buf = Vec::new();
@@ -317,8 +418,6 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
     } else {
         None
     };
-    let mut server = connect(&state_dir, mode).await?;
-    let pid = server.hello.pid;
     let call = ExecCall {
         backend: a.backend.clone(),
         sandbox: a.sandbox.clone(),
@@ -327,12 +426,19 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
         stdin,
         session: a.session.clone(),
     };
-    let mut stream = match server.client.exec(call).await {
-        Ok(r) => r.into_inner(),
+    let (mut interrupter, pid, opened) = call_checked(&state_dir, mode, |mut c, id| {
+        let call = CheckedExec {
+            client: Some(id),
+            call: Some(call.clone()),
+        };
+        async move { c.exec_checked(call).await }
+    })
+    .await?;
+    let mut stream = match opened {
+        Ok(s) => s,
         Err(s) if s.code() == tonic::Code::InvalidArgument => bail!("{}", s.message()),
         Err(s) => return Ok(lost(pid, a.json, &s.to_string())),
     };
-    let mut interrupter = server.client.clone();
     let mut call_id = None;
     let mut interrupts = 0u32;
     loop {
@@ -383,7 +489,7 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
                                 .collect()
                         })
                         .unwrap_or_default();
-                    crate::cmd_exec::print_notice_lines(
+                    crate::report::print_notice_lines(
                         v["recreated"].as_str(),
                         &notices,
                         v["timed_out"].as_bool().unwrap_or(false),
@@ -391,11 +497,11 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
                         Duration::from_secs_f64(r.timeout_secs.max(0.0)),
                     );
                 }
-                return Ok(crate::cmd_exec::exit_byte(r.exit_code));
+                return Ok(crate::report::exit_byte(r.exit_code));
             }
             Some(exec_event::Event::Failure(f)) => {
                 if a.json {
-                    crate::context::print_json(&if f.denied {
+                    print_json(&if f.denied {
                         serde_json::json!({ "error": f.message, "denied": true })
                     } else {
                         serde_json::json!({ "error": f.message })
@@ -423,11 +529,20 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
 pub async fn run(state_dir: PathBuf, mode: Mode) -> Result<u8> {
     use std::os::unix::ffi::OsStringExt;
     let args = std::env::args_os().skip(1).map(|a| a.into_vec()).collect();
-    let mut server = connect(&state_dir, mode).await?;
-    let pid = server.hello.pid;
-    let mut stream = match server.client.run(RunCall { args }).await {
-        Ok(r) => r.into_inner(),
-        Err(s) if s.code() == tonic::Code::InvalidArgument => bail!("{}", s.message()),
+    let call = RunCall { args };
+    let (_, pid, opened) = call_checked(&state_dir, mode, |mut c, id| {
+        let call = CheckedRun {
+            client: Some(id),
+            call: Some(call.clone()),
+        };
+        async move { c.run_checked(call).await }
+    })
+    .await?;
+    let mut stream = match opened {
+        Ok(s) => s,
+        Err(s) if s.code() == tonic::Code::InvalidArgument => {
+            return Err(anyhow!(Unparsed(s.message().to_string())));
+        }
         Err(s) => return Ok(lost_call(pid, &s.to_string())),
     };
     loop {
@@ -464,6 +579,20 @@ pub async fn run(state_dir: PathBuf, mode: Mode) -> Result<u8> {
     }
 }
 
+/// The server could not parse a `Run` call's command line (a usage error, or
+/// `--help`): the thin client hands such a call to the engine, whose parser
+/// prints it as clap does, with clap's exit status.
+#[derive(Debug)]
+pub struct Unparsed(pub String);
+
+impl std::fmt::Display for Unparsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unparsed {}
+
 /// Report a served call whose server died under it.
 fn lost_call(pid: u32, why: &str) -> u8 {
     eprintln!(
@@ -479,8 +608,13 @@ fn lost(pid: u32, json: bool, why: &str) -> u8 {
 The next call starts a new server, which restores the session from its last snapshot (plain variables and the shell's background children are gone)"
     );
     if json {
-        crate::context::print_json(&serde_json::json!({ "error": msg, "lost": true }));
+        print_json(&serde_json::json!({ "error": msg, "lost": true }));
     }
     eprintln!("berth: error: {msg}");
     EXIT_LOST
+}
+
+/// One value as one line of JSON on stdout.
+fn print_json(v: &serde_json::Value) {
+    println!("{v}");
 }

@@ -1,0 +1,94 @@
+//! The command line the thin client reads itself: the global options and
+//! `berth exec`. The engine's full command line embeds these same types, so
+//! both parse one syntax.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The command's output goes to stdout and berth exits with the command's exit code: \
+124 after a timeout, 130 after Ctrl-C, 125 when berth itself fails, 126 when a policy refused it.\n\n\
+Examples:\n  berth exec -- ls -la\n  berth exec -- 'cd /srv && export ENV=prod'\n  berth exec --timeout 5 -- sleep 60     # exits 124\n  echo hi | berth exec --stdin -- cat\n  berth exec --json -- make test | jq .exit_code"
+)]
+pub struct ExecArgs {
+    /// Backend to run on.
+    #[arg(long, short = 'b', default_value = crate::DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Sandbox to run in; `default` is created on first use.
+    #[arg(long, short = 's', default_value = crate::DEFAULT_SANDBOX)]
+    pub sandbox: String,
+    /// The sandbox's session to run in: each named session is a shell of its own
+    /// (cwd, environment, snapshot) beside the others, sharing the sandbox's files.
+    #[arg(long, value_name = "NAME", default_value = crate::MAIN_SESSION)]
+    pub session: String,
+    /// Stop the command (and every process it started) after SECS seconds
+    /// [default: the policy's `default_timeout_secs`, 600].
+    #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true)]
+    pub timeout: Option<f64>,
+    /// Print one JSON object instead of the raw output.
+    #[arg(long)]
+    pub json: bool,
+    /// Feed berth's stdin to the command (otherwise its stdin is /dev/null).
+    #[arg(long, conflicts_with = "background")]
+    pub stdin: bool,
+    /// Run it as a background job with the session's cwd and environment, and
+    /// print the job id (see `berth job --help`).
+    #[arg(long)]
+    pub background: bool,
+    /// The command, run by bash in the session. Several words are joined with spaces.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// The ssh backend's command-line flags, global so `berth exec --backend ssh
+/// --host myalias -- uptime` reads like `ssh myalias uptime`.
+#[derive(Args, Debug, Default, Clone, PartialEq)]
+pub struct SshFlags {
+    /// ssh backend: the host, an ~/.ssh/config alias or user@host[:port].
+    #[arg(long, global = true, env = "BERTH_SSH_HOST", value_name = "HOST")]
+    pub host: Option<String>,
+    /// ssh backend: trust an unknown host key on first use and record it in
+    /// known_hosts. A changed key is refused regardless.
+    #[arg(long, global = true)]
+    pub accept_new: bool,
+    /// ssh backend: the ssh client config [default: ~/.ssh/config].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ssh_config: Option<PathBuf>,
+    /// ssh backend: the known_hosts file [default: the config's
+    /// UserKnownHostsFile, else ~/.ssh/known_hosts].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub known_hosts: Option<PathBuf>,
+    /// ssh backend: a private key to try first (repeatable). An encrypted key's
+    /// passphrase comes from BERTH_SSH_PASSPHRASE, never from the command line.
+    #[arg(long = "identity", short = 'i', global = true, value_name = "FILE")]
+    pub identity: Vec<PathBuf>,
+    /// ssh backend: jump hosts, `[user@]host[:port]` or aliases, comma-separated,
+    /// outermost first (like `ssh -J`); overrides the config's ProxyJump, `none`
+    /// disables it. Each hop's host key is checked like the target's.
+    #[arg(long = "jump", short = 'J', global = true, value_name = "HOSTS")]
+    pub jump: Option<String>,
+    /// ssh backend: seconds allowed for TCP connect, handshake and authentication.
+    #[arg(long, global = true, value_name = "SECS")]
+    pub connect_timeout: Option<f64>,
+}
+
+impl SshFlags {
+    /// Whether any flag is set, from the command line or `BERTH_SSH_HOST`.
+    pub fn any(&self) -> bool {
+        *self != SshFlags::default()
+    }
+
+    /// Whether this command line gives ssh flags of its own. A shared server
+    /// cannot take those, so such a call runs in-process. `BERTH_SSH_HOST` is
+    /// part of the environment a server is started with (its configuration
+    /// key), so a host from there does not count.
+    pub fn own(&self) -> bool {
+        let mut own = self.clone();
+        if own.host.is_some() && own.host == std::env::var("BERTH_SSH_HOST").ok() {
+            own.host = None;
+        }
+        own.any()
+    }
+}

@@ -1,0 +1,270 @@
+//! The berth CLI's side of `berth serve`, in a crate of its own so that the
+//! thin `berth` binary links only this: the gRPC protocol
+//! (`proto/berth/server.proto`), the command line of the calls the client
+//! makes itself (`exec`, and the global options), and the calls.
+//!
+//! Flow at a glance:
+//! 1. a CLI call (`berth exec`) reads `BERTH_SERVER` (`auto` by default);
+//! 2. the client connects to `<state dir>/server.sock`; with no server there (no
+//!    socket, or a stale one nobody listens on) it starts `berth-engine serve`
+//!    detached, as OpenSSH's ControlPersist does, and waits for the socket;
+//! 3. the call carries the client's identity (version, protocol, the engine's
+//!    build, the configuration); a server that differs refuses it, is told to
+//!    shut down, and a new one is started;
+//! 4. the call runs in the server's `Runtime`, where the sandbox's shell stays
+//!    warm: output streams back, then the report; Ctrl-C sends `Interrupt`, and
+//!    a client that goes away interrupts its command too. `Run` carries any
+//!    other served subcommand (`job`, `sandbox`, `events`, approvals) as a
+//!    command line the server runs with the CLI's own code; `CallTool` runs a
+//!    tool call for `berth mcp --server`/`berth run --server`;
+//! 5. the server checks every peer's uid (`SO_PEERCRED`), and exits after its
+//!    idle time with nothing running, or when its socket is removed.
+//!
+//! With `BERTH_SERVER=off` every command runs in-process in `berth-engine`.
+
+pub mod args;
+pub mod client;
+pub mod report;
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+/// The generated gRPC code for `proto/berth/server.proto`, client and server.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("berth.server");
+}
+
+/// The backend used when none is named.
+pub const DEFAULT_BACKEND: &str = "local";
+/// The sandbox used when none is named (`berth_core::runtime::DEFAULT_SANDBOX`).
+pub const DEFAULT_SANDBOX: &str = "default";
+/// A sandbox's first session (`berth_core::runtime::MAIN_SESSION`).
+pub const MAIN_SESSION: &str = "main";
+
+/// Exit code for berth's own failures (as opposed to the command's).
+pub const EXIT_BERTH_ERROR: u8 = 125;
+
+/// The file name of the binary that holds the runtime (`berth serve`, and
+/// every command the thin client does not make itself).
+pub const ENGINE: &str = "berth-engine";
+
+/// The thin client's file name.
+pub const CLIENT: &str = "berth";
+
+/// An error and its causes on one line. berth's errors keep their causes
+/// (`#[source]`) and most also name them in their own message, so a cause is
+/// added only when the text so far does not already say it.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
+/// The engine beside this executable: `berth` and `berth-engine` are built
+/// and installed together.
+pub fn engine_path() -> Result<PathBuf> {
+    let me = std::env::current_exe().context("cannot find berth's own executable")?;
+    if me.file_name().and_then(|n| n.to_str()) == Some(ENGINE) {
+        return Ok(me);
+    }
+    Ok(me.with_file_name(ENGINE))
+}
+
+/// Resolve the state directory: flag or BERTH_STATE_DIR, else the XDG state dir.
+pub fn state_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(d) = flag {
+        return Ok(d);
+    }
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("berth"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .context("neither --state-dir, BERTH_STATE_DIR, XDG_STATE_HOME nor HOME is set; pass --state-dir DIR")?;
+    Ok(PathBuf::from(home).join(".local/state/berth"))
+}
+
+/// The policy file: BERTH_POLICY, else the XDG config dir.
+pub fn policy_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BERTH_POLICY").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("berth/policy.toml"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .context("neither BERTH_POLICY, XDG_CONFIG_HOME nor HOME is set; set BERTH_POLICY=FILE")?;
+    Ok(PathBuf::from(home).join(".config/berth/policy.toml"))
+}
+
+/// The wire protocol's revision: bump it on a change an older peer cannot read.
+pub const PROTOCOL: u32 = 2;
+
+/// How long an idle server lives by default (seconds).
+pub const DEFAULT_IDLE_SECS: u64 = 300;
+
+/// The socket's file name in the state dir.
+pub fn socket_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("server.sock")
+}
+
+/// The lock a running server holds, so one state dir has one server.
+pub fn lock_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("server.lock")
+}
+
+/// Where a server started by the CLI writes its diagnostics.
+pub fn log_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("server.log")
+}
+
+/// Fail early with a clear message when the state dir cannot hold a socket path.
+pub fn check_socket_path(state_dir: &Path) -> Result<()> {
+    let p = socket_path(state_dir);
+    // sun_path holds 108 bytes with its NUL.
+    if p.as_os_str().len() >= 108 {
+        bail!(
+            "the server socket path {} is too long for a unix socket (107 bytes at most); use a shorter --state-dir or BERTH_SERVER=off",
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether the CLI uses a server (`BERTH_SERVER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Use the running server, starting one if none runs (the default).
+    Auto,
+    /// Run everything in-process.
+    Off,
+    /// Use the running server; fail if none runs.
+    Require,
+}
+
+impl Mode {
+    /// From `BERTH_SERVER`.
+    pub fn from_env() -> Result<Mode> {
+        match std::env::var("BERTH_SERVER").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("auto") => Ok(Mode::Auto),
+            Ok("off") | Ok("0") => Ok(Mode::Off),
+            Ok("require") => Ok(Mode::Require),
+            Ok(other) => bail!(
+                "BERTH_SERVER={other:?} is not one of auto, off, require; unset it to use the default (auto)"
+            ),
+        }
+    }
+}
+
+/// The server's idle time from `BERTH_SERVER_IDLE` (seconds), else the default.
+pub fn idle_from_env() -> Result<u64> {
+    match std::env::var("BERTH_SERVER_IDLE") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse::<u64>().map_err(|_| {
+            anyhow::anyhow!("BERTH_SERVER_IDLE={v:?} is not a whole number of seconds")
+        }),
+        _ => Ok(DEFAULT_IDLE_SECS),
+    }
+}
+
+/// The identity of the engine's executable: a rebuilt or upgraded berth
+/// differs, so a server left over from an older build is replaced. The same in
+/// the thin client (the engine beside it) and in the server (itself).
+pub fn exe_id() -> String {
+    use std::os::unix::fs::MetadataExt;
+    engine_path()
+        .ok()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| format!("{}:{}:{}.{}", m.dev(), m.ino(), m.mtime(), m.mtime_nsec()))
+        .unwrap_or_default()
+}
+
+/// Variables that differ between terminals of one user without changing what
+/// berth does; they are left out of the configuration key, so two terminals
+/// share one server.
+const VOLATILE_ENV: &[&str] = &[
+    "PWD",
+    "OLDPWD",
+    "_",
+    "SHLVL",
+    "COLUMNS",
+    "LINES",
+    "SSH_TTY",
+    "SSH_CLIENT",
+    "SSH_CONNECTION",
+    "WINDOWID",
+    "GPG_TTY",
+    "COLORTERM",
+    "BERTH_SERVER",
+    "BERTH_SERVER_IDLE",
+    "BERTH_STATE_DIR",
+    "BERTH_LOG",
+];
+
+/// Prefixes of terminal emulators' and multiplexers' per-window variables.
+const VOLATILE_PREFIXES: &[&str] = &[
+    "TERM",
+    "TMUX",
+    "STY",
+    "ITERM_",
+    "KONSOLE_",
+    "VTE_",
+    "WEZTERM_",
+    "KITTY_",
+    "XDG_SESSION_",
+];
+
+fn volatile(name: &str) -> bool {
+    VOLATILE_ENV.contains(&name) || VOLATILE_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// A digest of what shapes the server's runtime: berth's environment (the
+/// gate passes parts of it to sandboxes and redacts its secrets) and the
+/// policy file. A client whose key differs restarts the server, so a server
+/// never runs a call under another caller's settings.
+pub fn config_key() -> String {
+    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| !volatile(k)).collect();
+    vars.sort();
+    let mut h = std::hash::DefaultHasher::new();
+    vars.hash(&mut h);
+    if let Ok(p) = policy_path() {
+        use std::os::unix::fs::MetadataExt;
+        p.hash(&mut h);
+        if let Ok(m) = std::fs::metadata(&p) {
+            (m.ino(), m.len(), m.mtime(), m.mtime_nsec()).hash(&mut h);
+        }
+    }
+    format!("{:016x}", h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::volatile;
+
+    #[test]
+    fn per_terminal_variables_do_not_split_the_server() {
+        for v in [
+            "PWD",
+            "TERM",
+            "TERM_SESSION_ID",
+            "TMUX_PANE",
+            "WINDOWID",
+            "BERTH_SERVER",
+        ] {
+            assert!(volatile(v), "{v}");
+        }
+        // These change what berth does (the ssh agent, the policy, secrets).
+        for v in ["SSH_AUTH_SOCK", "BERTH_POLICY", "HOME", "PATH", "API_TOKEN"] {
+            assert!(!volatile(v), "{v}");
+        }
+    }
+}

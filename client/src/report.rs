@@ -1,0 +1,54 @@
+//! What a finished `berth exec` prints and exits with, the same whether the
+//! call ran in the server or in-process.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+/// Exit code when a policy refused the command.
+pub const EXIT_DENIED: u8 = 126;
+
+/// Check a timeout given in seconds.
+pub fn timeout_from_secs(secs: f64) -> Result<Duration> {
+    if !secs.is_finite() || secs <= 0.0 {
+        bail!("--timeout must be a positive number of seconds, got {secs}; e.g. --timeout 30");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The lines on stderr after a command: recreation, notices, timeout, interrupt.
+pub fn print_notice_lines(
+    recreated: Option<&str>,
+    notices: &[String],
+    timed_out: bool,
+    interrupted: bool,
+    timeout: Duration,
+) {
+    if let Some(why) = recreated {
+        eprintln!("berth: the sandbox was recreated: {why}");
+    }
+    for n in notices {
+        eprintln!("berth: {n}");
+    }
+    if timed_out {
+        eprintln!(
+            "berth: command timed out after {}s; it and every process it started were stopped (exit 124). Raise --timeout if it needs longer.",
+            timeout.as_secs_f64()
+        );
+    }
+    if interrupted {
+        eprintln!(
+            "berth: interrupted; the command's processes were stopped, the session is intact"
+        );
+    }
+}
+
+/// A process exit status byte for a shell exit code.
+pub fn exit_byte(code: i32) -> u8 {
+    if (0..=255).contains(&code) {
+        code as u8
+    } else {
+        // Unknown (-1): the shell died without a code.
+        crate::EXIT_BERTH_ERROR
+    }
+}
