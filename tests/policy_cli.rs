@@ -210,9 +210,29 @@ fn secret_values_are_redacted_in_output_and_events() -> TestResult {
         v["output"].as_str().unwrap_or("").contains("[REDACTED:"),
         "{json}"
     );
-    // The full spooled output is redacted too.
+    // Output kept whole needs no spool file.
+    assert!(v["spool"].is_null(), "{json}");
+    let masked = v["output"]
+        .as_str()
+        .unwrap_or("")
+        .matches("[REDACTED:")
+        .count();
+    // Output past the capture's 256 KiB is spooled whole, and redacted too,
+    // its first lines (held in memory until the spool was made) included.
+    let big = format!("{cmd}; head -c 300000 /dev/zero | tr '\\0' x; echo; echo {OPENAI}");
+    let o = env.run(&["exec", "--json", "--", &big])?;
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["truncated"], true, "{}", text(&o));
     let spool = v["spool"].as_str().ok_or("no spool path")?;
-    assert_no_secret(&std::fs::read_to_string(spool)?);
+    let spooled = std::fs::read_to_string(spool)?;
+    assert_no_secret(&spooled);
+    assert!(
+        spooled.starts_with("[REDACTED:OPENAI_API_KEY]\n"),
+        "{}",
+        &spooled[..200.min(spooled.len())]
+    );
+    assert!(spooled.ends_with("x\n[REDACTED:OPENAI_API_KEY]\n"));
+    assert_eq!(spooled.matches("[REDACTED:").count(), masked + 1);
     let events = env.events()?;
     assert!(
         events.contains("exec.started") && events.contains("[REDACTED:"),

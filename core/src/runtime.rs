@@ -567,7 +567,10 @@ impl Runtime {
         };
         // The sandbox and session are marked used with the call's end event
         // (`Store::record_call_end`), in one transaction.
-        self.prune_spool(&self.spool_path(call_id));
+        // A spool is made only for output that outgrew the capture.
+        if let Some(p) = &result.output.spool {
+            self.prune_spool(p);
+        }
         Ok(ExecReport {
             call_id: call_id.to_string(),
             result,

@@ -65,33 +65,18 @@ pub struct Capture {
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
+    /// Where to spool, until the spool is made.
+    spool_path: Option<PathBuf>,
     spool: Option<(PathBuf, std::io::BufWriter<std::fs::File>)>,
     spool_cap: u64,
 }
 
 impl Capture {
-    /// A capture with the given limits, spooling everything to `spool` if set.
+    /// A capture with the given limits, spooling everything to `spool` if set
+    /// and if the output outgrows the limits: output kept whole needs no
+    /// spool, so the file is made only when the first byte would be left out
+    /// (head and tail still hold all of it then, and go in first).
     pub fn new(limits: CaptureLimits, spool: Option<PathBuf>) -> Result<Self> {
-        let spool = match spool {
-            Some(path) => {
-                if let Some(parent) = path.parent() {
-                    crate::store::private_dir(parent)
-                        .map_err(|e| Error::io("creating spool directory", parent, e))?;
-                }
-                // Output can hold anything a command printed: this user's only.
-                let f = std::os::unix::fs::OpenOptionsExt::mode(
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true),
-                    0o600,
-                )
-                .open(&path)
-                .map_err(|e| Error::io("creating spool file", &path, e))?;
-                Some((path, std::io::BufWriter::with_capacity(64 * 1024, f)))
-            }
-            None => None,
-        };
         Ok(Self {
             limits,
             tee: None,
@@ -100,9 +85,40 @@ impl Capture {
             head: Vec::new(),
             tail: VecDeque::new(),
             total: 0,
-            spool,
+            spool_path: spool,
+            spool: None,
             spool_cap: DEFAULT_SPOOL_CAP,
         })
+    }
+
+    /// Make the spool file and write all the output so far into it: what head
+    /// and tail hold, which is all of it while nothing has been left out.
+    fn open_spool(&mut self, path: PathBuf) -> Result<()> {
+        if let Some(parent) = path.parent() {
+            crate::store::private_dir(parent)
+                .map_err(|e| Error::io("creating spool directory", parent, e))?;
+        }
+        // Output can hold anything a command printed: this user's only.
+        let f = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true),
+            0o600,
+        )
+        .open(&path)
+        .map_err(|e| Error::io("creating spool file", &path, e))?;
+        let mut w = std::io::BufWriter::with_capacity(64 * 1024, f);
+        let (tail_a, tail_b) = self.tail.as_slices();
+        let mut at = 0u64;
+        for part in [&self.head[..], tail_a, tail_b] {
+            spool_write(&mut w, at, part, self.spool_cap)
+                .map_err(|e| Error::io("writing output spool", &path, e))?;
+            at += part.len() as u64;
+        }
+        debug_assert_eq!(at, self.total);
+        self.spool = Some((path, w));
+        Ok(())
     }
 
     /// Keep at most `cap` bytes of output in the spool file (at least 2).
@@ -148,6 +164,12 @@ impl Capture {
             tee(chunk);
         }
         let at = self.total;
+        let kept = (self.limits.head + self.limits.tail) as u64;
+        if at + chunk.len() as u64 > kept
+            && let Some(path) = self.spool_path.take()
+        {
+            self.open_spool(path)?;
+        }
         self.total += chunk.len() as u64;
         if let Some((path, w)) = &mut self.spool
             && let Err(e) = spool_write(w, at, chunk, self.spool_cap)
@@ -413,11 +435,47 @@ mod tests {
     }
 
     #[test]
+    fn output_kept_whole_makes_no_spool_and_more_spools_all_of_it() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", "/tmp", e))?;
+        let path = dir.path().join("s.out");
+        let limits = CaptureLimits { head: 4, tail: 4 };
+        // Eight bytes fit the capture: no file, and the report names none.
+        let mut c = Capture::new(limits, Some(path.clone()))?;
+        c.push(b"0123")?;
+        c.push(b"4567")?;
+        let out = c.finish()?;
+        assert_eq!(out.spool, None);
+        assert!(!path.exists());
+        assert_eq!(out.bytes(), b"01234567");
+        // One byte more, arriving in the middle of a chunk or as a chunk of
+        // its own, and the spool holds every byte in order, the first ones
+        // included.
+        let data: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for step in [1, 3, 5, 9, 40] {
+            let _ = std::fs::remove_file(&path);
+            let mut c = Capture::new(limits, Some(path.clone()))?;
+            for part in data.chunks(step) {
+                c.push(part)?;
+            }
+            let out = c.finish()?;
+            assert_eq!(out.spool.as_deref(), Some(path.as_path()), "step {step}");
+            assert_eq!(
+                std::fs::read(&path).unwrap_or_default(),
+                data,
+                "step {step}"
+            );
+            assert_eq!(out.omitted_bytes, 32);
+        }
+        Ok(())
+    }
+
+    #[test]
     fn the_spool_keeps_its_head_and_a_rolling_tail() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", "/tmp", e))?;
         let path = dir.path().join("s.out");
         // Under the cap: the whole output, as is.
-        let mut c = Capture::new(CaptureLimits::default(), Some(path.clone()))?.with_spool_cap(10);
+        let small = CaptureLimits { head: 2, tail: 2 };
+        let mut c = Capture::new(small, Some(path.clone()))?.with_spool_cap(10);
         c.push(b"0123456789")?;
         let out = c.finish()?;
         assert_eq!(out.spool_omitted, 0);
@@ -425,8 +483,7 @@ mod tests {
         // Over it, in chunks that wrap the ring more than once.
         let data: Vec<u8> = (0..100u8).map(|i| b'a' + i % 26).collect();
         for step in [1, 3, 7, 100] {
-            let mut c =
-                Capture::new(CaptureLimits::default(), Some(path.clone()))?.with_spool_cap(10);
+            let mut c = Capture::new(small, Some(path.clone()))?.with_spool_cap(10);
             for part in data.chunks(step) {
                 c.push(part)?;
             }
