@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use berth_core::runtime::{ExecReport, ExecRequest};
 use berth_core::session::Tee;
 use serde_json::json;
@@ -23,10 +23,7 @@ pub use berth_client::args::ExecArgs;
 /// `exec --background` on `rt` (in-process, or in the server for a client):
 /// start the command as a job and print its id.
 pub async fn background_on(rt: &berth_core::runtime::Runtime, a: ExecArgs) -> Result<u8> {
-    let command = a.command.join(" ");
-    if command.trim().is_empty() {
-        bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
-    }
+    let command = a.command_line()?;
     berth_core::runtime::check_session_name(&a.session)?;
     let opts = berth_core::jobs::JobOptions {
         session: Some(a.session.clone()),
@@ -44,21 +41,12 @@ pub async fn background_on(rt: &berth_core::runtime::Runtime, a: ExecArgs) -> Re
 }
 
 pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
-    let command = a.command.join(" ");
-    if command.trim().is_empty() {
-        bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
-    }
+    let command = a.command_line()?;
     let timeout = a.timeout.map(timeout_from_secs).transpose()?;
     berth_core::runtime::check_session_name(&a.session)?;
     // `--background` is a served subcommand: main runs it with `background_on`.
     debug_assert!(!a.background);
-    let stdin = if a.stdin {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
-        Some(buf)
-    } else {
-        None
-    };
+    let stdin = a.read_stdin()?;
     let rt = context::runtime(state_dir)?;
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();

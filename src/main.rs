@@ -118,11 +118,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     init_logging(&cli.log);
-    // One thread: a round trip to the shell then wakes no other thread.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match berth_client::cli_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("berth: error: cannot start the async runtime: {e}");

@@ -86,11 +86,7 @@ fn main() -> ExitCode {
         Ok(d) => d,
         Err(_) => return engine(&argv),
     };
-    // One thread, as the engine's client has: nothing here runs in parallel.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match berth_client::cli_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("berth: error: cannot start the async runtime: {e}");

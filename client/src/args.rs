@@ -92,3 +92,24 @@ impl SshFlags {
         own.any()
     }
 }
+
+impl ExecArgs {
+    /// The command as bash gets it: the words after `--`, joined with spaces.
+    pub fn command_line(&self) -> anyhow::Result<String> {
+        let command = self.command.join(" ");
+        if command.trim().is_empty() {
+            anyhow::bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
+        }
+        Ok(command)
+    }
+
+    /// berth's stdin for the command with `--stdin`, else none (/dev/null).
+    pub fn read_stdin(&self) -> std::io::Result<Option<Vec<u8>>> {
+        if !self.stdin {
+            return Ok(None);
+        }
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
+        Ok(Some(buf))
+    }
+}

@@ -404,20 +404,11 @@ pub async fn forget(state_dir: &Path, backend: &str, sandbox: &str) {
 
 /// `berth exec` through the server.
 pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
-    let command = a.command.join(" ");
-    if command.trim().is_empty() {
-        bail!("empty command: put it after `--`, e.g. `berth exec -- ls -la`");
-    }
+    let command = a.command_line()?;
     if let Some(t) = a.timeout {
         crate::report::timeout_from_secs(t)?;
     }
-    let stdin = if a.stdin {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
-        Some(buf)
-    } else {
-        None
-    };
+    let stdin = a.read_stdin()?;
     let call = ExecCall {
         backend: a.backend.clone(),
         sandbox: a.sandbox.clone(),

@@ -51,6 +51,14 @@ pub const EXIT_BERTH_ERROR: u8 = 125;
 /// every command the thin client does not make itself).
 pub const ENGINE: &str = "berth-engine";
 
+/// The async runtime of a CLI process: one thread, so a round trip to the
+/// server or the shell wakes no other thread.
+pub fn cli_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
 /// The thin client's file name.
 pub const CLIENT: &str = "berth";
 
