@@ -703,6 +703,13 @@ pub async fn loop_control_and_errexit_keep_the_framing(h: &Harness) -> TestResul
             "cd /tmp && export ERR_STATE=kept; x=${UNSET_BERTH_VAR:?gone}",
             1,
         ),
+        // The loop's own functions and their texts cannot be taken away or
+        // replaced first: the EXIT trap still reports and saves.
+        (
+            "cd /tmp && export ERR_STATE=kept; unset -f __berth_exit __berth_post; \
+             unset -v __berth_X __berth_P; __berth_exit() { :; }; exit 5",
+            5,
+        ),
     ] {
         ok(&mut s, "cd / && unset ERR_STATE").await?;
         let r = run(&mut s, cmd).await?;

@@ -42,8 +42,8 @@
 //! command runs, so no alias reaches them. Every builtin they run goes through
 //! `builtin`, which skips functions, and after every command the loop removes a
 //! function named `builtin` through POSIX-mode lookup (the `GUARD` text). Its own
-//! functions are defined again right before each use, and the EXIT trap names
-//! its function with a backslash, which no alias matches.
+//! two functions are read-only, so no command can replace them, and the loop and
+//! the EXIT trap name them with a backslash, which no alias matches.
 //!
 //! Snapshots: the `<snapshot>` flag is `1` (write one), `0` (the engine found
 //! nothing in the text that can change state; it compares cwd and the length of
@@ -241,54 +241,79 @@ fn guard() -> String {
     format!("{GUARD}{}", traps())
 }
 
-/// The function that reports a command and writes its snapshot. It is defined
-/// again right before each call, so a command that redefines it changes nothing.
-/// While it writes a snapshot it removes itself and the EXIT function, both
-/// defined again before their next use: `declare -f` then prints the user's
-/// functions only, not berth's two longest (bash runs a copy of a function's
-/// body, so removing the running one is safe).
-const POST: &str = r#"__berth_post() {
-  __berth_busy=
-  if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
-    __berth_bg=${!-}
-    IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
-    IFS=' ' builtin read -r __berth_up _ < /proc/uptime 2>/dev/null || __berth_up=0.00
-    __berth_up=${__berth_up/./}; __berth_wm=$(( 10#${__berth_up:-0} * 4194304 + 10#${__berth_wm:-0} ))
-  fi
-  if [[ ${__berth_h:8:1} == 1 ]]; then
-    __berth_seq=$((__berth_seq + 1))
-    __berth_s=$__berth_dir/snap.$((__berth_seq % 2))
-    [[ ! -L $__berth_s && ( -f $__berth_s || ! -e $__berth_s ) ]] || builtin command -p rm -f -- "$__berth_s" 2>/dev/null
-    {
-      builtin printf '# berth snapshot v2 seq=%s\n__berth_seq=%s\n' "$__berth_seq" "$__berth_seq"
-      builtin export -p
-      builtin printf 'builtin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
-      builtin unset -f __berth_exit __berth_post
-      builtin declare -f
-      builtin printf '# berth aliases\n'
-      builtin alias -p
-      builtin printf '# berth snapshot end seq=%s\n' "$__berth_seq"
-    } 1<> "$__berth_s" 2>/dev/null || :
-  fi
-  builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98
-  [[ $__berth_n == N* ]] || builtin exit 97
-  if [[ ${__berth_h:8:1} == 1 ]]; then
-    builtin printf '\036%s:%s\037%s=' "${__berth_n:1}" "$__berth_rc" "${1-}"
-    builtin compgen -A function -A alias || :
-    builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
-  else
-    builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
-  fi
-  __berth_n=
-}
+/// What reports a command and writes its snapshot: the text the loop runs
+/// after a command, at its own top level, so no function is defined or called on
+/// the way (bash copies a function's whole body on every definition and every
+/// call, which cost more than the rest of a command's round trip). `$1` is `!`
+/// when the shell is exiting. The rarer paths (a command that left a background
+/// job, one that was interrupted, the EXIT trap) run it through
+/// `__berth_post`, which evaluates the same text (see [`FUNCTIONS`]).
+const POST_BODY: &str = r#"__berth_busy=
+if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
+  __berth_bg=${!-}
+  IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
+  IFS=' ' builtin read -r __berth_up _ < /proc/uptime 2>/dev/null || __berth_up=0.00
+  __berth_up=${__berth_up/./}; __berth_wm=$(( 10#${__berth_up:-0} * 4194304 + 10#${__berth_wm:-0} ))
+fi
+if [[ ${__berth_h:8:1} == 1 ]]; then
+  __berth_seq=$((__berth_seq + 1))
+  __berth_s=$__berth_dir/snap.$((__berth_seq % 2))
+  [[ ! -L $__berth_s && ( -f $__berth_s || ! -e $__berth_s ) ]] || builtin command -p rm -f -- "$__berth_s" 2>/dev/null
+  {
+    builtin printf '# berth snapshot v2 seq=%s\n__berth_seq=%s\n' "$__berth_seq" "$__berth_seq"
+    builtin export -p
+    builtin printf 'builtin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
+    builtin declare -f
+    builtin printf '# berth aliases\n'
+    builtin alias -p
+    builtin printf '# berth snapshot end seq=%s\n' "$__berth_seq"
+  } 1<> "$__berth_s" 2>/dev/null || :
+fi
+builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98
+[[ $__berth_n == N* ]] || builtin exit 97
+if [[ ${__berth_h:8:1} == 1 ]]; then
+  builtin printf '\036%s:%s\037%s=' "${__berth_n:1}" "$__berth_rc" "${1-}"
+  builtin compgen -A function -A alias || :
+  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
+else
+  builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
+fi
+__berth_n=
 "#;
 
-/// The EXIT trap's function: a command that exits (or trips `set -e`) is still
-/// reported and its state saved. Defined again before every command.
-fn exit_fn() -> String {
+/// [`POST_BODY`] as the loop runs it inline, where `$1` would be the user's.
+fn post_inline() -> String {
+    POST_BODY.replace(r#""${1-}""#, r#""""#)
+}
+
+/// What the EXIT trap runs: a command that exits (or trips `set -e`) is still
+/// reported and its state saved.
+fn exit_body() -> String {
     format!(
-        "__berth_exit() {{ __berth_rc=$?; if [[ -n $__berth_busy ]]; then {guard}\n{POST}\n[[ ${{__berth_h:8:1}} == 2 ]] || __berth_h=${{__berth_h:0:8}}1${{__berth_h:9}}; __berth_post !; fi; }}\n",
+        "if [[ -n $__berth_busy ]]; then {guard}\n[[ ${{__berth_h:8:1}} == 2 ]] || __berth_h=${{__berth_h:0:8}}1${{__berth_h:9}}; \\__berth_post !; fi\n",
         guard = guard()
+    )
+}
+
+/// berth's two functions, `__berth_post` and the EXIT trap's `__berth_exit`,
+/// defined once when the shell starts. Each evaluates its text from a read-only
+/// variable, and both are read-only functions, so a command cannot replace,
+/// unset or empty them (bash refuses, and says so in the command's output), and
+/// a snapshot's `declare -f` prints two one-line bodies. The text is parsed when
+/// it runs, so aliases are off meanwhile: a command's alias named like a word in
+/// it must not reach in.
+fn functions() -> String {
+    let run = |var: &str| {
+        format!(
+            "if builtin shopt -q expand_aliases; then builtin shopt -u expand_aliases; builtin eval \"${var}\"; builtin shopt -s expand_aliases; else builtin eval \"${var}\"; fi"
+        )
+    };
+    format!(
+        "builtin readonly __berth_P={post} __berth_X={exit}\n__berth_post() {{ {run_post}; }}\n__berth_exit() {{ __berth_rc=$?; {run_exit}; }}\nbuiltin readonly -f __berth_post __berth_exit\n",
+        post = quote(POST_BODY),
+        exit = quote(&exit_body()),
+        run_post = run("__berth_P"),
+        run_exit = run("__berth_X"),
     )
 }
 
@@ -301,6 +326,8 @@ fn exit_fn() -> String {
 ///   caught by the busy check at the top.
 /// - Flags `000` (no snapshot, no stdin, ASCII) take the fast path, which calls
 ///   no function unless the command left a background job.
+/// - Nothing is defined per command: berth's functions are read-only (see
+///   [`functions`]), and the report after a command runs inline.
 /// - The nonce is read after the command has ended: while it runs, the nonce is
 ///   in no variable, so a command cannot print a marker the engine accepts.
 /// - It survives a user's `set -euo pipefail`: `${!-}` and `${1-}` for what may be
@@ -308,25 +335,21 @@ fn exit_fn() -> String {
 ///   ignores.
 fn main_loop() -> String {
     let rs = r#"case $__berth_rc in 0) ;; *) __berth_rs() { builtin return "$__berth_rc"; }; __berth_rs && : ;; esac; "#;
-    let exit = exit_fn();
     let guard = guard();
+    let post = post_inline();
     // The loop itself, run through `eval` so the engine's interrupt can break
     // out of it and start it again (see [`traps`]). The first run restores
     // `expand_aliases`, which a restart turns off while bash parses the loop, so
     // no alias a command defined reaches into it.
     let body = [
         "{ [[ -z $__berth_ea ]] || builtin shopt -s expand_aliases; __berth_ea=\n",
-        &exit,
         "while :; do\n",
         "while [[ -z $__berth_busy ]] || { __berth_rc=0; ",
         &guard,
-        "\n",
-        POST,
-        "__berth_post; }; ",
+        "\n\\__berth_post; }; ",
         r#"builtin read -r -u "$__berth_fd" -N 12 __berth_h && "#,
         r#"builtin read -r -u "$__berth_fd" -N $((16#${__berth_h:0:8})) __berth_c; do "#,
         "__berth_busy=1\n",
-        &exit,
         r#"case ${__berth_h:8:4} in "#,
         "000.) ",
         rs,
@@ -334,9 +357,7 @@ fn main_loop() -> String {
         r#"if [[ ${!-} == "$__berth_bg" ]]; then __berth_busy=; "#,
         r#"builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98; [[ $__berth_n == N* ]] || builtin exit 97; "#,
         r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"; __berth_n=; "#,
-        "else\n",
-        POST,
-        "__berth_post; fi ;;\n",
+        "else \\__berth_post; fi ;;\n",
         r#"*) [[ ${__berth_h:10:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
         r#"__berth_in=/dev/null; [[ ${__berth_h:9:1} != 1 ]] || __berth_in=$__berth_dir/stdin; "#,
         rs,
@@ -347,28 +368,25 @@ fn main_loop() -> String {
         "if [[ ${__berth_h:11:1} == g ]]; then ",
         &guard,
         "\nfi\n",
-        POST,
-        "__berth_post ;;\n",
+        &post,
+        ";;\n",
         "esac; done; [[ -n $__berth_busy ]] || break; __berth_rc=0; ",
         &guard,
-        "\n",
-        POST,
-        "__berth_post; done\n",
+        "\n\\__berth_post; done\n",
         // An interrupted command: report it with its status, then run the loop
         // again. Each restart nests one `eval` deeper, one per interrupt.
         "[[ -z $__berth_cut ]] || { __berth_rc=$__berth_cut; __berth_cut=; ",
         &guard,
-        "\n",
-        POST,
-        "__berth_post; if builtin shopt -q expand_aliases; then __berth_ea=1; else __berth_ea=; fi; ",
+        "\n\\__berth_post; if builtin shopt -q expand_aliases; then __berth_ea=1; else __berth_ea=; fi; ",
         "builtin shopt -u expand_aliases; builtin eval \"$__berth_L\"; }\n}",
     ]
     .concat();
     // One compound command, so bash parses all of it before the `exec` below
     // points its stdin elsewhere.
     format!(
-        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n__berth_ea=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
+        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n{functions}__berth_ea=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
         traps = traps(),
+        functions = functions(),
         loop_text = quote(&body),
     )
 }
@@ -402,6 +420,12 @@ pub fn strip_own(snapshot: &str) -> String {
         }
         if let Some(rest) = bare.strip_prefix("alias ")
             && rest.split('=').next().is_some_and(is_own_function)
+        {
+            continue;
+        }
+        // `declare -f` marks a read-only function with a line of its own.
+        if let Some(rest) = bare.strip_prefix("declare -f")
+            && rest.split(' ').nth(1).is_some_and(is_own_function)
         {
             continue;
         }
@@ -550,8 +574,10 @@ mod tests {
 
     #[test]
     fn own_functions_and_aliases_are_left_out_of_a_replay() {
-        let snap = "# berth snapshot v2 seq=1\ndeclare -x A=\"1\"\n__berth_post () \n{ \n    if x; then\n        y\n    fi\n}\nmine () \n{ \n    echo hi\n}\n__b () \n{ \n    :\n}\n# berth aliases\nalias __berth_run='x'\nalias ll='ls -l'\n";
+        let snap = "# berth snapshot v2 seq=1\ndeclare -x A=\"1\"\n__berth_post () \n{ \n    if x; then\n        y\n    fi\n}\nmine () \n{ \n    echo hi\n}\n__b () \n{ \n    :\n}\n# berth aliases\nalias __berth_run='x'\nalias ll='ls -l'\ndeclare -fr __berth_exit\ndeclare -fr mine\n";
         let out = strip_own(snap);
+        assert!(!out.contains("__berth_exit"), "{out}");
+        assert!(out.contains("declare -fr mine\n"), "{out}");
         assert!(!out.contains("__berth_post"), "{out}");
         assert!(!out.contains("__b "), "{out}");
         assert!(!out.contains("__berth_run"), "{out}");
