@@ -72,6 +72,7 @@ fn main() -> ExitCode {
     if cli.ssh.own() {
         return engine(&argv);
     }
+    berth_client::diag::init(&cli.log);
     let mode = match Mode::from_env() {
         Ok(Mode::Off) | Err(_) => return engine(&argv),
         Ok(m) => m,

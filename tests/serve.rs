@@ -646,3 +646,36 @@ fn the_thin_client_hands_the_rest_to_the_engine() -> TestResult {
         .output();
     Ok(())
 }
+
+/// `--log`/`BERTH_LOG` reach the thin client's own diagnostics: how it found
+/// or started the server. The default prints none of them.
+#[test]
+fn the_thin_client_prints_its_diagnostics_when_asked() -> TestResult {
+    let s = Served::new()?;
+    let o = s
+        .cmd(&["exec", "--", "echo hi"])
+        .env("BERTH_LOG", "berth_client=debug")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("berth: DEBUG berth_client::client: no berth server ran; started one"),
+        "{err}"
+    );
+    // Only the target asked for: h2's own debug lines stay out.
+    assert!(!err.contains("h2::"), "{err}");
+    let o = s.cmd(&["--log", "debug", "exec", "--", "true"]).output()?;
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("berth: DEBUG berth_client::client: connected to the berth server"),
+        "{}",
+        text(&o)
+    );
+    let o = s
+        .cmd(&["exec", "--", "true"])
+        .env_remove("BERTH_LOG")
+        .output()?;
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "", "{}", text(&o));
+    Ok(())
+}

@@ -278,7 +278,10 @@ async fn open(state_dir: &Path, mode: Mode) -> Result<Connected> {
     }
     let socket = crate::socket_path(state_dir);
     match connect_once(&socket).await {
-        Ok(c) => Ok(c),
+        Ok(c) => {
+            tracing::debug!(socket = %socket.display(), pid = c.pid, "connected to the berth server");
+            Ok(c)
+        }
         Err(ConnectError::Other(e)) => Err(e),
         Err(ConnectError::NoServer) if mode == Mode::Require => bail!(
             "no berth server runs for {} and BERTH_SERVER=require; start one with `berth serve`, or use BERTH_SERVER=auto",
@@ -286,6 +289,7 @@ async fn open(state_dir: &Path, mode: Mode) -> Result<Connected> {
         ),
         Err(ConnectError::NoServer) => {
             let child = spawn_server(state_dir)?;
+            tracing::debug!(socket = %socket.display(), pid = child.id(), "no berth server ran; started one");
             wait_for_server(state_dir, &socket, child).await
         }
     }
@@ -325,6 +329,7 @@ where
                         tonic::Code::FailedPrecondition | tonic::Code::Unimplemented
                     ) =>
             {
+                tracing::debug!(pid, code = ?s.code(), reason = s.message(), "the server did not take the checked call; handshaking");
                 let server = connect(state_dir, mode).await?;
                 (client, pid) = (server.client, server.hello.pid);
                 handshaken = true;

@@ -24,6 +24,7 @@
 
 pub mod args;
 pub mod client;
+pub mod diag;
 pub mod report;
 
 use std::hash::{Hash, Hasher};
