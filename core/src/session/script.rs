@@ -247,7 +247,7 @@ fn guard() -> String {
 /// call, which cost more than the rest of a command's round trip). `$1` is `!`
 /// when the shell is exiting. The rarer paths (a command that left a background
 /// job, one that was interrupted, the EXIT trap) run it through
-/// `__berth_post`, which evaluates the same text (see [`FUNCTIONS`]).
+/// `__berth_post`, which evaluates the same text (see [`functions`]).
 const POST_BODY: &str = r#"__berth_busy=
 if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
   __berth_bg=${!-}
