@@ -109,11 +109,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: AttachArgs) -> Result<u8> {
             job.id
         );
     }
+    // The job was brought up to date above: the steps below use it as it is,
+    // rather than each asking the sandbox again.
     if let Some(size) = term_size(stdout_fd).or_else(|| term_size(stdin_fd)) {
-        rt.resize_job(&job.id, size).await?;
+        rt.resize_fresh(&job, size).await?;
     }
-    let (job, emu) = rt.job_emulator(&job.id).await?;
-    let mut input = rt.job_input(&job.id).await?;
+    let (job, emu) = rt.emulator_fresh(job).await?;
+    let mut input = rt.input_fresh(&job).await?;
     let mut winch = signal(SignalKind::window_change())?;
 
     // Keys come from a thread of their own: a blocking read that never holds
@@ -165,7 +167,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: AttachArgs) -> Result<u8> {
             _ = winch.recv() => {
                 if let Some(size) = term_size(stdout_fd) {
                     // A resize that races the job's end is not worth an error.
-                    let _ = rt.resize_job(&job.id, size).await;
+                    let _ = rt.resize_fresh(&job, size).await;
                 }
             }
         }

@@ -58,14 +58,8 @@ impl Runtime {
     /// A terminal job, or an error that says it is not one.
     pub(super) async fn pty_job(&self, id: &str) -> Result<(Job, TermSize)> {
         let job = self.job(id).await?;
-        match job.pty {
-            Some(size) => Ok((job, size)),
-            None => Err(Error::InvalidInput(format!(
-                "job {} is not on a terminal; start it with `berth job start --pty -- COMMAND` \
-                 for a screen, keys and resizes (its output is in `berth job logs {}`)",
-                job.id, job.id
-            ))),
-        }
+        let size = terminal_of(&job)?;
+        Ok((job, size))
     }
 
     /// Write key presses (by name: `Enter`, `C-c`, `Up`, ...) to a job.
@@ -83,6 +77,14 @@ impl Runtime {
     /// Change a terminal job's size; its program gets SIGWINCH.
     pub async fn resize_job(&self, id: &str, size: TermSize) -> Result<()> {
         let (job, _) = self.pty_job(id).await?;
+        self.resize_fresh(&job, size).await
+    }
+
+    /// [`Runtime::resize_job`] for a job just brought up to date
+    /// ([`Runtime::job`]): `berth attach` looks its job up once, not once per
+    /// step (each look at a running job asks its sandbox).
+    pub async fn resize_fresh(&self, job: &Job, size: TermSize) -> Result<()> {
+        terminal_of(job)?;
         job.still_running("its terminal is gone")?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let args = argv(&[
@@ -114,6 +116,12 @@ impl Runtime {
     /// and a program that draws full screens redraws them whole).
     pub async fn job_emulator(&self, id: &str) -> Result<(Job, pty::Emulator)> {
         let (job, _) = self.pty_job(id).await?;
+        self.emulator_fresh(job).await
+    }
+
+    /// [`Runtime::job_emulator`] for a job just brought up to date.
+    pub async fn emulator_fresh(&self, job: Job) -> Result<(Job, pty::Emulator)> {
+        terminal_of(&job)?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let sizes = sb
             .read_file(&format!("{}/sizes", job.dir(sb.as_ref())), 1 << 20)
@@ -135,6 +143,11 @@ impl Runtime {
     /// rather than one helper per write as [`Runtime::send_job`] does.
     pub async fn job_input(&self, id: &str) -> Result<JobInput> {
         let job = self.job(id).await?;
+        self.input_fresh(&job).await
+    }
+
+    /// [`Runtime::job_input`] for a job just brought up to date.
+    pub async fn input_fresh(&self, job: &Job) -> Result<JobInput> {
         job.still_running("there is no stdin to write to")?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let cmd = format!(
@@ -154,6 +167,18 @@ impl Runtime {
             stdin,
             _process: process,
         })
+    }
+}
+
+/// A job's terminal size, or an error that says it is not on a terminal.
+fn terminal_of(job: &Job) -> Result<TermSize> {
+    match job.pty {
+        Some(size) => Ok(size),
+        None => Err(Error::InvalidInput(format!(
+            "job {} is not on a terminal; start it with `berth job start --pty -- COMMAND` \
+             for a screen, keys and resizes (its output is in `berth job logs {}`)",
+            job.id, job.id
+        ))),
     }
 }
 
