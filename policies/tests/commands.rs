@@ -24,6 +24,14 @@ fn assert_allowed(cmd: &str) {
     );
 }
 
+/// bash 5.3's `${ list; }` runs its list in the shell itself; in double quotes
+/// the reader does not follow it, and a command it cannot read is refused.
+#[test]
+fn a_5_3_substitution_in_double_quotes_is_refused() {
+    let v = check("echo \"${ rm -rf /; }\"");
+    assert_eq!(v.action, Action::Deny, "{v}");
+}
+
 #[test]
 fn rm_recursive_root_and_its_evasions() {
     for cmd in [
@@ -91,6 +99,10 @@ fn rm_recursive_root_and_its_evasions() {
         "find . -exec rm -rf / \\;",
         "cat <<EOF\n$(rm -rf /)\nEOF",
         "echo ${X:-$(rm -rf /)}",
+        // bash 5.3 runs these in the shell itself.
+        "echo ${ rm -rf /; }",
+        "x=${| rm -rf /; }",
+        "echo ${\trm -rf /\n}",
         "alias ll='rm -rf /'",
         "su -c 'rm -rf /'",
         "env -S 'rm -rf /'",

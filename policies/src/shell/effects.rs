@@ -34,6 +34,7 @@ const STATEFUL: &[&str] = &[
     "eval",
     "exec",
     "export",
+    "fc",
     "getopts",
     "hash",
     "let",
@@ -59,9 +60,31 @@ const STATEFUL: &[&str] = &[
 /// a shell option), replace a trap, or run text the reader cannot see. After a
 /// command that may do any of that, the loop runs its guard (see berth-core's
 /// `session::script`), which undoes what would break the loop.
+/// `fc` runs earlier text again, and `mapfile`'s callback (`-C`) is any text.
 const DEFINING: &[&str] = &[
-    ".", "builtin", "command", "enable", "eval", "exec", "set", "shopt", "source", "trap",
+    ".",
+    "builtin",
+    "command",
+    "enable",
+    "eval",
+    "exec",
+    "fc",
+    "mapfile",
+    "readarray",
+    "set",
+    "shopt",
+    "source",
+    "trap",
 ];
+
+/// Builtins that can define, change or remove a function or an alias besides
+/// those in [`DEFINING`]: `unset` removes a function when no variable has the
+/// name.
+const REDEFINING: &[&str] = &["alias", "unalias", "unset"];
+
+/// Builtins that touch functions only when an option says so (`-f`): `export
+/// -f`, `readonly -f`, `declare -fx`.
+const DECLARING: &[&str] = &["declare", "typeset", "export", "readonly", "local"];
 
 /// Builtins whose effect outlasts the command: once seen, every later command in
 /// the session counts as a possible change (a trap can run any code later).
@@ -77,6 +100,12 @@ pub struct Effects {
     /// The command may define a function, change how builtins resolve, or
     /// replace a trap: a subset of `may_change`.
     pub may_define: bool,
+    /// The command may define, change or remove a function (or an alias by
+    /// the `alias` builtin): a superset of `may_define`, and a subset of
+    /// `may_change`. Only after such a command does the shell write its
+    /// functions again. Aliases are in every snapshot: one can be set through
+    /// `BASH_ALIASES`, by a name no reading can follow.
+    pub may_redefine: bool,
 }
 
 /// Read `text` and tell whether running it at the shell's top level may change
@@ -88,6 +117,7 @@ pub fn effects(text: &str, names: &HashSet<String>) -> Effects {
             may_change: true,
             sticky: false,
             may_define: true,
+            may_redefine: true,
         };
     };
     of_script(&script, names)
@@ -99,6 +129,7 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
         may_change: !script.state.is_empty() || !script.opaque.is_empty(),
         sticky: false,
         may_define: !script.opaque.is_empty() || !script.functions.is_empty(),
+        may_redefine: false,
     };
     for cmd in &script.commands {
         let first = cmd.argv.iter().position(|w| argv::assignment(w).is_none());
@@ -125,6 +156,12 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
             if prog == "printf" && view.iter().any(|a| a.starts_with("-v")) {
                 fx.may_change = true;
             }
+            if REDEFINING.contains(&prog) {
+                fx.may_redefine = true;
+            }
+            if DECLARING.contains(&prog) && names_functions(cmd, view.len()) {
+                fx.may_redefine = true;
+            }
         }
         // The word as written, before wrappers are peeled: `ll` may be an alias
         // even where `views` would read it as a path.
@@ -133,7 +170,24 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
             fx.may_define = true;
         }
     }
+    fx.may_redefine |= fx.may_define;
     fx
+}
+
+/// Whether the last `args` words of a `declare`-like command may name
+/// functions: an option word with an `f` in it (`-f`, `-fx`, `+f`), or a word
+/// the reader cannot know before it runs, other than an assignment's value.
+fn names_functions(cmd: &super::Command, args: usize) -> bool {
+    let start = cmd.argv.len().saturating_sub(args.saturating_sub(1));
+    cmd.argv.iter().enumerate().skip(start).any(|(i, w)| {
+        if argv::assignment(w).is_some() {
+            return false;
+        }
+        if !cmd.is_literal(i) {
+            return true;
+        }
+        (w.starts_with('-') || w.starts_with('+')) && w != "--" && w.contains(['f', 'F'])
+    })
 }
 
 #[cfg(test)]
@@ -303,14 +357,78 @@ mod tests {
             "$cmd arg",
             "exec 3>&-",
             "x=$(echo hi); \"$x\"",
+            "fc -s",
+            "mapfile -C 'f() { :; }; :' -c 1 a < f",
+            // bash 5.3 runs `${ …; }` in the shell itself.
+            "echo ${ f() { :; }; }",
+            "echo \"${ cd /tmp; }\"",
+            "x=${| builtin() { :; }; }",
         ] {
             let fx = defines(t, &[]);
-            assert!(fx.may_define, "{t:?} may define: {fx:?}");
+            assert!(fx.may_define && fx.may_change, "{t:?} may define: {fx:?}");
         }
         // A function or alias the session defined can do anything.
         assert!(defines("mkvenv", &["mkvenv"]).may_define);
         assert!(!defines("echo hi", &["mkvenv"]).may_define);
         // Text that does not parse is assumed to define.
         assert!(defines("if then fi (", &[]).may_define);
+    }
+
+    /// The shell writes its functions and aliases again only after a command
+    /// read as able to change one: `export` and `cd` cannot, `alias`, `unset`
+    /// (which removes a function when no variable has the name) and `export -f`
+    /// can, and so can everything that may define one.
+    #[test]
+    fn redefinitions_are_told_apart_from_other_changes() {
+        let fx = |t: &str| effects(t, &["mkvenv".to_string()].into_iter().collect());
+        for t in [
+            "export A=1",
+            "export PATH=$PATH:/opt/bin",
+            "cd /tmp",
+            "A=1; B=2",
+            "declare -x A=1",
+            "declare -n r=BASH_ALIASES",
+            "readonly A",
+            "local -i n=1",
+            "typeset -A m",
+            "export -n A",
+            "read -r x < f",
+            "pushd /tmp",
+            "umask 022",
+            "printf -v x %s y",
+        ] {
+            let f = fx(t);
+            assert!(f.may_change && !f.may_redefine, "{t:?}: {f:?}");
+        }
+        for t in [
+            "alias ll='ls -l'",
+            "unalias ll",
+            "unset A",
+            "unset -f f",
+            "export -f f",
+            "declare -fx f",
+            "readonly -f f",
+            "typeset +f f",
+            "command export -f f",
+            "declare $opts f",
+            "export \"$x\"",
+            "fc -s",
+            "mapfile -C cb -c 1 a < f",
+            "readarray a < f",
+            "f() { :; }",
+            "eval \"$x\"",
+            "source ./env.sh",
+            "trap 'echo' USR1",
+            "set -o posix",
+            "$cmd arg",
+            "mkvenv",
+            "ls && mkvenv",
+            "if then fi (",
+        ] {
+            let f = fx(t);
+            assert!(f.may_redefine, "{t:?} may redefine: {f:?}");
+            assert!(f.may_change, "{t:?} may redefine but not change? {f:?}");
+        }
+        assert!(!fx("echo hi").may_redefine);
     }
 }

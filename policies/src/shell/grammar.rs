@@ -574,6 +574,15 @@ impl<'a, 'd> Parser<'a, 'd> {
 
     /// Read `( list )` whose opening has been consumed, as nested commands.
     pub(super) fn nested_list(&mut self, via: Via) -> Result<(), ParseError> {
+        self.nested_until(via, None)
+    }
+
+    /// Read `list }` (bash 5.3's `${ list; }`), as nested commands.
+    pub(super) fn nested_group(&mut self, via: Via) -> Result<(), ParseError> {
+        self.nested_until(via, Some("}"))
+    }
+
+    fn nested_until(&mut self, via: Via, word: Option<&'static str>) -> Result<(), ParseError> {
         let saved = self.ctx.clone();
         self.ctx.parent = self.cur;
         self.ctx.via = via;
@@ -582,7 +591,11 @@ impl<'a, 'd> Parser<'a, 'd> {
         let saved_split = self.split_word;
         let saved_heredocs = std::mem::take(&mut self.heredocs);
         self.depth += 1;
-        let r = self.parse_list(Stops::PAREN);
+        let r = match word {
+            None => self.parse_list(Stops::PAREN),
+            Some("}") => self.parse_list(Stops::words(&["}"])),
+            Some(_) => unreachable!("only `}}` closes a nested group"),
+        };
         self.depth -= 1;
         self.ctx = saved;
         self.cur = saved_cur;
@@ -590,10 +603,12 @@ impl<'a, 'd> Parser<'a, 'd> {
         self.split_word = saved_split;
         let inner = std::mem::replace(&mut self.heredocs, saved_heredocs);
         self.heredocs.extend(inner);
-        if r? != End::Paren {
-            return Err(self.err("missing `)`"));
+        match (r?, word) {
+            (End::Paren, None) => self.i += 1,
+            (End::Word(w), Some(want)) if w == want => self.i += w.len(),
+            (_, None) => return Err(self.err("missing `)`")),
+            (_, Some(want)) => return Err(self.err(format!("missing `{want}`"))),
         }
-        self.i += 1;
         Ok(())
     }
 }

@@ -313,6 +313,23 @@ impl Parser<'_, '_> {
         let start = self.i;
         self.i += 2;
         self.expanded = true;
+        // bash 5.3 reads `${ list; }` and `${| list; }` as commands run in the
+        // shell itself, not in a subshell as `$(…)` is: they can change its
+        // state and define functions. Older bash refuses them as a bad
+        // substitution. Read the list, so its commands are judged, and count
+        // it as opaque.
+        if matches!(self.peek(), Some(' ' | '\t' | '\n' | '|')) {
+            if self.peek() == Some('|') {
+                self.i += 1;
+            }
+            self.sh.opaque.push(super::Opaque {
+                command: self.cur,
+                why: "`${ …; }` runs commands in the shell itself (bash 5.3), where berth cannot follow them".into(),
+            });
+            self.nested_group(Via::Subst)?;
+            out.push_str(&self.text(start, self.i));
+            return Ok(());
+        }
         let body_start = self.i;
         let mut level = 1usize;
         let mut sink = String::new();
