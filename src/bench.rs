@@ -50,6 +50,10 @@ const BENCH_SANDBOX: &str = "berth-bench";
 const PROBE: &str = "echo hi";
 /// A command that changes it: the shell writes a snapshot after each.
 const STATEFUL_PROBE: &str = "export BERTH_BENCH=1; echo hi";
+/// Functions a session defines before the last series, as sourcing a tool
+/// (nvm, conda, a venv's `activate`) does: a snapshot after a plain `export`
+/// need not print them again.
+const FUNCTIONS: usize = 200;
 
 pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     if a.count == 0 {
@@ -72,12 +76,24 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         .await
         .with_context(|| format!("creating the bench sandbox on {}", a.backend))?;
 
-    let on = session_series(&sandbox, a.count, PROBE, "persistent session").await?;
+    let on = session_series(&sandbox, a.count, None, PROBE, "persistent session").await?;
     let stateful = session_series(
         &sandbox,
         a.count,
+        None,
         STATEFUL_PROBE,
         "persistent session, `export` + snapshot",
+    )
+    .await?;
+    let define = format!(
+        "for i in $(seq {FUNCTIONS}); do eval \"berth_bench_fn_$i() {{ local x=\\${{1:-$i}}; [[ -n \\$x ]] && echo \\$x; }}\"; done"
+    );
+    let with_functions = session_series(
+        &sandbox,
+        a.count,
+        Some(&define),
+        STATEFUL_PROBE,
+        "  the same, 200 functions defined",
     )
     .await?;
     let floor = floor_series(
@@ -107,6 +123,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     let ratio = floor.per_cmd.as_secs_f64() / on.per_cmd.as_secs_f64().max(1e-9);
     let stateful_ratio = floor.per_cmd.as_secs_f64() / stateful.per_cmd.as_secs_f64().max(1e-9);
     let snapshot_cost = stateful.per_cmd.saturating_sub(on.per_cmd);
+    let functions_cost = with_functions.per_cmd.saturating_sub(on.per_cmd);
     if a.json {
         context::print_json(&json!({
             "backend": a.backend,
@@ -116,6 +133,9 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "stateful_probe": STATEFUL_PROBE,
             "session_stateful_ms": ms(stateful.per_cmd),
             "snapshot_cost_ms": ms(snapshot_cost),
+            "functions_defined": FUNCTIONS,
+            "session_stateful_functions_ms": ms(with_functions.per_cmd),
+            "snapshot_cost_functions_ms": ms(functions_cost),
             "floor": floor.label,
             "floor_ms": ms(floor.per_cmd),
             "speedup": ratio,
@@ -139,7 +159,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "berth bench: backend {}, {} commands per series ({PROBE:?})",
             a.backend, a.count
         );
-        for s in [&on, &stateful, &floor] {
+        for s in [&on, &stateful, &with_functions, &floor] {
             println!("  {:<40} {:>9.3} ms/command", s.label, ms(s.per_cmd));
         }
         if let Some((reg, m)) = &mcp {
@@ -154,6 +174,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         println!(
             "  snapshot cost                            {:>9.3} ms/command",
             ms(snapshot_cost)
+        );
+        println!(
+            "    with {FUNCTIONS} functions defined                {:>9.3} ms/command",
+            ms(functions_cost)
         );
         println!(
             "  speedup: persistent session is {ratio:.1}x faster than {} ({stateful_ratio:.1}x with a snapshot)",
@@ -361,10 +385,21 @@ fn ms(d: Duration) -> f64 {
 async fn session_series(
     sandbox: &Arc<dyn Sandbox>,
     n: usize,
+    setup: Option<&str>,
     probe: &str,
     label: &'static str,
 ) -> Result<Series> {
     let mut s = Session::open(sandbox.clone(), SessionConfig::named("bench")).await?;
+    if let Some(setup) = setup {
+        let r = s.exec(setup, ExecOpts::default()).await?;
+        if r.exit_code != 0 {
+            bail!(
+                "the bench's setup exited {}: {}",
+                r.exit_code,
+                r.output.text()
+            );
+        }
+    }
     for _ in 0..10 {
         s.exec(probe, ExecOpts::default()).await?;
     }

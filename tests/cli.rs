@@ -560,6 +560,7 @@ fn bench_runs_on_docker_against_a_fresh_exec() -> TestResult {
         "session_stateful_ms",
         "floor_ms",
         "snapshot_cost_ms",
+        "snapshot_cost_functions_ms",
     ] {
         assert!(v[k].as_f64().is_some_and(|x| x >= 0.0), "{k}: {v}");
     }

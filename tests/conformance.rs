@@ -54,6 +54,7 @@ macro_rules! conformance_suite {
             case!(no_disabled_builtin_breaks_the_session);
             case!(fifos_where_berth_keeps_its_files_do_not_hang_it);
             case!(a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout);
+            case!(functions_are_saved_apart_and_follow_every_change);
         }
     };
 }
@@ -1026,11 +1027,14 @@ async fn survives_redefinitions(
 pub async fn fifos_where_berth_keeps_its_files_do_not_hang_it(h: &Harness) -> TestResult {
     let f = h.sandbox("fifo").await?;
     let mut s = open(&f).await?;
-    let plant = r#"rm -f "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 "$__berth_dir"/stdin; mkfifo "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 "$__berth_dir"/stdin"#;
+    let plant = r#"cd "$__berth_dir" && rm -f snap.0 snap.1 defs.0 defs.1 stdin && mkfifo snap.0 snap.1 defs.0 defs.1 stdin && cd - >/dev/null"#;
     ok(&mut s, plant).await?;
-    // Snapshots are written over the FIFOs.
+    // Snapshots (and the functions file) are written over the FIFOs.
     let r = s
-        .exec("export AFTER_FIFO=1; cd /tmp", with_timeout(20))
+        .exec(
+            "export AFTER_FIFO=1; cd /tmp; fifo_fn() { echo fn; }",
+            with_timeout(20),
+        )
         .await?;
     assert!(!r.timed_out, "a snapshot write hung on a FIFO");
     assert!(r.snapshotted);
@@ -1047,8 +1051,8 @@ pub async fn fifos_where_berth_keeps_its_files_do_not_hang_it(h: &Harness) -> Te
     assert!(!r.timed_out, "stdin over a FIFO hung");
     assert_eq!(r.output.text(), "fed\n");
     kill_shell(&f, &s).await?;
-    let r = run_after_kill(&mut s, "echo $AFTER_FIFO").await?;
-    assert_eq!(r.output.text(), "1\n");
+    let r = run_after_kill(&mut s, "echo $AFTER_FIFO; fifo_fn").await?;
+    assert_eq!(r.output.text(), "1\nfn\n");
     assert_eq!(r.cwd.as_deref(), Some("/tmp"));
     // Now the FIFOs are there when the engine reads the snapshots back.
     ok(&mut s, plant).await?;
@@ -1112,6 +1116,119 @@ pub async fn a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout(
     kill_shell(&f, &s).await?;
     let r = run_after_kill(&mut s, "echo $NEW").await?;
     assert_eq!(r.output.text(), "1\n", "{:?}", r.notices);
+    s.close().await;
+    f.remove().await
+}
+
+/// The first line of one of berth's files in the sandbox.
+async fn header(f: &Fixture, name: &str) -> Result<String, BoxError> {
+    let dir = f.sandbox.layout().berth_dir.clone();
+    let data = f
+        .sandbox
+        .read_file(&format!("{dir}/{name}"), 1 << 20)
+        .await?;
+    Ok(String::from_utf8_lossy(&data)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// The headers of both functions files, sorted: which functions files exist.
+async fn functions_files(f: &Fixture) -> Result<Vec<String>, BoxError> {
+    let mut out = Vec::new();
+    for name in ["defs.0", "defs.1"] {
+        if let Ok(h) = header(f, name).await {
+            out.push(h);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A snapshot leaves the functions out unless the command could have changed
+/// one: they are in a file of their own, which the snapshot names. Every way
+/// of changing a function or an alias still reaches a restored shell: a
+/// definition, `unset`, `unset -f`, `BASH_ALIASES`, `unalias`, a function that
+/// defines another, and `source`.
+pub async fn functions_are_saved_apart_and_follow_every_change(h: &Harness) -> TestResult {
+    let f = h.sandbox("funcfile").await?;
+    let mut s = open(&f).await?;
+    ok(
+        &mut s,
+        "one() { echo one-v1; }; two() { echo two; }; mk() { made() { echo made; }; }; alias al='echo al-v1'",
+    )
+    .await?;
+    let before = functions_files(&f).await?;
+    assert!(!before.is_empty(), "no functions file was written");
+    // State that cannot touch a function: the snapshot is written, the
+    // functions file is not.
+    for cmd in [
+        "export PLAIN=1",
+        "cd /tmp",
+        "X=1",
+        "export PATH=$PATH:/opt/x",
+    ] {
+        let r = run(&mut s, cmd).await?;
+        assert!(r.snapshotted, "{cmd}: no snapshot");
+    }
+    assert_eq!(functions_files(&f).await?, before);
+    let snap = format!(
+        "{}{}",
+        header(&f, "snap.0").await?,
+        header(&f, "snap.1").await?
+    );
+    assert!(snap.contains("functions="), "{snap}");
+    // An alias set through the array the reading cannot follow is in the
+    // snapshot itself.
+    ok(&mut s, "BASH_ALIASES[viaarr]='echo via-array'").await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(&mut s, "one; two; al; viaarr; echo $PLAIN; pwd").await?;
+    assert_eq!(r.output.text(), "one-v1\ntwo\nal-v1\nvia-array\n1\n/tmp\n");
+
+    // Every change to a function reaches the next restore.
+    ok(
+        &mut s,
+        "one() { echo one-v2; }; unset two; unalias al; mk; printf 'sourced() { echo src; }\\n' > /tmp/berth-src.sh; source /tmp/berth-src.sh",
+    )
+    .await?;
+    ok(&mut s, "export AFTER=2").await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(
+        &mut s,
+        "one; type two >/dev/null 2>&1 || echo no-two; type al >/dev/null 2>&1 || echo no-al; made; sourced; echo $AFTER",
+    )
+    .await?;
+    assert_eq!(r.output.text(), "one-v2\nno-two\nno-al\nmade\nsrc\n2\n");
+    ok(&mut s, "unset -f one; export -f made").await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(
+        &mut s,
+        "type one >/dev/null 2>&1 || echo no-one; bash -c made",
+    )
+    .await?;
+    assert_eq!(r.output.text(), "no-one\nmade\n");
+
+    // The functions file lost: the rest is restored, and the notice says what
+    // was not.
+    ok(&mut s, "export LAST=3").await?;
+    ok(
+        &mut s,
+        r#"rm -f "$__berth_dir"/defs.0 "$__berth_dir"/defs.1"#,
+    )
+    .await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(
+        &mut s,
+        "echo $LAST; type made >/dev/null 2>&1 || echo no-made",
+    )
+    .await?;
+    assert_eq!(r.output.text(), "3\nno-made\n");
+    assert!(
+        r.notices.iter().any(|n| n.contains("functions")),
+        "{:?}",
+        r.notices
+    );
     s.close().await;
     f.remove().await
 }

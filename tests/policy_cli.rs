@@ -688,6 +688,29 @@ fn the_gate_reads_commands_as_bash_does() -> TestResult {
     Ok(())
 }
 
+/// An alias set where no reading of the text can see it (an assignment to
+/// `BASH_ALIASES`, or through a nameref to it) is still resolved in the next
+/// call: every snapshot reports the aliases, also one that leaves the
+/// functions out.
+#[test]
+fn aliases_set_out_of_the_readers_sight_are_resolved() -> TestResult {
+    let env = Env::new(GUARD)?;
+    let o = env.run(&[
+        "exec",
+        "--",
+        "touch keep && BASH_ALIASES[zap]='rm keep'; declare -n r=BASH_ALIASES",
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["exec", "--", "r[zip]='rm keep'; export AFTER=1"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for cmd in ["zap", "zip", "echo $AFTER && zip"] {
+        let o = env.run(&["exec", "--", cmd])?;
+        assert_eq!(o.status.code(), Some(126), "{cmd:?}: {}", text(&o));
+        assert!(env.work().join("keep").exists(), "{cmd:?} ran");
+    }
+    Ok(())
+}
+
 #[test]
 fn approvals_print_control_characters_escaped() -> TestResult {
     let env = Env::new(&ASK.replace("timeout_secs = 60", "timeout_secs = 1"))?;

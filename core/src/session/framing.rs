@@ -35,7 +35,7 @@ pub(super) enum Ending {
         code: i32,
         cwd: String,
         /// The shell's function and alias names, sent after a snapshot (and only then).
-        names: Option<HashSet<String>>,
+        names: Option<Names>,
         /// The shell is exiting (`exit`, `set -e`), its state saved.
         exiting: bool,
         /// The shell's watermark before this command.
@@ -100,10 +100,28 @@ pub(super) fn scan(
     }
 }
 
+/// The shell's names as a marker after a snapshot reports them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Names {
+    /// Function names; `None` when the snapshot left the functions out, since
+    /// the command could not have changed one.
+    pub(super) functions: Option<HashSet<String>>,
+    pub(super) aliases: HashSet<String>,
+}
+
+fn name_list(list: &str) -> HashSet<String> {
+    list.lines()
+        .filter(|n| !n.is_empty() && !n.starts_with("__berth_"))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Read a marker's body: `<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>`, where
-/// `<names>` is an optional `!` (the shell is exiting), then `-`, or `=` and one
-/// function or alias name per line. The watermark is returned in
-/// `watermark_before`, which the caller swaps with the shell's current one.
+/// `<names>` is an optional `!` (the shell is exiting), then `-` (no snapshot),
+/// `~` and one alias name per line (a snapshot without the functions), or `=`,
+/// one function name per line, `\x1d`, and one alias name per line. The
+/// watermark is returned in `watermark_before`, which the caller swaps with the
+/// shell's current one.
 pub(super) fn parse_marker(body: &str) -> Ending {
     let mut parts = body.splitn(5, '\u{1f}');
     let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
@@ -112,12 +130,18 @@ pub(super) fn parse_marker(body: &str) -> Ending {
         Some(rest) => (true, rest),
         None => (false, names),
     };
-    let names = names.strip_prefix('=').map(|list| {
-        list.lines()
-            .filter(|n| !n.is_empty() && !n.starts_with("__berth_"))
-            .map(str::to_string)
-            .collect()
-    });
+    let names = if let Some(list) = names.strip_prefix('=') {
+        let (functions, aliases) = list.rsplit_once('\u{1d}').unwrap_or((list, ""));
+        Some(Names {
+            functions: Some(name_list(functions)),
+            aliases: name_list(aliases),
+        })
+    } else {
+        names.strip_prefix('~').map(|aliases| Names {
+            functions: None,
+            aliases: name_list(aliases),
+        })
+    };
     let watermark = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
     let path_len = parts.next().and_then(|w| w.parse().ok()).unwrap_or(0);
     let cwd = parts.next().unwrap_or_default().to_string();
@@ -131,22 +155,59 @@ pub(super) fn parse_marker(body: &str) -> Ending {
     }
 }
 
+/// A snapshot as read from its file.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct SnapshotFile {
+    pub(super) seq: u64,
+    /// The sequence of the functions file it goes with (see [`parse_functions`]):
+    /// `None` for an older snapshot that holds its functions itself, `Some(0)`
+    /// when the shell had written none.
+    pub(super) functions: Option<u64>,
+    pub(super) text: String,
+}
+
 /// Check a snapshot's header and trailer; return its sequence and text. Snapshots
 /// are rewritten in place, so bytes after the matching trailer are stale and ignored.
-pub(super) fn parse_snapshot(data: &[u8]) -> Option<(u64, String)> {
+pub(super) fn parse_snapshot(data: &[u8]) -> Option<SnapshotFile> {
     let nl = memchr::memchr(b'\n', data)?;
     let first = std::str::from_utf8(&data[..nl]).ok()?;
-    let seq: u64 = first
-        .strip_prefix("# berth snapshot v2 seq=")
-        .or_else(|| first.strip_prefix("# berth snapshot v1 seq="))?
-        .parse()
-        .ok()?;
-    let trailer = format!("\n# berth snapshot end seq={seq}\n");
-    // Cut before decoding: the stale bytes past the trailer may split a UTF-8
-    // sequence of the older snapshot they came from.
+    let (seq, functions) = match first.strip_prefix("# berth snapshot v3 seq=") {
+        Some(rest) => {
+            let (seq, functions) = rest.split_once(" functions=")?;
+            (seq, Some(functions.parse().ok()?))
+        }
+        None => (
+            first
+                .strip_prefix("# berth snapshot v2 seq=")
+                .or_else(|| first.strip_prefix("# berth snapshot v1 seq="))?,
+            None,
+        ),
+    };
+    let seq: u64 = seq.parse().ok()?;
+    let text = cut_at_trailer(data, &format!("\n# berth snapshot end seq={seq}\n"))?;
+    Some(SnapshotFile {
+        seq,
+        functions,
+        text,
+    })
+}
+
+/// Check a functions file's header and trailer; return its sequence and text.
+/// The shell writes its functions to a file of their own, and only after a
+/// command that may have changed one; each snapshot names the one it goes with.
+pub(super) fn parse_functions(data: &[u8]) -> Option<(u64, String)> {
+    let nl = memchr::memchr(b'\n', data)?;
+    let first = std::str::from_utf8(&data[..nl]).ok()?;
+    let seq: u64 = first.strip_prefix("# berth functions seq=")?.parse().ok()?;
+    let text = cut_at_trailer(data, &format!("\n# berth functions end seq={seq}\n"))?;
+    Some((seq, text))
+}
+
+/// The text up to and with `trailer`. Cut before decoding: the stale bytes
+/// past the trailer may split a UTF-8 sequence of the older text they came from.
+fn cut_at_trailer(data: &[u8], trailer: &str) -> Option<String> {
     let end = memchr::memmem::find(data, trailer.as_bytes())? + trailer.len();
-    let text = std::str::from_utf8(&data[..end]).ok()?;
-    Some((seq, text.to_string()))
+    std::str::from_utf8(&data[..end]).ok().map(str::to_string)
 }
 
 /// 64 random bits: unguessable for one command's lifetime.
@@ -290,8 +351,8 @@ impl Session {
                 } = &mut ending
                 {
                     shell.last_place = (cwd.clone(), *path_len);
-                    if let Some(n) = names.clone() {
-                        shell.names = Some(n);
+                    if let Some(n) = names {
+                        shell.learn_names(n);
                         shell.saved_place = Some(shell.last_place.clone());
                     }
                     // The marker carried the watermark after the command.
@@ -398,7 +459,8 @@ mod tests {
 
     #[test]
     fn a_marker_carries_names_after_a_snapshot() {
-        match parse_marker("3\x1f!=hello\nll\n__berth_post\n\x1f12\x1f4\x1f/a b") {
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
+        match parse_marker("3\x1f!=hello\n__berth_post\n\x1dll\n\x1f12\x1f4\x1f/a b") {
             Ending::Marker {
                 code,
                 cwd,
@@ -409,15 +471,39 @@ mod tests {
                 assert_eq!(code, 3);
                 assert_eq!(cwd, "/a b");
                 assert!(exiting);
-                let mut n: Vec<String> = names.unwrap_or_default().into_iter().collect();
-                n.sort();
-                assert_eq!(n, ["hello", "ll"]);
+                assert_eq!(
+                    names,
+                    Some(Names {
+                        functions: Some(set(&["hello"])),
+                        aliases: set(&["ll"]),
+                    })
+                );
             }
             _ => panic!("no marker"),
         }
-        match parse_marker("0\x1f=\x1f1\x1f0\x1f/") {
-            Ending::Marker { names, .. } => assert_eq!(names.map(|n| n.len()), Some(0)),
+        match parse_marker("0\x1f=\x1d\x1f1\x1f0\x1f/") {
+            Ending::Marker { names, .. } => {
+                assert_eq!(names, Some(Names::default().with_functions()))
+            }
             _ => panic!("no marker"),
+        }
+        // A snapshot without the functions reports the aliases only.
+        match parse_marker("0\x1f~ll\nla\n\x1f1\x1f0\x1f/") {
+            Ending::Marker { names, .. } => assert_eq!(
+                names,
+                Some(Names {
+                    functions: None,
+                    aliases: set(&["ll", "la"]),
+                })
+            ),
+            _ => panic!("no marker"),
+        }
+    }
+
+    impl Names {
+        fn with_functions(mut self) -> Self {
+            self.functions.get_or_insert_default();
+            self
         }
     }
 
@@ -435,20 +521,47 @@ mod tests {
     #[test]
     fn snapshot_needs_its_trailer() {
         let good = b"# berth snapshot v1 seq=7\nexport A=1\n# berth snapshot end seq=7\n";
-        assert_eq!(parse_snapshot(good).map(|s| s.0), Some(7));
+        assert_eq!(parse_snapshot(good).map(|s| s.seq), Some(7));
         let cut = b"# berth snapshot v1 seq=7\nexport A=1\n";
         assert!(parse_snapshot(cut).is_none());
         let wrong = b"# berth snapshot v1 seq=7\n# berth snapshot end seq=6\n";
         assert!(parse_snapshot(wrong).is_none());
         // Rewritten in place over a longer, older one: the stale tail is cut off.
         let stale = b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\nexport OLD=1\n# berth snapshot end seq=7\n";
-        let (seq, text) = parse_snapshot(stale).unwrap_or_default();
-        assert_eq!(seq, 9);
-        assert!(!text.contains("OLD"));
+        let snap = parse_snapshot(stale);
+        assert_eq!(snap.as_ref().map(|s| s.seq), Some(9));
+        assert!(snap.is_some_and(|s| !s.text.contains("OLD")));
         // ... even where the cut splits a UTF-8 sequence of the older one.
         let split =
             b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\n\x98\x80x\n";
-        assert_eq!(parse_snapshot(split).map(|s| s.0), Some(9));
+        assert_eq!(parse_snapshot(split).map(|s| s.seq), Some(9));
         assert!(parse_snapshot(b"\xff\xfe").is_none());
+    }
+
+    #[test]
+    fn a_v3_snapshot_names_its_functions_file() {
+        let snap = b"# berth snapshot v3 seq=12 functions=10\nexport A=1\n# berth snapshot end seq=12\nstale";
+        let parsed = parse_snapshot(snap);
+        assert_eq!(
+            parsed.as_ref().map(|s| (s.seq, s.functions)),
+            Some((12, Some(10)))
+        );
+        assert!(parsed.is_some_and(|s| s.text.ends_with("end seq=12\n")));
+        let old = b"# berth snapshot v2 seq=3\n# berth snapshot end seq=3\n";
+        assert_eq!(parse_snapshot(old).map(|s| s.functions), Some(None));
+        // A header that names no functions file is not a v3 snapshot.
+        assert!(
+            parse_snapshot(b"# berth snapshot v3 seq=4\n# berth snapshot end seq=4\n").is_none()
+        );
+
+        let funcs =
+            b"# berth functions seq=10\nf () \n{ \n    :\n}\n# berth functions end seq=10\nf () \n";
+        let (seq, text) = parse_functions(funcs).unwrap_or_default();
+        assert_eq!(seq, 10);
+        assert!(text.contains("    :") && text.ends_with("end seq=10\n"));
+        assert!(parse_functions(b"# berth functions seq=10\nf () \n").is_none());
+        assert!(
+            parse_functions(b"# berth functions seq=10\n# berth functions end seq=9\n").is_none()
+        );
     }
 }

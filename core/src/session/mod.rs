@@ -427,6 +427,11 @@ impl Session {
     /// How to frame this command, from a reading of its text:
     /// - its snapshot can be left to the shell's own check of cwd and `PATH`
     ///   only when the text cannot change state otherwise;
+    /// - the snapshot leaves the shell's functions out (they are in a file of
+    ///   their own, written after the last command that could change one)
+    ///   when the text cannot define, change or remove a function: printing
+    ///   them all is the largest part of a snapshot in a session that sourced
+    ///   a tool's functions (a venv's `deactivate`, nvm, conda);
     /// - the guard, which undoes what would break the loop (a function named
     ///   `builtin`, a disabled builtin, a replaced trap), runs after anything
     ///   that may define a function or change how builtins resolve, and after
@@ -451,12 +456,14 @@ impl Session {
         if fx.sticky {
             shell.always_snapshot = true;
         }
-        let snapshot = if fx.may_change || shell.always_snapshot {
+        let builtins = command.contains("builtin") || command.contains("enable");
+        let snapshot = if fx.may_redefine || shell.always_snapshot || builtins {
             SnapshotMode::Force
+        } else if fx.may_change {
+            SnapshotMode::State
         } else {
             SnapshotMode::Auto
         };
-        let builtins = command.contains("builtin") || command.contains("enable");
         Plan {
             snapshot,
             guard: fx.may_define || shell.always_snapshot || builtins,

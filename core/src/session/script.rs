@@ -96,7 +96,10 @@ pub const LOST_FRAMING: i32 = 97;
 pub enum SnapshotMode {
     /// Not unless the command ends the shell.
     Auto,
-    /// Always.
+    /// Always, but not the shell's functions, which are written apart and only
+    /// after a command that may have changed one (see `effects`).
+    State,
+    /// Always, with the functions.
     Force,
     /// Never.
     Never,
@@ -118,8 +121,9 @@ pub fn frame(nonce: &str, text: &str, snapshot: SnapshotMode, stdin: bool, guard
     out.extend_from_slice(format!("{:08x}", body.len()).as_bytes());
     out.push(match snapshot {
         SnapshotMode::Auto => b'0',
-        SnapshotMode::Force => b'1',
+        SnapshotMode::State => b'1',
         SnapshotMode::Never => b'2',
+        SnapshotMode::Force => b'3',
     });
     out.push(if stdin { b'1' } else { b'0' });
     out.push(if encoded { b'1' } else { b'0' });
@@ -167,7 +171,7 @@ shopt -s expand_aliases 2>/dev/null
 __berth_dir={dir}
 __berth_work={work}
 cd -- "$__berth_work" 2>/dev/null
-__berth_seq=${{__berth_seq:-0}}
+__berth_seq=${{__berth_seq:-0}} __berth_ds=${{__berth_ds:-0}} __berth_dn=${{__berth_dn:-0}}
 mkdir -p -- "$__berth_dir" 2>/dev/null
 __berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_up= __berth_n=
 trap '\__berth_exit' EXIT
@@ -255,15 +259,23 @@ if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
   IFS=' ' builtin read -r __berth_up _ < /proc/uptime 2>/dev/null || __berth_up=0.00
   __berth_up=${__berth_up/./}; __berth_wm=$(( 10#${__berth_up:-0} * 4194304 + 10#${__berth_wm:-0} ))
 fi
-if [[ ${__berth_h:8:1} == 1 ]]; then
+if [[ ${__berth_h:8:1} == [13] ]]; then
   __berth_seq=$((__berth_seq + 1))
+  if [[ ${__berth_h:8:1} == 3 ]]; then
+    __berth_ds=$__berth_seq __berth_dn=$((__berth_dn + 1))
+    __berth_s=$__berth_dir/defs.$((__berth_dn % 2))
+    [[ ! -L $__berth_s && ( -f $__berth_s || ! -e $__berth_s ) ]] || builtin command -p rm -f -- "$__berth_s" 2>/dev/null
+    {
+      builtin printf '# berth functions seq=%s\n' "$__berth_seq"
+      builtin declare -f
+      builtin printf '# berth functions end seq=%s\n' "$__berth_seq"
+    } 1<> "$__berth_s" 2>/dev/null || :
+  fi
   __berth_s=$__berth_dir/snap.$((__berth_seq % 2))
   [[ ! -L $__berth_s && ( -f $__berth_s || ! -e $__berth_s ) ]] || builtin command -p rm -f -- "$__berth_s" 2>/dev/null
   {
-    builtin printf '# berth snapshot v2 seq=%s\n__berth_seq=%s\n' "$__berth_seq" "$__berth_seq"
+    builtin printf '# berth snapshot v3 seq=%s functions=%s\n__berth_seq=%s __berth_ds=%s __berth_dn=%s\nbuiltin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$__berth_seq" "$__berth_ds" "$__berth_seq" "$__berth_ds" "$__berth_dn" "$PWD"
     builtin export -p
-    builtin printf 'builtin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$PWD"
-    builtin declare -f
     builtin printf '# berth aliases\n'
     builtin alias -p
     builtin printf '# berth snapshot end seq=%s\n' "$__berth_seq"
@@ -271,13 +283,19 @@ if [[ ${__berth_h:8:1} == 1 ]]; then
 fi
 builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98
 [[ $__berth_n == N* ]] || builtin exit 97
-if [[ ${__berth_h:8:1} == 1 ]]; then
+case ${__berth_h:8:1} in
+3)
   builtin printf '\036%s:%s\037%s=' "${__berth_n:1}" "$__berth_rc" "${1-}"
-  builtin compgen -A function -A alias || :
-  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
-else
-  builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"
-fi
+  builtin compgen -A function || :
+  builtin printf '\035'
+  builtin compgen -A alias || :
+  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
+1)
+  builtin printf '\036%s:%s\037%s~' "${__berth_n:1}" "$__berth_rc" "${1-}"
+  builtin compgen -A alias || :
+  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
+*) builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
+esac
 __berth_n=
 "#;
 
@@ -290,7 +308,7 @@ fn post_inline() -> String {
 /// reported and its state saved.
 fn exit_body() -> String {
     format!(
-        "if [[ -n $__berth_busy ]]; then {guard}\n[[ ${{__berth_h:8:1}} == 2 ]] || __berth_h=${{__berth_h:0:8}}1${{__berth_h:9}}; \\__berth_post !; fi\n",
+        "if [[ -n $__berth_busy ]]; then {guard}\n[[ ${{__berth_h:8:1}} == [123] ]] || __berth_h=${{__berth_h:0:8}}3${{__berth_h:9}}; \\__berth_post !; fi\n",
         guard = guard()
     )
 }
@@ -359,9 +377,14 @@ fn main_loop() -> String {
         r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"; __berth_n=; "#,
         "else \\__berth_post; fi ;;\n",
         r#"*) [[ ${__berth_h:10:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
-        r#"__berth_in=/dev/null; [[ ${__berth_h:9:1} != 1 ]] || __berth_in=$__berth_dir/stdin; "#,
+        // The shell's own stdin is /dev/null already (see the `exec` below), so
+        // only a command given input is redirected: a redirection costs bash
+        // several system calls.
+        r#"if [[ ${__berth_h:9:1} == 1 ]]; then "#,
         rs,
-        r#"builtin eval "$__berth_c" <"$__berth_in"; "#,
+        r#"builtin eval "$__berth_c" <"$__berth_dir/stdin"; else "#,
+        rs,
+        r#"builtin eval "$__berth_c"; fi; "#,
         "__berth_rc=$?; ",
         // The guard only after a command the engine read as one that may
         // define a function or change how builtins resolve (flag `g`).
@@ -551,8 +574,10 @@ mod tests {
         assert_eq!(f, b"00000007000.echo hiN0123456789abcdef");
         let f = frame("0123456789abcdef", "", SnapshotMode::Never, true, false);
         assert_eq!(f, b"00000000210.N0123456789abcdef");
-        let f = frame("0123456789abcdef", "x", SnapshotMode::Force, false, true);
+        let f = frame("0123456789abcdef", "x", SnapshotMode::State, false, true);
         assert_eq!(&f[8..12], b"100g");
+        let f = frame("0123456789abcdef", "x", SnapshotMode::Force, false, false);
+        assert_eq!(&f[8..12], b"300.");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, warn};
 
-use super::framing::parse_snapshot;
+use super::framing::{Names, SnapshotFile, parse_functions, parse_snapshot};
 use super::script::{self, SnapshotMode};
 use super::{READ_BUF, SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE, STDERR_KEEP, Session, ShellInfo};
 use crate::backend::{BoxWrite, Process, SpawnOpts};
@@ -31,6 +31,10 @@ pub(super) struct Shell {
     /// The shell's function and alias names as of its last snapshot; `None` until
     /// it first reports them, and until then every command snapshots.
     pub(super) names: Option<HashSet<String>>,
+    /// The two parts of `names`: a snapshot without the functions reports
+    /// only the aliases.
+    pub(super) function_names: HashSet<String>,
+    pub(super) alias_names: HashSet<String>,
     /// A command set up something (a trap) that can change state at any time:
     /// every command snapshots from then on.
     pub(super) always_snapshot: bool,
@@ -48,6 +52,25 @@ pub(super) struct Shell {
 }
 
 impl Shell {
+    /// Take the names a marker reported; `names` is their union.
+    pub(super) fn learn_names(&mut self, n: &Names) {
+        let mut changed = self.names.is_none();
+        if let Some(f) = &n.functions
+            && *f != self.function_names
+        {
+            self.function_names = f.clone();
+            changed = true;
+        }
+        if n.aliases != self.alias_names {
+            self.alias_names = n.aliases.clone();
+            changed = true;
+        }
+        if changed {
+            let all = self.function_names.union(&self.alias_names).cloned();
+            self.names = Some(all.collect());
+        }
+    }
+
     /// Poll a local shell's stdout without waiting, for up to [`SPIN`], until the
     /// end marker is in `pending`, the output ends, or time is up. Whatever it
     /// reads lands in `pending` for the normal read loop to attribute.
@@ -218,6 +241,8 @@ impl Session {
                 restored_seq: None,
             },
             names: None,
+            function_names: HashSet::new(),
+            alias_names: HashSet::new(),
             always_snapshot: false,
             watermark: 0,
             last_place: Default::default(),
@@ -270,47 +295,79 @@ impl Session {
         Ok(())
     }
 
-    /// The newest intact snapshot in the sandbox, if any. Each read is bounded by
-    /// `limit`: the files live where commands can replace them (by a FIFO, say).
+    /// The newest intact snapshot in the sandbox, if any, with the functions it
+    /// goes with in front (functions before aliases: a function's body was
+    /// read before the aliases it might name). Each read is bounded by `limit`:
+    /// the files live where commands can replace them (by a FIFO, say).
     pub(super) async fn newest_snapshot(&mut self, limit: Duration) -> Option<(u64, String)> {
-        let dir = self.state_dir();
-        let mut best: Option<(u64, String)> = None;
+        let mut best: Option<SnapshotFile> = None;
         for slot in 0..2 {
-            let path = format!("{dir}/snap.{slot}");
-            let read = self.sandbox.read_file(&path, SNAPSHOT_LIMIT);
-            let data = match tokio::time::timeout(limit, read).await {
-                Ok(Ok(d)) => d,
-                Ok(Err(Error::NotFound { .. })) => continue,
-                Err(_) => {
-                    warn!(session = %self.cfg.name, %path, "reading a snapshot timed out");
-                    self.notices.push(format!(
-                        "snapshot {path} could not be read within {}s; ignored",
-                        limit.as_secs_f64()
-                    ));
-                    continue;
-                }
-                Ok(Err(e)) => {
-                    warn!(session = %self.cfg.name, %path, error = %e, "cannot read snapshot");
-                    self.notices
-                        .push(format!("snapshot {path} could not be read ({e}); ignored"));
-                    continue;
-                }
+            let Some(data) = self.read_state_file(&format!("snap.{slot}"), limit).await else {
+                continue;
             };
             match parse_snapshot(&data) {
-                Some((seq, text)) => {
-                    if best.as_ref().is_none_or(|(s, _)| seq > *s) {
-                        best = Some((seq, text));
+                Some(snap) => {
+                    if best.as_ref().is_none_or(|b| snap.seq > b.seq) {
+                        best = Some(snap);
                     }
                 }
-                None => {
-                    warn!(session = %self.cfg.name, %path, "discarding corrupt snapshot");
-                    self.notices.push(format!(
-                        "snapshot {path} is corrupt or incomplete and was discarded"
-                    ));
-                }
+                None => self.discard_corrupt(slot, "snapshot", "snap"),
             }
         }
-        best
+        let best = best?;
+        let Some(wanted) = best.functions.filter(|&f| f > 0) else {
+            return Some((best.seq, best.text));
+        };
+        for slot in 0..2 {
+            let Some(data) = self.read_state_file(&format!("defs.{slot}"), limit).await else {
+                continue;
+            };
+            match parse_functions(&data) {
+                Some((seq, functions)) if seq == wanted => {
+                    return Some((best.seq, functions + &best.text));
+                }
+                Some(_) => {}
+                None => self.discard_corrupt(slot, "functions file", "defs"),
+            }
+        }
+        warn!(session = %self.cfg.name, seq = best.seq, functions = wanted, "the snapshot's functions are missing");
+        self.notices.push(format!(
+            "the shell's functions (written with snapshot {wanted}) could not be found; its variables, cwd and aliases were restored without them"
+        ));
+        Some((best.seq, best.text))
+    }
+
+    /// One of berth's files in the session's directory in the sandbox, or
+    /// `None` (with a notice) when it cannot be read within `limit`.
+    async fn read_state_file(&mut self, name: &str, limit: Duration) -> Option<Vec<u8>> {
+        let path = format!("{}/{name}", self.state_dir());
+        let read = self.sandbox.read_file(&path, SNAPSHOT_LIMIT);
+        match tokio::time::timeout(limit, read).await {
+            Ok(Ok(d)) => Some(d),
+            Ok(Err(Error::NotFound { .. })) => None,
+            Err(_) => {
+                warn!(session = %self.cfg.name, %path, "reading a snapshot timed out");
+                self.notices.push(format!(
+                    "snapshot {path} could not be read within {}s; ignored",
+                    limit.as_secs_f64()
+                ));
+                None
+            }
+            Ok(Err(e)) => {
+                warn!(session = %self.cfg.name, %path, error = %e, "cannot read snapshot");
+                self.notices
+                    .push(format!("snapshot {path} could not be read ({e}); ignored"));
+                None
+            }
+        }
+    }
+
+    fn discard_corrupt(&mut self, slot: u8, what: &str, stem: &str) {
+        let path = format!("{}/{stem}.{slot}", self.state_dir());
+        warn!(session = %self.cfg.name, %path, "discarding corrupt {what}");
+        self.notices.push(format!(
+            "{what} {path} is corrupt or incomplete and was discarded"
+        ));
     }
 
     /// Replay a snapshot into the new shell.
