@@ -328,10 +328,14 @@ impl Runtime {
                 detail: format!("launching the job failed: {}", out.trim()),
             });
         }
-        out.trim().parse().map_err(|_| Error::Backend {
+        let pid = launcher_pid(&out).ok_or_else(|| Error::Backend {
             backend: sb.kind(),
             detail: format!("the job launcher printed {out:?} instead of a pid"),
-        })
+        })?;
+        if out.trim().contains('\n') {
+            tracing::warn!(job = %job.id, output = %out.trim(), "the job launcher printed more than its pid");
+        }
+        Ok(pid)
     }
 
     fn job_event(&self, job: &Job, kind: &str, detail: Option<serde_json::Value>) -> Result<()> {
@@ -583,5 +587,29 @@ impl Runtime {
         // The group is gone and its status recorded: bring the row up to date.
         self.job(&job.id).await?;
         Ok(KillOutcome::Signalled)
+    }
+}
+
+/// The pid the job launcher printed: its last line. Lines before it are the
+/// shell's own warnings on stderr, which the session merges into the output:
+/// under a process limit bash says `fork: retry: Resource temporarily
+/// unavailable` and then starts the job all the same, so refusing the output
+/// would report a running job as never started.
+fn launcher_pid(out: &str) -> Option<i64> {
+    out.trim().lines().next_back()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod launcher_tests {
+    #[test]
+    fn the_launchers_pid_is_its_last_line() {
+        assert_eq!(super::launcher_pid("4242\n"), Some(4242));
+        let retried = "bash: fork: retry: Resource temporarily unavailable\nbash: fork: retry: Resource temporarily unavailable\n26218";
+        assert_eq!(super::launcher_pid(retried), Some(26218));
+        assert_eq!(
+            super::launcher_pid("bash: fork: Resource temporarily unavailable\n"),
+            None
+        );
+        assert_eq!(super::launcher_pid(""), None);
     }
 }
