@@ -156,6 +156,10 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
             if prog == "printf" && view.iter().any(|a| a.starts_with("-v")) {
                 fx.may_change = true;
             }
+            // `wait -p NAME` (bash 5.1) assigns the pid it reaped.
+            if prog == "wait" && view.iter().skip(1).any(|a| is_option_with(a, 'p')) {
+                fx.may_change = true;
+            }
             if REDEFINING.contains(&prog) {
                 fx.may_redefine = true;
             }
@@ -172,6 +176,125 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
     }
     fx.may_redefine |= fx.may_define;
     fx
+}
+
+/// Whether `word` is an option word (`-p`, `-np`) that carries `letter`.
+fn is_option_with(word: &str, letter: char) -> bool {
+    word.starts_with('-') && word != "--" && word.contains(letter)
+}
+
+/// The most names a journal record carries; a command that may assign more is
+/// snapshotted whole.
+pub const JOURNAL_NAMES_MAX: usize = 16;
+
+/// Names whose assignment changes more than the variable (aliases through
+/// `BASH_ALIASES`, the shell's options) or that are the engine's own.
+fn journal_refuses(name: &str) -> bool {
+    name.starts_with("BASH")
+        || name.starts_with("__berth")
+        || matches!(name, "SHELLOPTS" | "POSIXLY_CORRECT")
+}
+
+/// Whether `w` is a bare variable name.
+fn is_identifier(w: &str) -> bool {
+    let mut cs = w.chars();
+    matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && cs.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// [`effects`], and when the text can change nothing but variables it names
+/// and the cwd, those names: every variable the text may assign or export,
+/// with `PWD` and `OLDPWD` when it may `cd`. The list is a superset of what
+/// the command can change, so the engine may journal the current values of
+/// those names instead of writing a whole snapshot (see berth-core's
+/// `session::script`). `None` whenever the reader is not sure: a state fact
+/// other than a plain assignment (a `for` variable, `${x:=y}`, arithmetic), a
+/// stateful builtin other than `export` and `cd`, an `export` with an option
+/// or a word built at run time, an array element (its subscript is
+/// arithmetic), a call of a name the session defined, or a command word built
+/// at run time. The shell still checks each name when it writes the record (a
+/// nameref, a read-only variable or an array is snapshotted whole).
+pub fn journal(text: &str, names: &HashSet<String>) -> (Effects, Option<Vec<String>>) {
+    let Ok(script) = parse(text) else {
+        return (effects(text, names), None);
+    };
+    let fx = of_script(&script, names);
+    let listed = if fx.may_change && !fx.may_redefine && !fx.sticky {
+        journal_names(&script, names)
+    } else {
+        None
+    };
+    (fx, listed)
+}
+
+fn journal_names(script: &Script, names: &HashSet<String>) -> Option<Vec<String>> {
+    if !script.opaque.is_empty()
+        || !script.functions.is_empty()
+        || script.state.iter().any(|s| *s != "a variable assignment")
+    {
+        return None;
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut add = |name: &str| -> Option<()> {
+        if !is_identifier(name) || journal_refuses(name) {
+            return None;
+        }
+        if !out.iter().any(|n| n == name) {
+            out.push(name.to_string());
+        }
+        Some(())
+    };
+    for cmd in &script.commands {
+        let first = cmd.argv.iter().position(|w| argv::assignment(w).is_none());
+        for w in &cmd.argv[..first.unwrap_or(cmd.argv.len())] {
+            let (key, value) = argv::assignment(w)?;
+            // An array's subscripts are arithmetic, which can assign.
+            if value.starts_with('(') {
+                return None;
+            }
+            add(key.strip_suffix('+').unwrap_or(key))?;
+        }
+        let Some(first) = first else {
+            continue;
+        };
+        if !cmd.is_literal(first) || names.contains(&cmd.argv[first]) {
+            return None;
+        }
+        for (depth, view) in argv::views(&cmd.argv).iter().enumerate() {
+            let Some(prog) = view.first().map(String::as_str) else {
+                continue;
+            };
+            if names.contains(prog) {
+                return None;
+            }
+            match prog {
+                "cd" => {
+                    add("PWD")?;
+                    add("OLDPWD")?;
+                }
+                // The builtin itself, with its words as written.
+                "export" if depth == 0 && cmd.argv[first] == "export" => {
+                    for i in first + 1..cmd.argv.len() {
+                        let w = &cmd.argv[i];
+                        if !cmd.is_literal(i) && argv::assignment(w).is_none() {
+                            return None;
+                        }
+                        match argv::assignment(w) {
+                            Some((_, value)) if value.starts_with('(') => return None,
+                            Some((key, _)) => add(key.strip_suffix('+').unwrap_or(key))?,
+                            None if w == "--" => {}
+                            None => add(w)?,
+                        }
+                    }
+                }
+                p if STATEFUL.contains(&p) => return None,
+                "printf" if view.iter().any(|a| a.starts_with("-v")) => return None,
+                "wait" if view.iter().skip(1).any(|a| is_option_with(a, 'p')) => return None,
+                _ => {}
+            }
+        }
+    }
+    (out.len() <= JOURNAL_NAMES_MAX).then_some(out)
 }
 
 /// Whether the last `args` words of a `declare`-like command may name
@@ -430,5 +553,84 @@ mod tests {
             assert!(f.may_change, "{t:?} may redefine but not change? {f:?}");
         }
         assert!(!fx("echo hi").may_redefine);
+    }
+
+    fn listed(text: &str) -> Option<Vec<String>> {
+        let names: HashSet<String> = ["mkvenv", "ll"].iter().map(|s| s.to_string()).collect();
+        journal(text, &names).1
+    }
+
+    /// The journal's names are a superset of what the text can change, and
+    /// there are none whenever the reader cannot be sure of that.
+    #[test]
+    fn journal_names_cover_every_assignment_or_are_refused() {
+        let some = |t: &str, want: &[&str]| {
+            let got = listed(t).unwrap_or_else(|| panic!("{t:?} was refused a journal"));
+            assert_eq!(got, want, "{t:?}");
+        };
+        some("export BERTH_BENCH=1; echo hi", &["BERTH_BENCH"]);
+        some("A=1", &["A"]);
+        some("A+=x B=$(date) C=\"$HOME/x\"", &["A", "B", "C"]);
+        some("export A B=2 -- C", &["A", "B", "C"]);
+        some("export PATH=$PATH:/opt/bin", &["PATH"]);
+        some("cd /tmp", &["PWD", "OLDPWD"]);
+        some("mkdir -p a && cd a && export X=1", &["PWD", "OLDPWD", "X"]);
+        some("if [ -f x ]; then export A=1; else B=2; fi", &["A", "B"]);
+        some("A=1 make -j2", &["A"]);
+        some("(export A=1); echo $(cd /; pwd)", &["A", "PWD", "OLDPWD"]);
+        some("A=1; A=2; export A", &["A"]);
+        for t in [
+            // Anything that may change more than named variables.
+            "export -n A",
+            "export -f f",
+            "export $name",
+            "export \"$name\"=1",
+            "export A$x=1",
+            "declare -x A=1",
+            "readonly A=1",
+            "local A=1",
+            "unset A",
+            "arr[3]=x",
+            "a[i++]=1",
+            "a=(1 2)",
+            "export a=([i++]=1)",
+            "for i in 1 2; do :; done",
+            ": ${A:=x}",
+            "A=$((B=1))",
+            "((i++))",
+            "read -r A",
+            "printf -v A x",
+            "wait -p A",
+            "pushd /tmp",
+            "source env.sh",
+            "set -a",
+            "shopt -s extglob",
+            "eval \"A=1\"",
+            "$cmd",
+            "command cd /tmp",
+            "builtin export A=1",
+            "mkvenv",
+            "ll; export A=1",
+            "f() { :; }; export A=1",
+            "alias x=y",
+            "trap 'export A=1' DEBUG",
+            // Assignments whose effect reaches past the variable.
+            "BASH_ALIASES[x]=y",
+            "BASH_ALIASES=()",
+            "export BASH_ENV=x",
+            "POSIXLY_CORRECT=1",
+            "__berth_j=x",
+            "echo 'unterminated",
+        ] {
+            assert_eq!(listed(t), None, "{t:?} was given a journal");
+        }
+        let many: String = (0..=JOURNAL_NAMES_MAX)
+            .map(|i| format!("V{i}=1; "))
+            .collect();
+        assert_eq!(listed(&many), None, "more names than a record carries");
+        // Commands that cannot change state need no journal either way, and
+        // `wait -p` is a change.
+        assert!(!changes("wait"));
+        assert!(changes("wait -p pid"));
     }
 }

@@ -33,7 +33,7 @@ mod words;
 
 use std::collections::{HashMap, HashSet};
 
-pub use effects::{Effects, effects};
+pub use effects::{Effects, JOURNAL_NAMES_MAX, effects, journal};
 
 /// How deeply substitutions and nested shell strings may nest before the reader
 /// gives up (and the command is refused).
