@@ -54,6 +54,10 @@ const STATEFUL_PROBE: &str = "export BERTH_BENCH=1; echo hi";
 /// (nvm, conda, a venv's `activate`) does: a snapshot after a plain `export`
 /// need not print them again.
 const FUNCTIONS: usize = 200;
+/// Exported variables the last series adds, as a session that set up a
+/// project does: a whole snapshot prints each of them, a journal record only
+/// the one the probe exports.
+const VARIABLES: usize = 40;
 
 pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     if a.count == 0 {
@@ -96,6 +100,17 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         "  the same, 200 functions defined",
     )
     .await?;
+    let exports = format!(
+        "for i in $(seq {VARIABLES}); do export BERTH_BENCH_VAR_$i=\"value number $i\"; done"
+    );
+    let with_variables = session_series(
+        &sandbox,
+        a.count,
+        Some(&exports),
+        STATEFUL_PROBE,
+        "  the same, 40 more variables exported",
+    )
+    .await?;
     let floor = floor_series(
         &a.backend,
         &sandbox,
@@ -124,6 +139,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     let stateful_ratio = floor.per_cmd.as_secs_f64() / stateful.per_cmd.as_secs_f64().max(1e-9);
     let snapshot_cost = stateful.per_cmd.saturating_sub(on.per_cmd);
     let functions_cost = with_functions.per_cmd.saturating_sub(on.per_cmd);
+    let variables_cost = with_variables.per_cmd.saturating_sub(on.per_cmd);
     if a.json {
         context::print_json(&json!({
             "backend": a.backend,
@@ -136,6 +152,9 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "functions_defined": FUNCTIONS,
             "session_stateful_functions_ms": ms(with_functions.per_cmd),
             "snapshot_cost_functions_ms": ms(functions_cost),
+            "variables_exported": VARIABLES,
+            "session_stateful_variables_ms": ms(with_variables.per_cmd),
+            "snapshot_cost_variables_ms": ms(variables_cost),
             "floor": floor.label,
             "floor_ms": ms(floor.per_cmd),
             "speedup": ratio,
@@ -159,7 +178,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "berth bench: backend {}, {} commands per series ({PROBE:?})",
             a.backend, a.count
         );
-        for s in [&on, &stateful, &with_functions, &floor] {
+        for s in [&on, &stateful, &with_functions, &with_variables, &floor] {
             println!("  {:<40} {:>9.3} ms/command", s.label, ms(s.per_cmd));
         }
         if let Some((reg, m)) = &mcp {
@@ -178,6 +197,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         println!(
             "    with {FUNCTIONS} functions defined                {:>9.3} ms/command",
             ms(functions_cost)
+        );
+        println!(
+            "    with {VARIABLES} more exported variables            {:>9.3} ms/command",
+            ms(variables_cost)
         );
         println!(
             "  speedup: persistent session is {ratio:.1}x faster than {} ({stateful_ratio:.1}x with a snapshot)",

@@ -55,6 +55,7 @@ macro_rules! conformance_suite {
             case!(fifos_where_berth_keeps_its_files_do_not_hang_it);
             case!(a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout);
             case!(functions_are_saved_apart_and_follow_every_change);
+            case!(state_changes_are_journaled_and_survive_a_kill);
         }
     };
 }
@@ -1027,7 +1028,7 @@ async fn survives_redefinitions(
 pub async fn fifos_where_berth_keeps_its_files_do_not_hang_it(h: &Harness) -> TestResult {
     let f = h.sandbox("fifo").await?;
     let mut s = open(&f).await?;
-    let plant = r#"cd "$__berth_dir" && rm -f snap.0 snap.1 defs.0 defs.1 stdin && mkfifo snap.0 snap.1 defs.0 defs.1 stdin && cd - >/dev/null"#;
+    let plant = r#"cd "$__berth_dir" && rm -f snap.0 snap.1 defs.0 defs.1 journal stdin && mkfifo snap.0 snap.1 defs.0 defs.1 journal stdin && cd - >/dev/null"#;
     ok(&mut s, plant).await?;
     // Snapshots (and the functions file) are written over the FIFOs.
     let r = s
@@ -1175,8 +1176,8 @@ pub async fn functions_are_saved_apart_and_follow_every_change(h: &Harness) -> T
     assert_eq!(functions_files(&f).await?, before);
     let snap = format!(
         "{}{}",
-        header(&f, "snap.0").await?,
-        header(&f, "snap.1").await?
+        header(&f, "snap.0").await.unwrap_or_default(),
+        header(&f, "snap.1").await.unwrap_or_default()
     );
     assert!(snap.contains("functions="), "{snap}");
     // An alias set through the array the reading cannot follow is in the
@@ -1229,6 +1230,137 @@ pub async fn functions_are_saved_apart_and_follow_every_change(h: &Harness) -> T
         "{:?}",
         r.notices
     );
+    s.close().await;
+    f.remove().await
+}
+
+/// The journal records in the sandbox: `(base, seq)` of each record header.
+async fn journal_records(f: &Fixture) -> Result<Vec<(u64, u64)>, BoxError> {
+    let dir = f.sandbox.layout().berth_dir.clone();
+    let data = match f
+        .sandbox
+        .read_file(&format!("{dir}/journal"), 1 << 22)
+        .await
+    {
+        Ok(d) => d,
+        Err(berth_core::Error::NotFound { .. }) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(String::from_utf8_lossy(&data)
+        .lines()
+        .filter_map(|l| l.strip_prefix("# berth journal base="))
+        .filter_map(|l| {
+            let (b, s) = l.split_once(" seq=")?;
+            Some((b.parse().ok()?, s.parse().ok()?))
+        })
+        .collect())
+}
+
+/// A state change the reader can name (an export, an assignment, `cd`) is
+/// appended to a journal rather than written as a whole snapshot, and a
+/// restore replays the snapshot and then the journal. What a record cannot
+/// carry exactly (a nameref, a read-only variable) is snapshotted whole; a
+/// record cut short by a kill ends the journal without losing the ones before
+/// it; and the journal is folded into a whole snapshot before it grows long.
+pub async fn state_changes_are_journaled_and_survive_a_kill(h: &Harness) -> TestResult {
+    let f = h.sandbox("journal").await?;
+    let mut s = open(&f).await?;
+    ok(&mut s, "export FIRST=0").await?;
+    let snaps = async |f: &Fixture| -> Result<String, BoxError> {
+        Ok(format!(
+            "{}|{}",
+            header(f, "snap.0").await.unwrap_or_default(),
+            header(f, "snap.1").await.unwrap_or_default()
+        ))
+    };
+    let before = snaps(&f).await?;
+    for cmd in [
+        "export A=1",
+        "cd /tmp",
+        "B=plain",
+        "export C=\"it's a\nmulti-line value\"",
+        "export A=2; export D=$A$A",
+        "if true; then export E=yes; else export E=no; fi",
+    ] {
+        let r = run(&mut s, cmd).await?;
+        assert_eq!(r.exit_code, 0, "{cmd}");
+        assert!(r.snapshotted, "{cmd}: its state was not saved");
+    }
+    assert_eq!(snaps(&f).await?, before, "a whole snapshot was written");
+    let records = journal_records(&f).await?;
+    assert_eq!(records.len(), 6, "{records:?}");
+    // A name left unset may still carry the export attribute (`export Z`),
+    // which nothing cheap tells apart: the shell writes a whole snapshot.
+    let r = run(&mut s, "if false; then F=no; fi").await?;
+    assert!(r.snapshotted);
+    assert_ne!(
+        snaps(&f).await?,
+        before,
+        "no whole snapshot for an unset name"
+    );
+    // A nameref's target and a read-only variable's export are not what the
+    // names say: the shell writes a whole snapshot instead.
+    ok(&mut s, "declare -n R=A; readonly RO=ro").await?;
+    let r = run(&mut s, "R=3").await?;
+    assert!(r.snapshotted);
+    let r = run(&mut s, "export RO").await?;
+    assert!(r.snapshotted);
+    // `set -a` exports what is assigned after it; the record says so.
+    ok(&mut s, "set -a").await?;
+    ok(&mut s, "G=auto").await?;
+    ok(&mut s, "set +a").await?;
+    ok(&mut s, "H=journaled").await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(
+        &mut s,
+        "echo \"$A $D $E ${F-nof} ${B-nob} ${H-noh}\"; printf '%s\\n' \"$C\"; pwd; bash -c 'echo $RO $G $FIRST'",
+    )
+    .await?;
+    assert_eq!(
+        r.output.text(),
+        "3 22 yes nof nob noh\nit's a\nmulti-line value\n/tmp\nro auto 0\n",
+        "{:?}",
+        r.notices
+    );
+
+    // A record cut short (the shell killed while writing it) is dropped, and
+    // the ones before it are kept.
+    ok(&mut s, "export KEPT=1").await?;
+    let &(base, seq) = journal_records(&f)
+        .await?
+        .last()
+        .ok_or("no journal record")?;
+    ok(
+        &mut s,
+        &format!(
+            "printf '# berth journal base={base} seq={}\\n__berth_seq={}\\ndeclare -x TORN=' >> \"$__berth_dir/journal\"",
+            seq + 1,
+            seq + 1
+        ),
+    )
+    .await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(&mut s, "echo ${KEPT-nokept} ${TORN-notorn}").await?;
+    assert_eq!(r.output.text(), "1 notorn\n", "{:?}", r.notices);
+    // The restore folded the journal into a snapshot: records go on after it.
+    assert!(journal_records(&f).await?.is_empty());
+    ok(&mut s, "export AFTER=1").await?;
+    assert_eq!(journal_records(&f).await?.len(), 1);
+
+    // A long run of changes is folded into a whole snapshot now and then.
+    let mut most = 0;
+    for i in 0..45 {
+        ok(&mut s, &format!("export N{i}={i}")).await?;
+        most = most.max(journal_records(&f).await?.len());
+    }
+    assert!(most >= 20, "the journal never grew: {most}");
+    assert!(
+        journal_records(&f).await?.len() < most,
+        "the journal was never folded"
+    );
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(&mut s, "echo $N0 $N31 $N32 $N44 $AFTER").await?;
+    assert_eq!(r.output.text(), "0 31 32 44 1\n", "{:?}", r.notices);
     s.close().await;
     f.remove().await
 }

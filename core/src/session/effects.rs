@@ -7,4 +7,4 @@
 //! anything it does not understand counts as a possible change (see
 //! [`berth_policies::shell::effects`]).
 
-pub use berth_policies::shell::{Effects, effects};
+pub use berth_policies::shell::{Effects, effects, journal};

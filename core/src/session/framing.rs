@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 
 /// How one command is framed: when its snapshot is written, and whether the
 /// loop's guard runs after it (see `script::GUARD`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Plan {
     pub(super) snapshot: SnapshotMode,
     pub(super) guard: bool,
@@ -27,6 +27,8 @@ pub(super) struct Plan {
     /// which may replace the loop's interrupt handlers: stopping it kills its
     /// shell rather than trusting the handlers.
     pub(super) distrust: bool,
+    /// For [`SnapshotMode::Journal`]: the names to journal, one space apart.
+    pub(super) journal: String,
 }
 
 /// How a framed command ended.
@@ -36,6 +38,8 @@ pub(super) enum Ending {
         cwd: String,
         /// The shell's function and alias names, sent after a snapshot (and only then).
         names: Option<Names>,
+        /// The shell appended a journal record instead of a snapshot.
+        journaled: bool,
         /// The shell is exiting (`exit`, `set -e`), its state saved.
         exiting: bool,
         /// The shell's watermark before this command.
@@ -118,8 +122,9 @@ fn name_list(list: &str) -> HashSet<String> {
 
 /// Read a marker's body: `<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>`, where
 /// `<names>` is an optional `!` (the shell is exiting), then `-` (no snapshot),
-/// `~` and one alias name per line (a snapshot without the functions), or `=`,
-/// one function name per line, `\x1d`, and one alias name per line. The
+/// `+` (a journal record), `~` and one alias name per line (a snapshot without
+/// the functions), or `=`, one function name per line, `\x1d`, and one alias
+/// name per line. The
 /// watermark is returned in `watermark_before`, which the caller swaps with the
 /// shell's current one.
 pub(super) fn parse_marker(body: &str) -> Ending {
@@ -130,6 +135,7 @@ pub(super) fn parse_marker(body: &str) -> Ending {
         Some(rest) => (true, rest),
         None => (false, names),
     };
+    let journaled = names == "+";
     let names = if let Some(list) = names.strip_prefix('=') {
         let (functions, aliases) = list.rsplit_once('\u{1d}').unwrap_or((list, ""));
         Some(Names {
@@ -149,6 +155,7 @@ pub(super) fn parse_marker(body: &str) -> Ending {
         code,
         cwd,
         names,
+        journaled,
         exiting,
         watermark_before: watermark,
         path_len,
@@ -203,6 +210,46 @@ pub(super) fn parse_functions(data: &[u8]) -> Option<(u64, String)> {
     Some((seq, text))
 }
 
+/// The journal records that follow the snapshot with sequence `base`, in
+/// order: their text, the last one's sequence (`base` when there are none),
+/// and their count. The shell appends a record per state change it journals,
+/// each closed by a trailer, and empties the file after each whole snapshot;
+/// records of another base (a whole snapshot was written, or torn, before the
+/// file was emptied) are skipped, and reading stops at the first torn record
+/// or a gap in the sequence.
+pub(super) fn parse_journal(data: &[u8], base: u64) -> (String, u64, usize) {
+    let (mut text, mut last, mut count) = (String::new(), base, 0);
+    let mut rest = data;
+    while let Some(nl) = memchr::memchr(b'\n', rest) {
+        let Some((b, seq)) = std::str::from_utf8(&rest[..nl])
+            .ok()
+            .and_then(|l| l.strip_prefix("# berth journal base="))
+            .and_then(|l| l.split_once(" seq="))
+            .and_then(|(b, s)| Some((b.parse::<u64>().ok()?, s.parse::<u64>().ok()?)))
+        else {
+            break;
+        };
+        let trailer = format!("\n# berth journal end seq={seq}\n");
+        let Some(end) = memchr::memmem::find(rest, trailer.as_bytes()).map(|e| e + trailer.len())
+        else {
+            break;
+        };
+        if b == base {
+            let Some(record) = std::str::from_utf8(&rest[..end])
+                .ok()
+                .filter(|_| seq == last + 1)
+            else {
+                break;
+            };
+            text.push_str(record);
+            last = seq;
+            count += 1;
+        }
+        rest = &rest[end..];
+    }
+    (text, last, count)
+}
+
 /// The text up to and with `trailer`. Cut before decoding: the stale bytes
 /// past the trailer may split a UTF-8 sequence of the older text they came from.
 fn cut_at_trailer(data: &[u8], trailer: &str) -> Option<String> {
@@ -238,6 +285,7 @@ impl Session {
             snapshot,
             guard: true,
             distrust: false,
+            journal: String::new(),
         };
         let framed = self.run_framed(text, false, plan, &mut capture, None, None);
         let Ok(framed) = tokio::time::timeout(limit, framed).await else {
@@ -298,7 +346,14 @@ impl Session {
             )));
         }
         let nonce = new_nonce();
-        let frame = script::frame(&nonce, text, plan.snapshot, with_stdin, plan.guard);
+        let frame = script::frame(
+            &nonce,
+            text,
+            plan.snapshot,
+            with_stdin,
+            plan.guard,
+            &plan.journal,
+        );
 
         let start_pat = format!("\u{1e}{nonce}:").into_bytes();
         let end_pat = format!(":{nonce}\u{1e}").into_bytes();
@@ -344,6 +399,7 @@ impl Session {
             {
                 if let Ending::Marker {
                     names,
+                    journaled,
                     watermark_before,
                     cwd,
                     path_len,
@@ -354,6 +410,10 @@ impl Session {
                     if let Some(n) = names {
                         shell.learn_names(n);
                         shell.saved_place = Some(shell.last_place.clone());
+                        shell.journal_len = 0;
+                    } else if *journaled {
+                        shell.saved_place = Some(shell.last_place.clone());
+                        shell.journal_len += 1;
                     }
                     // The marker carried the watermark after the command.
                     std::mem::swap(&mut shell.watermark, watermark_before);
@@ -439,11 +499,13 @@ mod tests {
                 code,
                 cwd,
                 names,
+                journaled,
                 exiting,
                 watermark_before,
                 path_len,
             }) => {
                 assert_eq!(code, 0);
+                assert!(!journaled);
                 assert_eq!(cwd, "/tmp:x\x1fy");
                 assert_eq!(path_len, 9);
                 assert!(names.is_none());
@@ -485,6 +547,13 @@ mod tests {
             Ending::Marker { names, .. } => {
                 assert_eq!(names, Some(Names::default().with_functions()))
             }
+            _ => panic!("no marker"),
+        }
+        // A journal record reports no names.
+        match parse_marker("0\x1f+\x1f1\x1f0\x1f/") {
+            Ending::Marker {
+                names, journaled, ..
+            } => assert!(names.is_none() && journaled),
             _ => panic!("no marker"),
         }
         // A snapshot without the functions reports the aliases only.
@@ -536,6 +605,41 @@ mod tests {
             b"# berth snapshot v1 seq=9\nexport B=2\n# berth snapshot end seq=9\n\x98\x80x\n";
         assert_eq!(parse_snapshot(split).map(|s| s.seq), Some(9));
         assert!(parse_snapshot(b"\xff\xfe").is_none());
+    }
+
+    #[test]
+    fn journal_records_of_the_base_are_read_in_order_up_to_a_torn_one() {
+        let rec = |b: u64, s: u64, body: &str| {
+            format!(
+                "# berth journal base={b} seq={s}\n__berth_seq={s}\n{body}# berth journal end seq={s}\n"
+            )
+        };
+        let whole = [
+            rec(3, 4, "declare -x OLD='x'\n"),
+            rec(7, 8, "declare -x A='1'\n"),
+            rec(7, 9, "builtin unset -v B\n"),
+        ]
+        .concat();
+        let (text, last, n) = parse_journal(whole.as_bytes(), 7);
+        assert_eq!((last, n), (9, 2));
+        assert_eq!(
+            text,
+            [
+                rec(7, 8, "declare -x A='1'\n"),
+                rec(7, 9, "builtin unset -v B\n")
+            ]
+            .concat()
+        );
+        // A record cut off by a kill ends the journal there.
+        let torn = format!("{whole}# berth journal base=7 seq=10\ndeclare -x C=");
+        assert_eq!(parse_journal(torn.as_bytes(), 7).1, 9);
+        // So does a gap in the sequence.
+        let gap = format!("{whole}{}", rec(7, 11, ""));
+        assert_eq!(parse_journal(gap.as_bytes(), 7).1, 9);
+        // Records of another base are not this snapshot's.
+        assert_eq!(parse_journal(whole.as_bytes(), 8), (String::new(), 8, 0));
+        assert_eq!(parse_journal(b"", 8), (String::new(), 8, 0));
+        assert_eq!(parse_journal(b"garbage\n", 8).2, 0);
     }
 
     #[test]

@@ -320,9 +320,10 @@ impl Session {
                 exiting,
                 watermark_before,
                 ref names,
+                journaled,
                 ..
             }) => {
-                snapshotted = names.is_some();
+                snapshotted = names.is_some() || journaled;
                 // A stopped command can end while processes it started live on
                 // (background children ignore SIGINT). The shell is idle again, so
                 // whatever was created since the command began is its leftover.
@@ -442,6 +443,7 @@ impl Session {
             snapshot,
             guard: true,
             distrust: true,
+            journal: String::new(),
         };
         let Some(shell) = self.shell.as_mut() else {
             return named(SnapshotMode::Force);
@@ -452,19 +454,28 @@ impl Session {
         if !self.cfg.read_commands {
             return named(SnapshotMode::Auto);
         }
-        let fx = effects::effects(command, names);
+        let (fx, listed) = effects::journal(command, names);
         if fx.sticky {
             shell.always_snapshot = true;
         }
         let builtins = command.contains("builtin") || command.contains("enable");
+        let listed = listed
+            .filter(|l| !l.is_empty() && shell.journal_len < script::JOURNAL_MAX)
+            .map(|l| l.join(" "))
+            .filter(|l| l.len() <= script::JOURNAL_LIST_MAX);
+        let mut journal = String::new();
         let snapshot = if fx.may_redefine || shell.always_snapshot || builtins {
             SnapshotMode::Force
+        } else if let Some(l) = listed {
+            journal = l;
+            SnapshotMode::Journal
         } else if fx.may_change {
             SnapshotMode::State
         } else {
             SnapshotMode::Auto
         };
         Plan {
+            journal,
             snapshot,
             guard: fx.may_define || shell.always_snapshot || builtins,
             // Not for stickiness: the guard put the handlers back after the
@@ -509,7 +520,7 @@ impl Session {
         if let Some(mut shell) = self.shell.take() {
             // An `exit` frame, for transports where closing stdin does not reach
             // the shell as an end of file; the end of file ends its loop anyway.
-            let bye = script::frame(&new_nonce(), "exit 0", SnapshotMode::Never, false, true);
+            let bye = script::frame(&new_nonce(), "exit 0", SnapshotMode::Never, false, true, "");
             let _ = shell.stdin.write_all(&bye).await;
             let _ = shell.stdin.shutdown().await;
             if tokio::time::timeout(Duration::from_secs(2), shell.process.wait())

@@ -45,14 +45,19 @@
 //! two functions are read-only, so no command can replace them, and the loop and
 //! the EXIT trap name them with a backslash, which no alias matches.
 //!
-//! Snapshots: the `<snapshot>` flag is `1` (write one), `0` (the engine found
-//! nothing in the text that can change state; it compares cwd and the length of
-//! `PATH` (the value itself costs bash a tenth of the loop to print) in the
-//! marker with the last snapshot's and asks for one if they moved anyway) or `2`
-//! (never: the handshake, whose blank shell must not overwrite the snapshot it is
-//! about to be restored from). Each is written to one of two files,
-//! alternating, each closed by a trailer, so a shell killed mid-write leaves the
-//! other one intact. Files are rewritten in place with `1<>`, never truncated with
+//! Snapshots: the `<snapshot>` flag is `1` (write one without the functions),
+//! `3` (with them, into a file of their own), `4` (append a journal record of
+//! the variables the frame names and the cwd; see [`frame`]), `0` (the engine
+//! found nothing in the text that can change state; it compares cwd and the
+//! length of `PATH` (the value itself costs bash a tenth of the loop to print)
+//! in the marker with the last snapshot's and asks for one if they moved
+//! anyway) or `2` (never: the handshake, whose blank shell must not overwrite
+//! the snapshot it is about to be restored from). Each whole snapshot is
+//! written to the one of two files that does not hold the current base
+//! (`__berth_sb`), each closed by a trailer, so a shell killed mid-write leaves
+//! the other one intact, with the journal records written after it; it then
+//! empties the journal. A record the shell cannot write exactly (a nameref, a
+//! read-only variable, an array among the names) becomes a whole snapshot. Files are rewritten in place with `1<>`, never truncated with
 //! `>`: on ext4, truncating a file and writing it again forces a flush on close
 //! (`auto_da_alloc`), which cost milliseconds. Readers stop at the trailer. A
 //! snapshot file that is not a regular file (a FIFO a command planted) is
@@ -101,6 +106,10 @@ pub enum SnapshotMode {
     State,
     /// Always, with the functions.
     Force,
+    /// A journal record of the variables the frame names and the cwd, appended
+    /// to the journal of the last whole snapshot; the engine reads the text
+    /// first and names a superset of what it can change (see `effects`).
+    Journal,
     /// Never.
     Never,
 }
@@ -110,24 +119,44 @@ pub enum SnapshotMode {
 ///
 /// `guard` asks the loop to check, after the command, that the names it relies
 /// on still resolve to the builtins (see `GUARD`).
-pub fn frame(nonce: &str, text: &str, snapshot: SnapshotMode, stdin: bool, guard: bool) -> Vec<u8> {
+///
+/// A [`SnapshotMode::Journal`] frame carries the names to journal in front of
+/// the text: their length in 4 hex digits, then the names, one space apart
+/// (`journal`; identifiers, so ASCII, and at most [`JOURNAL_LIST_MAX`] bytes).
+pub fn frame(
+    nonce: &str,
+    text: &str,
+    snapshot: SnapshotMode,
+    stdin: bool,
+    guard: bool,
+    journal: &str,
+) -> Vec<u8> {
     debug_assert_eq!(nonce.len(), 16);
     let (body, encoded) = if text.is_ascii() {
         (std::borrow::Cow::Borrowed(text.as_bytes()), false)
     } else {
         (std::borrow::Cow::Owned(escape(text.as_bytes())), true)
     };
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len() + NONCE_LEN);
-    out.extend_from_slice(format!("{:08x}", body.len()).as_bytes());
+    let prefix = match snapshot {
+        SnapshotMode::Journal => {
+            debug_assert!(journal.is_ascii() && journal.len() <= JOURNAL_LIST_MAX);
+            format!("{:04x}{journal}", journal.len())
+        }
+        _ => String::new(),
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + prefix.len() + body.len() + NONCE_LEN);
+    out.extend_from_slice(format!("{:08x}", prefix.len() + body.len()).as_bytes());
     out.push(match snapshot {
         SnapshotMode::Auto => b'0',
         SnapshotMode::State => b'1',
         SnapshotMode::Never => b'2',
         SnapshotMode::Force => b'3',
+        SnapshotMode::Journal => b'4',
     });
     out.push(if stdin { b'1' } else { b'0' });
     out.push(if encoded { b'1' } else { b'0' });
     out.push(if guard { b'g' } else { b'.' });
+    out.extend_from_slice(prefix.as_bytes());
     out.extend_from_slice(&body);
     out.push(b'N');
     out.extend_from_slice(nonce.as_bytes());
@@ -146,6 +175,13 @@ fn escape(bytes: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// The longest list of names a journal frame carries (its length is 4 hex digits).
+pub const JOURNAL_LIST_MAX: usize = 0xffff;
+
+/// Journal records after which the next state change writes a whole snapshot
+/// instead, which starts the journal again: a restore replays them all.
+pub const JOURNAL_MAX: usize = 32;
 
 /// The largest command text a frame can carry.
 pub const MAX_TEXT: usize = 0xffff_ffff / 4;
@@ -171,7 +207,7 @@ shopt -s expand_aliases 2>/dev/null
 __berth_dir={dir}
 __berth_work={work}
 cd -- "$__berth_work" 2>/dev/null
-__berth_seq=${{__berth_seq:-0}} __berth_ds=${{__berth_ds:-0}} __berth_dn=${{__berth_dn:-0}}
+__berth_seq=${{__berth_seq:-0}} __berth_ds=${{__berth_ds:-0}} __berth_dn=${{__berth_dn:-0}} __berth_sb=${{__berth_sb:-1}} __berth_base=${{__berth_base:-0}} __berth_jn=1 __berth_jz=0
 mkdir -p -- "$__berth_dir" 2>/dev/null
 __berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_up= __berth_n=
 trap '\__berth_exit' EXIT
@@ -252,15 +288,40 @@ fn guard() -> String {
 /// when the shell is exiting. The rarer paths (a command that left a background
 /// job, one that was interrupted, the EXIT trap) run it through
 /// `__berth_post`, which evaluates the same text (see [`functions`]).
-const POST_BODY: &str = r#"__berth_busy=
+const POST_BODY: &str = r##"__berth_busy=
 if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
   __berth_bg=${!-}
   IFS=' ' builtin read -r _ _ _ _ __berth_wm < /proc/loadavg 2>/dev/null || __berth_wm=0
   IFS=' ' builtin read -r __berth_up _ < /proc/uptime 2>/dev/null || __berth_up=0.00
   __berth_up=${__berth_up/./}; __berth_wm=$(( 10#${__berth_up:-0} * 4194304 + 10#${__berth_wm:-0} ))
 fi
+if [[ ${__berth_h:8:1} == 4 ]]; then
+  __berth_q=$((__berth_seq + 1))
+  __berth_J="# berth journal base=$__berth_base seq=$__berth_q
+__berth_seq=$__berth_q
+builtin cd -- ${PWD@Q} 2>/dev/null || builtin cd -- \"\$__berth_work\" 2>/dev/null
+" __berth_r="$__berth_j "
+  while [[ -n $__berth_r ]]; do
+    __berth_x=${__berth_r%% *} __berth_r=${__berth_r#* }
+    if [[ -R $__berth_x ]]; then __berth_J=; break; fi
+    case ${!__berth_x@a} in
+    *[raA]*) __berth_J=; break ;;
+    *x*) __berth_J+="${!__berth_x@A}
+" ;;
+    *) if [[ -v $__berth_x ]]; then __berth_J+="builtin unset -v $__berth_x
+"; else __berth_J=; break; fi ;;
+    esac
+  done
+  __berth_s=$__berth_dir/journal __berth_jn=1
+  if [[ -n $__berth_J && ( -f $__berth_s || ! -e $__berth_s ) ]] && (( (__berth_jz += ${#__berth_J}) < 1048576 )) &&
+    builtin printf '%s# berth journal end seq=%s\n' "$__berth_J" "$__berth_q" >> "$__berth_s"; then
+    __berth_seq=$__berth_q
+  else
+    __berth_h=${__berth_h:0:8}1${__berth_h:9}
+  fi
+fi
 if [[ ${__berth_h:8:1} == [13] ]]; then
-  __berth_seq=$((__berth_seq + 1))
+  __berth_seq=$((__berth_seq + 1)) __berth_sb=$((1 - __berth_sb)) __berth_base=$__berth_seq
   if [[ ${__berth_h:8:1} == 3 ]]; then
     __berth_ds=$__berth_seq __berth_dn=$((__berth_dn + 1))
     __berth_s=$__berth_dir/defs.$((__berth_dn % 2))
@@ -271,7 +332,7 @@ if [[ ${__berth_h:8:1} == [13] ]]; then
       builtin printf '# berth functions end seq=%s\n' "$__berth_seq"
     } 1<> "$__berth_s" 2>/dev/null || :
   fi
-  __berth_s=$__berth_dir/snap.$((__berth_seq % 2))
+  __berth_s=$__berth_dir/snap.$__berth_sb
   [[ ! -L $__berth_s && ( -f $__berth_s || ! -e $__berth_s ) ]] || builtin command -p rm -f -- "$__berth_s" 2>/dev/null
   {
     builtin printf '# berth snapshot v3 seq=%s functions=%s\n__berth_seq=%s __berth_ds=%s __berth_dn=%s\nbuiltin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$__berth_seq" "$__berth_ds" "$__berth_seq" "$__berth_ds" "$__berth_dn" "$PWD"
@@ -280,6 +341,12 @@ if [[ ${__berth_h:8:1} == [13] ]]; then
     builtin alias -p
     builtin printf '# berth snapshot end seq=%s\n' "$__berth_seq"
   } 1<> "$__berth_s" 2>/dev/null || :
+  if [[ -n $__berth_jn ]]; then
+    __berth_s=$__berth_dir/journal __berth_jn= __berth_jz=0
+    if [[ ! -L $__berth_s && -f $__berth_s ]]; then : > "$__berth_s"
+    elif [[ -e $__berth_s || -L $__berth_s ]]; then builtin command -p rm -f -- "$__berth_s"
+    fi 2>/dev/null
+  fi
 fi
 builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98
 [[ $__berth_n == N* ]] || builtin exit 97
@@ -290,6 +357,7 @@ case ${__berth_h:8:1} in
   builtin printf '\035'
   builtin compgen -A alias || :
   builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
+4) builtin printf '\036%s:%s\037%s+\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
 1)
   builtin printf '\036%s:%s\037%s~' "${__berth_n:1}" "$__berth_rc" "${1-}"
   builtin compgen -A alias || :
@@ -297,7 +365,7 @@ case ${__berth_h:8:1} in
 *) builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
 esac
 __berth_n=
-"#;
+"##;
 
 /// [`POST_BODY`] as the loop runs it inline, where `$1` would be the user's.
 fn post_inline() -> String {
@@ -376,7 +444,9 @@ fn main_loop() -> String {
         r#"builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98; [[ $__berth_n == N* ]] || builtin exit 97; "#,
         r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"; __berth_n=; "#,
         "else \\__berth_post; fi ;;\n",
-        r#"*) [[ ${__berth_h:10:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
+        // A journal frame's names come first (see [`frame`]).
+        r#"*) [[ ${__berth_h:8:1} != 4 ]] || { __berth_j=${__berth_c:4:16#${__berth_c:0:4}}; __berth_c=${__berth_c:4+16#${__berth_c:0:4}}; }; "#,
+        r#"[[ ${__berth_h:10:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
         // The shell's own stdin is /dev/null already (see the `exec` below), so
         // only a command given input is redirected: a redirection costs bash
         // several system calls.
@@ -564,20 +634,26 @@ mod tests {
 
     #[test]
     fn a_frame_is_a_fixed_header_the_text_then_the_nonce() {
-        let f = frame(
-            "0123456789abcdef",
-            "echo hi",
-            SnapshotMode::Auto,
-            false,
-            false,
-        );
+        let nonce = "0123456789abcdef";
+        let f = frame(nonce, "echo hi", SnapshotMode::Auto, false, false, "");
         assert_eq!(f, b"00000007000.echo hiN0123456789abcdef");
-        let f = frame("0123456789abcdef", "", SnapshotMode::Never, true, false);
+        let f = frame(nonce, "", SnapshotMode::Never, true, false, "");
         assert_eq!(f, b"00000000210.N0123456789abcdef");
-        let f = frame("0123456789abcdef", "x", SnapshotMode::State, false, true);
+        let f = frame(nonce, "x", SnapshotMode::State, false, true, "");
         assert_eq!(&f[8..12], b"100g");
-        let f = frame("0123456789abcdef", "x", SnapshotMode::Force, false, false);
+        let f = frame(nonce, "x", SnapshotMode::Force, false, false, "");
         assert_eq!(&f[8..12], b"300.");
+        // A journal frame: the names' length and the names, then the text, all
+        // counted in the header's length.
+        let f = frame(
+            nonce,
+            "export A=1",
+            SnapshotMode::Journal,
+            false,
+            false,
+            "A",
+        );
+        assert_eq!(f, b"0000000f400.0001Aexport A=1N0123456789abcdef");
     }
 
     #[test]
@@ -588,6 +664,7 @@ mod tests {
             SnapshotMode::Auto,
             false,
             false,
+            "",
         );
         let body = &f[HEADER_LEN..f.len() - NONCE_LEN];
         assert!(body.is_ascii());

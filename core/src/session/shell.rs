@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, warn};
 
-use super::framing::{Names, SnapshotFile, parse_functions, parse_snapshot};
+use super::framing::{Names, SnapshotFile, parse_functions, parse_journal, parse_snapshot};
 use super::script::{self, SnapshotMode};
 use super::{READ_BUF, SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE, STDERR_KEEP, Session, ShellInfo};
 use crate::backend::{BoxWrite, Process, SpawnOpts};
@@ -38,6 +38,9 @@ pub(super) struct Shell {
     /// A command set up something (a trap) that can change state at any time:
     /// every command snapshots from then on.
     pub(super) always_snapshot: bool,
+    /// Journal records the shell appended since its last whole snapshot (see
+    /// [`script::JOURNAL_MAX`]).
+    pub(super) journal_len: usize,
     /// The shell's watermark (time and pid), from its last end marker (see `KILL_TREE`).
     pub(super) watermark: u64,
     /// cwd and the length of `PATH` from the last end marker, and as of the last
@@ -244,6 +247,7 @@ impl Session {
             function_names: HashSet::new(),
             alias_names: HashSet::new(),
             always_snapshot: false,
+            journal_len: 0,
             watermark: 0,
             last_place: Default::default(),
             saved_place: None,
@@ -297,44 +301,86 @@ impl Session {
 
     /// The newest intact snapshot in the sandbox, if any, with the functions it
     /// goes with in front (functions before aliases: a function's body was
-    /// read before the aliases it might name). Each read is bounded by `limit`:
-    /// the files live where commands can replace them (by a FIFO, say).
+    /// read before the aliases it might name) and the journal records written
+    /// after it, and the sequence of the last of those. Each read is bounded by
+    /// `limit`: the files live where commands can replace them (by a FIFO, say).
     pub(super) async fn newest_snapshot(&mut self, limit: Duration) -> Option<(u64, String)> {
-        let mut best: Option<SnapshotFile> = None;
+        let mut best: Option<(u8, SnapshotFile)> = None;
         for slot in 0..2 {
             let Some(data) = self.read_state_file(&format!("snap.{slot}"), limit).await else {
                 continue;
             };
             match parse_snapshot(&data) {
                 Some(snap) => {
-                    if best.as_ref().is_none_or(|b| snap.seq > b.seq) {
-                        best = Some(snap);
+                    if best.as_ref().is_none_or(|(_, b)| snap.seq > b.seq) {
+                        best = Some((slot, snap));
                     }
                 }
                 None => self.discard_corrupt(slot, "snapshot", "snap"),
             }
         }
-        let best = best?;
-        let Some(wanted) = best.functions.filter(|&f| f > 0) else {
-            return Some((best.seq, best.text));
+        let (slot, best) = best?;
+        let text = match best.functions.filter(|&f| f > 0) {
+            None => best.text,
+            Some(wanted) => match self.functions_file(wanted, limit).await {
+                Some(functions) => functions + &best.text,
+                None => {
+                    warn!(session = %self.cfg.name, seq = best.seq, functions = wanted, "the snapshot's functions are missing");
+                    self.notices.push(format!(
+                        "the shell's functions (written with snapshot {wanted}) could not be found; its variables, cwd and aliases were restored without them"
+                    ));
+                    best.text
+                }
+            },
         };
+        Some(self.with_journal(best.seq, slot, text, limit).await)
+    }
+
+    /// The functions file with sequence `wanted`.
+    async fn functions_file(&mut self, wanted: u64, limit: Duration) -> Option<String> {
         for slot in 0..2 {
             let Some(data) = self.read_state_file(&format!("defs.{slot}"), limit).await else {
                 continue;
             };
             match parse_functions(&data) {
-                Some((seq, functions)) if seq == wanted => {
-                    return Some((best.seq, functions + &best.text));
-                }
+                Some((seq, functions)) if seq == wanted => return Some(functions),
                 Some(_) => {}
                 None => self.discard_corrupt(slot, "functions file", "defs"),
             }
         }
-        warn!(session = %self.cfg.name, seq = best.seq, functions = wanted, "the snapshot's functions are missing");
-        self.notices.push(format!(
-            "the shell's functions (written with snapshot {wanted}) could not be found; its variables, cwd and aliases were restored without them"
-        ));
-        Some((best.seq, best.text))
+        None
+    }
+
+    /// `text`, the snapshot `base` from `slot`, with the journal records written
+    /// after it put in before its aliases (an alias must not reach into a
+    /// record's lines), and the shell's own counters: the next whole snapshot
+    /// goes to the other slot, so a write cut short leaves this one. Returns
+    /// the last record's sequence, or `base`.
+    async fn with_journal(
+        &mut self,
+        base: u64,
+        slot: u8,
+        text: String,
+        limit: Duration,
+    ) -> (u64, String) {
+        let (records, last, count) = match self.read_state_file("journal", limit).await {
+            Some(data) => parse_journal(&data, base),
+            None => (String::new(), base, 0),
+        };
+        if count > 0 {
+            debug!(session = %self.cfg.name, base, last, count, "journal records follow the snapshot");
+        }
+        let counters = format!("__berth_sb={slot} __berth_base={base}\n");
+        let at = text
+            .find("\n# berth aliases\n")
+            .map(|i| i + 1)
+            .unwrap_or(text.len());
+        let mut out = String::with_capacity(text.len() + records.len() + counters.len());
+        out.push_str(&text[..at]);
+        out.push_str(&records);
+        out.push_str(&counters);
+        out.push_str(&text[at..]);
+        (last, out)
     }
 
     /// One of berth's files in the session's directory in the sandbox, or
