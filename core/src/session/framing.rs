@@ -392,6 +392,7 @@ impl Session {
         if let Some(shell) = self.shell.as_mut() {
             shell.spin(&end_pat);
         }
+        let (mut streamed, mut last) = (0u64, 0usize);
         loop {
             // Attribute whatever is pending.
             if let Some(shell) = self.shell.as_mut()
@@ -424,6 +425,7 @@ impl Session {
                 return Ok((None, stop));
             };
             shell.reserve();
+            shell.settle(streamed, last);
             let sleep = async move {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -439,7 +441,10 @@ impl Session {
                         capture.push(&std::mem::take(&mut shell.pending))?;
                         return Ok((Some(Ending::Eof), stop));
                     }
-                    Ok(_) => {}
+                    Ok(n) => {
+                        streamed += n as u64;
+                        last = n;
+                    }
                     Err(e) if OutputGap::of(&e).is_some() => {
                         capture.push(&std::mem::take(&mut shell.pending))?;
                         let why = OutputGap::of(&e).map(|g| g.0.clone()).unwrap_or_default();

@@ -59,6 +59,13 @@ const DEFINITIONS_READ_LIMIT: Duration = Duration::from_secs(10);
 /// sleeps needs no wake-up, which on a VM costs tens of microseconds. The cost is
 /// at most this much CPU time per command.
 const SPIN: Duration = Duration::from_micros(250);
+/// Output a command streams before a local shell's reads wait for its pipe to
+/// fill (see `Shell::settle`).
+const BULK: u64 = 1 << 20;
+/// A read smaller than this, past [`BULK`], means the reader keeps pace.
+const BULK_READ: usize = 64 * 1024;
+/// How long a read waits for the pipe to fill, past [`BULK`].
+const SETTLE: Duration = Duration::from_micros(300);
 
 /// Settings for a session.
 #[derive(Clone, Debug)]
