@@ -1310,15 +1310,20 @@ pub async fn state_changes_are_journaled_and_survive_a_kill(h: &Harness) -> Test
     ok(&mut s, "G=auto").await?;
     ok(&mut s, "set +a").await?;
     ok(&mut s, "H=journaled").await?;
+    // Under `set -u` the record's checks must not trip on an unset name.
+    ok(&mut s, "set -u").await?;
+    ok(&mut s, "if false; then NEVER=1; fi").await?;
+    ok(&mut s, "export SETU=u").await?;
+    ok(&mut s, "set +u").await?;
     kill_shell(&f, &s).await?;
     let r = run_after_kill(
         &mut s,
-        "echo \"$A $D $E ${F-nof} ${B-nob} ${H-noh}\"; printf '%s\\n' \"$C\"; pwd; bash -c 'echo $RO $G $FIRST'",
+        "echo \"$A $D $E ${F-nof} ${B-nob} ${H-noh} ${NEVER-nonever} $SETU\"; printf '%s\\n' \"$C\"; pwd; bash -c 'echo $RO $G $FIRST'",
     )
     .await?;
     assert_eq!(
         r.output.text(),
-        "3 22 yes nof nob noh\nit's a\nmulti-line value\n/tmp\nro auto 0\n",
+        "3 22 yes nof nob noh nonever u\nit's a\nmulti-line value\n/tmp\nro auto 0\n",
         "{:?}",
         r.notices
     );

@@ -303,13 +303,13 @@ builtin cd -- ${PWD@Q} 2>/dev/null || builtin cd -- \"\$__berth_work\" 2>/dev/nu
 " __berth_r="$__berth_j "
   while [[ -n $__berth_r ]]; do
     __berth_x=${__berth_r%% *} __berth_r=${__berth_r#* }
-    if [[ -R $__berth_x ]]; then __berth_J=; break; fi
+    if [[ -R $__berth_x || ! -v $__berth_x ]]; then __berth_J=; break; fi
     case ${!__berth_x@a} in
     *[raA]*) __berth_J=; break ;;
     *x*) __berth_J+="${!__berth_x@A}
 " ;;
-    *) if [[ -v $__berth_x ]]; then __berth_J+="builtin unset -v $__berth_x
-"; else __berth_J=; break; fi ;;
+    *) __berth_J+="builtin unset -v $__berth_x
+" ;;
     esac
   done
   __berth_s=$__berth_dir/journal __berth_jn=1
