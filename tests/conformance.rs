@@ -56,6 +56,7 @@ macro_rules! conformance_suite {
             case!(a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout);
             case!(functions_are_saved_apart_and_follow_every_change);
             case!(state_changes_are_journaled_and_survive_a_kill);
+            case!(nounset_with_pwd_or_path_unset_keeps_the_shell);
         }
     };
 }
@@ -1366,6 +1367,37 @@ pub async fn state_changes_are_journaled_and_survive_a_kill(h: &Harness) -> Test
     kill_shell(&f, &s).await?;
     let r = run_after_kill(&mut s, "echo $N0 $N31 $N32 $N44 $AFTER").await?;
     assert_eq!(r.output.text(), "0 31 32 44 1\n", "{:?}", r.notices);
+    s.close().await;
+    f.remove().await
+}
+
+/// The loop reads `PWD` and `PATH` after every command; under a user's `set
+/// -u`, with either unset, that must not end the shell in berth's own code
+/// (it did, mid-snapshot, leaving a torn one).
+pub async fn nounset_with_pwd_or_path_unset_keeps_the_shell(h: &Harness) -> TestResult {
+    let f = h.sandbox("nounset").await?;
+    let mut s = open(&f).await?;
+    ok(&mut s, "set -u; export KEEP=1").await?;
+    for cmd in [
+        "unset PWD; echo x",
+        "cd /tmp; unset PWD; echo x",
+        "export MORE=2; unset PWD; echo x",
+        "unset PATH; echo x",
+    ] {
+        let r = run(&mut s, cmd).await?;
+        assert_eq!(r.output.text(), "x\n", "{cmd}: {:?}", r.notices);
+        assert_eq!(r.exit_code, 0, "{cmd}");
+        assert!(r.notices.is_empty(), "{cmd}: {:?}", r.notices);
+    }
+    ok(&mut s, "export PATH=/usr/local/bin:/usr/bin:/bin; set +u").await?;
+    kill_shell(&f, &s).await?;
+    let r = run_after_kill(&mut s, "echo $KEEP $MORE").await?;
+    assert_eq!(r.output.text(), "1 2\n", "{:?}", r.notices);
+    assert!(
+        !r.notices.iter().any(|n| n.contains("corrupt")),
+        "{:?}",
+        r.notices
+    );
     s.close().await;
     f.remove().await
 }

@@ -297,7 +297,8 @@ if [[ ${!-} != "$__berth_bg" || -z $__berth_wm ]]; then
 fi
 if [[ ${__berth_h:8:1} == 4 ]]; then
   __berth_q=$((__berth_seq + 1))
-  __berth_J="# berth journal base=$__berth_base seq=$__berth_q
+  __berth_J= __berth_r=
+  [[ ! -v PWD ]] || __berth_J="# berth journal base=$__berth_base seq=$__berth_q
 __berth_seq=$__berth_q
 builtin cd -- ${PWD@Q} 2>/dev/null || builtin cd -- \"\$__berth_work\" 2>/dev/null
 " __berth_r="$__berth_j "
@@ -335,7 +336,7 @@ if [[ ${__berth_h:8:1} == [13] ]]; then
   __berth_s=$__berth_dir/snap.$__berth_sb
   [[ ! -L $__berth_s && ( -f $__berth_s || ! -e $__berth_s ) ]] || builtin command -p rm -f -- "$__berth_s" 2>/dev/null
   {
-    builtin printf '# berth snapshot v3 seq=%s functions=%s\n__berth_seq=%s __berth_ds=%s __berth_dn=%s\nbuiltin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$__berth_seq" "$__berth_ds" "$__berth_seq" "$__berth_ds" "$__berth_dn" "$PWD"
+    builtin printf '# berth snapshot v3 seq=%s functions=%s\n__berth_seq=%s __berth_ds=%s __berth_dn=%s\nbuiltin cd -- %q 2>/dev/null || builtin cd -- "$__berth_work" 2>/dev/null\n' "$__berth_seq" "$__berth_ds" "$__berth_seq" "$__berth_ds" "$__berth_dn" "${PWD-}"
     builtin export -p
     builtin printf '# berth aliases\n'
     builtin alias -p
@@ -356,13 +357,13 @@ case ${__berth_h:8:1} in
   builtin compgen -A function || :
   builtin printf '\035'
   builtin compgen -A alias || :
-  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
-4) builtin printf '\036%s:%s\037%s+\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
+  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
+4) builtin printf '\036%s:%s\037%s+\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
 1)
   builtin printf '\036%s:%s\037%s~' "${__berth_n:1}" "$__berth_rc" "${1-}"
   builtin compgen -A alias || :
-  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
-*) builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}" ;;
+  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
+*) builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
 esac
 __berth_n=
 "##;
@@ -442,7 +443,7 @@ fn main_loop() -> String {
         r#"builtin eval "$__berth_c"; __berth_rc=$?; "#,
         r#"if [[ ${!-} == "$__berth_bg" ]]; then __berth_busy=; "#,
         r#"builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98; [[ $__berth_n == N* ]] || builtin exit 97; "#,
-        r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${#PATH}" "$PWD" "${__berth_n:1}"; __berth_n=; "#,
+        r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"; __berth_n=; "#,
         "else \\__berth_post; fi ;;\n",
         // A journal frame's names come first (see [`frame`]).
         r#"*) [[ ${__berth_h:8:1} != 4 ]] || { __berth_j=${__berth_c:4:16#${__berth_c:0:4}}; __berth_c=${__berth_c:4+16#${__berth_c:0:4}}; }; "#,
