@@ -57,7 +57,8 @@
 //! (`__berth_sb`), each closed by a trailer, so a shell killed mid-write leaves
 //! the other one intact, with the journal records written after it; it then
 //! empties the journal. A record the shell cannot write exactly (a nameref, a
-//! read-only variable, an array among the names) becomes a whole snapshot. Files are rewritten in place with `1<>`, never truncated with
+//! read-only variable, an array or an unset name among the names) becomes a
+//! whole snapshot. Files are rewritten in place with `1<>`, never truncated with
 //! `>`: on ext4, truncating a file and writing it again forces a flush on close
 //! (`auto_da_alloc`), which cost milliseconds. Readers stop at the trailer. A
 //! snapshot file that is not a regular file (a FIFO a command planted) is
@@ -446,7 +447,7 @@ fn main_loop() -> String {
         r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"; __berth_n=; "#,
         "else \\__berth_post; fi ;;\n",
         // A journal frame's names come first (see [`frame`]).
-        r#"*) [[ ${__berth_h:8:1} != 4 ]] || { __berth_j=${__berth_c:4:16#${__berth_c:0:4}}; __berth_c=${__berth_c:4+16#${__berth_c:0:4}}; }; "#,
+        r#"*) [[ ${__berth_h:8:1} != 4 ]] || { __berth_k=$((16#${__berth_c:0:4})); __berth_j=${__berth_c:4:__berth_k}; __berth_c=${__berth_c:4+__berth_k}; }; "#,
         r#"[[ ${__berth_h:10:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
         // The shell's own stdin is /dev/null already (see the `exec` below), so
         // only a command given input is redirected: a redirection costs bash

@@ -17,6 +17,7 @@
 
 use std::collections::HashSet;
 
+use super::grammar::is_name;
 use super::{Script, parse};
 use crate::argv;
 
@@ -195,13 +196,6 @@ fn journal_refuses(name: &str) -> bool {
         || matches!(name, "SHELLOPTS" | "POSIXLY_CORRECT")
 }
 
-/// Whether `w` is a bare variable name.
-fn is_identifier(w: &str) -> bool {
-    let mut cs = w.chars();
-    matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && cs.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 /// [`effects`], and when the text can change nothing but variables it names
 /// and the cwd, those names: every variable the text may assign or export,
 /// with `PWD` and `OLDPWD` when it may `cd`. The list is a superset of what
@@ -211,32 +205,34 @@ fn is_identifier(w: &str) -> bool {
 /// other than a plain assignment (a `for` variable, `${x:=y}`, arithmetic), a
 /// stateful builtin other than `export` and `cd`, an `export` with an option
 /// or a word built at run time, an array element (its subscript is
-/// arithmetic), a call of a name the session defined, or a command word built
-/// at run time. The shell still checks each name when it writes the record (a
-/// nameref, a read-only variable or an array is snapshotted whole).
+/// arithmetic), and all that [`of_script`] reads as possibly defining (a call
+/// of a name the session defined, a command word built at run time, text it
+/// cannot see). The shell still checks each name when it writes the record (a
+/// nameref, a read-only variable, an array or an unset name is snapshotted
+/// whole).
 pub fn journal(text: &str, names: &HashSet<String>) -> (Effects, Option<Vec<String>>) {
     let Ok(script) = parse(text) else {
         return (effects(text, names), None);
     };
     let fx = of_script(&script, names);
     let listed = if fx.may_change && !fx.may_redefine && !fx.sticky {
-        journal_names(&script, names)
+        journal_names(&script)
     } else {
         None
     };
     (fx, listed)
 }
 
-fn journal_names(script: &Script, names: &HashSet<String>) -> Option<Vec<String>> {
-    if !script.opaque.is_empty()
-        || !script.functions.is_empty()
-        || script.state.iter().any(|s| *s != "a variable assignment")
-    {
+/// The names for [`journal`], of text that [`of_script`] read as defining
+/// nothing: no opaque part, no function, no call of the session's names and
+/// no command word built at run time reach here.
+fn journal_names(script: &Script) -> Option<Vec<String>> {
+    if script.state.iter().any(|s| *s != "a variable assignment") {
         return None;
     }
     let mut out: Vec<String> = Vec::new();
     let mut add = |name: &str| -> Option<()> {
-        if !is_identifier(name) || journal_refuses(name) {
+        if !is_name(name) || journal_refuses(name) {
             return None;
         }
         if !out.iter().any(|n| n == name) {
@@ -257,16 +253,10 @@ fn journal_names(script: &Script, names: &HashSet<String>) -> Option<Vec<String>
         let Some(first) = first else {
             continue;
         };
-        if !cmd.is_literal(first) || names.contains(&cmd.argv[first]) {
-            return None;
-        }
         for (depth, view) in argv::views(&cmd.argv).iter().enumerate() {
             let Some(prog) = view.first().map(String::as_str) else {
                 continue;
             };
-            if names.contains(prog) {
-                return None;
-            }
             match prog {
                 "cd" => {
                     add("PWD")?;
