@@ -28,6 +28,12 @@ fn runtime_config(dir: PathBuf) -> Result<RuntimeConfig> {
         }
     };
     if let Some(b) = mb("BERTH_SPOOL_CAP_MB")? {
+        let most = berth_core::session::capture::MAX_SPOOL_CAP;
+        anyhow::ensure!(
+            b <= most,
+            "BERTH_SPOOL_CAP_MB is more than {} MiB, the largest spool berth keeps (it holds the last half in memory while the command runs); to keep all of a larger output, redirect it to a file in the sandbox",
+            most >> 20
+        );
         cfg.spool_file_cap = b;
     }
     if let Some(b) = mb("BERTH_SPOOL_DIR_CAP_MB")? {

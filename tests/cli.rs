@@ -191,6 +191,21 @@ fn the_spool_is_capped_and_says_so() -> TestResult {
     );
     let newest = v["spool"].as_str().ok_or("no spool path")?;
     assert!(Path::new(newest).exists());
+    // A spool's last half is held in memory while its command runs: a cap
+    // past the largest is refused, with what to do instead.
+    let o = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["exec", "--", "true"])
+        .env("BERTH_STATE_DIR", dir.path().join("big"))
+        .env("BERTH_POLICY", dir.path().join("policy.toml"))
+        .env("BERTH_SPOOL_CAP_MB", "1000")
+        .stdin(Stdio::null())
+        .output()?;
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("BERTH_SPOOL_CAP_MB is more than 256 MiB") && err.contains("redirect it"),
+        "{err}"
+    );
     Ok(())
 }
 
