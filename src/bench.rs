@@ -126,6 +126,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     let (out_berth, out_floor) = (out.berth, out.floor);
     let out_overhead = over(out.berth);
     let cat_overhead = over(out.cat);
+    let reader_overhead = over(out.reader);
+    // What berth adds beyond what any reader of the pipe costs the pipeline.
+    let own_overhead =
+        (out.berth.as_secs_f64() - out.reader.as_secs_f64()) / out.floor.as_secs_f64().max(1e-9);
     let mcp = if a.mcp {
         Some((
             registry_series(&rt, &a.backend, a.count).await?,
@@ -169,6 +173,9 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             "output_cat_ms": ms(out.cat),
             "output_cat_mb_per_s": mbps(out.cat),
             "output_cat_overhead": cat_overhead,
+            "output_reader_ms": ms(out.reader),
+            "output_reader_overhead": reader_overhead,
+            "output_own_overhead": own_overhead,
             "registry_ms": mcp.as_ref().map(|(r, _)| ms(r.per_cmd)),
             "mcp_stdio_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd)),
             "mcp_overhead_ms": mcp.as_ref().map(|(_, m)| ms(m.per_cmd) - ms(on.per_cmd)),
@@ -222,6 +229,11 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
             ms(out_floor)
         );
         println!(
+            "  the same pipeline through `cat` to /dev/null{:>6.1} MB/s ({:.0} ms)",
+            mbps(out.reader),
+            ms(out.reader)
+        );
+        println!(
             "  the same pipeline through `cat` to a file{:>9.1} MB/s ({:.0} ms)",
             mbps(out.cat),
             ms(out.cat)
@@ -229,6 +241,14 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         println!(
             "  berth's overhead on large output         {:>8.0} % of the pipeline's own time",
             out_overhead * 100.0
+        );
+        println!(
+            "    of which a pipe and its reader cost    {:>8.0} % (`cat` to /dev/null)",
+            reader_overhead * 100.0
+        );
+        println!(
+            "    and berth itself                       {:>8.0} % (capture, redaction, spool)",
+            own_overhead * 100.0
         );
         println!(
             "  `cat` to a file's overhead (the least a spooling reader costs) {:.0} %",
@@ -251,6 +271,11 @@ struct Throughput {
     /// The pipeline through `cat` into a file: one more reader of a pipe that
     /// keeps what it reads, as berth's spool does, and does nothing else.
     cat: Duration,
+    /// The pipeline through `cat` to /dev/null: what writing into a pipe and
+    /// a reader draining it cost, which any capture of output pays. On a VM
+    /// it is most of the overhead: the writer copies every byte into pipe
+    /// pages and wakes the reader, where /dev/null takes nothing.
+    reader: Duration,
 }
 
 /// Large output through the whole runtime path (capture, spool, redaction, a
@@ -278,9 +303,11 @@ async fn output_throughput(rt: &berth_core::runtime::Runtime, backend: &str) -> 
         }
         Ok((took, r.result.output.total_bytes as u64))
     };
-    let (mut through, mut floor, mut cat) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut through, mut floor, mut cat, mut reader) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         floor.push(run(format!("{pipeline} > /dev/null"), false).await?.0);
+        reader.push(run(format!("{pipeline} | cat > /dev/null"), false).await?.0);
         cat.push(
             run(
                 format!("f=$(mktemp) && {{ {pipeline} | cat > \"$f\"; }}; rm -f \"$f\""),
@@ -298,10 +325,12 @@ async fn output_throughput(rt: &berth_core::runtime::Runtime, backend: &str) -> 
     through.sort();
     floor.sort();
     cat.sort();
+    reader.sort();
     Ok(Throughput {
         berth: through[1],
         floor: floor[1],
         cat: cat[1],
+        reader: reader[1],
     })
 }
 
