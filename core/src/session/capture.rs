@@ -114,6 +114,8 @@ impl Spool {
         if chunk.len() >= self.ring_len {
             k += (chunk.len() - self.ring_len) as u64;
             chunk = &chunk[chunk.len() - self.ring_len..];
+            // Exact: `resize` alone may reserve up to twice what it needs.
+            self.ring.reserve_exact(self.ring_len - self.ring.len());
             self.ring.resize(self.ring_len, 0);
         }
         while !chunk.is_empty() {
@@ -562,7 +564,10 @@ mod tests {
             .collect();
         // Chunks smaller than the ring, larger than it, and ones that
         // straddle the head's end; totals under, at and over the cap.
+        // Cuts: uniform chunks of `step`, or (step 0) a ring partly filled
+        // and then a chunk longer than it.
         for (step, len) in [
+            (0, data.len()),
             (64 * 1024, data.len()),
             (3 * 1024 * 1024, data.len()),
             (300_001, data.len()),
@@ -573,7 +578,11 @@ mod tests {
         ] {
             let data = &data[..len];
             let mut c = Capture::new(limits, Some(path.clone()))?.with_spool_cap(cap as u64);
-            for part in data.chunks(step) {
+            let cuts: Vec<&[u8]> = match step {
+                0 => vec![&data[..cap / 2 + 300_000], &data[cap / 2 + 300_000..]],
+                _ => data.chunks(step).collect(),
+            };
+            for part in cuts {
                 c.push(part)?;
                 let spool = c.spool.as_ref().map(|s| (s.ring.capacity(), s.ring_len));
                 if let Some((held, ring_len)) = spool {
