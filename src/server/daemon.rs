@@ -209,7 +209,8 @@ fn tool_event(e: tool_event::Event) -> ToolEvent {
 /// The live copy of a command's output for a client that may read slowly:
 /// what does not fit the client's budget ([`LIVE_CAP`]) is left out of the
 /// live view, counted, and named in a notice once there is room again; the
-/// spool and the report keep all of it. The command never waits for the client.
+/// spool keeps it (within its cap) and the report counts it. The command
+/// never waits for the client.
 struct LiveTee {
     live: Live<ExecEvent>,
     left_out: std::sync::atomic::AtomicU64,
@@ -234,7 +235,7 @@ impl LiveTee {
             return;
         }
         let notice = format!(
-            "{n} bytes of output were left out here: this client read more slowly than the command wrote. The report's spool file (`--json`: `spool`) holds all of it"
+            "{n} bytes of output were left out here: this client read more slowly than the command wrote. The report's spool file (`--json`: `spool`) keeps it, up to the spool's cap (`BERTH_SPOOL_CAP_MB`, 16 by default)"
         );
         if self
             .live
@@ -250,7 +251,7 @@ impl LiveTee {
         if n > 0 {
             self.live.send(
                 event(exec_event::Event::Notice(format!(
-                    "{n} bytes of output at the end were left out: this client read more slowly than the command wrote. The report's spool file (`--json`: `spool`) holds all of it"
+                    "{n} bytes of output at the end were left out: this client read more slowly than the command wrote. The report's spool file (`--json`: `spool`) keeps it, up to the spool's cap (`BERTH_SPOOL_CAP_MB`, 16 by default)"
                 ))),
                 0,
             );

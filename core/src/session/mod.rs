@@ -311,7 +311,7 @@ impl Session {
         let mut notices = self.take_notices();
         if output.spool_omitted > 0 {
             notices.push(format!(
-                "the output spool is capped: it keeps the first and last halves of {} bytes and left out {} bytes in between",
+                "the output spool is capped: it keeps the first and last halves of {} bytes and left out {} bytes in between; to keep all of it, redirect the command's output to a file (or raise BERTH_SPOOL_CAP_MB)",
                 output.spool_omitted + opts.spool_cap.unwrap_or(capture::DEFAULT_SPOOL_CAP).max(2),
                 output.spool_omitted
             ));
