@@ -310,9 +310,12 @@ impl Session {
         let (ending, stopped) = outcome?;
         let mut notices = self.take_notices();
         if output.spool_omitted > 0 {
+            let cap = output.total_bytes - output.spool_omitted;
             notices.push(format!(
-                "the output spool is capped: it keeps the first and last halves of {} bytes and left out {} bytes in between; to keep all of it, redirect the command's output to a file (or raise BERTH_SPOOL_CAP_MB)",
-                output.spool_omitted + opts.spool_cap.unwrap_or(capture::DEFAULT_SPOOL_CAP).max(2),
+                "the output spool is capped at {cap} bytes: of the {} bytes, it keeps the first {} and the last {} and left out {} in between; to keep all of it, redirect the command's output to a file (or raise BERTH_SPOOL_CAP_MB)",
+                output.total_bytes,
+                cap / 2,
+                cap - cap / 2,
                 output.spool_omitted
             ));
         }
