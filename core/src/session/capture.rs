@@ -5,8 +5,8 @@
 //! keeps the first half and a rolling last half. The first half goes to the
 //! file as it arrives. The last half is a ring in memory, written once, in
 //! order, by `finish`, with a line saying how much was left out: a ring on disk
-//! would write every byte of the output, each to be overwritten, and writing to
-//! a file is most of what large output costs (see [`DEFAULT_SPOOL_CAP`]).
+//! would write every byte of the output to the file, each to be overwritten,
+//! and need one more copy of the file to put it in order.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -36,11 +36,10 @@ impl Default for CaptureLimits {
 
 /// The largest spool file by default: its first 8 MiB and its last 8 MiB.
 ///
-/// Writing output to a file costs about as much as the command that made it:
-/// on a 2-core VM, 50 MB of `tr` output took 38 ms to `/dev/null` and about
-/// 40 ms more to write into a file, so a spool that keeps everything makes
-/// large output cost twice what it must. Past this cap only its halves are
-/// written, whatever the output's size.
+/// It bounds what one command writes to disk, and holds in memory for the
+/// ring, whatever the output's size: past it, output costs a copy into the
+/// ring rather than a write to the file. For 500 MB of output, 17 MB were
+/// written, against 65 MB with the earlier 64 MiB cap and its ring on disk.
 pub const DEFAULT_SPOOL_CAP: u64 = 16 * 1024 * 1024;
 
 /// The largest spool cap: its last half is held in memory while the command
