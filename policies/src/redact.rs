@@ -55,6 +55,10 @@ struct Shape {
     re: Regex,
     /// The capture group holding the secret (0: the whole match).
     group: usize,
+    /// The pattern begins with `\b`: it cannot match at the start of a
+    /// piece of a stream whose previous byte is a word byte (see
+    /// [`Redactor::ranges_of`]).
+    word_start: bool,
 }
 
 /// Finds and masks secrets in text.
@@ -192,10 +196,11 @@ impl Redactor {
         let shapes = SHAPES
             .iter()
             .filter_map(|(kind, re, group)| {
-                Regex::new(re).ok().map(|re| Shape {
+                Regex::new(re).ok().map(|compiled| Shape {
                     kind,
-                    re,
+                    re: compiled,
                     group: *group,
+                    word_start: re.starts_with(r"\b"),
                 })
             })
             .collect();
@@ -276,11 +281,17 @@ impl Redactor {
     }
 
     fn ranges(&self, text: &[u8]) -> Vec<(usize, usize, String)> {
-        self.ranges_of(text, self.shapes_in(text))
+        self.ranges_of(text, self.shapes_in(text), None)
     }
 
     /// [`Redactor::ranges`] for the shapes in `found` (from [`Redactor::shapes_in`]).
-    fn ranges_of(&self, text: &[u8], found: u32) -> Vec<(usize, usize, String)> {
+    ///
+    /// `text` may be a piece of a stream: `prev` is the byte before it, so
+    /// that a shape that begins at a word boundary does not match at its
+    /// start when that byte ends a word (`zAKIA…` is no key id, however the
+    /// stream was cut before its `A`).
+    fn ranges_of(&self, text: &[u8], found: u32, prev: Option<u8>) -> Vec<(usize, usize, String)> {
+        let in_word = prev.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_');
         let mut out = Vec::new();
         if let Some(ac) = &self.literals {
             for m in ac.find_iter(text) {
@@ -296,16 +307,26 @@ impl Redactor {
             if found & (1 << i) == 0 {
                 continue;
             }
-            if shape.group == 0 {
-                for m in shape.re.find_iter(text) {
+            // Searched from `at`, the regex reads the byte before it as
+            // context, as it does between its own matches.
+            let mut at = usize::from(shape.word_start && in_word);
+            while at <= text.len() {
+                let (whole, secret) = if shape.group == 0 {
+                    let Some(m) = shape.re.find_at(text, at) else {
+                        break;
+                    };
+                    (m, Some(m))
+                } else {
+                    let Some(c) = shape.re.captures_at(text, at) else {
+                        break;
+                    };
+                    let Some(whole) = c.get(0) else { break };
+                    (whole, c.get(shape.group))
+                };
+                if let Some(m) = secret {
                     out.push((m.start(), m.end(), format!("[REDACTED:{}]", shape.kind)));
                 }
-            } else {
-                for c in shape.re.captures_iter(text) {
-                    if let Some(m) = c.get(shape.group) {
-                        out.push((m.start(), m.end(), format!("[REDACTED:{}]", shape.kind)));
-                    }
-                }
+                at = whole.end().max(whole.start() + 1);
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
@@ -348,6 +369,8 @@ impl Redactor {
         let mut buf: Vec<u8> = Vec::with_capacity(CHUNK + STREAM_OVERLAP);
         let mut changed = false;
         let mut eof = false;
+        // The last byte written on: context for what is held (see `ranges_of`).
+        let mut prev = None;
         while !eof {
             let start = buf.len();
             buf.resize(start + CHUNK, 0);
@@ -368,7 +391,8 @@ impl Redactor {
                 buf.len().saturating_sub(STREAM_OVERLAP)
             };
             let mut pos = 0;
-            for (s, e, label) in self.ranges(&buf) {
+            let ranges = self.ranges_of(&buf, self.shapes_in(&buf), prev);
+            for (s, e, label) in ranges {
                 if s >= limit {
                     break;
                 }
@@ -385,6 +409,9 @@ impl Redactor {
             if pos < limit {
                 w.write_all(&buf[pos..limit])?;
                 pos = limit;
+            }
+            if pos > 0 {
+                prev = Some(buf[pos - 1]);
             }
             buf.drain(..pos);
         }
@@ -505,6 +532,9 @@ pub struct RedactStream {
     skip: usize,
     /// Raw bytes decided (shown or masked) since the start, `skip` included.
     consumed: u64,
+    /// The last byte decided, the context of `buf`'s first (see
+    /// [`Redactor::ranges_of`]).
+    prev: Option<u8>,
 }
 
 impl RedactStream {
@@ -521,7 +551,7 @@ impl RedactStream {
     pub fn push(&mut self, r: &Redactor, chunk: &[u8], out: &mut Vec<u8>) {
         self.buf.extend_from_slice(chunk);
         let (found, limit) = r.hold_from(&self.buf);
-        let ranges = r.ranges_of(&self.buf, found);
+        let ranges = r.ranges_of(&self.buf, found, self.prev);
         self.emit(&ranges, limit, out);
     }
 
@@ -560,11 +590,14 @@ impl RedactStream {
             return [out, rest];
         }
         let (found, limit) = r.hold_from(rest);
-        let ranges = r.ranges_of(rest, found);
+        let ranges = r.ranges_of(rest, found, self.prev);
         // Ranges come sorted by start: none below the limit means none shown.
         if ranges.first().is_none_or(|(s, ..)| *s >= limit) {
             self.buf.extend_from_slice(&rest[limit..]);
             self.consumed += limit as u64;
+            if limit > 0 {
+                self.prev = Some(rest[limit - 1]);
+            }
             return [out, &rest[..limit]];
         }
         self.buf.extend_from_slice(rest);
@@ -575,7 +608,7 @@ impl RedactStream {
     /// The stream has ended: append the rest to `out`.
     pub fn finish(&mut self, r: &Redactor, out: &mut Vec<u8>) {
         let found = r.shapes_in(&self.buf);
-        let ranges = r.ranges_of(&self.buf, found);
+        let ranges = r.ranges_of(&self.buf, found, self.prev);
         self.emit(&ranges, self.buf.len(), out);
     }
 
@@ -618,6 +651,9 @@ impl RedactStream {
         if pos < limit {
             copy(out, pos, limit, &self.buf);
             pos = limit;
+        }
+        if pos > 0 {
+            self.prev = Some(self.buf[pos - 1]);
         }
         self.buf.drain(..pos);
         self.skip = self.skip.saturating_sub(pos);
@@ -734,6 +770,28 @@ mod tests {
         assert_eq!(clean, b"nothing here");
     }
 
+    /// `redact_stream` decides each read but its last [`STREAM_OVERLAP`]
+    /// bytes: cut there inside a word, it masks what the whole text does.
+    #[test]
+    fn a_copied_stream_cut_inside_a_word_masks_what_the_whole_does() {
+        let r = Redactor::shapes_only();
+        // `redact_stream` reads 1 MiB at a time; its first cut falls here.
+        let cut = (1 << 20) - STREAM_OVERLAP;
+        let mut text = b"x ".repeat(cut / 2);
+        text.pop();
+        text.extend_from_slice(b"zAKIA1234567890ABCDEF AKIA1234567890ABCDEF ");
+        assert_eq!(&text[cut - 1..cut + 1], b"zA");
+        text.extend_from_slice(&b"y ".repeat(300_000));
+        let whole = r.redact_bytes(&text).into_owned();
+        assert_eq!(
+            whole.len(),
+            text.len() - 20 + "[REDACTED:aws-access-key]".len()
+        );
+        let mut out = Vec::new();
+        assert!(r.redact_stream(&text[..], &mut out).unwrap());
+        assert!(out == whole, "the stream differs from the whole");
+    }
+
     #[test]
     fn overlapping_matches_hide_the_union() {
         let r = Redactor::with_values(env(&[("A", "sk-proj-abcdefghijklmnopqrstuvwxyz")]));
@@ -776,15 +834,26 @@ mod tests {
     #[test]
     fn a_stream_masks_a_secret_however_it_is_cut() {
         let r = Redactor::from_env(env(&[("DB_PASSWORD", "hunter2 hunter2")]));
-        let texts: [&[u8]; 4] = [
+        // The last: shapes that begin at a word's start, inside a word and
+        // not, which a cut just before the intro must not tell apart.
+        let texts: [&[u8]; 5] = [
             b"pw=hunter2 hunter2 and again hunter2 hunter2\n",
             b"k sk-proj-abcdefghijklmnopqrstuvwxyz012345 end ghp_abcdefghijklmnopqrstuvwxyz0123456789",
             b"GET /\nAuthorization: Bearer abc.def-ghi_jkl\nok",
             b"x\n-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nAAAA\n-----END RSA PRIVATE KEY-----\ny",
+            b"zAKIA1234567890ABCDEF AKIA1234567890ABCDEF x_ghp_abcdefghijklmnopqrstuvwxyz0123456789 ghp_abcdefghijklmnopqrstuvwxyz0123456789",
         ];
         for t in texts {
             let whole = r.redact_bytes(t).into_owned();
             assert_ne!(whole, t, "{}", String::from_utf8_lossy(t));
+            if t.starts_with(b"zAKIA") {
+                let shown = String::from_utf8_lossy(&whole);
+                assert!(
+                    shown.starts_with("zAKIA1234567890ABCDEF [REDACTED:"),
+                    "{shown}"
+                );
+                assert!(shown.contains(" x_ghp_abc"), "{shown}");
+            }
             for a in 0..=t.len() {
                 let got = streamed(&r, &[&t[..a], &t[a..]]);
                 assert_eq!(got, whole, "cut at {a}: {}", String::from_utf8_lossy(t));
