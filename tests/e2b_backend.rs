@@ -501,3 +501,68 @@ async fn the_standin_binary_prints_its_settings() -> TestResult {
     child.kill().await?;
     Ok(())
 }
+
+/// envd keeps a process whose stream dropped, so a berth killed mid-command
+/// left its session's shell idle in the sandbox for as long as it lived. The
+/// next berth to open that session ends it; a shell under the same session
+/// whose berth is alive (this process's) is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_left_by_a_killed_berth_is_ended_by_the_next() -> TestResult {
+    use std::io::BufRead;
+    let (standin, b) = e2b_standin().await?;
+    // A berth CLI in its own process, killed while its command runs.
+    let state = tempfile::tempdir()?;
+    let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["exec", "-b", "e2b", "--", "echo started; sleep 5"])
+        .envs(standin.env())
+        .env("BERTH_STATE_DIR", state.path())
+        .env("BERTH_SERVER", "off")
+        .env("BERTH_POLICY", state.path().join("no-policy.toml"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(cli.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    assert_eq!(line, "started\n");
+    cli.kill()?;
+    cli.wait()?;
+    let e2b = b.attach_by_name("default").await?;
+    let orphans = e2b.processes().await?;
+    assert_eq!(
+        orphans.len(),
+        1,
+        "the killed berth's shell is left: {orphans:?}"
+    );
+    let sb: Arc<dyn Sandbox> = Arc::new(b.attach_by_name("default").await?);
+
+    // Another session's shell does not touch it.
+    let mut other = session(sb.clone(), "e2b/default/other").await?;
+    other.exec("true", ExecOpts::default()).await?;
+    assert!(e2b.processes().await?.contains(&orphans[0]));
+
+    // The next berth's shell for that session ends it.
+    let mut next = session(sb.clone(), "e2b/default/main").await?;
+    let r = next.exec("echo $((6 * 7))", ExecOpts::default()).await?;
+    assert_eq!(r.output.text(), "42\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e2b.processes().await?.contains(&orphans[0]) {
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned shell {} still runs",
+            orphans[0]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A second shell for the session while this berth lives leaves the first.
+    let mut twin = session(sb.clone(), "e2b/default/main").await?;
+    twin.exec("true", ExecOpts::default()).await?;
+    for s in [&mut next, &mut other] {
+        let r = s.exec("echo still", ExecOpts::default()).await?;
+        assert_eq!(r.output.text(), "still\n");
+    }
+    for s in [next, other, twin] {
+        s.close().await;
+    }
+    Ok(())
+}

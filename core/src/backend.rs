@@ -141,6 +141,13 @@ pub struct SpawnOpts {
     /// agent code. Where a backend confines each spawn's signals to its own
     /// process tree, a helper may reach every process of the sandbox.
     pub helper: bool,
+    /// What this process is, by a key unique within its sandbox (a session's
+    /// shell). A backend whose processes outlive the link that started them
+    /// (envd keeps a process whose stream dropped) tags it with the key and
+    /// this berth ([`crate::owner`]), and first ends any process under the
+    /// same key whose berth is gone: a berth killed mid-command leaves no idle
+    /// shell behind. Backends whose processes end with their link ignore it.
+    pub replaces: Option<String>,
 }
 
 /// A terminal's size in character cells.

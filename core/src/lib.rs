@@ -10,6 +10,7 @@ pub mod backend;
 pub mod error;
 pub mod gate;
 pub mod jobs;
+pub mod owner;
 mod procs;
 pub mod session;
 

@@ -144,6 +144,54 @@ impl Inner {
         })
     }
 
+    /// End the processes tagged with `key` (see [`SpawnOpts::replaces`])
+    /// whose berth is gone: envd keeps a process whose stream dropped, so a
+    /// session's shell would otherwise outlive a berth killed mid-command,
+    /// idle at its `read` for as long as the sandbox lives. A failure here
+    /// stops nothing: the new process starts all the same.
+    ///
+    /// [`SpawnOpts::replaces`]: berth_core::backend::SpawnOpts::replaces
+    pub(super) async fn end_orphans(&self, key: &str) {
+        let listed: std::result::Result<proto::ListResponse, _> = self
+            .envd
+            .unary("/process.Process/List", &proto::Empty {})
+            .await;
+        let listed = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                debug!(sandbox = %self.name, error = %e, "listing processes for orphans");
+                return;
+            }
+        };
+        let prefix = format!("{key}|");
+        for p in listed.processes {
+            let Some(owner) = p.tag.as_deref().and_then(|t| t.strip_prefix(&prefix)) else {
+                continue;
+            };
+            if !berth_core::owner::is_gone(owner) {
+                continue;
+            }
+            let r: std::result::Result<proto::Empty, _> = self
+                .envd
+                .unary(
+                    "/process.Process/SendSignal",
+                    &proto::SendSignalRequest {
+                        process: proto::Selector::Pid(p.pid),
+                        signal: proto::SignalName::Kill,
+                    },
+                )
+                .await;
+            match r {
+                Ok(_) => {
+                    debug!(sandbox = %self.name, pid = p.pid, key, "ended the shell of a berth that is gone")
+                }
+                Err(e) => {
+                    debug!(sandbox = %self.name, pid = p.pid, error = %e, "ending an orphaned shell")
+                }
+            }
+        }
+    }
+
     /// Run a short helper script; its stdout when it exits 0.
     pub(super) async fn helper(&self, script: &str) -> Result<Vec<u8>> {
         let argv = ["bash".to_string(), "-c".to_string(), script.to_string()];
@@ -316,9 +364,16 @@ impl Sandbox for E2bSandbox {
         if opts.tty && !env.iter().any(|(k, _)| k == "TERM") {
             env.push(("TERM".into(), "xterm-256color".into()));
         }
+        let tag = match &opts.replaces {
+            Some(key) => {
+                self.inner.end_orphans(key).await;
+                Some(format!("{key}|{}", berth_core::owner::this()))
+            }
+            None => None,
+        };
         let request = StartRequest {
             process: self.inner.config(argv, &env, Some(cwd))?,
-            tag: None,
+            tag,
             stdin: Some(true),
             pty: opts
                 .tty

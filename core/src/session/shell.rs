@@ -230,6 +230,7 @@ impl Session {
                     env: self.cfg.env.clone(),
                     cwd: Some(layout.workdir.clone()),
                     helper: false,
+                    replaces: Some(format!("berth-shell:{}", self.cfg.name)),
                     ..SpawnOpts::default()
                 },
             )
