@@ -152,11 +152,7 @@ impl Inner {
     ///
     /// [`SpawnOpts::replaces`]: berth_core::backend::SpawnOpts::replaces
     pub(super) async fn end_orphans(&self, key: &str) {
-        let listed: std::result::Result<proto::ListResponse, _> = self
-            .envd
-            .unary("/process.Process/List", &proto::Empty {})
-            .await;
-        let listed = match listed {
+        let listed = match self.processes().await {
             Ok(l) => l,
             Err(e) => {
                 debug!(sandbox = %self.name, error = %e, "listing processes for orphans");
@@ -164,7 +160,7 @@ impl Inner {
             }
         };
         let prefix = format!("{key}|");
-        for p in listed.processes {
+        for p in listed {
             let Some(owner) = p.tag.as_deref().and_then(|t| t.strip_prefix(&prefix)) else {
                 continue;
             };
@@ -190,6 +186,22 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// The processes envd is running.
+    async fn processes(&self) -> Result<Vec<proto::ProcessInfo>> {
+        let r: proto::ListResponse = self
+            .envd
+            .unary("/process.Process/List", &proto::Empty {})
+            .await
+            .map_err(|e| {
+                Error::backend_call(
+                    KIND,
+                    format!("sandbox `{}`: listing processes: {e}", self.name),
+                    e,
+                )
+            })?;
+        Ok(r.processes)
     }
 
     /// Run a short helper script; its stdout when it exits 0.
@@ -305,19 +317,8 @@ impl E2bSandbox {
 
     /// The processes envd is running, by pid.
     pub async fn processes(&self) -> Result<Vec<u32>> {
-        let r: proto::ListResponse = self
-            .inner
-            .envd
-            .unary("/process.Process/List", &proto::Empty {})
-            .await
-            .map_err(|e| {
-                Error::backend_call(
-                    KIND,
-                    format!("sandbox `{}`: listing processes: {e}", self.inner.name),
-                    e,
-                )
-            })?;
-        Ok(r.processes.into_iter().map(|p| p.pid).collect())
+        let listed = self.inner.processes().await?;
+        Ok(listed.into_iter().map(|p| p.pid).collect())
     }
 
     pub(super) fn resolve(&self, path: &str) -> String {

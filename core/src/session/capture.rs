@@ -105,7 +105,7 @@ impl Spool {
             self.file.write_all(&chunk[..n])?;
             chunk = &chunk[n..];
         }
-        if chunk.is_empty() || self.ring_len == 0 {
+        if chunk.is_empty() {
             return Ok(());
         }
         let mut k = at.max(self.head) - self.head;
@@ -139,13 +139,15 @@ impl Spool {
 
     /// Write the ring after the head, oldest byte first, with a line saying
     /// what was left out when it wrapped; `total` bytes arrived in all.
-    fn finish(mut self, total: u64) -> std::io::Result<PathBuf> {
+    /// Returns the file and how many bytes were left out of it.
+    fn finish(mut self, total: u64) -> std::io::Result<(PathBuf, u64)> {
         let past = total.saturating_sub(self.head);
-        if past > self.ring_len as u64 {
+        let omitted = past.saturating_sub(self.ring_len as u64);
+        if omitted > 0 {
             write!(
                 self.file,
                 "\n[... berth: {} of {} bytes left out of this spool (cap {} bytes) ...]\n",
-                past - self.ring_len as u64,
+                omitted,
                 total,
                 self.head + self.ring_len as u64
             )?;
@@ -156,7 +158,7 @@ impl Spool {
             self.file.write_all(&self.ring)?;
         }
         self.file.flush()?;
-        Ok(self.path)
+        Ok((self.path, omitted))
     }
 }
 
@@ -305,17 +307,15 @@ impl Capture {
             filter.finish(&mut rest);
             self.accept(&rest)?;
         }
-        let spool_omitted = self.total.saturating_sub(self.spool_cap);
-        let spool = match self.spool.take() {
+        let (spool, spool_omitted) = match self.spool.take() {
             Some(spool) => {
                 let path = spool.path.clone();
-                Some(
-                    spool
-                        .finish(self.total)
-                        .map_err(|e| Error::io("writing output spool", path, e))?,
-                )
+                let (file, omitted) = spool
+                    .finish(self.total)
+                    .map_err(|e| Error::io("writing output spool", path, e))?;
+                (Some(file), omitted)
             }
-            None => None,
+            None => (None, 0),
         };
         let tail: Vec<u8> = self.tail.into_iter().collect();
         let kept = (self.head.len() + tail.len()) as u64;
@@ -324,7 +324,7 @@ impl Capture {
             tail,
             total_bytes: self.total,
             omitted_bytes: self.total.saturating_sub(kept),
-            spool_omitted: if spool.is_some() { spool_omitted } else { 0 },
+            spool_omitted,
             spool,
         })
     }
