@@ -855,6 +855,30 @@ async fn local_file_tools_stay_in_the_sandbox() -> TestResult {
     }
     assert_eq!(std::fs::read_to_string(&secret)?, "host only");
     assert!(!Path::new(&outside.path().join("new")).exists());
+    // Nor the sandbox's record beside its workspace, which berth reads back
+    // when it starts the sandbox's shell (#32 item 1): by `..`, by an
+    // absolute path, or by a symlink planted beside it.
+    let r = c
+        .run("cd ~ && ln -s ../sandbox.json rec && cd .. && pwd")
+        .await?;
+    let dir = text(&r).lines().next().unwrap_or("").to_string();
+    assert!(dir.starts_with('/'), "{}", text(&r));
+    let record = Path::new(&dir).join("sandbox.json");
+    let before = std::fs::read(&record)?;
+    for path in [
+        "../sandbox.json".to_string(),
+        "rec".to_string(),
+        record.display().to_string(),
+    ] {
+        let r = c
+            .call(
+                "write_file",
+                json!({ "path": path, "content": "{\"network\": true}" }),
+            )
+            .await?;
+        assert_eq!(r.is_error, Some(true), "{path}: {}", text(&r));
+    }
+    assert_eq!(std::fs::read(&record)?, before);
     // berth's own directory in the sandbox is off limits to the file tools.
     let r = c.run("echo $__berth_dir").await?;
     let berth_dir = text(&r).lines().next().unwrap_or("").to_string();

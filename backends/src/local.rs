@@ -33,6 +33,9 @@ use tokio::process::{Child, Command};
 
 const KIND: &str = "local";
 
+/// The sandbox's own directories, the only ones its processes may write.
+const OWN_DIRS: [&str; 3] = ["work", "tmp", ".berth"];
+
 /// The size berth asks for a child's stdout pipe (the kernel's default
 /// `pipe-max-size` for an ordinary user).
 const PIPE_SIZE: i32 = 1 << 20;
@@ -86,7 +89,7 @@ impl Backend for LocalBackend {
         let record_path = dir.join("sandbox.json");
         let existed = record_path.exists();
         let mut recreated = None;
-        for sub in ["work", "tmp", ".berth"] {
+        for sub in OWN_DIRS {
             let p = dir.join(sub);
             if existed && !p.is_dir() {
                 recreated = Some(format!(
@@ -272,8 +275,22 @@ impl LocalSandbox {
     /// and the path relative to it, or `None` for unconfined access.
     fn confine(&self, asked: &str, p: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
         let abs = std::path::absolute(p).map_err(|e| Error::io("resolving", p, e))?;
+        // Each of the sandbox's own directories is a root of its own: a path
+        // (or a symlink planted in one) cannot reach from one into another, nor
+        // up to the sandbox's record beside them, which berth reads back to
+        // decide how to confine the sandbox.
+        for sub in OWN_DIRS {
+            let root = self.root.join(sub);
+            if let Some(rel) = crate::local_files::relative_under(&root, &abs) {
+                return Ok(Some((root, rel)));
+            }
+        }
         match crate::local_files::relative_under(&self.root, &abs) {
-            Some(rel) => Ok(Some((self.root.clone(), rel))),
+            Some(_) => Err(Error::InvalidInput(format!(
+                "{asked} is sandbox `{}`'s own record, not a file of its workspace: \
+                 berth's file access reaches only the sandbox's work/, tmp/ and .berth/ directories",
+                self.name
+            ))),
             None if self.wrapper.is_none() => Ok(None),
             None => Err(Error::InvalidInput(format!(
                 "{asked} is outside sandbox `{}`: berth's file access reaches only the sandbox's directory ({}). \
@@ -353,19 +370,31 @@ impl Sandbox for LocalSandbox {
                     dir: &self.dir,
                     name: &self.name,
                     network: self.network,
-                    helper: opts.helper,
                 })
                 .into_iter()
                 .chain(argv.iter().map(Into::into))
                 .collect(),
             None => argv.iter().map(Into::into).collect(),
         };
+        // The program's environment; later pairs win.
+        let mut env: Vec<(String, String)> =
+            self.env.iter().chain(opts.env.iter()).cloned().collect();
+        // A program on a terminal expects to be told what kind it is.
+        if opts.tty && !opts.env.iter().any(|(k, _)| k == "TERM") {
+            env.push(("TERM".into(), "xterm-256color".into()));
+        }
         let mut cmd = Command::new(&full[0]);
-        cmd.args(&full[1..])
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&cwd);
+        cmd.args(&full[1..]).env_clear().current_dir(&cwd);
+        if self.wrapper.is_some() {
+            // The wrapper runs unconfined until it execs: it gets the
+            // program's environment in one variable, applied only at that
+            // exec (see `berth_sandbox::exec::ENV_CARRIER`).
+            let carried = serde_json::to_string(&env)
+                .map_err(|e| Error::InvalidInput(format!("sandbox environment: {e}")))?;
+            cmd.env(berth_sandbox::exec::ENV_CARRIER, carried);
+        } else {
+            cmd.envs(env);
+        }
         let pty = if opts.tty {
             let pty = crate::local_pty::Pty::open(opts.tty_size.unwrap_or_default())
                 .map_err(|e| Error::stream("opening a terminal (openpty)", e))?;
@@ -378,10 +407,6 @@ impl Sandbox for LocalSandbox {
             cmd.stdin(slave("giving the terminal to stdin")?)
                 .stdout(slave("giving the terminal to stdout")?)
                 .stderr(slave("giving the terminal to stderr")?);
-            // A program on a terminal expects to be told what kind it is.
-            if !opts.env.iter().any(|(k, _)| k == "TERM") {
-                cmd.env("TERM", "xterm-256color");
-            }
             Some(pty)
         } else {
             cmd.stdin(Stdio::piped())

@@ -28,10 +28,6 @@ pub struct SpawnTarget<'a> {
     pub name: &'a str,
     /// Whether the sandbox's own spec asks for network (the policy can also).
     pub network: bool,
-    /// berth's own helper (a tree kill, a job's status), which must reach every
-    /// process of the sandbox, also those of earlier spawns: it runs without
-    /// the Landlock signal scope that confines agent code to its own tree.
-    pub helper: bool,
 }
 
 impl WrapperCommand {
@@ -71,9 +67,6 @@ impl WrapperCommand {
             "--network".into(),
             if t.network { "on" } else { "off" }.into(),
         ];
-        if t.helper {
-            v.push("--helper".into());
-        }
         if self.unrestricted {
             v.push("--unrestricted".into());
         }
@@ -107,7 +100,6 @@ mod tests {
             dir: Path::new("/s/d"),
             name: "d",
             network: true,
-            helper: false,
         };
         let argv = w.argv(&t);
         assert_eq!(argv[1], SUBCOMMAND);
@@ -121,7 +113,7 @@ mod tests {
             parsed.policy.network,
             "the spec's network reaches the policy"
         );
-        assert!(!parsed.helper && !parsed.unrestricted);
+        assert!(!parsed.unrestricted);
         assert_eq!(parsed.argv, vec![OsString::from("true")]);
     }
 }

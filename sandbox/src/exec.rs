@@ -34,6 +34,15 @@ pub const EXIT_UNSUPPORTED: u8 = 125;
 /// Exit code when the wrapper's own setup failed or the program cannot run.
 pub const EXIT_FAILED: u8 = 126;
 
+/// The one variable berth starts the wrapper with: the environment of the
+/// sandboxed program, as JSON pairs. The wrapper itself runs with nothing
+/// else in its environment, so no variable the sandbox chose (`LD_PRELOAD`,
+/// `GCONV_PATH`, `GLIBC_TUNABLES`, …) acts on the wrapper while it is still
+/// unconfined: the dynamic loader reads those before `main`, where no check
+/// of the wrapper's could come in time. The program gets them only at the
+/// final exec, confined.
+pub const ENV_CARRIER: &str = "BERTH_SANDBOX_EXEC_ENV";
+
 /// If this process was started as the wrapper, run it (never returns on
 /// success, since it execs). Call this first thing in `main`.
 pub fn dispatch() -> Option<ExitCode> {
@@ -81,9 +90,6 @@ pub(crate) struct Args {
     /// Run WITHOUT kernel restrictions.
     #[arg(long)]
     pub unrestricted: bool,
-    /// berth's own helper: may signal every process of the sandbox.
-    #[arg(long)]
-    pub helper: bool,
     /// Kill what is left of the sandbox and remove its pids cgroup, then exit.
     #[arg(long)]
     pub remove_cgroup: bool,
@@ -103,7 +109,7 @@ pub(crate) fn parse_args(args: Vec<OsString>) -> Result<Args> {
     }
     if a.argv.is_empty() && !a.remove_cgroup {
         return Err(Error::Usage(
-            "no program to run; usage: berth __sandbox-exec [--policy JSON] --sandbox-dir DIR --name NAME [--network on|off] [--helper] [--unrestricted] -- ARGV...".into(),
+            "no program to run; usage: berth __sandbox-exec [--policy JSON] --sandbox-dir DIR --name NAME [--network on|off] [--unrestricted] -- ARGV...".into(),
         ));
     }
     if a.name.is_empty() {
@@ -128,13 +134,14 @@ fn run(args: Vec<OsString>) -> Result<Never> {
         std::process::exit(0);
     }
     crate::env::close_inherited_fds()?;
+    let env = program_env()?;
     if args.unrestricted || !args.policy.restricted {
         eprintln!(
             "berth: WARNING: sandbox `{}` runs WITHOUT kernel restrictions (no Landlock, no seccomp, no rlimits): \
              its processes can read and write anything this user can, including ~/.ssh and berth's state.",
             args.name
         );
-        return exec(&args.argv);
+        return exec(&args.argv, env);
     }
     let mut profile = args
         .policy
@@ -156,13 +163,39 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     }
     crate::caps::drop_all()?;
     set_no_new_privs()?;
-    crate::landlock::apply(&profile, abi, !args.helper)?;
+    // Every process of the sandbox, berth's helpers too, may signal only its
+    // own tree: a helper acts on pids the sandbox wrote into its files, and
+    // unscoped, a `1` there would have it signal the whole host. What must
+    // reach an earlier spawn's processes, berth does from its own process,
+    // once it knows them to be the sandbox's (`berth_core::procs`).
+    crate::landlock::apply(&profile, abi)?;
     crate::seccomp::apply(&profile)?;
-    exec(&args.argv)
+    exec(&args.argv, env)
 }
 
-fn exec(argv: &[OsString]) -> Result<Never> {
-    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+/// The sandboxed program's environment: from [`ENV_CARRIER`] when berth
+/// passed one, else the wrapper's own (a person running the wrapper by hand).
+fn program_env() -> Result<Option<Vec<(String, String)>>> {
+    let Some(raw) = std::env::var_os(ENV_CARRIER) else {
+        return Ok(None);
+    };
+    let pairs: Vec<(String, String)> = serde_json::from_slice(raw.as_encoded_bytes())
+        .map_err(|e| Error::Usage(format!("{ENV_CARRIER} is not a list of pairs: {e}")))?;
+    Ok(Some(pairs))
+}
+
+fn exec(argv: &[OsString], env: Option<Vec<(String, String)>>) -> Result<Never> {
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    match env {
+        Some(pairs) => {
+            cmd.env_clear().envs(pairs);
+        }
+        None => {
+            cmd.env_remove(ENV_CARRIER);
+        }
+    }
+    let err = cmd.exec();
     Err(Error::setup(
         format!("cannot run {:?}", argv[0].to_string_lossy()),
         err,

@@ -110,10 +110,9 @@ pub fn write_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
     out
 }
 
-/// Restrict the calling thread (and all it execs) to the profile. `scope_signals`
-/// confines signals to this process's own tree; berth's helpers, which must
-/// reach the whole sandbox, go without it.
-pub fn apply(profile: &SandboxProfile, abi_num: i32, scope_signals: bool) -> Result<()> {
+/// Restrict the calling thread (and all it execs) to the profile, signals
+/// and abstract unix sockets to its own tree where the kernel can scope them.
+pub fn apply(profile: &SandboxProfile, abi_num: i32) -> Result<()> {
     let abi = abi_enum(abi_num);
     let ll =
         |e: landlock::RulesetError| Error::setup("Landlock", std::io::Error::other(e.to_string()));
@@ -127,10 +126,9 @@ pub fn apply(profile: &SandboxProfile, abi_num: i32, scope_signals: bool) -> Res
             .map_err(ll)?;
     }
     if abi_num >= 6 {
-        ruleset = ruleset.scope(Scope::AbstractUnixSocket).map_err(ll)?;
-        if scope_signals {
-            ruleset = ruleset.scope(Scope::Signal).map_err(ll)?;
-        }
+        ruleset = ruleset
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)
+            .map_err(ll)?;
     }
     let read = without_secrets(&profile.read_exec);
     let write = write_grants(profile);
@@ -189,7 +187,7 @@ mod tests {
                     berth_policies::LocalPolicy::default()
                         .profile("t", dir.path(), |p: &Path| p.exists());
                 p.read_write = vec![inside.clone()];
-                apply(&p, abi(), true).unwrap();
+                apply(&p, abi()).unwrap();
                 let w = std::fs::write(inside.join("f"), "y").is_ok();
                 let r = std::fs::read(&outside).is_ok();
                 let shadow = std::fs::read("/etc/shadow").is_ok();

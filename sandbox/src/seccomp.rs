@@ -153,12 +153,15 @@ pub fn eperm_rules(profile: &SandboxProfile) -> Result<Rules> {
         rules.insert(nr, Vec::new());
     }
 
-    // Socket families: an allow-list. With the network off, none: AF_UNIX
-    // too, since Landlock before ABI 9 cannot confine connecting to pathname
-    // sockets such as docker.sock. (socketpair still gives pipes.)
+    // Socket families: an allow-list. With the network off, none. Never
+    // AF_UNIX, network or not: Landlock before ABI 9 cannot confine
+    // connecting to pathname sockets, and every socket of the user (or, as
+    // root, of the host) would be in reach: docker.sock, berth's own
+    // server.sock (where approvals are answered), an ssh-agent's.
+    // (socketpair still gives pipes.)
     let socket = if profile.network {
         let mut not_allowed = Vec::new();
-        for family in [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6] {
+        for family in [libc::AF_INET, libc::AF_INET6] {
             not_allowed.push(cond(
                 0,
                 SeccompCmpArgLen::Dword,
