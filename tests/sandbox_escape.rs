@@ -578,8 +578,8 @@ fn cannot_signal_a_host_process_of_the_same_uid() {
 
 const ABSTRACT: &str = r#"
 import socket, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(b"\0" + sys.argv[1].encode())
     print("ABSTRACT connected")
 except OSError as e:
@@ -597,7 +597,7 @@ fn abstract_unix_sockets_of_the_host_are_out_of_reach() {
         .unwrap(),
     )
     .unwrap();
-    // Network on, so AF_UNIX sockets may be made at all.
+    // Network on: AF_UNIX sockets are refused all the same.
     let script = format!("python3 -c '{ABSTRACT}' {name}");
     let o = sb.run_with(r#"{"network":true}"#, &[], &script);
     ran(&o);
@@ -760,9 +760,7 @@ fn socket_families_are_an_allow_list() {
     let out = String::from_utf8_lossy(&o.stdout);
     let line = out.lines().find(|l| l.starts_with("FAM ")).unwrap_or("");
     assert!(
-        line.starts_with(
-            "FAM unix:open inet:open inet6:open netlink:1 packet:1 key:1 alg:1 vsock:1"
-        ),
+        line.starts_with("FAM unix:1 inet:open inet6:open netlink:1 packet:1 key:1 alg:1 vsock:1"),
         "network on: {}",
         text(&o)
     );
@@ -778,6 +776,54 @@ fn socket_families_are_an_allow_list() {
         "{}",
         text(&o)
     );
+}
+
+/// A pathname unix socket of the host (docker.sock, berth's own server.sock,
+/// an ssh-agent's) is out of reach of a sandbox, with the network on too:
+/// Landlock before ABI 9 cannot confine `connect` to one, so the sandbox
+/// gets no AF_UNIX socket at all. Control: unconfined, the same connect
+/// reaches the listener and reads its greeting.
+#[test]
+fn unix_sockets_of_the_host_are_out_of_reach_with_the_network_on() {
+    let sb = Sandbox::new();
+    let outside = tempfile::tempdir().unwrap();
+    let path = outside.path().join("host.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let serve = std::thread::spawn(move || {
+        use std::io::Write;
+        // Answers every connection; detached, it ends with the test process.
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { break };
+            if c.write_all(b"GREETING\n").is_err() {
+                break;
+            }
+        }
+    });
+    let probe = format!(
+        "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{}\"); print(s.recv(64).decode().strip())'",
+        path.display()
+    );
+    for policy in [r#"{"network":true}"#, "{}"] {
+        let o = sb.run_with(policy, &[], &probe);
+        ran(&o);
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("GREETING"),
+            "policy {policy}: the sandbox reached a host socket: {}",
+            text(&o)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("PermissionError"),
+            "policy {policy}: {}",
+            text(&o)
+        );
+    }
+    let o = sb.unrestricted(&probe);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("GREETING"),
+        "control: {}",
+        text(&o)
+    );
+    drop(serve);
 }
 
 #[test]
@@ -1028,4 +1074,159 @@ fn an_ordinary_users_fork_bomb_is_stopped_whole() {
     let o = berth(&["job", "ls", "--json"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("\"killed\""), "{}", text(&o));
+}
+
+/// berth through its CLI, in-process (no server), with its own state.
+fn berth_cli(home: &Path, extra_env: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(BERTH)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("BERTH_STATE_DIR", home.join("state"))
+        .env("BERTH_SERVER", "off")
+        .envs(extra_env.iter().copied())
+        .current_dir(home)
+        .output()
+        .unwrap()
+}
+
+/// A library whose constructor writes `flag`, wherever it is loaded.
+fn preload_library(dir: &Path, flag: &Path) -> PathBuf {
+    let src = dir.join("pre.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void hit(void) {{\n  FILE *f = fopen(\"{}\", \"a\");\n  if (f) {{ fputs(\"loaded\\n\", f); fclose(f); }}\n}}\n",
+            flag.display()
+        ),
+    )
+    .unwrap();
+    let lib = dir.join("pre.so");
+    let cc = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc (the Rust toolchain's linker) builds the test's library");
+    assert!(cc.status.success(), "{}", text(&cc));
+    lib
+}
+
+/// The sandbox's spec environment (`sandbox create --env`) is the sandbox's
+/// to choose, and so is anything an agent writes into it: none of it may act
+/// on berth's wrapper while the wrapper is still unconfined. Before, a
+/// `LD_PRELOAD` there ran its library in the wrapper, before Landlock and
+/// seccomp, as berth's user with all its capabilities (#32 item 1). Control:
+/// unrestricted, the same library runs and writes outside.
+#[test]
+fn a_sandboxs_environment_never_reaches_the_unconfined_wrapper() {
+    let home = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let flag = outside.path().join("escaped");
+    let lib = preload_library(outside.path(), &flag);
+    let preload = format!("LD_PRELOAD={}", lib.display());
+    for var in [preload.as_str(), "GCONV_PATH=/nonexistent"] {
+        let o = berth_cli(
+            home.path(),
+            &[],
+            &[
+                "sandbox",
+                "create",
+                "pre",
+                "--backend",
+                "local",
+                "--env",
+                var,
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let o = berth_cli(
+            home.path(),
+            &[],
+            &["exec", "--sandbox", "pre", "--", "echo confined-ran"],
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("confined-ran"),
+            "{}",
+            text(&o)
+        );
+        let o = berth_cli(home.path(), &[], &["sandbox", "rm", "pre"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert!(
+        !flag.exists(),
+        "the library ran outside the sandbox's confinement: {:?}",
+        std::fs::read_to_string(&flag)
+    );
+    // Control: unconfined, the library runs and writes outside.
+    let o = berth_cli(
+        home.path(),
+        &[("BERTH_UNRESTRICTED", "1")],
+        &[
+            "sandbox",
+            "create",
+            "open",
+            "--backend",
+            "local",
+            "--env",
+            &preload,
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = berth_cli(
+        home.path(),
+        &[("BERTH_UNRESTRICTED", "1")],
+        &["exec", "--sandbox", "open", "--", "true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(flag.exists(), "control: the library did not run unconfined");
+}
+
+/// The pid in a job's files is the sandbox's to write. berth signals a pid
+/// from there only when it is a process of the sandbox: a job whose `pid`
+/// says 1, or a host process's pid, has nothing of the host signalled, and
+/// the same goes for the `holder` that closing stdin stops (#32 item 2).
+#[test]
+fn job_files_cannot_aim_berths_signals_at_the_host() {
+    let home = tempfile::tempdir().unwrap();
+    // A host process of the same user, which a forged pid names.
+    let mut victim = Command::new("sleep").arg("313.7").spawn().unwrap();
+    let vpid = victim.id().to_string();
+    let o = berth_cli(
+        home.path(),
+        &[],
+        &["job", "start", "--json", "--", "sleep 300"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let job: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    // From inside the sandbox: aim the job's pid and holder at the victim.
+    let forge = format!(
+        "d=$HOME/../.berth/jobs/{id}; echo {vpid} > $d/pid; echo {vpid} > $d/holder; echo {vpid} > $d/wrapper"
+    );
+    let o = berth_cli(home.path(), &[], &["exec", "--", &forge]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The forgery landed where berth reads the job's files.
+    let o = berth_cli(
+        home.path(),
+        &[],
+        &["exec", "--", &format!("cat $HOME/../.berth/jobs/{id}/pid")],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        vpid,
+        "{}",
+        text(&o)
+    );
+    let _ = berth_cli(home.path(), &[], &["job", "kill", &id]);
+    let _ = berth_cli(home.path(), &[], &["job", "send", &id, "--eof"]);
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "berth signalled a host process named in the sandbox's files"
+    );
+    // Control: berth's own signal to the victim does reach it.
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let _ = berth_cli(home.path(), &[], &["sandbox", "rm", "default"]);
 }

@@ -138,8 +138,9 @@ pub struct SpawnOpts {
     /// The terminal's size when `tty` is set; [`TermSize::default`] when `None`.
     pub tty_size: Option<TermSize>,
     /// berth's own short helper (a tree kill, a job's status or log), never
-    /// agent code. Where a backend confines each spawn's signals to its own
-    /// process tree, a helper may reach every process of the sandbox.
+    /// agent code. The local backend confines every spawn, helpers too, to
+    /// its own tree's signals: what must reach the whole sandbox there is
+    /// signalled by berth's own process, through pidfds it checked (#32).
     pub helper: bool,
     /// What this process is, by a key unique within its sandbox (a session's
     /// shell). A backend whose processes outlive the link that started them
@@ -431,6 +432,13 @@ pub async fn mkdir_p(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
 
 /// Check a sandbox name that becomes a directory name: 1-63 letters, digits,
 /// '-', '_' or '.', not starting with '.' (so never `..` or a hidden file).
+/// The variable every backend sets to the sandbox's name in each of its
+/// processes. On the local backend berth also reads it back, from
+/// `/proc/PID/environ`, to tell the sandbox's processes from the host's
+/// before it signals one (see `procs::SandboxProc`).
+pub const SANDBOX_MARKER: &str = "BERTH_SANDBOX";
+
+/// Check that a sandbox name is one berth accepts.
 pub fn check_sandbox_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 63

@@ -4,6 +4,7 @@
 //!
 //! [`Sandbox::host_processes`]: crate::backend::Sandbox::host_processes
 
+use std::path::Path;
 use std::str::FromStr;
 
 use nix::sys::signal::Signal;
@@ -41,6 +42,136 @@ pub(crate) fn pids() -> impl Iterator<Item = i32> {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
+}
+
+/// Read a small file of a sandbox's (a job's `pid`, `status`) from berth's
+/// own process: `rel` resolved beneath `root` by the kernel, so no `..` or
+/// symlink the sandbox planted leads out of it; opened non-blocking and read
+/// only when it is a regular file, so a FIFO planted in its place cannot hang
+/// berth; and no more than 4 KiB. `None` when any of that fails.
+pub(crate) fn read_small(root: &Path, rel: &Path) -> Option<String> {
+    use std::io::Read;
+    let f = open_regular(root, rel)?;
+    let mut s = String::new();
+    f.take(4096).read_to_string(&mut s).ok()?;
+    Some(s)
+}
+
+/// Open `rel` beneath `root` read-only and non-blocking, as [`read_small`]
+/// does: a regular file or nothing.
+pub(crate) fn open_regular(root: &Path, rel: &Path) -> Option<std::fs::File> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let dir = nix::fcntl::open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let f = std::fs::File::from(nix::fcntl::openat2(&dir, rel, how).ok()?);
+    f.metadata().ok()?.file_type().is_file().then_some(f)
+}
+
+/// A process berth may signal on behalf of sandbox `sandbox`, pinned by a
+/// pidfd so that the pid cannot be reused by another process between the
+/// check and the signal.
+///
+/// A pid read from a sandbox's files (a job's `pid`, `holder`) is the
+/// sandbox's word, and the sandbox may write any number there: `1`, berth's
+/// own pid, a process of the host. berth signals it from its own,
+/// unconfined process only when it is the sandbox's: its environment holds
+/// `BERTH_SANDBOX=<sandbox>`, or one of its ancestors' does. Neither can be
+/// forged for a process outside the sandbox: a sandboxed process cannot set
+/// another's environment, and every child of a sandboxed process is
+/// sandboxed, so a host process has no sandboxed ancestor.
+pub(crate) struct SandboxProc {
+    pid: i32,
+    fd: Option<std::os::fd::OwnedFd>,
+}
+
+/// How far up the parents [`SandboxProc::find`] looks for the marker.
+const ANCESTRY: usize = 64;
+
+impl SandboxProc {
+    /// `pid` if it is a live process of sandbox `sandbox`.
+    pub(crate) fn find(pid: i32, sandbox: &str) -> Option<Self> {
+        let me = std::process::id() as i32;
+        if pid <= 1 || pid == me {
+            return None;
+        }
+        let fd = pidfd_open(pid);
+        let want = format!("{}={sandbox}", crate::backend::SANDBOX_MARKER);
+        let mut at = pid;
+        let mut marked = false;
+        for _ in 0..ANCESTRY {
+            if at <= 1 || at == me {
+                break;
+            }
+            if environ_has(at, want.as_bytes()) {
+                marked = true;
+                break;
+            }
+            match stat(at) {
+                Some(s) => at = s.ppid,
+                None => break,
+            }
+        }
+        if !marked {
+            return None;
+        }
+        let p = Self { pid, fd };
+        // Still the process that was checked: while the pidfd's process
+        // lives, its pid is not given to another.
+        p.send(None).then_some(p)
+    }
+
+    /// Send `sig` (`None`: only look) to this process alone.
+    pub(crate) fn send(&self, sig: Option<Signal>) -> bool {
+        let raw = sig.map_or(0, |s| s as i32);
+        match &self.fd {
+            Some(fd) => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: pidfd_send_signal with a pidfd we own, a signal
+                // number and null info; it reads no memory of ours.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        fd.as_raw_fd(),
+                        raw,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0u32,
+                    )
+                };
+                r == 0
+            }
+            None => nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), sig).is_ok(),
+        }
+    }
+
+    /// Send `sig` to the process group this process leads. A group's id is
+    /// the pid of the process that made it, which is not reused while the
+    /// group exists: a group led by a process of the sandbox is the sandbox's.
+    pub(crate) fn send_group(&self, sig: Option<Signal>) -> bool {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(-self.pid), sig).is_ok()
+    }
+}
+
+fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags; on success it returns a new
+    // descriptor that we alone own.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    let fd = i32::try_from(r).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether `/proc/PID/environ` holds the entry `want` exactly.
+fn environ_has(pid: i32, want: &[u8]) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|b| *b == 0).any(|e| e == want))
 }
 
 /// A signal by the name the scripts use (`TERM`).

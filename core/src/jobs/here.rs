@@ -12,10 +12,9 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
-use crate::procs::{pids, stat};
+use crate::procs::{SandboxProc, open_regular, pids, read_small, stat};
 
 /// How the script would have ended: its exit code and what it printed.
 pub(super) struct Ended {
@@ -34,24 +33,29 @@ impl Ended {
     }
 }
 
-/// One job's processes: its group (led by `pid`) and, for a terminal job, the
-/// terminal's session.
-struct Job {
-    pid: i32,
+/// One job's processes: its group (led by `leader`) and, for a terminal job,
+/// the terminal's session. Every pid here was read from the sandbox's files
+/// and is signalled only once known to be the sandbox's (see
+/// [`SandboxProc`]).
+struct Job<'a> {
+    leader: SandboxProc,
     pty_sid: Option<i32>,
+    sandbox: &'a str,
 }
 
-impl Job {
+impl Job<'_> {
     /// Send `sig` (`None`: only look) to every live process of the terminal's
-    /// session. True if there was one.
+    /// session that is the sandbox's. True if there was one.
     fn session(&self, sig: Option<Signal>) -> bool {
         let Some(sp) = self.pty_sid else {
             return false;
         };
         let mut any = false;
         for p in pids() {
-            if stat(p).is_some_and(|s| s.sid == sp && s.state != b'Z') {
-                any |= kill(Pid::from_raw(p), sig).is_ok();
+            if stat(p).is_some_and(|s| s.sid == sp && s.state != b'Z')
+                && let Some(proc_) = SandboxProc::find(p, self.sandbox)
+            {
+                any |= proc_.send(sig);
             }
         }
         any
@@ -59,7 +63,7 @@ impl Job {
 
     /// Send `sig` to the group, or to its leader alone when it has none.
     fn group(&self, sig: Option<Signal>) -> bool {
-        kill(Pid::from_raw(-self.pid), sig).is_ok() || kill(Pid::from_raw(self.pid), sig).is_ok()
+        self.leader.send_group(sig) || self.leader.send(sig)
     }
 
     fn alive(&self) -> bool {
@@ -81,19 +85,33 @@ impl Job {
     }
 }
 
-fn read_num(path: &Path) -> Option<i32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+/// A number from one of a job's files, read as [`read_small`] does.
+fn read_num(base: &Path, rel: &str) -> Option<i32> {
+    read_small(base, Path::new(rel))?.trim().parse().ok()
 }
 
-/// End the job whose directory is `dir`: `sig`, SIGKILL after `grace`, then
-/// wait until it is gone and its status is recorded.
-pub(super) async fn end(dir: &Path, sig: Signal, grace: Duration) -> Ended {
-    let Some(pid) = read_num(&dir.join("pid")) else {
-        return Ended::code(3, format!("{}: no pid", dir.display()));
+/// End job `id` of sandbox `sandbox`, whose jobs live under `base`: `sig`,
+/// SIGKILL after `grace`, then wait until it is gone and its status is
+/// recorded.
+pub(super) async fn end(
+    base: &Path,
+    id: &str,
+    sandbox: &str,
+    sig: Signal,
+    grace: Duration,
+) -> Ended {
+    let Some(pid) = read_num(base, &format!("{id}/pid")) else {
+        return Ended::code(3, format!("{}/{id}: no pid", base.display()));
+    };
+    let Some(leader) = SandboxProc::find(pid, sandbox) else {
+        // Gone already, or a number that names no process of this sandbox
+        // (its files are the sandbox's to write): nothing of it to signal.
+        return Ended::code(4, "");
     };
     let job = Job {
-        pid,
-        pty_sid: read_num(&dir.join("ptysid")),
+        leader,
+        pty_sid: read_num(base, &format!("{id}/ptysid")),
+        sandbox,
     };
     let to_session = job.session(Some(sig));
     let to_group = job.group(Some(sig));
@@ -115,7 +133,7 @@ pub(super) async fn end(dir: &Path, sig: Signal, grace: Duration) -> Ended {
     }
     // The wrapper records the status as soon as the group leader is reaped,
     // and holds the lock until then.
-    if let Ok(f) = std::fs::File::open(dir.join("lock")) {
+    if let Some(f) = open_regular(base, Path::new(&format!("{id}/lock"))) {
         let mut f = f;
         for _ in 0..500 {
             match Flock::lock(f, FlockArg::LockSharedNonblock) {
@@ -135,9 +153,18 @@ pub(super) async fn end(dir: &Path, sig: Signal, grace: Duration) -> Ended {
     }
 }
 
+/// Send `sig` to the process whose pid is in the job's file `file` (its
+/// stdin's `holder`, its terminal's `resizer`), once known to be the
+/// sandbox's. False when there is none.
+pub(super) fn signal_one(base: &Path, id: &str, file: &str, sandbox: &str, sig: Signal) -> bool {
+    read_num(base, &format!("{id}/{file}"))
+        .and_then(|pid| SandboxProc::find(pid, sandbox))
+        .is_some_and(|p| p.send(Some(sig)))
+}
+
 /// What [`script::STATUS`](super::script::STATUS) prints for the jobs `ids`
 /// under `base`: one `<id> <state> <status> <size>` line each.
-pub(super) fn status(base: &Path, ids: &[String]) -> String {
+pub(super) fn status(base: &Path, ids: &[String], sandbox: &str) -> String {
     let mut out = String::new();
     for id in ids {
         let d = base.join(id);
@@ -145,11 +172,10 @@ pub(super) fn status(base: &Path, ids: &[String]) -> String {
             out.push_str(&format!("{id} missing - -\n"));
             continue;
         }
-        let size = std::fs::metadata(d.join("out"))
+        let size = std::fs::symlink_metadata(d.join("out"))
             .map_or_else(|_| "-".to_string(), |m| m.len().to_string());
         let recorded = || {
-            std::fs::read_to_string(d.join("status"))
-                .ok()
+            read_small(base, Path::new(&format!("{id}/status")))
                 .and_then(|s| s.lines().next().map(|l| l.trim().to_string()))
                 .filter(|s| !s.is_empty())
         };
@@ -158,11 +184,14 @@ pub(super) fn status(base: &Path, ids: &[String]) -> String {
             continue;
         }
         // Its command is written, its wrapper not yet started: still being launched.
-        if !d.join("wrapper").exists() {
+        if std::fs::symlink_metadata(d.join("wrapper")).is_err() {
             out.push_str(&format!("{id} unlaunched - {size}\n"));
             continue;
         }
-        if read_num(&d.join("wrapper")).is_some_and(|w| kill(Pid::from_raw(w), None).is_ok()) {
+        if read_num(base, &format!("{id}/wrapper"))
+            .and_then(|w| SandboxProc::find(w, sandbox))
+            .is_some()
+        {
             out.push_str(&format!("{id} running - {size}\n"));
             continue;
         }

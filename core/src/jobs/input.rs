@@ -42,7 +42,24 @@ impl Runtime {
                 });
             }
         }
-        if eof {
+        if eof && sb.host_processes() {
+            // berth stops the holder itself, once it knows the pid in the
+            // job's `holder` file is the sandbox's (see `here`).
+            let base = format!("{}/jobs", sb.layout().berth_dir);
+            let stopped = here::signal_one(
+                std::path::Path::new(&base),
+                &job.id,
+                "holder",
+                sb.name(),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            if !stopped {
+                return Err(Error::Backend {
+                    backend: sb.kind(),
+                    detail: format!("could not close job {}'s stdin (already closed?)", job.id),
+                });
+            }
+        } else if eof {
             let args = argv(&["bash", "-c", script::EOF, "berth-eof", &dir]);
             let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
             if c.status.code != Some(0) {
@@ -87,6 +104,11 @@ impl Runtime {
         terminal_of(job)?;
         job.still_running("its terminal is gone")?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
+        if sb.host_processes() {
+            self.resize_here(sb.as_ref(), job, size).await?;
+            self.store().note_pty(&job.id, size)?;
+            return Ok(());
+        }
         let args = argv(&[
             "bash",
             "-c",
@@ -109,6 +131,65 @@ impl Runtime {
         }
         self.store().note_pty(&job.id, size)?;
         Ok(())
+    }
+
+    /// [`script::RESIZE`]'s steps from berth's own process, for a sandbox
+    /// whose processes are berth's: a helper there may signal only its own
+    /// tree, and the resizer is the job's. The size goes to `winsize`, the
+    /// resizer (known to be the sandbox's) gets SIGUSR1, and its
+    /// acknowledgement in `resized` is awaited.
+    async fn resize_here(&self, sb: &dyn Sandbox, job: &Job, size: TermSize) -> Result<()> {
+        let base = format!("{}/jobs", sb.layout().berth_dir);
+        let base = std::path::Path::new(&base);
+        let dir = job.dir(sb);
+        let resizer = std::path::PathBuf::from(format!("{}/resizer", job.id));
+        // A job started a moment ago may not have started its resizer yet.
+        for _ in 0..100 {
+            if crate::procs::read_small(base, &resizer).is_some_and(|s| !s.trim().is_empty()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seq = format!(
+            "{}.{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let line = format!("{seq} {} {}\n", size.cols, size.rows);
+        sb.write_file(&format!("{dir}/winsize"), line.as_bytes(), 0o600)
+            .await?;
+        let gone = || Error::Backend {
+            backend: sb.kind(),
+            detail: format!(
+                "could not resize job {}'s terminal: the job's terminal is gone",
+                job.id
+            ),
+        };
+        if !here::signal_one(
+            base,
+            &job.id,
+            "resizer",
+            sb.name(),
+            nix::sys::signal::Signal::SIGUSR1,
+        ) {
+            return Err(gone());
+        }
+        let ack = std::path::PathBuf::from(format!("{}/resized", job.id));
+        for _ in 0..250 {
+            if crate::procs::read_small(base, &ack).is_some_and(|s| s.trim() == seq) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(Error::Backend {
+            backend: sb.kind(),
+            detail: format!(
+                "could not resize job {}'s terminal: it did not take the new size within 5s",
+                job.id
+            ),
+        })
     }
 
     /// A terminal emulator fed with a terminal job's output so far (its last

@@ -294,7 +294,7 @@ impl Runtime {
     async fn launch(&self, job: &Job, session: Option<String>) -> Result<i64> {
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
-        let mut launch = script::launch(&dir);
+        let mut launch = script::launch(&dir, sb.name());
         match job.pty {
             None => {
                 sb.write_file(&format!("{dir}/cmd"), job.command.as_bytes(), 0o600)
@@ -542,7 +542,8 @@ impl Runtime {
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let c = if sb.host_processes() {
             let sig = crate::procs::signal(signal.name())?;
-            here::end(std::path::Path::new(&job.dir(sb.as_ref())), sig, grace).await
+            let base = format!("{}/jobs", sb.layout().berth_dir);
+            here::end(std::path::Path::new(&base), &job.id, sb.name(), sig, grace).await
         } else {
             let grace_ms = grace.as_millis().min(u32::MAX as u128).to_string();
             let args = argv(&[

@@ -49,15 +49,19 @@ printf '%s\n' "$st" > "$d/status.tmp" && mv -f "$d/status.tmp" "$d/status"
 /// The session command that starts a job whose `cmd` file is already written, and
 /// prints its pid. It runs in the session shell, so the job inherits the session's
 /// cwd and exported environment.
-pub fn launch(dir: &str) -> String {
+pub fn launch(dir: &str, sandbox: &str) -> String {
     let d = quote(dir);
+    // The wrapper carries the sandbox's marker whatever the session did to
+    // its own environment: on the local backend berth recognises a job's
+    // processes by it before signalling them.
+    let marker = format!("{}={}", crate::backend::SANDBOX_MARKER, quote(sandbox));
     let w = quote(WRAPPER);
     // The launcher holds `ready` open (read-write, so the open cannot block) before
     // the wrapper starts: data written to a FIFO that nobody has open is dropped,
     // so a wrapper that wrote first would leave the launcher waiting for nothing.
     // No `exit` here: this runs in the session's own shell.
     format!(
-        "if mkfifo -- {d}/in {d}/ready; then {{          setsid bash -c {w} berth-job {d} </dev/null >/dev/null 2>&1 9<&- &          if read -r -t 20 __berth_j <&9; then printf '%s' \"$__berth_j\"; unset __berth_j;          else echo 'the job did not start within 20s' >&2; false; fi; }} 9<>{d}/ready; else false; fi"
+        "if mkfifo -- {d}/in {d}/ready; then {{          command env {marker} setsid bash -c {w} berth-job {d} </dev/null >/dev/null 2>&1 9<&- &          if read -r -t 20 __berth_j <&9; then printf '%s' \"$__berth_j\"; unset __berth_j;          else echo 'the job did not start within 20s' >&2; false; fi; }} 9<>{d}/ready; else false; fi"
     )
 }
 

@@ -450,7 +450,12 @@ impl Session {
 
     /// Kill the shell itself and forget it.
     pub(super) async fn replace_shell(&mut self) {
-        if let Some(shell) = self.shell.as_ref() {
+        // A local shell is berth's own child, ended by `drop_shell` below.
+        if let Some(shell) = self
+            .shell
+            .as_ref()
+            .filter(|_| !self.sandbox.host_processes())
+        {
             let argv = vec![
                 "kill".to_string(),
                 "-KILL".to_string(),

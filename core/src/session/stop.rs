@@ -52,6 +52,16 @@ impl Session {
         };
         let watermark = watermark.unwrap_or(shell.watermark);
         let (pid, sid) = (shell.info.pid, shell.info.sid);
+        // Where the sandbox's processes are berth's, berth signals them: a
+        // helper spawned there may signal only its own tree (the kernel
+        // scopes each spawn's signals), and needs room for a process that a
+        // command which filled its process limit leaves none of.
+        if self.sandbox.host_processes() {
+            let tree = super::tree::Tree::new(pid, sid, watermark);
+            let out = tree.signal(sig, cut).await?;
+            debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
+            return Ok(());
+        }
         let mut argv = vec![
             "bash".to_string(),
             "-c".to_string(),
@@ -63,17 +73,7 @@ impl Session {
             sig.to_string(),
         ];
         argv.extend(cut.map(str::to_string));
-        let out = match self.run_helper(&argv).await {
-            // The helper could not start (a command that filled its user's
-            // process limit leaves no room for it): where the sandbox's
-            // processes are berth's, the same rules run here, forking nothing.
-            Err(e) if self.sandbox.host_processes() => {
-                debug!(session = %self.cfg.name, error = %e, "kill helper failed; signalling from berth");
-                let tree = super::tree::Tree::new(pid, sid, watermark);
-                tree.signal(sig, cut).await?
-            }
-            r => r?,
-        };
+        let out = self.run_helper(&argv).await?;
         debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
         Ok(())
     }
