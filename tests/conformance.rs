@@ -32,6 +32,8 @@ macro_rules! conformance_suite {
             case!(persists_cwd_env_functions_aliases);
             case!(exit_codes_are_exact);
             case!(timeout_kills_the_whole_tree_and_keeps_the_session);
+            case!(a_command_that_ignores_term_is_stopped_all_the_same);
+            case!(after_a_kill_the_next_output_is_only_the_next_commands);
             case!(stdin_is_dev_null_unless_given);
             case!(huge_output_is_bounded_with_exact_counts);
             case!(binary_output_is_byte_exact);
@@ -155,6 +157,72 @@ fn unique_sleeps<const N: usize>() -> [String; N] {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     std::array::from_fn(|i| format!("sleep {}.{salt:09}", 1001 + i))
+}
+
+/// A command that ignores TERM and INT, and one whose child does, are
+/// stopped by a timeout all the same (#32 item 5): berth escalates to KILL
+/// and says the tree is gone only once it is.
+pub async fn a_command_that_ignores_term_is_stopped_all_the_same(h: &Harness) -> TestResult {
+    let f = h.sandbox("deaf").await?;
+    let mut s = open(&f).await?;
+    let [a, b, c, d] = unique_sleeps::<4>();
+    ok(&mut s, "cd /tmp && export STAY=here").await?;
+    for cmd in [
+        format!("trap '' TERM INT; {a}"),
+        format!("trap '' TERM INT HUP; {b} & ({c} &); {d}; wait"),
+    ] {
+        let r = s
+            .exec(
+                &cmd,
+                ExecOpts {
+                    timeout: Some(Duration::from_millis(500)),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        assert!(r.timed_out, "{cmd}: {}", r.output.text());
+        assert_eq!(r.exit_code, 124, "{cmd}");
+    }
+    for p in [&a, &b, &c, &d] {
+        assert_eq!(count_procs(&mut s, p).await?, 0, "{p} survived the timeout");
+    }
+    // The session is the same session: the state from before is there.
+    assert_eq!(ok(&mut s, "echo \"$PWD $STAY\"").await?, "/tmp here\n");
+    Ok(())
+}
+
+/// After a command is killed, bash has notices of its killed jobs to print
+/// ("Killed  sleep 100"). They belong to no later command: the next
+/// command's output is exactly what it printed (#32 item 4).
+pub async fn after_a_kill_the_next_output_is_only_the_next_commands(h: &Harness) -> TestResult {
+    let f = h.sandbox("notices").await?;
+    let mut s = open(&f).await?;
+    ok(&mut s, "cd /tmp").await?;
+    let [a, b, c] = unique_sleeps::<3>();
+    for cmd in [format!("{a} & {b}; wait"), format!("{c} & wait")] {
+        let r = s
+            .exec(
+                &cmd,
+                ExecOpts {
+                    timeout: Some(Duration::from_millis(500)),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        assert!(r.timed_out, "{cmd}");
+        // The next command, twice: a notice may come with either.
+        for _ in 0..2 {
+            let r = run(&mut s, "pwd").await?;
+            assert_eq!(r.output.text(), "/tmp\n", "after `{cmd}`");
+            assert_eq!(r.exit_code, 0);
+        }
+    }
+    // A background job of the session's own that ends on its own is no
+    // later command's output either.
+    ok(&mut s, "sleep 0.2 &").await?;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(run(&mut s, "pwd").await?.output.text(), "/tmp\n");
+    Ok(())
 }
 
 pub async fn timeout_kills_the_whole_tree_and_keeps_the_session(h: &Harness) -> TestResult {

@@ -431,13 +431,20 @@ fn main_loop() -> String {
     // no alias a command defined reaches into it.
     let body = [
         "{ [[ -z $__berth_ea ]] || builtin shopt -s expand_aliases; __berth_ea=\n",
-        "while :; do\n",
+        "while [[ 1 ]]; do\n",
         "while [[ -z $__berth_busy ]] || { __berth_rc=0; ",
         &guard,
         "\n\\__berth_post; }; ",
         r#"builtin read -r -u "$__berth_fd" -N 12 __berth_h && "#,
         r#"builtin read -r -u "$__berth_fd" -N $((16#${__berth_h:0:8})) __berth_c; do "#,
         "__berth_busy=1\n",
+        // bash reports a background job that ended by a signal (`Killed`,
+        // `Terminated`) on the shell's stderr at its next chance, which is
+        // the next command's output: a job of an earlier command, ended by
+        // a stop or on its own, would open this command's output. Take the
+        // reports nobody should see before the command starts; only a shell
+        // that ever started one (`$!` set) pays for the redirection.
+        r#"[[ -z ${!-} ]] || { builtin jobs -n; } >/dev/null 2>&1; "#,
         r#"case ${__berth_h:8:4} in "#,
         "000.) ",
         rs,
