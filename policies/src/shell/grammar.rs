@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Command, Defined, MAX_DEPTH, Opaque, ParseError, Script, Via, is_blank};
+use super::{Command, Defined, MAX_COMMANDS, MAX_DEPTH, Opaque, ParseError, Script, Via, is_blank};
 use crate::argv;
 
 /// What every nested reader of one text shares.
@@ -73,7 +73,7 @@ pub(super) fn parse_script(src: &str, defined: &Defined) -> Result<Script, Parse
 
 fn too_deep() -> ParseError {
     ParseError {
-        what: format!("nested more than {MAX_DEPTH} levels deep"),
+        what: format!("too deeply nested: more than the limit of {MAX_DEPTH} levels"),
         at: 0,
     }
 }
@@ -552,13 +552,36 @@ impl<'a, 'd> Parser<'a, 'd> {
             if !(lit && is_name(&w) && compound) {
                 self.i = save;
             }
-            return self.parse_command();
+            self.enter()?;
+            let r = self.parse_command();
+            self.leave();
+            return r;
         }
         self.simple()
     }
 
-    pub(super) fn push_command(&mut self) -> usize {
+    /// Go one level deeper (a quote, an expansion, a function body), or
+    /// refuse text nested past [`MAX_DEPTH`]. Pair with [`Parser::leave`].
+    pub(super) fn enter(&mut self) -> Result<(), ParseError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            self.depth -= 1;
+            return Err(too_deep());
+        }
+        Ok(())
+    }
+
+    pub(super) fn leave(&mut self) {
+        self.depth = self.depth.saturating_sub(1);
+    }
+
+    pub(super) fn push_command(&mut self) -> Result<usize, ParseError> {
         let idx = self.sh.commands.len();
+        if idx >= MAX_COMMANDS {
+            return Err(self.err(format!(
+                "more than the limit of {MAX_COMMANDS} simple commands in one text"
+            )));
+        }
         self.sh.commands.push(Command {
             argv: Vec::new(),
             literal: Vec::new(),
@@ -569,7 +592,7 @@ impl<'a, 'd> Parser<'a, 'd> {
             via: self.ctx.via,
             function: self.ctx.function.clone(),
         });
-        idx
+        Ok(idx)
     }
 
     /// Read `( list )` whose opening has been consumed, as nested commands.

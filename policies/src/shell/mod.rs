@@ -35,9 +35,19 @@ use std::collections::{HashMap, HashSet};
 
 pub use effects::{Effects, JOURNAL_NAMES_MAX, effects, journal};
 
-/// How deeply substitutions and nested shell strings may nest before the reader
-/// gives up (and the command is refused).
+/// How deeply substitutions, quotes, groups and nested shell strings may nest
+/// before the reader gives up (and the command is refused).
 const MAX_DEPTH: usize = 32;
+
+/// The longest text the reader reads, in bytes. Longer text is refused: no
+/// command an agent writes is this long, and bounding it bounds the reader's
+/// work and memory.
+pub const MAX_TEXT_BYTES: usize = 1 << 20;
+
+/// The most simple commands one text may hold, counting those nested in
+/// substitutions, shell strings, aliases and functions. Judging compares some
+/// commands with every other (pipes, nesting), so this bounds that work.
+pub const MAX_COMMANDS: usize = 10_000;
 
 /// Why a command could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -303,6 +313,15 @@ pub fn parse(src: &str) -> Result<Script, ParseError> {
 
 /// Read shell text that runs in a session which already defined `defined`.
 pub fn parse_with(src: &str, defined: &Defined) -> Result<Script, ParseError> {
+    if src.len() > MAX_TEXT_BYTES {
+        return Err(ParseError {
+            what: format!(
+                "the text is {} bytes, over the limit of {MAX_TEXT_BYTES} bytes berth reads",
+                src.len()
+            ),
+            at: 0,
+        });
+    }
     grammar::parse_script(src, defined)
 }
 

@@ -13,7 +13,7 @@ const DECLARERS: &[&str] = &["declare", "typeset", "local", "export", "readonly"
 impl Parser<'_, '_> {
     /// A simple command: assignments, words and redirections up to an operator.
     pub(super) fn simple(&mut self) -> Result<(), ParseError> {
-        let idx = self.push_command();
+        let idx = self.push_command()?;
         let saved_cur = self.cur.replace(idx);
         let r = self.simple_words(idx);
         self.cur = saved_cur;
@@ -228,6 +228,11 @@ impl Parser<'_, '_> {
     }
 
     pub(super) fn simple_words(&mut self, idx: usize) -> Result<(), ParseError> {
+        // Whether every word so far is an assignment, and whether the first
+        // word that is not names a declaring builtin: kept as the words come,
+        // so a command of many words is read in linear time.
+        let mut in_assignments = true;
+        let mut declaring = false;
         loop {
             self.skip_blanks();
             let Some(c) = self.peek() else { return Ok(()) };
@@ -255,18 +260,15 @@ impl Parser<'_, '_> {
             if self.redirection(idx)? {
                 continue;
             }
-            let cmd = &self.sh.commands[idx];
             // `NAME=(…)` is an array in assignment position and as an argument
             // of a declaring builtin.
-            let in_assignments = cmd.argv.iter().all(|w| argv::assignment(w).is_some());
-            let declaring = cmd
-                .argv
-                .iter()
-                .find(|w| argv::assignment(w).is_none())
-                .is_some_and(|w| DECLARERS.contains(&argv::program_name(w)));
             self.split_word = false;
             let (w, lit) = self.word_allowing_array(in_assignments || declaring)?;
             let split = std::mem::take(&mut self.split_word);
+            if in_assignments && argv::assignment(&w).is_none() {
+                in_assignments = false;
+                declaring = DECLARERS.contains(&argv::program_name(&w));
+            }
             let cmd = &mut self.sh.commands[idx];
             if split {
                 for part in super::ifs_split(&w) {

@@ -207,6 +207,13 @@ impl Parser<'_, '_> {
     }
 
     pub(super) fn dquote(&mut self, out: &mut String) -> Result<(), ParseError> {
+        self.enter()?;
+        let r = self.dquote_body(out);
+        self.leave();
+        r
+    }
+
+    fn dquote_body(&mut self, out: &mut String) -> Result<(), ParseError> {
         self.i += 1;
         loop {
             match self.peek() {
@@ -310,6 +317,13 @@ impl Parser<'_, '_> {
     /// `${…}`, read with bash's nesting: quotes, `$(…)`, backticks and inner
     /// `${…}` inside it are followed, and their commands recorded.
     fn parameter(&mut self, out: &mut String, quoted: bool) -> Result<(), ParseError> {
+        self.enter()?;
+        let r = self.parameter_body(out, quoted);
+        self.leave();
+        r
+    }
+
+    fn parameter_body(&mut self, out: &mut String, quoted: bool) -> Result<(), ParseError> {
         let start = self.i;
         self.i += 2;
         self.expanded = true;
