@@ -37,7 +37,8 @@ pub enum Pattern {
     /// Writing a file that grants access or runs at login: `/etc/*`,
     /// `~/.ssh/authorized_keys`, `~/.bashrc` and kin.
     SensitiveFileWrite,
-    /// `kill … -1`: a signal to every process the user may signal.
+    /// `kill … -1`, `killall5`, `pkill -u USER`: a signal to every process the
+    /// user may signal (a built-in deny: on ssh it ends the account's session).
     KillAll,
     /// A request to a cloud metadata service (`169.254.169.254` and its spellings).
     MetadataEndpoint,
@@ -55,6 +56,7 @@ impl Pattern {
         Pattern::ForkBomb,
         Pattern::RecursivePermissionsRoot,
         Pattern::Shutdown,
+        Pattern::KillAll,
     ];
 
     /// The `standard` profile's ask tier.
@@ -64,7 +66,6 @@ impl Pattern {
         Pattern::FindDelete,
         Pattern::ChmodWorldWritable,
         Pattern::SensitiveFileWrite,
-        Pattern::KillAll,
         Pattern::MetadataEndpoint,
         Pattern::SqlDestructive,
     ];
