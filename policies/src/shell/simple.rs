@@ -31,6 +31,7 @@ impl Parser<'_, '_> {
         if assigns > 0 {
             self.sh.state.push("a variable assignment");
         }
+        self.variable_code(idx, &argv, &literal, assigns)?;
         if assigns == argv.len() {
             for (w, lit) in argv.iter().zip(&literal) {
                 if let Some((k, v)) = argv::assignment(w) {
@@ -52,9 +53,11 @@ impl Parser<'_, '_> {
         let runs_code = views.iter().any(|v| {
             v.first().is_some_and(|p| {
                 argv::SHELLS.contains(&p.as_str())
+                    || crate::embedded::PROGRAMS.contains(&p.as_str())
                     || matches!(
                         p.as_str(),
                         "eval"
+                            | "sg"
                             | "su"
                             | "runuser"
                             | "env"
@@ -121,6 +124,67 @@ impl Parser<'_, '_> {
                 .collect::<Vec<_>>()
                 .join(" ");
             self.nested(&code, idx, Via::ShellString)?;
+        }
+        Ok(())
+    }
+
+    /// Variables whose values programs run (`GIT_SSH_COMMAND=…`, `PS4=…`, a
+    /// bash function exported as `BASH_FUNC_f%%=…`), assigned before the
+    /// command, through `env`/`sudo`, or by `export`/`declare`: their code is
+    /// read as commands the command runs.
+    fn variable_code(
+        &mut self,
+        idx: usize,
+        argv: &[String],
+        literal: &[bool],
+        assigns: usize,
+    ) -> Result<(), ParseError> {
+        let mut words: Vec<usize> = (0..assigns).collect();
+        for view in argv::views(argv) {
+            let at = argv.len() - view.len();
+            let prog = view.first().map(String::as_str).unwrap_or("");
+            if matches!(prog, "env" | "sudo" | "doas") {
+                words.extend(
+                    (at + 1..argv.len())
+                        .take_while(|&i| argv[i].starts_with('-') || argv[i].contains('='))
+                        .filter(|&i| !argv[i].starts_with('-')),
+                );
+            }
+            if DECLARERS.contains(&prog) {
+                words
+                    .extend((at + 1..argv.len()).filter(|&i| argv::assignment(&argv[i]).is_some()));
+            }
+        }
+        for i in words {
+            let Some((name, value)) = argv[i].split_once('=') else {
+                continue;
+            };
+            let name = name.trim_end_matches('+');
+            let Some(kind) = crate::embedded::variable_code(name) else {
+                continue;
+            };
+            let lit = literal.get(i).copied().unwrap_or(false);
+            match kind {
+                crate::embedded::VarCode::Shell => {
+                    let code = crate::embedded::variable_shell_code(name, value);
+                    self.nested(&code, idx, Via::ShellString)?;
+                }
+                crate::embedded::VarCode::Prompt if lit => {
+                    let ctx = Ctx {
+                        parent: Some(idx),
+                        via: Via::ShellString,
+                        pipes: self.ctx.pipes.clone(),
+                        function: self.ctx.function.clone(),
+                    };
+                    super::grammar::scan_expansions(value, self.sh, ctx, self.depth + 1)?;
+                }
+                crate::embedded::VarCode::Prompt => self.sh.opaque.push(Opaque {
+                    command: Some(idx),
+                    why: format!(
+                        "`{name}` is a prompt whose substitutions bash runs, set to a value built when the command runs"
+                    ),
+                }),
+            }
         }
         Ok(())
     }
