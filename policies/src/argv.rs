@@ -284,7 +284,7 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
     let prog = argv.first()?.as_str();
     let rest = &argv[1..];
     if !WRAPPERS.contains(&prog) {
-        return None;
+        return runner(prog, rest);
     }
     if prog == "capsh" {
         // `capsh [options] -- ARGS` runs `bash ARGS` (or `--shell=PROG ARGS`).
@@ -388,6 +388,92 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
         return None;
     }
     Some(inner)
+}
+
+/// Project and package runners whose subcommand runs the rest of the argv:
+/// `uv run CMD`, `poetry run CMD`, `bundle exec CMD`, `npx CMD`,
+/// `nix develop -c CMD`, `direnv exec DIR CMD`, and kin.
+fn runner(prog: &str, rest: &[String]) -> Option<Vec<String>> {
+    let sub = rest.first().map(String::as_str);
+    let (skip, value_opts): (usize, &[&str]) = match (prog, sub) {
+        ("uv", Some("run")) => (
+            1,
+            &[
+                "--with",
+                "--with-editable",
+                "--with-requirements",
+                "-p",
+                "--python",
+                "--package",
+                "--extra",
+                "--group",
+                "--only-group",
+                "--no-group",
+                "--env-file",
+                "--directory",
+                "--project",
+                "--index",
+                "--default-index",
+                "-i",
+                "--index-url",
+                "--extra-index-url",
+                "-f",
+                "--find-links",
+                "--config-file",
+                "--cache-dir",
+            ],
+        ),
+        ("poetry" | "pipenv" | "pdm" | "rye", Some("run")) => {
+            (1, &["-C", "--directory", "-P", "--project", "-p"])
+        }
+        ("hatch", Some("run")) => (1, &["-e", "--env"]),
+        ("conda" | "mamba" | "micromamba", Some("run")) => {
+            (1, &["-n", "--name", "-p", "--prefix", "--cwd"])
+        }
+        ("bundle", Some("exec")) => (1, &["--gemfile"]),
+        ("direnv", Some("exec")) => (2, &[]),
+        ("nix", Some("develop" | "shell")) => {
+            // `nix develop [INSTALLABLE] -c CMD…`
+            let c = rest.iter().position(|a| a == "-c" || a == "--command")?;
+            let inner = rest.get(c + 1..)?.to_vec();
+            return (!inner.is_empty()).then_some(inner);
+        }
+        ("npx" | "bunx" | "pnpx", _) => (0, &["-p", "--package", "--node-options"]),
+        ("npm", Some("exec" | "x")) | ("pnpm" | "yarn", Some("exec" | "dlx")) => (
+            1,
+            &[
+                "-p",
+                "--package",
+                "-w",
+                "--workspace",
+                "-C",
+                "--dir",
+                "--filter",
+            ],
+        ),
+        _ => return None,
+    };
+    let mut i = skip;
+    while let Some(a) = rest.get(i) {
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        // `npx -c 'cmd'` runs a shell string: found by shell_strings.
+        if matches!(a.as_str(), "-c" | "--call") && matches!(prog, "npx" | "npm" | "pnpx") {
+            return None;
+        }
+        if !a.starts_with('-') {
+            break;
+        }
+        i += if !a.contains('=') && value_opts.contains(&a.as_str()) {
+            2
+        } else {
+            1
+        };
+    }
+    let inner = rest.get(i..)?.to_vec();
+    (!inner.is_empty()).then_some(inner)
 }
 
 /// Strings that `argv` (at any wrapper layer) runs as shell code.

@@ -13,8 +13,39 @@ use crate::shell::quote_for_display;
 
 /// Programs whose options can hold a command; see [`command_strings`].
 pub const PROGRAMS: &[&str] = &[
-    "ssh", "git", "tar", "gtar", "rsync", "zip", "vim", "vi", "nvim", "view", "vimdiff", "ex",
-    "gvim", "rvim", "parallel", "sed", "gsed",
+    "ssh",
+    "scp",
+    "sftp",
+    "git",
+    "tar",
+    "gtar",
+    "rsync",
+    "zip",
+    "vim",
+    "vi",
+    "nvim",
+    "view",
+    "vimdiff",
+    "ex",
+    "gvim",
+    "rvim",
+    "parallel",
+    "sed",
+    "gsed",
+    "man",
+    "rg",
+    "fd",
+    "fdfind",
+    "nix-shell",
+    "npx",
+    "npm",
+    "hyperfine",
+    "watchexec",
+    "nodemon",
+    "entr",
+    "tmux",
+    "screen",
+    "cargo",
 ];
 
 /// What a variable assigned before (or exported to) a command makes programs
@@ -77,7 +108,43 @@ pub fn variable_shell_code(name: &str, value: &str) -> String {
 /// can be read exactly.
 pub fn command_strings(prog: &str, args: &[String]) -> Vec<String> {
     match prog {
-        "ssh" => ssh(args).into_iter().collect(),
+        "ssh" => ssh_options(args).into_iter().chain(ssh(args)).collect(),
+        "scp" | "sftp" => ssh_options(args),
+        "man" => value_of(args, &["-P", "--pager"]),
+        "rg" => value_of(args, &["--pre"]),
+        "nix-shell" => value_of(args, &["--run", "--command"]),
+        "npx" | "npm" => value_of(args, &["-c", "--call"]),
+        "nodemon" => value_of(args, &["-x", "--exec"]),
+        "fd" | "fdfind" => {
+            let at = args
+                .iter()
+                .position(|a| matches!(a.as_str(), "-x" | "--exec" | "-X" | "--exec-batch"));
+            at.map(|k| {
+                let cmd: Vec<String> = args[k + 1..]
+                    .iter()
+                    .take_while(|a| *a != ";")
+                    .cloned()
+                    .collect();
+                quoted(&cmd)
+            })
+            .filter(|c| !c.is_empty())
+            .into_iter()
+            .collect()
+        }
+        "hyperfine" => hyperfine(args),
+        "watchexec" => watchexec(args).into_iter().collect(),
+        "entr" => entr(args).into_iter().collect(),
+        "tmux" => tmux(args),
+        "screen" => screen(args).into_iter().collect(),
+        "cargo" if args.first().is_some_and(|a| a == "watch") => {
+            let mut out = value_of(args, &["-s", "--shell"]);
+            out.extend(
+                value_of(args, &["-x", "--exec"])
+                    .into_iter()
+                    .map(|c| format!("cargo {c}")),
+            );
+            out
+        }
         "git" => git(args).0,
         "tar" | "gtar" => tar(args),
         "rsync" => rsync(args),
@@ -110,6 +177,273 @@ pub fn opaque(prog: &str, args: &[String]) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// The values of options `names` (each given as `-X V`, `-XV` for a short
+/// one, `--name V` or `--name=V`).
+fn value_of(args: &[String], names: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        i += 1;
+        if a == "--" {
+            break;
+        }
+        for n in names {
+            if a == n {
+                out.extend(args.get(i).cloned());
+                i += 1;
+                break;
+            }
+            let attached = if n.starts_with("--") {
+                a.strip_prefix(n).and_then(|r| r.strip_prefix('='))
+            } else {
+                a.strip_prefix(n).filter(|r| !r.is_empty())
+            };
+            if let Some(v) = attached {
+                out.push(v.to_string());
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// `ssh -o ProxyCommand=CMD` (and `LocalCommand`, `KnownHostsCommand`): a
+/// command ssh runs on this machine; `RemoteCommand` runs on the host.
+fn ssh_options(args: &[String]) -> Vec<String> {
+    value_of(args, &["-o"])
+        .into_iter()
+        .filter_map(|kv| {
+            let kv = kv.trim_start();
+            let split = kv.find(['=', ' ', '\t'])?;
+            let (k, v) = kv.split_at(split);
+            let v = v.trim_start_matches(['=', ' ', '\t']);
+            matches!(
+                k.to_ascii_lowercase().as_str(),
+                "proxycommand" | "localcommand" | "knownhostscommand" | "remotecommand"
+            )
+            .then(|| v.to_string())
+        })
+        .collect()
+}
+
+/// `hyperfine [options] CMD…`: each operand, and `--prepare`/`--setup`/
+/// `--cleanup` values, is run by a shell.
+fn hyperfine(args: &[String]) -> Vec<String> {
+    const CODE: &[&str] = &["-p", "--prepare", "-s", "--setup", "-c", "--cleanup"];
+    const VALUE: &[&str] = &[
+        "-w",
+        "--warmup",
+        "-r",
+        "--runs",
+        "-m",
+        "--min-runs",
+        "-M",
+        "--max-runs",
+        "-S",
+        "--shell",
+        "-n",
+        "--command-name",
+        "-D",
+        "--parameter-step-size",
+        "--style",
+        "-u",
+        "--time-unit",
+        "--output",
+        "--input",
+        "--sort",
+        "--export-asciidoc",
+        "--export-csv",
+        "--export-json",
+        "--export-markdown",
+        "--export-orgmode",
+        "--reference",
+    ];
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        i += 1;
+        let opt = a.split_once('=').map_or(a.as_str(), |(o, _)| o);
+        if CODE.contains(&opt) {
+            match a.split_once('=') {
+                Some((_, v)) => out.push(v.to_string()),
+                None => {
+                    out.extend(args.get(i).cloned());
+                    i += 1;
+                }
+            }
+        } else if matches!(opt, "-P" | "--parameter-scan") {
+            i += 3;
+        } else if matches!(opt, "-L" | "--parameter-list") {
+            i += 2;
+        } else if VALUE.contains(&opt) {
+            i += usize::from(!a.contains('='));
+        } else if !a.starts_with('-') {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+/// `watchexec [options] [--] CMD…`: the command words, run by a shell.
+fn watchexec(args: &[String]) -> Option<String> {
+    const VALUE: &[&str] = &[
+        "-e",
+        "--exts",
+        "-w",
+        "--watch",
+        "-W",
+        "--watch-non-recursive",
+        "-i",
+        "--ignore",
+        "-f",
+        "--filter",
+        "-s",
+        "--signal",
+        "--stop-signal",
+        "--stop-timeout",
+        "-d",
+        "--debounce",
+        "--delay-run",
+        "--shell",
+        "--project-origin",
+        "--workdir",
+        "-E",
+        "--env",
+        "-F",
+        "--filter-file",
+        "--ignore-file",
+        "--on-busy-update",
+        "-j",
+        "--filter-prog",
+        "--emit-events-to",
+        "--poll",
+        "--timings",
+    ];
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        if !a.starts_with('-') {
+            break;
+        }
+        i += if !a.contains('=') && VALUE.contains(&a.as_str()) {
+            2
+        } else {
+            1
+        };
+    }
+    let rest = args.get(i..).unwrap_or(&[]);
+    (!rest.is_empty()).then(|| rest.join(" "))
+}
+
+/// `entr [-acdnprz] CMD…` runs CMD; with `-s` its first operand is shell code.
+fn entr(args: &[String]) -> Option<String> {
+    let flags: Vec<&String> = args.iter().take_while(|a| a.starts_with('-')).collect();
+    let rest = &args[flags.len()..];
+    let shell = flags.iter().any(|f| f.contains('s'));
+    match (shell, rest.first()) {
+        (true, Some(code)) => Some(code.clone()),
+        (false, Some(_)) => Some(quoted(rest)),
+        _ => None,
+    }
+}
+
+/// tmux commands that start a shell command (`new-session 'cmd'`,
+/// `run-shell`, `if-shell`, `-c cmd`) or type one (`send-keys`).
+fn tmux(args: &[String]) -> Vec<String> {
+    const GLOBAL_VALUE: &[&str] = &["-L", "-S", "-f", "-T"];
+    const VALUE: &[&str] = &[
+        "-c", "-e", "-F", "-n", "-s", "-t", "-x", "-y", "-l", "-p", "-w",
+    ];
+    let mut out = value_of(
+        &args[..args
+            .iter()
+            .position(|a| !a.starts_with('-'))
+            .unwrap_or(args.len())],
+        &["-c"],
+    );
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if !a.starts_with('-') {
+            break;
+        }
+        i += if GLOBAL_VALUE.contains(&a.as_str()) {
+            2
+        } else {
+            1
+        };
+    }
+    // Commands may be chained with `;`.
+    let words = args.get(i..).unwrap_or(&[]);
+    for cmd in words.split(|w| w == ";" || w == "\\;") {
+        let Some(sub) = cmd.first().map(String::as_str) else {
+            continue;
+        };
+        let rest = &cmd[1..];
+        let mut k = 0;
+        while let Some(a) = rest.get(k) {
+            if !a.starts_with('-') || a == "-" {
+                break;
+            }
+            let short_value =
+                a.len() == 2 && VALUE.contains(&a.as_str()) && !matches!(sub, "send-keys" | "send");
+            k += if short_value { 2 } else { 1 };
+        }
+        let operands = rest.get(k..).unwrap_or(&[]);
+        match sub {
+            "new-session" | "new" | "new-window" | "neww" | "split-window" | "splitw"
+            | "respawn-pane" | "respawnp" | "respawn-window" | "respawnw" | "run-shell" | "run"
+            | "display-popup" | "popup" | "pipe-pane" | "pipep"
+                if !operands.is_empty() =>
+            {
+                out.push(operands.join(" "));
+            }
+            "if-shell" | "if" => out.extend(operands.first().cloned()),
+            "send-keys" | "send" => {
+                let typed: Vec<&str> = operands
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|w| !matches!(*w, "Enter" | "C-m" | "KPEnter" | "C-j"))
+                    .collect();
+                if !typed.is_empty() {
+                    out.push(typed.join(" "));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `screen [options] CMD…` starts CMD in a new window.
+fn screen(args: &[String]) -> Option<String> {
+    const VALUE: &str = "ScehpsTtX";
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if !a.starts_with('-') {
+            break;
+        }
+        i += 1;
+        let letters = &a[1..];
+        for (k, l) in letters.char_indices() {
+            if VALUE.contains(l) {
+                if l == 'X' {
+                    // A command to a running session, not a program.
+                    return None;
+                }
+                if k + 1 == letters.len() {
+                    i += 1;
+                }
+                break;
+            }
+        }
+    }
+    let rest = args.get(i..).unwrap_or(&[]);
+    (!rest.is_empty()).then(|| quoted(rest))
 }
 
 fn quoted(args: &[String]) -> String {
