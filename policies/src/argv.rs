@@ -559,9 +559,6 @@ pub fn shell_strings(argv: &[String]) -> Vec<String> {
                     );
                 }
             }
-            p if crate::embedded::PROGRAMS.contains(&p) => {
-                out.extend(crate::embedded::command_strings(p, args));
-            }
             "watch" => {
                 let mut i = 0;
                 while let Some(a) = args.get(i) {
@@ -579,6 +576,21 @@ pub fn shell_strings(argv: &[String]) -> Vec<String> {
                 }
             }
             _ => {}
+        }
+    }
+    out
+}
+
+/// Commands that `argv` (at any wrapper layer) runs from its options
+/// (`git -c alias.x='!cmd'`, `tar --to-command=cmd`, `ssh host cmd`, …; see
+/// [`crate::embedded`]).
+pub fn embedded_strings(argv: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for view in views(argv) {
+        if let Some(p) = view.first().map(String::as_str)
+            && crate::embedded::PROGRAMS.contains(&p)
+        {
+            out.extend(crate::embedded::command_strings(p, &view[1..]));
         }
     }
     out

@@ -113,7 +113,12 @@ pub fn command_strings(prog: &str, args: &[String]) -> Vec<String> {
         "man" => value_of(args, &["-P", "--pager"]),
         "rg" => value_of(args, &["--pre"]),
         "nix-shell" => value_of(args, &["--run", "--command"]),
-        "npx" | "npm" => value_of(args, &["-c", "--call"]),
+        // Only `npx -c` / `npm exec -c` before the command: later words are
+        // the command's own.
+        "npx" => value_of(leading_options(args), &["-c", "--call"]),
+        "npm" if args.first().is_some_and(|a| a == "exec" || a == "x") => {
+            value_of(leading_options(&args[1..]), &["-c", "--call"])
+        }
         "nodemon" => value_of(args, &["-x", "--exec"]),
         "fd" | "fdfind" => {
             let at = args
@@ -207,6 +212,22 @@ fn value_of(args: &[String], names: &[&str]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The options before the first operand, with the value of a `-c`/`--call`.
+fn leading_options(args: &[String]) -> &[String] {
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if !a.starts_with('-') || a == "--" {
+            break;
+        }
+        i += if matches!(a.as_str(), "-c" | "--call" | "-p" | "--package") {
+            2
+        } else {
+            1
+        };
+    }
+    &args[..i.min(args.len())]
 }
 
 /// `ssh -o ProxyCommand=CMD` (and `LocalCommand`, `KnownHostsCommand`): a
@@ -389,8 +410,9 @@ fn tmux(args: &[String]) -> Vec<String> {
             if !a.starts_with('-') || a == "-" {
                 break;
             }
-            let short_value =
-                a.len() == 2 && VALUE.contains(&a.as_str()) && !matches!(sub, "send-keys" | "send");
+            let short_value = a.len() == 2
+                && (VALUE.contains(&a.as_str())
+                    || (matches!(sub, "send-keys" | "send") && a == "-N"));
             k += if short_value { 2 } else { 1 };
         }
         let operands = rest.get(k..).unwrap_or(&[]);
@@ -752,7 +774,7 @@ fn tar(args: &[String]) -> Vec<String> {
         ("--checkpoint-action", "--checkpoint-"),
     ];
     // Short options that take a value; `I` and `F` take a command.
-    const SHORT_VALUE: &str = "fbCIFTXKNLVgHs";
+    const SHORT_VALUE: &str = "fbCIFTXKNLVgH";
     let mut out = Vec::new();
     let push = |out: &mut Vec<String>, long: &str, v: &str| {
         if long == "--checkpoint-action" {

@@ -253,6 +253,10 @@ fn unreadable_command_strings_are_opaque() {
         "find /bin -name rm -exec {} f \\;",
         "cat cmds | parallel",
         "parallel < cmds",
+        // A command string a program (not bash) takes apart, that does not
+        // read as shell: opaque, not refused as unparsable.
+        "git -c core.pager=\"less '\" log",
+        "LESSOPEN=\"|cat '%s\" less f",
     ];
     let ask = policy(&format!("opaque = \"ask\"\n{DENY_RM}"));
     let bad = failures(&ask, &cmds, |v| {
@@ -378,7 +382,24 @@ fn ordinary_uses_of_these_programs_stay_allowed() {
         "tmux new-session -d -s dev",
         "tmux ls",
         "cargo watch -x check",
+        "tmux send-keys -t dev 'npm run dev' Enter",
+        "npx tsc -c tsconfig.json",
+        "npm run build -- -c prod",
+        "tar -cvsf a.tar src",
     ];
     let bad = failures(&p, &cmds, |v| v.action == Action::Allow);
     assert!(bad.is_empty(), "{} refused:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// The reader's limits hold inside command strings too: text nested past
+/// them is refused, not waved through as opaque.
+#[test]
+fn limits_hold_inside_command_strings() {
+    let deep = format!(
+        "git -c alias.x='!{}a{}' x",
+        "echo $(".repeat(40),
+        ")".repeat(40)
+    );
+    let v = policy(DENY_RM).rules.check(&deep, "local");
+    assert_eq!((v.action, v.rule.as_str()), (Action::Deny, "unparsable"), "{v}");
 }

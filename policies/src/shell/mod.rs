@@ -59,6 +59,14 @@ pub struct ParseError {
     pub at: usize,
 }
 
+impl ParseError {
+    /// Whether the text was refused for passing one of the reader's limits
+    /// (nesting, size) rather than for its syntax.
+    pub fn is_limit(&self) -> bool {
+        self.what.contains("the limit of")
+    }
+}
+
 /// How a command came to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {

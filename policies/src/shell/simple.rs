@@ -88,6 +88,9 @@ impl Parser<'_, '_> {
         for code in argv::shell_strings(&argv) {
             self.nested(&code, idx, Via::ShellString)?;
         }
+        for code in argv::embedded_strings(&argv) {
+            self.nested_or_opaque(&code, idx)?;
+        }
         // Code fed to a shell's stdin: `sh <<< 'code'`, `echo code | sh`.
         if argv::reads_code_from_stdin(&argv) {
             let mut fed: Vec<String> = self.sh.commands[idx]
@@ -167,7 +170,7 @@ impl Parser<'_, '_> {
             match kind {
                 crate::embedded::VarCode::Shell => {
                     let code = crate::embedded::variable_shell_code(name, value);
-                    self.nested(&code, idx, Via::ShellString)?;
+                    self.nested_or_opaque(&code, idx)?;
                 }
                 crate::embedded::VarCode::Prompt if lit => {
                     let ctx = Ctx {
@@ -187,6 +190,26 @@ impl Parser<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Read a command string a program runs (an option's or a variable's
+    /// value). The program, not bash, takes it apart, so text that does not
+    /// read as shell is opaque rather than refused; the reader's limits still
+    /// refuse.
+    fn nested_or_opaque(&mut self, code: &str, idx: usize) -> Result<(), ParseError> {
+        match self.nested(code, idx, Via::ShellString) {
+            Err(e) if !e.is_limit() => {
+                self.sh.opaque.push(Opaque {
+                    command: Some(idx),
+                    why: format!(
+                        "berth cannot read the command string `{code}` it runs ({})",
+                        e.what
+                    ),
+                });
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     /// Read `code` as commands run by command `idx`.
