@@ -219,6 +219,25 @@ fn takes_value(prog: &str, opt: &str) -> bool {
         ],
         "chroot" => &["--userspec", "--groups"],
         "time" => &["-f", "-o", "--format", "--output"],
+        "pkexec" => &["--user"],
+        "run0" => &[
+            "-u",
+            "-g",
+            "-D",
+            "--user",
+            "--group",
+            "--nice",
+            "--chdir",
+            "--setenv",
+            "--property",
+            "--unit",
+            "--description",
+            "--slice",
+            "--machine",
+            "--background",
+        ],
+        "cpulimit" => &["-l", "-p", "-e", "--limit", "--pid", "--exe"],
+        "ssh-agent" => &["-a", "-E", "-t", "-P", "-O"],
         _ => &[],
     };
     set.contains(&opt)
@@ -277,6 +296,11 @@ pub const WRAPPERS: &[&str] = &[
     "dbus-run-session",
     "perf",
     "capsh",
+    "pkexec",
+    "run0",
+    "flatpak-spawn",
+    "cpulimit",
+    "ssh-agent",
 ];
 
 /// If `argv` is a wrapper around another command, that command.
@@ -451,6 +475,45 @@ fn runner(prog: &str, rest: &[String]) -> Option<Vec<String>> {
                 "--filter",
             ],
         ),
+        ("toolbox", Some("run")) => (
+            1,
+            &["-c", "--container", "-d", "--distro", "-r", "--release"],
+        ),
+        // `distrobox enter NAME -- CMD`, `kubectl exec POD -- CMD`: the command
+        // follows `--`.
+        ("distrobox", Some("enter"))
+        | ("distrobox-enter", _)
+        | ("kubectl" | "oc", Some("exec")) => {
+            let dd = rest.iter().position(|a| a == "--")?;
+            let inner = rest.get(dd + 1..)?.to_vec();
+            return (!inner.is_empty()).then_some(inner);
+        }
+        // `docker exec [OPTIONS] CONTAINER CMD…`
+        ("docker" | "podman", Some("exec")) => {
+            const VALUE: &[&str] = &[
+                "-e",
+                "--env",
+                "-u",
+                "--user",
+                "-w",
+                "--workdir",
+                "--env-file",
+                "--detach-keys",
+            ];
+            let mut i = 1;
+            while let Some(a) = rest.get(i) {
+                if !a.starts_with('-') {
+                    break;
+                }
+                i += if !a.contains('=') && VALUE.contains(&a.as_str()) {
+                    2
+                } else {
+                    1
+                };
+            }
+            let inner = rest.get(i + 1..)?.to_vec();
+            return (!inner.is_empty()).then_some(inner);
+        }
         _ => return None,
     };
     let mut i = skip;

@@ -213,6 +213,22 @@ fn wrapped_and_embedded_rm_meets_deny_rm() {
         "tmux new-window 'rm x'",
         "screen -dmS s rm x",
         "cargo watch -s 'rm x'",
+        // Privilege and sandbox-crossing launchers.
+        "pkexec rm x",
+        "pkexec --user root rm x",
+        "run0 rm x",
+        "run0 -u root --chdir=/ rm x",
+        "flatpak-spawn --host rm x",
+        "cpulimit -l 50 rm x",
+        "cpulimit -l 50 -- rm x",
+        "ssh-agent rm x",
+        "toolbox run rm x",
+        "distrobox enter box -- rm x",
+        "docker exec c rm x",
+        "docker exec -it -u root -w /app c rm x",
+        "podman exec c rm x",
+        "kubectl exec pod -- rm x",
+        "kubectl exec -it pod -c app -- rm x",
     ];
     let bad = failures(&p, &cmds, |v| v.action == Action::Deny && v.rule == "no-rm");
     assert!(
@@ -386,6 +402,9 @@ fn ordinary_uses_of_these_programs_stay_allowed() {
         "npx tsc -c tsconfig.json",
         "npm run build -- -c prod",
         "tar -cvsf a.tar src",
+        "docker exec -it c bash",
+        "kubectl exec -it pod -- sh",
+        "docker ps",
     ];
     let bad = failures(&p, &cmds, |v| v.action == Action::Allow);
     assert!(bad.is_empty(), "{} refused:\n{}", bad.len(), bad.join("\n"));
@@ -401,5 +420,9 @@ fn limits_hold_inside_command_strings() {
         ")".repeat(40)
     );
     let v = policy(DENY_RM).rules.check(&deep, "local");
-    assert_eq!((v.action, v.rule.as_str()), (Action::Deny, "unparsable"), "{v}");
+    assert_eq!(
+        (v.action, v.rule.as_str()),
+        (Action::Deny, "unparsable"),
+        "{v}"
+    );
 }
