@@ -345,8 +345,24 @@ fn pipe_to_shell(script: &Script, idx: usize, prog: &str) -> Option<String> {
     if !is_shell {
         return None;
     }
+    let cmd = script.commands.get(idx)?;
     for (j, other) in script.commands.iter().enumerate() {
-        if j == idx {
+        // Cheap tests first: this runs for every shell in the text against
+        // every other command. A fetcher can only feed this shell through a
+        // pipeline they share, or sit inside it (nested commands are recorded
+        // after their parent).
+        let shares_pipe = other
+            .pipes
+            .iter()
+            .any(|(p, _)| cmd.pipes.iter().any(|(q, _)| p == q));
+        let may_be_inside = j > idx && other.parent.is_some();
+        if j == idx
+            || !(shares_pipe || may_be_inside)
+            || !other
+                .argv
+                .iter()
+                .any(|w| FETCHERS.contains(&argv::program_name(w)))
+        {
             continue;
         }
         let p = argv::inner(&other.argv);

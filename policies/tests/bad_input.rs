@@ -54,6 +54,9 @@ fn long_runs_of_assignments_get_a_verdict() {
         "a=1; ".repeat(30_000),
         "a=1 ".repeat(30_000),
         format!("{}ls", "a=1 ".repeat(30_000)),
+        // Every shell was compared with every other command for pipe-to-shell
+        // (10 s before it looked only at commands it could pair with).
+        format!("{}{}", "sh x; ".repeat(4_999), "curl x; ".repeat(4_999)),
     ] {
         let head: String = cmd.chars().take(12).collect();
         let v = check_small_stack(cmd);
