@@ -46,6 +46,10 @@ pub const PROGRAMS: &[&str] = &[
     "tmux",
     "screen",
     "cargo",
+    "awk",
+    "gawk",
+    "mawk",
+    "nawk",
 ];
 
 /// What a variable assigned before (or exported to) a command makes programs
@@ -136,6 +140,9 @@ pub fn command_strings(prog: &str, args: &[String]) -> Vec<String> {
             .into_iter()
             .collect()
         }
+        "awk" | "gawk" | "mawk" | "nawk" => {
+            awk_programs(args).iter().flat_map(|p| awk(p).0).collect()
+        }
         "hyperfine" => hyperfine(args),
         "watchexec" => watchexec(args).into_iter().collect(),
         "entr" => entr(args).into_iter().collect(),
@@ -168,6 +175,7 @@ pub fn command_strings(prog: &str, args: &[String]) -> Vec<String> {
 pub fn opaque(prog: &str, args: &[String]) -> Option<String> {
     match prog {
         "git" => git(args).1,
+        "awk" | "gawk" | "mawk" | "nawk" => awk_programs(args).iter().find_map(|p| awk(p).1),
         "vim" | "vi" | "nvim" | "view" | "vimdiff" | "ex" | "gvim" => vim(args).1,
         "sed" | "gsed" => sed_scripts(args).iter().find_map(|s| sed(s).opaque),
         "make" | "gmake"
@@ -520,7 +528,6 @@ const GIT_EXEC_KEYS: &[&str] = &[
     "core.fsmonitor",
     "core.askpass",
     "core.gitproxy",
-    "core.hookspath",
     "sequence.editor",
     "diff.external",
     "gpg.program",
@@ -1012,6 +1019,192 @@ fn parallel(args: &[String]) -> Option<String> {
         .take_while(|w| !w.starts_with(":::") && !w.starts_with("::::"))
         .collect();
     (!words.is_empty()).then(|| words.join(" "))
+}
+
+/// The program texts of an awk command line: `-e`/`--source` values (gawk),
+/// or the first operand when no `-f` file or `-e` is given.
+fn awk_programs(args: &[String]) -> Vec<String> {
+    const VALUE: &[&str] = &[
+        "-F",
+        "-v",
+        "-f",
+        "-i",
+        "-l",
+        "-E",
+        "--field-separator",
+        "--assign",
+        "--file",
+        "--include",
+        "--load",
+        "--exec",
+    ];
+    let mut programs = Vec::new();
+    let mut file = false;
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        i += 1;
+        if a == "--" {
+            break;
+        }
+        if !a.starts_with('-') || a == "-" {
+            if programs.is_empty() && !file {
+                programs.push(a.clone());
+            }
+            break;
+        }
+        let opt = a.split_once('=').map_or(a.as_str(), |(o, _)| o);
+        let value = |i: &mut usize| -> Option<String> {
+            match a.split_once('=') {
+                Some((_, v)) if a.starts_with("--") => Some(v.to_string()),
+                _ if opt.len() > 2 && !opt.starts_with("--") => Some(opt[2..].to_string()),
+                _ => {
+                    *i += 1;
+                    args.get(*i - 1).cloned()
+                }
+            }
+        };
+        let short = if opt.starts_with("--") {
+            opt
+        } else {
+            &opt[..2.min(opt.len())]
+        };
+        match short {
+            "-e" | "--source" => programs.extend(value(&mut i)),
+            "-f" | "--file" | "-E" | "--exec" => {
+                file = true;
+                value(&mut i);
+            }
+            o if VALUE.contains(&o) => {
+                value(&mut i);
+            }
+            _ => {}
+        }
+    }
+    if file && programs.is_empty() {
+        return Vec::new();
+    }
+    if programs.is_empty() {
+        programs.extend(args.get(i).cloned());
+    }
+    programs
+}
+
+/// What an awk program runs: the literal commands of `system("…")`,
+/// `print … | "…"` and `"…" | getline`, and why it runs something else.
+fn awk(program: &str) -> (Vec<String>, Option<String>) {
+    #[derive(PartialEq)]
+    enum Tok {
+        Str(String),
+        Word(String),
+        Pipe,
+        Punct(char),
+    }
+    let s: Vec<char> = program.chars().collect();
+    let mut toks: Vec<Tok> = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        let c = s[i];
+        if c == '#' {
+            while i < s.len() && s[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if c.is_whitespace() || c == '\\' {
+            i += 1;
+            continue;
+        }
+        if c == '"' {
+            let mut lit = String::new();
+            i += 1;
+            while i < s.len() && s[i] != '"' {
+                if s[i] == '\\' && i + 1 < s.len() {
+                    i += 1;
+                    lit.push(match s[i] {
+                        'n' => '\n',
+                        't' => '\t',
+                        o => o,
+                    });
+                } else {
+                    lit.push(s[i]);
+                }
+                i += 1;
+            }
+            i += 1;
+            toks.push(Tok::Str(lit));
+            continue;
+        }
+        if c == '/' {
+            // A regex where an operand is expected; division after one.
+            let regex = match toks.last() {
+                None | Some(Tok::Pipe) => true,
+                Some(Tok::Punct(p)) => "(,~!{};&|=<>+-*%?:".contains(*p),
+                Some(Tok::Word(w)) => matches!(w.as_str(), "if" | "while" | "return" | "in"),
+                Some(Tok::Str(_)) => false,
+            };
+            if regex {
+                i += 1;
+                let mut class = false;
+                while i < s.len() && (s[i] != '/' || class) {
+                    match s[i] {
+                        '\\' => i += 1,
+                        '[' => class = true,
+                        ']' => class = false,
+                        _ => {}
+                    }
+                    i += 1;
+                }
+                i += 1;
+                toks.push(Tok::Word("/regex/".into()));
+                continue;
+            }
+        }
+        if c.is_ascii_alphanumeric() || c == '_' || c == '$' {
+            let start = i;
+            while i < s.len() && (s[i].is_ascii_alphanumeric() || s[i] == '_' || s[i] == '$') {
+                i += 1;
+            }
+            toks.push(Tok::Word(s[start..i].iter().collect()));
+            continue;
+        }
+        if c == '|' {
+            if s.get(i + 1) == Some(&'|') {
+                toks.push(Tok::Punct('|'));
+                i += 2;
+                continue;
+            }
+            toks.push(Tok::Pipe);
+            i += if s.get(i + 1) == Some(&'&') { 2 } else { 1 };
+            continue;
+        }
+        toks.push(Tok::Punct(c));
+        i += 1;
+    }
+    let mut out = Vec::new();
+    let mut why = None;
+    let computed = || Some("awk runs a command line it builds when it runs".to_string());
+    for (k, t) in toks.iter().enumerate() {
+        match t {
+            Tok::Word(w) if w == "system" => {
+                match (toks.get(k + 1), toks.get(k + 2), toks.get(k + 3)) {
+                    (Some(Tok::Punct('(')), Some(Tok::Str(cmd)), Some(Tok::Punct(')'))) => {
+                        out.push(cmd.clone());
+                    }
+                    _ => why = why.or_else(computed),
+                }
+            }
+            Tok::Pipe => match (toks.get(k + 1), k.checked_sub(1).and_then(|p| toks.get(p))) {
+                (Some(Tok::Word(g)), Some(Tok::Str(cmd))) if g == "getline" => {
+                    out.push(cmd.clone())
+                }
+                (Some(Tok::Word(g)), _) if g == "getline" => why = why.or_else(computed),
+                (Some(Tok::Str(cmd)), _) => out.push(cmd.clone()),
+                _ => why = why.or_else(computed),
+            },
+            _ => {}
+        }
+    }
+    (out, why)
 }
 
 /// The scripts a sed command line runs: `-e S`, `--expression=S`, or the

@@ -63,16 +63,6 @@ pub fn reason(script: &Script, idx: usize) -> Option<String> {
                     "`{prog}` of its own input, which berth does not read as code"
                 ));
             }
-            "awk" | "gawk" | "mawk" | "nawk" | "busybox"
-                if args.iter().any(|a| {
-                    a.contains("system")
-                        || a.contains("| \"")
-                        || a.contains("|&")
-                        || a.contains("|\"")
-                }) =>
-            {
-                return Some(format!("`{prog}` runs commands from its program text"));
-            }
             "hash"
                 if args.iter().any(|a| {
                     a.starts_with("-p")

@@ -213,6 +213,11 @@ fn wrapped_and_embedded_rm_meets_deny_rm() {
         "tmux new-window 'rm x'",
         "screen -dmS s rm x",
         "cargo watch -s 'rm x'",
+        // awk's command strings, when they are literals.
+        "awk 'BEGIN { system(\"rm x\") }'",
+        "gawk 'BEGIN{system( \"rm -rf y\" )}'",
+        "awk '{ print | \"rm x\" }' f",
+        "awk 'BEGIN { while ((\"rm x\" | getline l) > 0) print l }'",
         // Privilege and sandbox-crossing launchers.
         "pkexec rm x",
         "pkexec --user root rm x",
@@ -253,6 +258,10 @@ fn unreadable_command_strings_are_opaque() {
         "sed -n 's/x/&/ep' f",
         "sed \"e $c\" f",
         "git -c alias.x=\"!$cmd\" x",
+        "git -c alias.x=!sh x",
+        "awk '{ print | \"sh\" }' cmds",
+        "awk 'BEGIN { system(\"rm \" ARGV[1]) }' x",
+        "awk '{ print | cmd }' f",
         "git --config-env=alias.x=CMD x",
         "git --config-env=core.sshCommand=CMD fetch",
         "tar --to-command=\"$c\" -xf a.tar",
@@ -405,6 +414,9 @@ fn ordinary_uses_of_these_programs_stay_allowed() {
         "docker exec -it c bash",
         "kubectl exec -it pod -- sh",
         "docker ps",
+        "awk '{print $1}' f",
+        "awk 'BEGIN { system(\"date\") }'",
+        "git -c core.hooksPath=.githooks commit -m x",
     ];
     let bad = failures(&p, &cmds, |v| v.action == Action::Allow);
     assert!(bad.is_empty(), "{} refused:\n{}", bad.len(), bad.join("\n"));

@@ -197,7 +197,26 @@ impl Parser<'_, '_> {
     /// read as shell is opaque rather than refused; the reader's limits still
     /// refuse.
     fn nested_or_opaque(&mut self, code: &str, idx: usize) -> Result<(), ParseError> {
-        match self.nested(code, idx, Via::ShellString) {
+        let first = self.sh.commands.len();
+        let r = self.nested(code, idx, Via::ShellString);
+        // `git -c alias.x='!sh' x`, `awk '{ print | "sh" }'`: a shell the
+        // program starts reads its commands from what the program feeds it.
+        let stdin_shell = self.sh.commands[first.min(self.sh.commands.len())..]
+            .iter()
+            .any(|c| {
+                c.parent == Some(idx)
+                    && argv::reads_code_from_stdin(&c.argv)
+                    && !c.redirects.iter().any(|r| r.op.starts_with('<'))
+            });
+        if r.is_ok() && stdin_shell {
+            self.sh.opaque.push(Opaque {
+                command: Some(idx),
+                why: format!(
+                    "the command string `{code}` starts a shell that reads its commands from input berth does not see"
+                ),
+            });
+        }
+        match r {
             Err(e) if !e.is_limit() => {
                 self.sh.opaque.push(Opaque {
                     command: Some(idx),
