@@ -709,6 +709,97 @@ fn git(args: &[String]) -> (Vec<String>, Option<String>) {
     (out, from_env)
 }
 
+/// Where git's subcommand sits in its arguments, after the global options.
+fn git_subcommand_at(args: &[String]) -> usize {
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if !a.starts_with('-') {
+            break;
+        }
+        i += if GIT_VALUE_OPTS.contains(&a.as_str()) {
+            2
+        } else {
+            1
+        };
+    }
+    i
+}
+
+/// Configuration given to git through its environment: `GIT_CONFIG_COUNT`
+/// with `GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`, and `GIT_CONFIG_PARAMETERS`
+/// (`'key'='value' …`, shell-quoted). `vars` are the variables assigned for
+/// a command; `git_args` the arguments of the `git` it runs, if any. Returns
+/// the commands those settings make git run.
+pub fn git_env_config(vars: &[(String, String)], git_args: Option<&[String]>) -> Vec<String> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for (name, value) in vars {
+        if let Some(n) = name.strip_prefix("GIT_CONFIG_KEY_")
+            && let Some((_, v)) = vars
+                .iter()
+                .find(|(k, _)| k.strip_prefix("GIT_CONFIG_VALUE_") == Some(n))
+        {
+            pairs.push((value.clone(), v.clone()));
+        }
+        if name == "GIT_CONFIG_PARAMETERS" {
+            for kv in sq_words(value) {
+                let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), "true"));
+                pairs.push((k.to_string(), v.to_string()));
+            }
+        }
+    }
+    let (sub, rest) = match git_args {
+        Some(args) => {
+            let at = git_subcommand_at(args);
+            (
+                args.get(at).map(String::as_str),
+                args.get(at + 1..).unwrap_or(&[]),
+            )
+        }
+        None => (None, &[][..]),
+    };
+    pairs
+        .iter()
+        .filter_map(|(k, v)| git_value_code(k, v, sub, rest))
+        .collect()
+}
+
+/// Words of text quoted the way git quotes `GIT_CONFIG_PARAMETERS`: single
+/// quotes, backslash escapes outside them, blanks between words. Read
+/// without the shell reader, so a value cannot nest readers in each other.
+fn sq_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quoted = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            '\\' if !quoted => {
+                cur.extend(chars.next());
+                in_word = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    words
+}
+
 /// `git config [options] [set] KEY VALUE`: a command-valued key being set.
 fn git_config(args: &[String]) -> Option<String> {
     const VALUE_OPTS: &[&str] = &[

@@ -103,6 +103,9 @@ fn wrapped_and_embedded_rm_meets_deny_rm() {
         "LESSOPEN='|rm x %s' less f",
         "LESSOPEN='||rm x %s' less f",
         "RSYNC_RSH='rm x' rsync a h:b",
+        "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=alias.x GIT_CONFIG_VALUE_0='!rm y' git x",
+        "env GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager GIT_CONFIG_VALUE_0='rm y' git log",
+        "GIT_CONFIG_PARAMETERS=\"'alias.x'='!rm y'\" git x",
         // sed's `e` command runs its argument.
         "sed 'e rm x' f",
         "sed -e '1e rm x' f",
@@ -411,6 +414,7 @@ fn ordinary_uses_of_these_programs_stay_allowed() {
         "npx tsc -c tsconfig.json",
         "npm run build -- -c prod",
         "tar -cvsf a.tar src",
+        "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=user.name GIT_CONFIG_VALUE_0=bot git commit -m x",
         "docker exec -it c bash",
         "kubectl exec -it pod -- sh",
         "docker ps",

@@ -158,6 +158,22 @@ impl Parser<'_, '_> {
                     .extend((at + 1..argv.len()).filter(|&i| argv::assignment(&argv[i]).is_some()));
             }
         }
+        // git's configuration through its environment.
+        let vars: Vec<(String, String)> = words
+            .iter()
+            .filter_map(|&i| argv[i].split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if vars.iter().any(|(k, _)| k.starts_with("GIT_CONFIG_")) {
+            let views = argv::views(argv);
+            let git = views
+                .iter()
+                .find(|v| v.first().is_some_and(|p| p == "git"))
+                .map(|v| &v[1..]);
+            for code in crate::embedded::git_env_config(&vars, git) {
+                self.nested_or_opaque(&code, idx)?;
+            }
+        }
         for i in words {
             let Some((name, value)) = argv[i].split_once('=') else {
                 continue;
