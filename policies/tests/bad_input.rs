@@ -80,3 +80,24 @@ fn text_past_the_size_limit_is_refused_with_the_limit_named() {
     );
     assert!(v.reason.contains("limit"), "{v}");
 }
+
+/// The limits are for the text being judged. A session's snapshot is read
+/// whole, so an agent cannot blind the gate to its aliases by defining more
+/// functions than one command may hold.
+#[test]
+fn a_large_session_snapshot_still_resolves_aliases() {
+    let mut snapshot = String::from("alias e='env '\n");
+    for i in 0..12_000 {
+        snapshot.push_str(&format!("f{i} () \n{{ \n    echo {i}\n}}\n"));
+    }
+    let names = ["e".to_string()].into_iter().collect();
+    let d = berth_policies::shell::Defined::read(names, &snapshot);
+    assert_eq!(d.aliases.get("e").map(String::as_str), Some("env "));
+    let p = Policy::from_toml(
+        "[[rules]]\nname = \"no-rm\"\naction = \"deny\"\nprefix = \"rm\"\n",
+        "t",
+    )
+    .expect("valid policy");
+    let v = p.rules.check_in("e rm f", "local", &d);
+    assert_eq!((v.action, v.rule.as_str()), (Action::Deny, "no-rm"), "{v}");
+}

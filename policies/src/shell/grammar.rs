@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Command, Defined, MAX_COMMANDS, MAX_DEPTH, Opaque, ParseError, Script, Via, is_blank};
+use super::{Command, Defined, MAX_DEPTH, Opaque, ParseError, Script, Via, is_blank};
 use crate::argv;
 
 /// What every nested reader of one text shares.
@@ -28,6 +28,8 @@ pub(super) struct Shared<'d> {
     pub(super) defined: &'d Defined,
     /// Aliases and functions being expanded, so recursion stops.
     pub(super) expanding: HashSet<String>,
+    /// The most simple commands this text may hold.
+    pub(super) max_commands: usize,
 }
 
 /// Where the commands being read sit.
@@ -39,7 +41,11 @@ pub(super) struct Ctx {
     pub(super) function: Option<String>,
 }
 
-pub(super) fn parse_script(src: &str, defined: &Defined) -> Result<Script, ParseError> {
+pub(super) fn parse_script(
+    src: &str,
+    defined: &Defined,
+    max_commands: usize,
+) -> Result<Script, ParseError> {
     let mut shared = Shared {
         commands: Vec::new(),
         functions: Vec::new(),
@@ -52,6 +58,7 @@ pub(super) fn parse_script(src: &str, defined: &Defined) -> Result<Script, Parse
         next_pipeline: 0,
         defined,
         expanding: HashSet::new(),
+        max_commands,
     };
     let ctx = Ctx {
         parent: None,
@@ -577,9 +584,10 @@ impl<'a, 'd> Parser<'a, 'd> {
 
     pub(super) fn push_command(&mut self) -> Result<usize, ParseError> {
         let idx = self.sh.commands.len();
-        if idx >= MAX_COMMANDS {
+        if idx >= self.sh.max_commands {
             return Err(self.err(format!(
-                "more than the limit of {MAX_COMMANDS} simple commands in one text"
+                "more than the limit of {} simple commands in one text",
+                self.sh.max_commands
             )));
         }
         self.sh.commands.push(Command {

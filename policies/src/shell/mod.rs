@@ -226,7 +226,11 @@ impl Defined {
             names,
             ..Defined::default()
         };
-        if let Ok(script) = parse_with(text, &Defined::default()) {
+        // The snapshot is the session's own shell state, which the commands
+        // built up one judged call at a time: no size or count limit here
+        // (an agent must not blind the gate to its aliases by defining many
+        // functions), only the nesting limit that keeps the stack bounded.
+        if let Ok(script) = grammar::parse_script(text, &Defined::default(), usize::MAX) {
             for (k, v) in script.aliases {
                 d.aliases.insert(k, v);
             }
@@ -330,7 +334,7 @@ pub fn parse_with(src: &str, defined: &Defined) -> Result<Script, ParseError> {
             at: 0,
         });
     }
-    grammar::parse_script(src, defined)
+    grammar::parse_script(src, defined, MAX_COMMANDS)
 }
 
 /// bash's blanks: the only bytes besides newline and the metacharacters that
