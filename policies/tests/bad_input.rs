@@ -101,3 +101,37 @@ fn a_large_session_snapshot_still_resolves_aliases() {
     let v = p.rules.check_in("e rm f", "local", &d);
     assert_eq!((v.action, v.rule.as_str()), (Action::Deny, "no-rm"), "{v}");
 }
+
+/// Functions that call each other twice over: reading their definitions
+/// from a snapshot stays linear, and calling one in judged text is refused
+/// at the command limit instead of expanding 2^40 times.
+#[test]
+fn functions_that_call_each_other_do_not_blow_up() {
+    let mut snapshot = String::from("alias e='env '\nf00 () \n{ \n    :\n}\n");
+    for i in 1..40 {
+        snapshot.push_str(&format!(
+            "f{i:02} () \n{{ \n    f{:02};\n    f{:02}\n}}\n",
+            i - 1,
+            i - 1
+        ));
+    }
+    let names = ["e".to_string(), "f39".to_string()].into_iter().collect();
+    let d = berth_policies::shell::Defined::read(names, &snapshot);
+    assert_eq!(d.functions.len(), 40);
+    assert_eq!(d.aliases.get("e").map(String::as_str), Some("env "));
+    let v = Policy::default().rules.check_in("f39", "local", &d);
+    assert_eq!(
+        (v.action, v.rule.as_str()),
+        (Action::Deny, "unparsable"),
+        "{v}"
+    );
+    assert!(v.reason.contains("limit"), "{v}");
+    // And in the text itself.
+    let v = Policy::default()
+        .rules
+        .check(&snapshot.replace("alias e='env '\n", ""), "local");
+    assert!(
+        v.action == Action::Allow || v.reason.contains("limit"),
+        "{v}"
+    );
+}

@@ -30,6 +30,9 @@ pub(super) struct Shared<'d> {
     pub(super) expanding: HashSet<String>,
     /// The most simple commands this text may hold.
     pub(super) max_commands: usize,
+    /// Whether calls of aliases and functions are expanded where they are
+    /// made (not when only the definitions are wanted, as in a snapshot).
+    pub(super) expand_calls: bool,
 }
 
 /// Where the commands being read sit.
@@ -45,6 +48,7 @@ pub(super) fn parse_script(
     src: &str,
     defined: &Defined,
     max_commands: usize,
+    expand_calls: bool,
 ) -> Result<Script, ParseError> {
     let mut shared = Shared {
         commands: Vec::new(),
@@ -59,6 +63,7 @@ pub(super) fn parse_script(
         defined,
         expanding: HashSet::new(),
         max_commands,
+        expand_calls,
     };
     let ctx = Ctx {
         parent: None,

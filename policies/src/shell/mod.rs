@@ -230,7 +230,10 @@ impl Defined {
         // built up one judged call at a time: no size or count limit here
         // (an agent must not blind the gate to its aliases by defining many
         // functions), only the nesting limit that keeps the stack bounded.
-        if let Ok(script) = grammar::parse_script(text, &Defined::default(), usize::MAX) {
+        // Only the definitions are wanted, so calls inside them are not
+        // expanded: reading stays linear however the functions call each
+        // other.
+        if let Ok(script) = grammar::parse_script(text, &Defined::default(), usize::MAX, false) {
             for (k, v) in script.aliases {
                 d.aliases.insert(k, v);
             }
@@ -334,7 +337,7 @@ pub fn parse_with(src: &str, defined: &Defined) -> Result<Script, ParseError> {
             at: 0,
         });
     }
-    grammar::parse_script(src, defined, MAX_COMMANDS)
+    grammar::parse_script(src, defined, MAX_COMMANDS, true)
 }
 
 /// bash's blanks: the only bytes besides newline and the metacharacters that

@@ -262,6 +262,9 @@ impl Parser<'_, '_> {
     /// or by the session), read what it really runs. Returns whether its words
     /// were replaced by an alias's.
     pub(super) fn expand_alias_or_function(&mut self, idx: usize) -> Result<bool, ParseError> {
+        if !self.sh.expand_calls {
+            return Ok(false);
+        }
         let cmd = &self.sh.commands[idx];
         let assigns = cmd
             .argv
