@@ -285,6 +285,7 @@ fn unreadable_command_strings_are_opaque() {
         // read as shell: opaque, not refused as unparsable.
         "git -c core.pager=\"less '\" log",
         "LESSOPEN=\"|cat '%s\" less f",
+        "PS1='$(( ' bash -i",
     ];
     let ask = policy(&format!("opaque = \"ask\"\n{DENY_RM}"));
     let bad = failures(&ask, &cmds, |v| {

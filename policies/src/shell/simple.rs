@@ -195,7 +195,16 @@ impl Parser<'_, '_> {
                         pipes: self.ctx.pipes.clone(),
                         function: self.ctx.function.clone(),
                     };
-                    super::grammar::scan_expansions(value, self.sh, ctx, self.depth + 1)?;
+                    match super::grammar::scan_expansions(value, self.sh, ctx, self.depth + 1) {
+                        Err(e) if e.is_limit() => return Err(e),
+                        // bash reads a prompt only when it shows it: one that
+                        // does not read is opaque, not a refusal of the text.
+                        Err(e) => self.sh.opaque.push(Opaque {
+                            command: Some(idx),
+                            why: format!("berth cannot read the prompt `{name}` ({})", e.what),
+                        }),
+                        Ok(()) => {}
+                    }
                 }
                 crate::embedded::VarCode::Prompt => self.sh.opaque.push(Opaque {
                     command: Some(idx),
