@@ -95,36 +95,259 @@ fn takes_value(prog: &str, opt: &str) -> bool {
             "--max-lines",
             "--replace",
         ],
-        "chrt" => &[],
+        "chrt" => &[
+            "-T",
+            "-P",
+            "-D",
+            "--sched-runtime",
+            "--sched-period",
+            "--sched-deadline",
+        ],
         "taskset" => &[],
         "flock" => &["-w", "-E", "--timeout", "--conflict-exit-code"],
         "watch" => &["-n", "-d", "--interval"],
-        "setpriv" => &[],
+        "setpriv" => &[
+            "--reuid",
+            "--regid",
+            "--ruid",
+            "--rgid",
+            "--euid",
+            "--egid",
+            "--groups",
+            "--inh-caps",
+            "--ambient-caps",
+            "--bounding-set",
+            "--securebits",
+            "--pdeathsig",
+            "--selinux-label",
+            "--apparmor-profile",
+            "--landlock-access",
+            "--landlock-rule",
+            "--seccomp-filter",
+        ],
+        "prlimit" => &["-p", "--pid", "-o", "--output"],
+        "fakeroot" => &["-l", "--lib", "--faked", "-s", "-i", "-b"],
+        "numactl" => &[
+            "-i",
+            "-p",
+            "-m",
+            "-N",
+            "-C",
+            "-P",
+            "-w",
+            "-b",
+            "--interleave",
+            "--preferred",
+            "--preferred-many",
+            "--membind",
+            "--cpunodebind",
+            "--physcpubind",
+            "--weighted-interleave",
+        ],
+        "unshare" => &[
+            "-S",
+            "-G",
+            "-R",
+            "-w",
+            "--setuid",
+            "--setgid",
+            "--root",
+            "--wd",
+            "--map-user",
+            "--map-group",
+            "--map-users",
+            "--map-groups",
+            "--setgroups",
+            "--propagation",
+            "--monotonic",
+            "--boottime",
+        ],
+        "nsenter" => &["-t", "-S", "-G", "--target", "--setuid", "--setgid"],
+        "strace" => &[
+            "-a", "-b", "-e", "-E", "-I", "-o", "-O", "-p", "-P", "-s", "-S", "-u", "-U", "-X",
+            "--output", "--attach", "--user",
+        ],
+        "ltrace" => &[
+            "-a", "-A", "-D", "-e", "-F", "-l", "-n", "-o", "-p", "-s", "-u", "-x", "-w",
+        ],
+        "systemd-run" => &[
+            "-p",
+            "-u",
+            "-E",
+            "-M",
+            "-H",
+            "--property",
+            "--unit",
+            "--setenv",
+            "--machine",
+            "--host",
+            "--description",
+            "--slice",
+            "--uid",
+            "--gid",
+            "--nice",
+            "--working-directory",
+        ],
+        "runuser" => &[
+            "-u",
+            "-g",
+            "-G",
+            "-s",
+            "-w",
+            "--user",
+            "--group",
+            "--supp-group",
+            "--shell",
+        ],
+        "faketime" => &["-p", "--date-prog"],
+        "xvfb-run" => &[
+            "-n",
+            "-s",
+            "-f",
+            "-e",
+            "-p",
+            "-w",
+            "--server-num",
+            "--server-args",
+            "--auth-file",
+            "--error-file",
+            "--xauth-protocol",
+            "--wait",
+        ],
+        "perf" => &[
+            "-e", "-o", "-p", "-t", "-C", "-r", "-x", "-G", "-F", "-c", "-m", "--event", "--output",
+        ],
+        "chroot" => &["--userspec", "--groups"],
+        "time" => &["-f", "-o", "--format", "--output"],
+        "pkexec" => &["--user"],
+        "run0" => &[
+            "-u",
+            "-g",
+            "-D",
+            "--user",
+            "--group",
+            "--nice",
+            "--chdir",
+            "--setenv",
+            "--property",
+            "--unit",
+            "--description",
+            "--slice",
+            "--machine",
+            "--background",
+        ],
+        "cpulimit" => &["-l", "-p", "-e", "--limit", "--pid", "--exe"],
+        "ssh-agent" => &["-a", "-E", "-t", "-P", "-O"],
         _ => &[],
     };
     set.contains(&opt)
 }
 
+/// Programs that run the rest of their argv (after their own options and
+/// operands) as a command: [`unwrap_once`] peels them off.
+pub const WRAPPERS: &[&str] = &[
+    "sudo",
+    "doas",
+    "env",
+    "command",
+    "builtin",
+    "exec",
+    "nohup",
+    "time",
+    "nice",
+    "ionice",
+    "stdbuf",
+    "xargs",
+    "setsid",
+    "unbuffer",
+    "flock",
+    "timeout",
+    "chronic",
+    "caffeinate",
+    "systemd-run",
+    "runuser",
+    "chroot",
+    "taskset",
+    "chrt",
+    "busybox",
+    "torsocks",
+    "proxychains",
+    "proxychains4",
+    "setpriv",
+    "prlimit",
+    "fakeroot",
+    "fakechroot",
+    "numactl",
+    "unshare",
+    "nsenter",
+    "strace",
+    "ltrace",
+    "valgrind",
+    "firejail",
+    "eatmydata",
+    "catchsegv",
+    "setarch",
+    "linux32",
+    "linux64",
+    "i386",
+    "x86_64",
+    "faketime",
+    "xvfb-run",
+    "dbus-run-session",
+    "perf",
+    "capsh",
+    "pkexec",
+    "run0",
+    "flatpak-spawn",
+    "cpulimit",
+    "ssh-agent",
+];
+
 /// If `argv` is a wrapper around another command, that command.
 fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
     let prog = argv.first()?.as_str();
     let rest = &argv[1..];
-    match prog {
-        "sudo" | "doas" | "env" | "command" | "builtin" | "exec" | "nohup" | "time" | "nice"
-        | "ionice" | "stdbuf" | "xargs" | "setsid" | "unbuffer" | "flock" | "timeout"
-        | "chronic" | "caffeinate" | "systemd-run" | "runuser" | "chroot" | "taskset" | "chrt"
-        | "busybox" | "torsocks" | "proxychains" | "proxychains4" => {}
-        _ => return None,
+    if !WRAPPERS.contains(&prog) {
+        return runner(prog, rest);
+    }
+    if prog == "capsh" {
+        // `capsh [options] -- ARGS` runs `bash ARGS` (or `--shell=PROG ARGS`).
+        let dd = rest.iter().position(|a| a == "--")?;
+        let shell = rest[..dd]
+            .iter()
+            .find_map(|a| a.strip_prefix("--shell="))
+            .unwrap_or("bash");
+        let mut inner = vec![shell.to_string()];
+        inner.extend(rest[dd + 1..].iter().cloned());
+        return Some(inner);
     }
     let mut i = 0;
+    // Operands that come before the options.
+    match prog {
+        "setarch" => i += 1,
+        "perf" => {
+            // Only the subcommands that run a workload.
+            if !rest
+                .first()
+                .is_some_and(|s| matches!(s.as_str(), "stat" | "record" | "trace"))
+            {
+                return None;
+            }
+            i += 1;
+        }
+        _ => {}
+    }
     // Options.
+    let mut named_user = false;
     while i < rest.len() {
         let a = rest[i].as_str();
         if a == "--" {
             i += 1;
             break;
         }
-        if prog == "env" && assignment(a).is_some() {
+        // `env NAME=value` and `sudo NAME=value`: any word with `=` before the
+        // command sets a variable, whatever its name (`BASH_FUNC_f%%=…`).
+        if matches!(prog, "env" | "sudo" | "doas") && !a.starts_with('-') && a.contains('=') {
             i += 1;
             continue;
         }
@@ -139,6 +362,9 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
         }
         if a.starts_with("--") {
             let opt = a.split_once('=').map(|(o, _)| o).unwrap_or(a);
+            if opt == "--user" {
+                named_user = true;
+            }
             i += if a.contains('=') || !takes_value(prog, opt) {
                 1
             } else {
@@ -151,6 +377,9 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
         i += 1;
         for (k, l) in a.char_indices().skip(1) {
             if takes_value(prog, &format!("-{l}")) {
+                if l == 'u' {
+                    named_user = true;
+                }
                 if k + l.len_utf8() == a.len() {
                     i += 1;
                 }
@@ -160,7 +389,7 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
     }
     // Positional operands that come before the command.
     match prog {
-        "timeout" | "flock" | "chroot" => i += 1,
+        "timeout" | "flock" | "chroot" | "faketime" => i += 1,
         "nice" if rest.get(i).is_some_and(|a| a.parse::<i32>().is_ok()) => i += 1,
         "chrt" | "taskset" => {
             while rest.get(i).is_some_and(|a| {
@@ -170,20 +399,144 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
                 i += 1;
             }
         }
-        "runuser" => {
-            // runuser USER [-c CMD]: the command form is found by shell_strings.
-            i += 1;
-        }
+        // runuser USER [-c CMD] (the command form is found by shell_strings);
+        // `runuser -u USER CMD` names the user as an option.
+        "runuser" if !named_user => i += 1,
         _ => {}
     }
     let inner: Vec<String> = rest.get(i..)?.to_vec();
     if inner.is_empty() {
         return None;
     }
-    if prog == "env" && inner.iter().all(|w| assignment(w).is_some()) {
+    if matches!(prog, "env" | "sudo" | "doas") && inner.iter().all(|w| w.contains('=')) {
         return None;
     }
     Some(inner)
+}
+
+/// Project and package runners whose subcommand runs the rest of the argv:
+/// `uv run CMD`, `poetry run CMD`, `bundle exec CMD`, `npx CMD`,
+/// `nix develop -c CMD`, `direnv exec DIR CMD`, and kin.
+fn runner(prog: &str, rest: &[String]) -> Option<Vec<String>> {
+    let sub = rest.first().map(String::as_str);
+    let (skip, value_opts): (usize, &[&str]) = match (prog, sub) {
+        ("uv", Some("run")) => (
+            1,
+            &[
+                "--with",
+                "--with-editable",
+                "--with-requirements",
+                "-p",
+                "--python",
+                "--package",
+                "--extra",
+                "--group",
+                "--only-group",
+                "--no-group",
+                "--env-file",
+                "--directory",
+                "--project",
+                "--index",
+                "--default-index",
+                "-i",
+                "--index-url",
+                "--extra-index-url",
+                "-f",
+                "--find-links",
+                "--config-file",
+                "--cache-dir",
+            ],
+        ),
+        ("poetry" | "pipenv" | "pdm" | "rye", Some("run")) => {
+            (1, &["-C", "--directory", "-P", "--project", "-p"])
+        }
+        ("hatch", Some("run")) => (1, &["-e", "--env"]),
+        ("conda" | "mamba" | "micromamba", Some("run")) => {
+            (1, &["-n", "--name", "-p", "--prefix", "--cwd"])
+        }
+        ("bundle", Some("exec")) => (1, &["--gemfile"]),
+        ("direnv", Some("exec")) => (2, &[]),
+        ("nix", Some("develop" | "shell")) => {
+            // `nix develop [INSTALLABLE] -c CMD…`
+            let c = rest.iter().position(|a| a == "-c" || a == "--command")?;
+            let inner = rest.get(c + 1..)?.to_vec();
+            return (!inner.is_empty()).then_some(inner);
+        }
+        ("npx" | "bunx" | "pnpx", _) => (0, &["-p", "--package", "--node-options"]),
+        ("npm", Some("exec" | "x")) | ("pnpm" | "yarn", Some("exec" | "dlx")) => (
+            1,
+            &[
+                "-p",
+                "--package",
+                "-w",
+                "--workspace",
+                "-C",
+                "--dir",
+                "--filter",
+            ],
+        ),
+        ("toolbox", Some("run")) => (
+            1,
+            &["-c", "--container", "-d", "--distro", "-r", "--release"],
+        ),
+        // `distrobox enter NAME -- CMD`, `kubectl exec POD -- CMD`: the command
+        // follows `--`.
+        ("distrobox", Some("enter"))
+        | ("distrobox-enter", _)
+        | ("kubectl" | "oc", Some("exec")) => {
+            let dd = rest.iter().position(|a| a == "--")?;
+            let inner = rest.get(dd + 1..)?.to_vec();
+            return (!inner.is_empty()).then_some(inner);
+        }
+        // `docker exec [OPTIONS] CONTAINER CMD…`
+        ("docker" | "podman", Some("exec")) => {
+            const VALUE: &[&str] = &[
+                "-e",
+                "--env",
+                "-u",
+                "--user",
+                "-w",
+                "--workdir",
+                "--env-file",
+                "--detach-keys",
+            ];
+            let mut i = 1;
+            while let Some(a) = rest.get(i) {
+                if !a.starts_with('-') {
+                    break;
+                }
+                i += if !a.contains('=') && VALUE.contains(&a.as_str()) {
+                    2
+                } else {
+                    1
+                };
+            }
+            let inner = rest.get(i + 1..)?.to_vec();
+            return (!inner.is_empty()).then_some(inner);
+        }
+        _ => return None,
+    };
+    let mut i = skip;
+    while let Some(a) = rest.get(i) {
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        // `npx -c 'cmd'` runs a shell string: found by shell_strings.
+        if matches!(a.as_str(), "-c" | "--call") && matches!(prog, "npx" | "npm" | "pnpx") {
+            return None;
+        }
+        if !a.starts_with('-') {
+            break;
+        }
+        i += if !a.contains('=') && value_opts.contains(&a.as_str()) {
+            2
+        } else {
+            1
+        };
+    }
+    let inner = rest.get(i..)?.to_vec();
+    (!inner.is_empty()).then_some(inner)
 }
 
 /// Strings that `argv` (at any wrapper layer) runs as shell code.
@@ -256,6 +609,19 @@ pub fn shell_strings(argv: &[String]) -> Vec<String> {
                     out.push(code.to_string());
                 }
             }
+            "sg" => {
+                // `sg GROUP [-c] COMMAND`: the command is given to `/bin/sh -c`.
+                let words: Vec<&String> = args.iter().skip(1).filter(|a| *a != "-c").collect();
+                if !words.is_empty() && !args.is_empty() {
+                    out.push(
+                        words
+                            .iter()
+                            .map(|w| w.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                    );
+                }
+            }
             "watch" => {
                 let mut i = 0;
                 while let Some(a) = args.get(i) {
@@ -273,6 +639,21 @@ pub fn shell_strings(argv: &[String]) -> Vec<String> {
                 }
             }
             _ => {}
+        }
+    }
+    out
+}
+
+/// Commands that `argv` (at any wrapper layer) runs from its options
+/// (`git -c alias.x='!cmd'`, `tar --to-command=cmd`, `ssh host cmd`, …; see
+/// [`crate::embedded`]).
+pub fn embedded_strings(argv: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for view in views(argv) {
+        if let Some(p) = view.first().map(String::as_str)
+            && crate::embedded::PROGRAMS.contains(&p)
+        {
+            out.extend(crate::embedded::command_strings(p, &view[1..]));
         }
     }
     out

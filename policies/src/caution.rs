@@ -250,36 +250,152 @@ pub fn sensitive_write(prog: &str, args: &[String], cmd: &Command) -> Option<Str
         .map(|t| format!("`{prog} … {t}` writes a system or login file"))
 }
 
-/// `kill … -1`: every process the user may signal.
+/// Whether a pid operand of `kill` is `-1` (in any spelling the shell's and
+/// procps' `kill` parse the same way: `-1`, `-01`, `-0001`).
+fn is_every_process(operand: &str) -> bool {
+    operand.parse::<i64>() == Ok(-1)
+}
+
+/// Whether a process-name pattern (a regular expression for `pkill` and
+/// `killall -r`) matches every name: empty, or made only of `.*+?^$()|`.
+fn matches_every_name(pattern: &str) -> bool {
+    pattern.chars().all(|c| ".*+?^$()|".contains(c)) && !pattern.contains("$^")
+}
+
+/// `kill … -1`, `killall5`, `pkill -u USER` and kin: a signal to every process
+/// the user may signal (on an ssh backend, every process of the account).
 pub fn kill_all(prog: &str, args: &[String]) -> Option<String> {
-    if prog == "killall5" {
-        return Some("`killall5` signals every process".into());
-    }
-    if prog != "kill" {
-        return None;
-    }
-    let mut i = 0;
-    let mut operands = Vec::new();
-    while let Some(a) = args.get(i) {
-        match a.as_str() {
-            "-s" | "-n" | "--signal" => i += 2,
-            "--" => {
-                operands.extend(args[i + 1..].iter());
-                break;
+    const EVERY: &str = "signals every process the user may signal";
+    match prog {
+        "killall5" => Some(format!("`killall5` {EVERY}")),
+        "kill" => {
+            let mut i = 0;
+            let mut operands: Vec<&String> = Vec::new();
+            while let Some(a) = args.get(i) {
+                match a.as_str() {
+                    "-l" | "-L" | "--list" | "--table" => return None,
+                    "-s" | "-n" | "--signal" | "-q" | "--queue" => i += 2,
+                    "--timeout" => i += 3,
+                    "--" => {
+                        operands.extend(args[i + 1..].iter());
+                        break;
+                    }
+                    // The first word is the signal when more words follow
+                    // (`kill -1 1234` sends SIGHUP to 1234).
+                    a if i == 0 && a.starts_with('-') && args.len() > 1 => i += 1,
+                    a if a.starts_with("-s") || a.starts_with("--") => i += 1,
+                    _ => {
+                        operands.push(&args[i]);
+                        i += 1;
+                    }
+                }
             }
-            a if i == 0 && a.starts_with('-') && args.len() > 1 => i += 1,
-            a if a.starts_with("-l") || a == "-L" || a.starts_with("--") => i += 1,
-            _ => {
-                operands.push(&args[i]);
+            // `kill -1` alone: procps and util-linux read it as the pid -1.
+            let lone = args.len() == 1 && is_every_process(&args[0]);
+            (lone || operands.iter().any(|o| is_every_process(o)))
+                .then(|| format!("`kill … -1` {EVERY}"))
+        }
+        "pkill" | "killall" | "skill" => {
+            let value_opts: &[&str] = match prog {
+                "pkill" => &[
+                    "-g",
+                    "-G",
+                    "-P",
+                    "-s",
+                    "-t",
+                    "-u",
+                    "-U",
+                    "-F",
+                    "-O",
+                    "--pgroup",
+                    "--group",
+                    "--parent",
+                    "--session",
+                    "--terminal",
+                    "--euid",
+                    "--uid",
+                    "--pidfile",
+                    "--older",
+                    "--signal",
+                    "--ns",
+                    "--nslist",
+                    "--env",
+                    "-q",
+                    "--queue",
+                ],
+                "killall" => &[
+                    "-s",
+                    "-u",
+                    "-o",
+                    "-y",
+                    "-n",
+                    "-Z",
+                    "--signal",
+                    "--user",
+                    "--older-than",
+                    "--younger-than",
+                    "--ns",
+                    "--context",
+                ],
+                _ => &[
+                    "-u",
+                    "-t",
+                    "-p",
+                    "-c",
+                    "--user",
+                    "--tty",
+                    "--pid",
+                    "--command",
+                ],
+            };
+            let user_wide: &[&str] = match prog {
+                "pkill" => &["-u", "-U", "--euid", "--uid", "-G", "--group"],
+                "killall" => &["-u", "--user"],
+                _ => &["-u", "--user"],
+            };
+            let mut by_user = false;
+            let mut regex = false;
+            let mut names: Vec<&String> = Vec::new();
+            let mut i = 0;
+            while let Some(a) = args.get(i) {
+                let opt = a.split_once('=').map_or(a.as_str(), |(o, _)| o);
+                if a == "--" {
+                    names.extend(args[i + 1..].iter());
+                    break;
+                }
+                if user_wide.contains(&opt)
+                    || (prog != "skill"
+                        && user_wide
+                            .iter()
+                            .any(|u| u.len() == 2 && a.starts_with(u) && a.len() > 2))
+                {
+                    by_user = true;
+                }
+                if matches!(a.as_str(), "-r" | "--regexp") {
+                    regex = true;
+                }
+                if value_opts.contains(&opt) {
+                    i += if a.contains('=') { 1 } else { 2 };
+                    continue;
+                }
+                if a.starts_with('-') && a.len() > 1 {
+                    i += 1;
+                    continue;
+                }
+                names.push(a);
                 i += 1;
             }
+            let every_name =
+                (prog == "pkill" || regex) && names.iter().any(|n| matches_every_name(n));
+            if (by_user && names.is_empty()) || every_name {
+                return Some(format!(
+                    "`{prog}` with no name to match, or a pattern that matches every name, {EVERY}"
+                ));
+            }
+            None
         }
+        _ => None,
     }
-    // `kill -1` alone sends SIGHUP to nothing; `-1` as a pid is everyone.
-    if operands.iter().any(|o| o.as_str() == "-1") && args.len() != 1 {
-        return Some("`kill … -1` signals every process the user may signal".into());
-    }
-    None
 }
 
 /// Whether `host` names the link-local metadata range or a cloud metadata name,

@@ -37,7 +37,8 @@ pub enum Pattern {
     /// Writing a file that grants access or runs at login: `/etc/*`,
     /// `~/.ssh/authorized_keys`, `~/.bashrc` and kin.
     SensitiveFileWrite,
-    /// `kill … -1`: a signal to every process the user may signal.
+    /// `kill … -1`, `killall5`, `pkill -u USER`: a signal to every process the
+    /// user may signal (a built-in deny: on ssh it ends the account's session).
     KillAll,
     /// A request to a cloud metadata service (`169.254.169.254` and its spellings).
     MetadataEndpoint,
@@ -55,6 +56,7 @@ impl Pattern {
         Pattern::ForkBomb,
         Pattern::RecursivePermissionsRoot,
         Pattern::Shutdown,
+        Pattern::KillAll,
     ];
 
     /// The `standard` profile's ask tier.
@@ -64,7 +66,6 @@ impl Pattern {
         Pattern::FindDelete,
         Pattern::ChmodWorldWritable,
         Pattern::SensitiveFileWrite,
-        Pattern::KillAll,
         Pattern::MetadataEndpoint,
         Pattern::SqlDestructive,
     ];
@@ -344,8 +345,24 @@ fn pipe_to_shell(script: &Script, idx: usize, prog: &str) -> Option<String> {
     if !is_shell {
         return None;
     }
+    let cmd = script.commands.get(idx)?;
     for (j, other) in script.commands.iter().enumerate() {
-        if j == idx {
+        // Cheap tests first: this runs for every shell in the text against
+        // every other command. A fetcher can only feed this shell through a
+        // pipeline they share, or sit inside it (nested commands are recorded
+        // after their parent).
+        let shares_pipe = other
+            .pipes
+            .iter()
+            .any(|(p, _)| cmd.pipes.iter().any(|(q, _)| p == q));
+        let may_be_inside = j > idx && other.parent.is_some();
+        if j == idx
+            || !(shares_pipe || may_be_inside)
+            || !other
+                .argv
+                .iter()
+                .any(|w| FETCHERS.contains(&argv::program_name(w)))
+        {
             continue;
         }
         let p = argv::inner(&other.argv);

@@ -4,6 +4,7 @@
 //! profile = "standard"       # optional: built-in rules to start from (see below)
 //! default = "allow"          # verdict for commands no rule matches
 //! opaque = "ask"             # verdict for commands berth cannot read exactly
+//!                            # (default: allow; ask under profile = "standard")
 //! unparsable = "deny"        # verdict for text that does not parse
 //! builtins = true            # the deny rules for known-dangerous forms
 //!
@@ -195,9 +196,17 @@ impl Policy {
         } else {
             Vec::new()
         };
+        // What a command berth cannot read gets when the file does not say:
+        // the built-in defaults trust it (an agent's `python3 -c`, `eval
+        // "$(pyenv init -)"` must not stall), the opt-in `standard` profile
+        // puts a person in the loop.
+        let mut opaque = Action::Allow;
         match raw.profile.as_deref() {
             None | Some("builtin") => {}
-            Some("standard") => rules.extend(standard_rules()),
+            Some("standard") => {
+                rules.extend(standard_rules());
+                opaque = Action::Ask;
+            }
             Some(other) => {
                 return Err(invalid(format!(
                     "unknown profile `{other}`: use `standard` or `builtin`"
@@ -252,7 +261,7 @@ impl Policy {
             rules: CommandRules {
                 rules,
                 default: raw.default.unwrap_or(Action::Allow),
-                opaque: raw.opaque.unwrap_or(Action::Ask),
+                opaque: raw.opaque.unwrap_or(opaque),
                 unparsable: raw.unparsable.unwrap_or(Action::Deny),
             },
             env: EnvFilter::with_allowed(raw.env.allow),

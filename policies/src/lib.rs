@@ -17,6 +17,7 @@
 pub mod argv;
 pub mod caution;
 pub mod dangerous;
+pub mod embedded;
 pub mod env;
 pub mod file;
 pub mod files;

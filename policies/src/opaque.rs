@@ -63,16 +63,6 @@ pub fn reason(script: &Script, idx: usize) -> Option<String> {
                     "`{prog}` of its own input, which berth does not read as code"
                 ));
             }
-            "awk" | "gawk" | "mawk" | "nawk" | "busybox"
-                if args.iter().any(|a| {
-                    a.contains("system")
-                        || a.contains("| \"")
-                        || a.contains("|&")
-                        || a.contains("|\"")
-                }) =>
-            {
-                return Some(format!("`{prog}` runs commands from its program text"));
-            }
             "hash"
                 if args.iter().any(|a| {
                     a.starts_with("-p")
@@ -130,9 +120,58 @@ pub fn reason(script: &Script, idx: usize) -> Option<String> {
         if let Some(why) = interpreter(prog, args) {
             return Some(why);
         }
+        if let Some(why) = crate::embedded::opaque(prog, args) {
+            return Some(why);
+        }
+        // `xargs -I{} {} f`, `find -exec {} \;`: the program is filled in
+        // from input when the command runs.
+        let placeholder = if prog == "xargs" {
+            xargs_replace(args)
+        } else {
+            None
+        };
+        if let Some(next) = views.iter().skip_while(|v| !std::ptr::eq(*v, view)).nth(1)
+            && let Some(ph) = placeholder
+            && next.first().is_some_and(|w| w.contains(ph.as_str()))
+        {
+            return Some(format!(
+                "the command word `{}` is filled in by `{prog}` when it runs",
+                next[0]
+            ));
+        }
+        if view[0].contains("{}") {
+            return Some(format!(
+                "the command word `{}` is filled in when the command runs",
+                view[0]
+            ));
+        }
         if matches!(prog, "xargs" | "parallel") && !args_literal {
             return Some(format!("`{prog}` runs a command built when it runs"));
         }
+    }
+    None
+}
+
+/// The string `xargs -I STR` (or `-i`, `--replace`) replaces in its command.
+fn xargs_replace(args: &[String]) -> Option<String> {
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if !a.starts_with('-') || a == "--" {
+            return None;
+        }
+        if a == "-I" {
+            return args.get(i + 1).cloned();
+        }
+        if let Some(r) = a.strip_prefix("-I") {
+            return Some(r.to_string());
+        }
+        if a == "-i" || a == "--replace" {
+            return Some("{}".into());
+        }
+        if let Some(r) = a.strip_prefix("--replace=").or(a.strip_prefix("-i")) {
+            return Some(r.to_string());
+        }
+        i += 1;
     }
     None
 }

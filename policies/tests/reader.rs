@@ -100,7 +100,9 @@ fn words_split_only_where_bash_splits_them() {
 /// the policy's opaque verdict; `deny rm` is never passed by building `rm`.
 #[test]
 fn run_time_command_words_are_opaque() {
-    let p = policy(DENY_RM);
+    // The built-in defaults allow what berth cannot read (issue 32, item 12);
+    // a policy that asks shows which commands are opaque.
+    let p = policy(&format!("opaque = \"ask\"\n{DENY_RM}"));
     for cmd in [
         "$(echo rm) f",
         "`echo rm` f",
@@ -200,7 +202,7 @@ fn run_time_command_words_are_opaque() {
 /// rules apply; a name berth cannot see into is opaque.
 #[test]
 fn session_names_are_resolved() {
-    let p = policy(DENY_RM);
+    let p = policy(&format!("opaque = \"ask\"\n{DENY_RM}"));
     let snapshot = "alias e='env '\nalias ll='ls -l'\nclean () \n{ \n    rm -rf \"$1\"\n}\n";
     let names: HashSet<String> = ["e", "ll", "clean", "mystery"]
         .iter()
@@ -268,10 +270,6 @@ fn standard_profile_asks_before_destructive_commands() {
             "standard:sensitive-file-write",
         ),
         ("crontab job.txt", "standard:sensitive-file-write"),
-        ("kill -9 -1", "standard:kill-all"),
-        ("kill -KILL -1", "standard:kill-all"),
-        ("kill -s KILL -1", "standard:kill-all"),
-        ("kill -- -1", "standard:kill-all"),
         ("sudo ls", "standard:privilege"),
         ("sudo -Eu root ls", "standard:privilege"),
         ("sudo -u root ls", "standard:privilege"),
@@ -305,6 +303,20 @@ fn standard_profile_asks_before_destructive_commands() {
         assert_eq!(
             (v.action, v.rule.as_str()),
             (Action::Ask, rule),
+            "{cmd:?}: {v}"
+        );
+    }
+    // `kill -1` is no longer a question: it is a built-in deny (issue 32).
+    for cmd in [
+        "kill -9 -1",
+        "kill -KILL -1",
+        "kill -s KILL -1",
+        "kill -- -1",
+    ] {
+        let v = verdict(&p, cmd);
+        assert_eq!(
+            (v.action, v.rule.as_str()),
+            (Action::Deny, "builtin:kill-all"),
             "{cmd:?}: {v}"
         );
     }

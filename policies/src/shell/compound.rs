@@ -8,7 +8,7 @@ use super::{Via, is_blank};
 impl Parser<'_, '_> {
     /// Redirections after a compound command, held by a command of no words.
     pub(super) fn compound_tail(&mut self) -> Result<(), ParseError> {
-        let idx = self.push_command();
+        let idx = self.push_command()?;
         let saved_cur = self.cur.replace(idx);
         let r = (|| loop {
             self.skip_blanks();
@@ -67,7 +67,7 @@ impl Parser<'_, '_> {
 
     /// `[[ … ]]` whose opening has been consumed.
     pub(super) fn conditional(&mut self) -> Result<(), ParseError> {
-        let idx = self.push_command();
+        let idx = self.push_command()?;
         let saved_cur = self.cur.replace(idx);
         let r = self.conditional_words();
         self.cur = saved_cur;
@@ -146,7 +146,7 @@ impl Parser<'_, '_> {
             self.i += 2;
             self.arithmetic("))")?;
         } else {
-            let idx = self.push_command();
+            let idx = self.push_command()?;
             let saved_cur = self.cur.replace(idx);
             let r = self.for_words();
             self.cur = saved_cur;
@@ -192,7 +192,7 @@ impl Parser<'_, '_> {
     }
 
     pub(super) fn case_clause(&mut self) -> Result<(), ParseError> {
-        let idx = self.push_command();
+        let idx = self.push_command()?;
         let saved_cur = self.cur.replace(idx);
         let r = self.case_body();
         self.cur = saved_cur;
@@ -261,9 +261,12 @@ impl Parser<'_, '_> {
         let saved = self.ctx.function.replace(name.clone());
         let saved_pipes = std::mem::take(&mut self.ctx.pipes);
         let r = (|| {
+            self.enter()?;
             self.skip_linebreaks()?;
             let start = self.i;
-            self.parse_command()?;
+            let r = self.parse_command();
+            self.leave();
+            r?;
             Ok(self.text(start, self.i))
         })();
         self.ctx.function = saved;

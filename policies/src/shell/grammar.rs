@@ -28,6 +28,11 @@ pub(super) struct Shared<'d> {
     pub(super) defined: &'d Defined,
     /// Aliases and functions being expanded, so recursion stops.
     pub(super) expanding: HashSet<String>,
+    /// The most simple commands this text may hold.
+    pub(super) max_commands: usize,
+    /// Whether calls of aliases and functions are expanded where they are
+    /// made (not when only the definitions are wanted, as in a snapshot).
+    pub(super) expand_calls: bool,
 }
 
 /// Where the commands being read sit.
@@ -39,7 +44,12 @@ pub(super) struct Ctx {
     pub(super) function: Option<String>,
 }
 
-pub(super) fn parse_script(src: &str, defined: &Defined) -> Result<Script, ParseError> {
+pub(super) fn parse_script(
+    src: &str,
+    defined: &Defined,
+    max_commands: usize,
+    expand_calls: bool,
+) -> Result<Script, ParseError> {
     let mut shared = Shared {
         commands: Vec::new(),
         functions: Vec::new(),
@@ -52,6 +62,8 @@ pub(super) fn parse_script(src: &str, defined: &Defined) -> Result<Script, Parse
         next_pipeline: 0,
         defined,
         expanding: HashSet::new(),
+        max_commands,
+        expand_calls,
     };
     let ctx = Ctx {
         parent: None,
@@ -73,7 +85,7 @@ pub(super) fn parse_script(src: &str, defined: &Defined) -> Result<Script, Parse
 
 fn too_deep() -> ParseError {
     ParseError {
-        what: format!("nested more than {MAX_DEPTH} levels deep"),
+        what: format!("too deeply nested: more than the limit of {MAX_DEPTH} levels"),
         at: 0,
     }
 }
@@ -552,13 +564,37 @@ impl<'a, 'd> Parser<'a, 'd> {
             if !(lit && is_name(&w) && compound) {
                 self.i = save;
             }
-            return self.parse_command();
+            self.enter()?;
+            let r = self.parse_command();
+            self.leave();
+            return r;
         }
         self.simple()
     }
 
-    pub(super) fn push_command(&mut self) -> usize {
+    /// Go one level deeper (a quote, an expansion, a function body), or
+    /// refuse text nested past [`MAX_DEPTH`]. Pair with [`Parser::leave`].
+    pub(super) fn enter(&mut self) -> Result<(), ParseError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            self.depth -= 1;
+            return Err(too_deep());
+        }
+        Ok(())
+    }
+
+    pub(super) fn leave(&mut self) {
+        self.depth = self.depth.saturating_sub(1);
+    }
+
+    pub(super) fn push_command(&mut self) -> Result<usize, ParseError> {
         let idx = self.sh.commands.len();
+        if idx >= self.sh.max_commands {
+            return Err(self.err(format!(
+                "more than the limit of {} simple commands in one text",
+                self.sh.max_commands
+            )));
+        }
         self.sh.commands.push(Command {
             argv: Vec::new(),
             literal: Vec::new(),
@@ -569,7 +605,7 @@ impl<'a, 'd> Parser<'a, 'd> {
             via: self.ctx.via,
             function: self.ctx.function.clone(),
         });
-        idx
+        Ok(idx)
     }
 
     /// Read `( list )` whose opening has been consumed, as nested commands.

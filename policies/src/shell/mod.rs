@@ -35,9 +35,19 @@ use std::collections::{HashMap, HashSet};
 
 pub use effects::{Effects, JOURNAL_NAMES_MAX, effects, journal};
 
-/// How deeply substitutions and nested shell strings may nest before the reader
-/// gives up (and the command is refused).
+/// How deeply substitutions, quotes, groups and nested shell strings may nest
+/// before the reader gives up (and the command is refused).
 const MAX_DEPTH: usize = 32;
+
+/// The longest text the reader reads, in bytes. Longer text is refused: no
+/// command an agent writes is this long, and bounding it bounds the reader's
+/// work and memory.
+pub const MAX_TEXT_BYTES: usize = 1 << 20;
+
+/// The most simple commands one text may hold, counting those nested in
+/// substitutions, shell strings, aliases and functions. Judging compares some
+/// commands with every other (pipes, nesting), so this bounds that work.
+pub const MAX_COMMANDS: usize = 10_000;
 
 /// Why a command could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +57,14 @@ pub struct ParseError {
     pub what: String,
     /// Character offset in the text being read (of the innermost string).
     pub at: usize,
+}
+
+impl ParseError {
+    /// Whether the text was refused for passing one of the reader's limits
+    /// (nesting, size) rather than for its syntax.
+    pub fn is_limit(&self) -> bool {
+        self.what.contains("the limit of")
+    }
 }
 
 /// How a command came to run.
@@ -208,7 +226,14 @@ impl Defined {
             names,
             ..Defined::default()
         };
-        if let Ok(script) = parse_with(text, &Defined::default()) {
+        // The snapshot is the session's own shell state, which the commands
+        // built up one judged call at a time: no size or count limit here
+        // (an agent must not blind the gate to its aliases by defining many
+        // functions), only the nesting limit that keeps the stack bounded.
+        // Only the definitions are wanted, so calls inside them are not
+        // expanded: reading stays linear however the functions call each
+        // other.
+        if let Ok(script) = grammar::parse_script(text, &Defined::default(), usize::MAX, false) {
             for (k, v) in script.aliases {
                 d.aliases.insert(k, v);
             }
@@ -303,7 +328,16 @@ pub fn parse(src: &str) -> Result<Script, ParseError> {
 
 /// Read shell text that runs in a session which already defined `defined`.
 pub fn parse_with(src: &str, defined: &Defined) -> Result<Script, ParseError> {
-    grammar::parse_script(src, defined)
+    if src.len() > MAX_TEXT_BYTES {
+        return Err(ParseError {
+            what: format!(
+                "the text is {} bytes, over the limit of {MAX_TEXT_BYTES} bytes berth reads",
+                src.len()
+            ),
+            at: 0,
+        });
+    }
+    grammar::parse_script(src, defined, MAX_COMMANDS, true)
 }
 
 /// bash's blanks: the only bytes besides newline and the metacharacters that

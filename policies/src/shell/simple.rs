@@ -13,7 +13,7 @@ const DECLARERS: &[&str] = &["declare", "typeset", "local", "export", "readonly"
 impl Parser<'_, '_> {
     /// A simple command: assignments, words and redirections up to an operator.
     pub(super) fn simple(&mut self) -> Result<(), ParseError> {
-        let idx = self.push_command();
+        let idx = self.push_command()?;
         let saved_cur = self.cur.replace(idx);
         let r = self.simple_words(idx);
         self.cur = saved_cur;
@@ -31,6 +31,7 @@ impl Parser<'_, '_> {
         if assigns > 0 {
             self.sh.state.push("a variable assignment");
         }
+        self.variable_code(idx, &argv, &literal, assigns)?;
         if assigns == argv.len() {
             for (w, lit) in argv.iter().zip(&literal) {
                 if let Some((k, v)) = argv::assignment(w) {
@@ -52,9 +53,11 @@ impl Parser<'_, '_> {
         let runs_code = views.iter().any(|v| {
             v.first().is_some_and(|p| {
                 argv::SHELLS.contains(&p.as_str())
+                    || crate::embedded::PROGRAMS.contains(&p.as_str())
                     || matches!(
                         p.as_str(),
                         "eval"
+                            | "sg"
                             | "su"
                             | "runuser"
                             | "env"
@@ -84,6 +87,9 @@ impl Parser<'_, '_> {
         }
         for code in argv::shell_strings(&argv) {
             self.nested(&code, idx, Via::ShellString)?;
+        }
+        for code in argv::embedded_strings(&argv) {
+            self.nested_or_opaque(&code, idx)?;
         }
         // Code fed to a shell's stdin: `sh <<< 'code'`, `echo code | sh`.
         if argv::reads_code_from_stdin(&argv) {
@@ -125,6 +131,131 @@ impl Parser<'_, '_> {
         Ok(())
     }
 
+    /// Variables whose values programs run (`GIT_SSH_COMMAND=…`, `PS4=…`, a
+    /// bash function exported as `BASH_FUNC_f%%=…`), assigned before the
+    /// command, through `env`/`sudo`, or by `export`/`declare`: their code is
+    /// read as commands the command runs.
+    fn variable_code(
+        &mut self,
+        idx: usize,
+        argv: &[String],
+        literal: &[bool],
+        assigns: usize,
+    ) -> Result<(), ParseError> {
+        let mut words: Vec<usize> = (0..assigns).collect();
+        for view in argv::views(argv) {
+            let at = argv.len() - view.len();
+            let prog = view.first().map(String::as_str).unwrap_or("");
+            if matches!(prog, "env" | "sudo" | "doas") {
+                words.extend(
+                    (at + 1..argv.len())
+                        .take_while(|&i| argv[i].starts_with('-') || argv[i].contains('='))
+                        .filter(|&i| !argv[i].starts_with('-')),
+                );
+            }
+            if DECLARERS.contains(&prog) {
+                words
+                    .extend((at + 1..argv.len()).filter(|&i| argv::assignment(&argv[i]).is_some()));
+            }
+        }
+        // git's configuration through its environment.
+        let vars: Vec<(String, String)> = words
+            .iter()
+            .filter_map(|&i| argv[i].split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if vars.iter().any(|(k, _)| k.starts_with("GIT_CONFIG_")) {
+            let views = argv::views(argv);
+            let git = views
+                .iter()
+                .find(|v| v.first().is_some_and(|p| p == "git"))
+                .map(|v| &v[1..]);
+            for code in crate::embedded::git_env_config(&vars, git) {
+                self.nested_or_opaque(&code, idx)?;
+            }
+        }
+        for i in words {
+            let Some((name, value)) = argv[i].split_once('=') else {
+                continue;
+            };
+            let name = name.trim_end_matches('+');
+            let Some(kind) = crate::embedded::variable_code(name) else {
+                continue;
+            };
+            let lit = literal.get(i).copied().unwrap_or(false);
+            match kind {
+                crate::embedded::VarCode::Shell => {
+                    let code = crate::embedded::variable_shell_code(name, value);
+                    self.nested_or_opaque(&code, idx)?;
+                }
+                crate::embedded::VarCode::Prompt if lit => {
+                    let ctx = Ctx {
+                        parent: Some(idx),
+                        via: Via::ShellString,
+                        pipes: self.ctx.pipes.clone(),
+                        function: self.ctx.function.clone(),
+                    };
+                    match super::grammar::scan_expansions(value, self.sh, ctx, self.depth + 1) {
+                        Err(e) if e.is_limit() => return Err(e),
+                        // bash reads a prompt only when it shows it: one that
+                        // does not read is opaque, not a refusal of the text.
+                        Err(e) => self.sh.opaque.push(Opaque {
+                            command: Some(idx),
+                            why: format!("berth cannot read the prompt `{name}` ({})", e.what),
+                        }),
+                        Ok(()) => {}
+                    }
+                }
+                crate::embedded::VarCode::Prompt => self.sh.opaque.push(Opaque {
+                    command: Some(idx),
+                    why: format!(
+                        "`{name}` is a prompt whose substitutions bash runs, set to a value built when the command runs"
+                    ),
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Read a command string a program runs (an option's or a variable's
+    /// value). The program, not bash, takes it apart, so text that does not
+    /// read as shell is opaque rather than refused; the reader's limits still
+    /// refuse.
+    fn nested_or_opaque(&mut self, code: &str, idx: usize) -> Result<(), ParseError> {
+        let first = self.sh.commands.len();
+        let r = self.nested(code, idx, Via::ShellString);
+        // `git -c alias.x='!sh' x`, `awk '{ print | "sh" }'`: a shell the
+        // program starts reads its commands from what the program feeds it.
+        let stdin_shell = self.sh.commands[first.min(self.sh.commands.len())..]
+            .iter()
+            .any(|c| {
+                c.parent == Some(idx)
+                    && argv::reads_code_from_stdin(&c.argv)
+                    && !c.redirects.iter().any(|r| r.op.starts_with('<'))
+            });
+        if r.is_ok() && stdin_shell {
+            self.sh.opaque.push(Opaque {
+                command: Some(idx),
+                why: format!(
+                    "the command string `{code}` starts a shell that reads its commands from input berth does not see"
+                ),
+            });
+        }
+        match r {
+            Err(e) if !e.is_limit() => {
+                self.sh.opaque.push(Opaque {
+                    command: Some(idx),
+                    why: format!(
+                        "berth cannot read the command string `{code}` it runs ({})",
+                        e.what
+                    ),
+                });
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
     /// Read `code` as commands run by command `idx`.
     pub(super) fn nested(&mut self, code: &str, idx: usize, via: Via) -> Result<(), ParseError> {
         let ctx = Ctx {
@@ -140,6 +271,9 @@ impl Parser<'_, '_> {
     /// or by the session), read what it really runs. Returns whether its words
     /// were replaced by an alias's.
     pub(super) fn expand_alias_or_function(&mut self, idx: usize) -> Result<bool, ParseError> {
+        if !self.sh.expand_calls {
+            return Ok(false);
+        }
         let cmd = &self.sh.commands[idx];
         let assigns = cmd
             .argv
@@ -228,6 +362,11 @@ impl Parser<'_, '_> {
     }
 
     pub(super) fn simple_words(&mut self, idx: usize) -> Result<(), ParseError> {
+        // Whether every word so far is an assignment, and whether the first
+        // word that is not names a declaring builtin: kept as the words come,
+        // so a command of many words is read in linear time.
+        let mut in_assignments = true;
+        let mut declaring = false;
         loop {
             self.skip_blanks();
             let Some(c) = self.peek() else { return Ok(()) };
@@ -255,18 +394,15 @@ impl Parser<'_, '_> {
             if self.redirection(idx)? {
                 continue;
             }
-            let cmd = &self.sh.commands[idx];
             // `NAME=(…)` is an array in assignment position and as an argument
             // of a declaring builtin.
-            let in_assignments = cmd.argv.iter().all(|w| argv::assignment(w).is_some());
-            let declaring = cmd
-                .argv
-                .iter()
-                .find(|w| argv::assignment(w).is_none())
-                .is_some_and(|w| DECLARERS.contains(&argv::program_name(w)));
             self.split_word = false;
             let (w, lit) = self.word_allowing_array(in_assignments || declaring)?;
             let split = std::mem::take(&mut self.split_word);
+            if in_assignments && argv::assignment(&w).is_none() {
+                in_assignments = false;
+                declaring = DECLARERS.contains(&argv::program_name(&w));
+            }
             let cmd = &mut self.sh.commands[idx];
             if split {
                 for part in super::ifs_split(&w) {

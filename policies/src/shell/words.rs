@@ -34,7 +34,9 @@ impl Parser<'_, '_> {
 
     fn word_inner(&mut self, arrays: bool) -> Result<String, ParseError> {
         let mut out = String::new();
-        let mut brace = false;
+        // Where the last unquoted `{` sits in `out`: a `}` after it makes a
+        // brace expansion only with a `,` or `..` between (`{}` is literal).
+        let mut brace: Option<usize> = None;
         let mut bracket = false;
         // Whether the last character of `out` came from unquoted text.
         let mut last_bare = false;
@@ -109,8 +111,16 @@ impl Parser<'_, '_> {
                 '*' | '?' => self.expanded = true,
                 '[' => bracket = true,
                 ']' if bracket => self.expanded = true,
-                '{' => brace = true,
-                '}' if brace => self.expanded = true,
+                '{' => brace = Some(out.len()),
+                '}' => {
+                    if let Some(at) = brace
+                        && out
+                            .get(at..)
+                            .is_some_and(|b| b.contains(',') || b.contains(".."))
+                    {
+                        self.expanded = true;
+                    }
+                }
                 _ => {}
             }
             out.push(c);
@@ -207,6 +217,13 @@ impl Parser<'_, '_> {
     }
 
     pub(super) fn dquote(&mut self, out: &mut String) -> Result<(), ParseError> {
+        self.enter()?;
+        let r = self.dquote_body(out);
+        self.leave();
+        r
+    }
+
+    fn dquote_body(&mut self, out: &mut String) -> Result<(), ParseError> {
         self.i += 1;
         loop {
             match self.peek() {
@@ -310,6 +327,13 @@ impl Parser<'_, '_> {
     /// `${…}`, read with bash's nesting: quotes, `$(…)`, backticks and inner
     /// `${…}` inside it are followed, and their commands recorded.
     fn parameter(&mut self, out: &mut String, quoted: bool) -> Result<(), ParseError> {
+        self.enter()?;
+        let r = self.parameter_body(out, quoted);
+        self.leave();
+        r
+    }
+
+    fn parameter_body(&mut self, out: &mut String, quoted: bool) -> Result<(), ParseError> {
         let start = self.i;
         self.i += 2;
         self.expanded = true;
@@ -359,6 +383,34 @@ impl Parser<'_, '_> {
         self.i += 1;
         if is_name(&body) {
             self.push_var(out, &body, quoted);
+            return Ok(());
+        }
+        // `${x@P}` expands the value as a prompt, which runs the substitutions
+        // in it: read a known value's, and treat an unknown one like `eval`.
+        if let Some(name) = body.strip_suffix("@P") {
+            let known = is_name(name)
+                .then(|| self.sh.vars.get(name).cloned())
+                .flatten();
+            match known {
+                Some(value) => {
+                    let ctx = super::grammar::Ctx {
+                        parent: self.cur,
+                        via: Via::Subst,
+                        ..self.ctx.clone()
+                    };
+                    super::grammar::scan_expansions(&value, self.sh, ctx, self.depth + 1)?;
+                    self.push_var(out, name, quoted);
+                }
+                None => {
+                    self.sh.opaque.push(super::Opaque {
+                        command: self.cur,
+                        why: format!(
+                            "`${{{body}}}` expands a value as a prompt, running the substitutions in it, and berth cannot see the value"
+                        ),
+                    });
+                    out.push_str(&self.text(start, self.i));
+                }
+            }
             return Ok(());
         }
         // `${x=y}`, `${x:=y}` (and for arrays `${a[i]:=y}`) assign.
