@@ -16,6 +16,9 @@ pub fn timeout_from_secs(secs: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// See `berth_core::session::SURVIVED`.
+pub const SURVIVED: &str = "still run after KILL";
+
 /// The lines on stderr after a command: recreation, notices, timeout, interrupt.
 pub fn print_notice_lines(
     recreated: Option<&str>,
@@ -30,7 +33,16 @@ pub fn print_notice_lines(
     for n in notices {
         eprintln!("berth: {n}");
     }
-    if timed_out {
+    // Claim the stop only when berth saw it through (the engine's notice
+    // carries `berth_core::session::SURVIVED`; the two are checked equal in
+    // tests/conformance.rs).
+    let survivors = notices.iter().any(|n| n.contains(SURVIVED));
+    if timed_out && survivors {
+        eprintln!(
+            "berth: command timed out after {}s (exit 124); see above for what is still running.",
+            timeout.as_secs_f64()
+        );
+    } else if timed_out {
         eprintln!(
             "berth: command timed out after {}s; it and every process it started were stopped (exit 124). Raise --timeout if it needs longer.",
             timeout.as_secs_f64()

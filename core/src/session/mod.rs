@@ -41,6 +41,7 @@ pub use capture::{Capture, CaptureLimits, Output, Tee};
 use framing::{Ending, Plan, is_lost_framing, new_nonce};
 use script::SnapshotMode;
 use shell::Shell;
+pub use stop::SURVIVED;
 use stop::Stop;
 
 /// How long a new shell may take to answer its handshake and restore.
@@ -338,9 +339,9 @@ impl Session {
                 // (background children ignore SIGINT). The shell is idle again, so
                 // whatever was created since the command began is its leftover.
                 if stopped.is_some()
-                    && let Err(e) = self.kill_tree("KILL", Some(watermark_before), None).await
+                    && let Some(n) = self.reap_stopped(Some(watermark_before)).await
                 {
-                    warn!(session = %self.cfg.name, error = %e, "could not reap a stopped command's leftovers");
+                    notices.push(n);
                 }
                 if exiting {
                     // Its EXIT trap saved its state and reported the command; let
@@ -378,6 +379,14 @@ impl Session {
             Some(Ending::Eof) => {
                 // A transport that lost its link reports that as an error: the
                 // command's outcome is unknown, and must not read as an exit code.
+                // A shell that died while its command was being stopped (one
+                // the stop killed, since the engine distrusted it) leaves the
+                // command's processes behind: they go now.
+                if stopped.is_some()
+                    && let Some(n) = self.reap_stopped(None).await
+                {
+                    notices.push(n);
+                }
                 let status = self.reap_dead_shell().await;
                 // An unreachable host is not a vanished sandbox: report it as
                 // such. A lost stream (the transport's error above) is the

@@ -20,6 +20,9 @@ impl Session {
             1 => "TERM",
             2 => "KILL",
             _ => {
+                if let Some(n) = self.reap_stopped(None).await {
+                    self.notices.push(n);
+                }
                 self.replace_shell().await;
                 return false;
             }
@@ -46,9 +49,9 @@ impl Session {
         sig: &str,
         watermark: Option<u64>,
         cut: Option<&str>,
-    ) -> Result<()> {
+    ) -> Result<String> {
         let Some(shell) = self.shell.as_ref() else {
-            return Ok(());
+            return Ok(String::new());
         };
         let watermark = watermark.unwrap_or(shell.watermark);
         let (pid, sid) = (shell.info.pid, shell.info.sid);
@@ -60,7 +63,7 @@ impl Session {
             let tree = super::tree::Tree::new(pid, sid, watermark);
             let out = tree.signal(sig, cut).await?;
             debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
-            return Ok(());
+            return Ok(out);
         }
         let mut argv = vec![
             "bash".to_string(),
@@ -75,7 +78,37 @@ impl Session {
         argv.extend(cut.map(str::to_string));
         let out = self.run_helper(&argv).await?;
         debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
-        Ok(())
+        Ok(out)
+    }
+
+    /// KILL what a stopped command left (every process of the shell's
+    /// session created since `watermark`), the shell alive or not: a shell
+    /// killed during the stop (one the engine distrusts, or one that died)
+    /// leaves its command's processes behind, reparented, and a command that
+    /// ignores TERM lives on until KILL reaches it. Returns a notice when
+    /// berth cannot tell that they are gone, or saw some survive: the report
+    /// must not claim a stop that did not happen.
+    pub(super) async fn reap_stopped(&mut self, watermark: Option<u64>) -> Option<String> {
+        match self.kill_tree("KILL", watermark, None).await {
+            Ok(out) => {
+                let left: u64 = out
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                (left > 0).then(|| {
+                    format!(
+                        "{left} process(es) of the stopped command {SURVIVED}; list them with `ps` and stop them by hand"
+                    )
+                })
+            }
+            Err(e) => {
+                warn!(session = %self.cfg.name, error = %e, "could not reap a stopped command's leftovers");
+                Some(format!(
+                    "berth could not check that the stopped command's processes are gone ({e}); some may {SURVIVED}"
+                ))
+            }
+        }
     }
 
     /// Run a short helper process in the sandbox and return its stdout.
@@ -91,6 +124,10 @@ impl Session {
         Ok(String::from_utf8_lossy(&c.stdout).into_owned())
     }
 }
+
+/// The words of a notice that says a stopped command's processes may live
+/// on: the report then does not claim they were stopped.
+pub const SURVIVED: &str = "still run after KILL";
 
 /// Why a command was stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
