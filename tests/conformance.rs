@@ -397,16 +397,24 @@ pub async fn binary_output_is_byte_exact(h: &Harness) -> TestResult {
 pub async fn a_fake_end_marker_cannot_end_a_command(h: &Harness) -> TestResult {
     let f = h.sandbox("marker").await?;
     let mut s = open(&f).await?;
+    ok(&mut s, "cd /tmp").await?;
+    // Markers in the engine's own layout (see `script::main_loop`: nonce and
+    // code, the watermark, PATH's length, the cwd and the nonce again), with
+    // a nonce of the right shape that is not this command's.
     let r = run(
         &mut s,
-        r"printf '\036deadbeef:0:/:deadbeef\036'; printf '\036%s:0:/x:%s\036' x x; echo after; exit_code_should_be=5; (exit 5)",
+        r"printf '\036%s:0\037-\037%s\037%s\037/x:%s\036' 0123456789abcdef 12345 10 0123456789abcdef; printf '\036%s:0\037-\037%s\037%s\037/:%s\036' x 1 1 x; echo after; exit_code_should_be=5; (exit 5)",
     )
     .await?;
-    assert_eq!(r.exit_code, 5);
+    assert_eq!(r.exit_code, 5, "{:?}", r.output.text());
     let text = r.output.bytes();
     assert!(text.ends_with(b"after\n"), "{:?}", r.output.text());
-    assert!(text.starts_with(b"\x1edeadbeef:0:/:deadbeef\x1e"));
-    assert_ne!(r.cwd.as_deref(), Some("/x"));
+    assert!(
+        text.starts_with(b"\x1e0123456789abcdef:0\x1f-\x1f12345\x1f10\x1f/x:0123456789abcdef\x1e"),
+        "{:?}",
+        r.output.text()
+    );
+    assert_eq!(r.cwd.as_deref(), Some("/tmp"));
     s.close().await;
     f.remove().await
 }
@@ -1468,4 +1476,13 @@ pub async fn nounset_with_pwd_or_path_unset_keeps_the_shell(h: &Harness) -> Test
     );
     s.close().await;
     f.remove().await
+}
+
+/// The CLI's report recognises the engine's survivors notice by its words.
+#[test]
+fn the_report_knows_the_survivors_notice() {
+    assert_eq!(
+        berth_client::report::SURVIVED,
+        berth_core::session::SURVIVED
+    );
 }
