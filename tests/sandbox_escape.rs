@@ -897,10 +897,11 @@ fn terminals_and_shared_memory_of_the_host_are_out_of_reach() {
 #[test]
 fn an_ordinary_users_sandbox_is_confined_too() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        // Every other test in this file already runs as an ordinary user.
-        return;
-    }
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test switches to uid 65534 with setpriv and must run as root (as CI does)"
+    );
     use std::os::unix::fs::PermissionsExt;
     let root = tempfile::tempdir().unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -949,6 +950,64 @@ fn an_ordinary_users_sandbox_is_confined_too() {
     assert!(o.status.success(), "{}", text(&o));
     victim.kill().unwrap();
     victim.wait().unwrap();
+}
+
+/// A mount an ordinary user cannot reach (beneath a directory it may not
+/// search, as docker's fuse-overlayfs mounts and root's FUSE mounts are)
+/// does not stop that user's sandbox from starting (#32 item 11): before,
+/// making the read-only view failed on it with EACCES, and every local
+/// sandbox of every ordinary user failed while one existed.
+#[test]
+fn a_mount_the_user_cannot_reach_does_not_stop_its_sandbox() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test mounts a file system and switches to uid 65534: it must run as root (as CI does)"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = root.path().join("s");
+    for d in [dir.join("work"), dir.join("tmp"), dir.join(".berth")] {
+        std::fs::create_dir_all(&d).unwrap();
+    }
+    chown_to_nobody(root.path());
+    // Root's: a private directory, and a mount in it.
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let point = private.path().join("m");
+    std::fs::create_dir(&point).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "berth-test"])
+        .arg(&point)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "could not mount a tmpfs for the test");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(point.clone());
+    let o = as_nobody()
+        .args([BERTH, "__sandbox-exec", "--sandbox-dir"])
+        .arg(&dir)
+        .args(["--name", "nobody-mounts", "--", "bash", "-c"])
+        .arg(format!(
+            "echo STARTED; ls {} 2>/dev/null && echo LISTED; true",
+            point.display()
+        ))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir(dir.join("work"))
+        .output()
+        .unwrap();
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("STARTED"), "{}", text(&o));
+    assert!(!out.contains("LISTED"), "{}", text(&o));
 }
 
 /// Give `path` and everything under it to the user nobody.

@@ -46,6 +46,11 @@ pub enum View {
     Unavailable(String),
 }
 
+/// Whether this process is refused the mere lookup of `point`.
+fn unreachable(point: &Path) -> bool {
+    std::fs::symlink_metadata(point).is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied)
+}
+
 /// Make the read-only view for `grants` (directories and files the sandbox
 /// may write). Must run while the process is single-threaded (a user
 /// namespace requires it), before capabilities are dropped.
@@ -105,7 +110,17 @@ pub fn read_only_view(grants: &[PathBuf]) -> Result<View> {
         } else {
             flags |= libc::MS_RDONLY;
         }
-        mount(None, &m.point, flags)?;
+        if let Err(e) = mount(None, &m.point, flags) {
+            // A mount this user cannot even look up (under a directory it may
+            // not search, as docker's fuse-overlayfs mounts under
+            // /var/lib/docker are, or a FUSE file system of another user): no
+            // process of the sandbox, the same user with less, can reach it
+            // either, so it needs no read-only view. Anything else is fatal.
+            if !granted && unreachable(&m.point) {
+                continue;
+            }
+            return Err(e);
+        }
     }
     let terminals = private_terminals();
     // The working directory still points into the mount it was entered
