@@ -161,6 +161,68 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// On the same processes, the scan picks what the kill script picks: of
+    /// two background children of a shell, the one started after the
+    /// watermark and not the older one. (The script is run with signal 0,
+    /// which only counts.)
+    #[test]
+    fn scans_the_processes_the_script_picks() -> std::result::Result<(), Box<dyn std::error::Error>>
+    {
+        use std::io::{BufRead, BufReader, Write};
+        use std::process::{Command, Stdio};
+        use std::time::Duration;
+        let mut shell = Command::new("setsid")
+            .args([
+                "bash",
+                "-c",
+                "sleep 300 & echo $!; read -r _; sleep 300 & echo $!; wait",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let pid = shell.id();
+        let mut input = shell.stdin.take().ok_or("no stdin")?;
+        let mut lines = BufReader::new(shell.stdout.take().ok_or("no stdout")?).lines();
+        let old: i32 = lines.next().ok_or("no first pid")??.parse()?;
+        std::thread::sleep(Duration::from_millis(30));
+        let up = std::fs::read_to_string("/proc/uptime")?;
+        let hundredths: u64 = up
+            .split(' ')
+            .next()
+            .ok_or("uptime")?
+            .replace('.', "")
+            .parse()?;
+        let last: u64 = std::fs::read_to_string("/proc/loadavg")?
+            .trim()
+            .rsplit(' ')
+            .next()
+            .ok_or("loadavg")?
+            .parse()?;
+        std::thread::sleep(Duration::from_millis(30));
+        writeln!(input)?;
+        let new: i32 = lines.next().ok_or("no second pid")??.parse()?;
+        let watermark = hundredths * 4194304 + last;
+        let found = Tree::new(pid, pid, watermark).scan();
+        let script = Command::new("bash")
+            .args([
+                "-c",
+                crate::session::script::KILL_TREE,
+                "berth-kill",
+                &pid.to_string(),
+                &pid.to_string(),
+                &watermark.to_string(),
+                "0",
+            ])
+            .output()?;
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status();
+        let _ = shell.wait();
+        assert_eq!(found, vec![new], "old {old}, new {new}");
+        assert_eq!(String::from_utf8_lossy(&script.stdout), "1\n", "{script:?}");
+        Ok(())
+    }
+
     /// The watermark compares start times first, and pids only within one
     /// hundredth, with a wrap at `pid_max` splitting the range.
     #[test]
