@@ -679,3 +679,43 @@ fn the_thin_client_prints_its_diagnostics_when_asked() -> TestResult {
     assert_eq!(String::from_utf8_lossy(&o.stderr), "", "{}", text(&o));
     Ok(())
 }
+
+/// Nothing in a sandbox may call the server, where approvals are answered
+/// (#32 item 3). A restricted local sandbox gets no unix socket at all
+/// (tests/sandbox_escape.rs); here the sandbox runs unrestricted, so its
+/// process can connect, and the server must drop it unheard. Control: the
+/// same probe from outside any sandbox is served.
+#[test]
+fn the_server_drops_a_peer_from_inside_a_sandbox() -> TestResult {
+    let s = Served::new()?;
+    let sock = s.path().join("server.sock");
+    let probe = format!(
+        "python3 -c 'import socket, sys\nc = socket.socket(socket.AF_UNIX)\nc.settimeout(2)\nc.connect(sys.argv[1])\ntry:\n    print(\"CLOSED\" if c.recv(1) == b\"\" else \"SERVED\")\nexcept socket.timeout:\n    print(\"SERVED\")' {}",
+        sock.display()
+    );
+    let o = s
+        .cmd(&["exec", "--", &probe])
+        .env("BERTH_UNRESTRICTED", "1")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        s.status()?.is_some(),
+        "the exec did not go through a server"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "CLOSED",
+        "{}\nserver log: {}",
+        text(&o),
+        std::fs::read_to_string(s.path().join("server.log")).unwrap_or_default()
+    );
+    // Control: outside a sandbox, the same probe is served.
+    let o = Command::new("bash").args(["-c", &probe]).output()?;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "SERVED",
+        "{}",
+        text(&o)
+    );
+    Ok(())
+}

@@ -11,7 +11,7 @@ pub mod error;
 pub mod gate;
 pub mod jobs;
 pub mod owner;
-mod procs;
+pub mod procs;
 pub mod session;
 
 pub mod reaper;

@@ -168,6 +168,44 @@ fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
     Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
+/// The sandbox a process belongs to, if any: the value of the marker
+/// berth puts in the environment of every sandboxed program (in its own or
+/// an ancestor's environment), or a berth sandbox's pids cgroup it is in,
+/// which a sandboxed process cannot leave. berth's server refuses such a
+/// peer: nothing in a sandbox may call berth (answer its own approval, say).
+pub fn sandbox_of(pid: i32) -> Option<String> {
+    let me = std::process::id() as i32;
+    let marker = format!("{}=", crate::backend::SANDBOX_MARKER);
+    let mut at = pid;
+    for _ in 0..ANCESTRY {
+        if at <= 1 || at == me {
+            break;
+        }
+        if let Ok(env) = std::fs::read(format!("/proc/{at}/environ"))
+            && let Some(name) = env
+                .split(|b| *b == 0)
+                .find_map(|e| e.strip_prefix(marker.as_bytes()))
+        {
+            return Some(String::from_utf8_lossy(name).into_owned());
+        }
+        match stat(at) {
+            Some(s) => at = s.ppid,
+            None => break,
+        }
+    }
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cgroups.lines().find_map(|l| {
+        let path = l.splitn(3, ':').nth(2)?;
+        let leaf = path.rsplit('/').next()?;
+        leaf.strip_prefix("berth-").map(|rest| {
+            // berth-<name>-<hash>
+            rest.rsplit_once('-')
+                .map_or(rest, |(name, _)| name)
+                .to_string()
+        })
+    })
+}
+
 /// Whether `/proc/PID/environ` holds the entry `want` exactly.
 fn environ_has(pid: i32, want: &[u8]) -> bool {
     std::fs::read(format!("/proc/{pid}/environ"))

@@ -638,6 +638,14 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
             _ = shared.shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    // Nothing in a sandbox may call berth (answer its own
+                    // approval, start sandboxes): a peer that is a sandbox's
+                    // process is dropped unheard.
+                    let peer = stream.peer_cred().ok().and_then(|c| c.pid());
+                    if let Some(sandbox) = peer.and_then(berth_core::procs::sandbox_of) {
+                        warn!(pid = peer, %sandbox, "refused a connection from inside a sandbox");
+                        continue;
+                    }
                     tokio::spawn(serve_connection(shared.clone(), stream));
                 }
                 Err(e) => warn!(error = %e, "accept failed"),
