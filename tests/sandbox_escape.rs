@@ -640,6 +640,60 @@ fn host_secrets_are_not_on_the_read_list() {
     }
 }
 
+/// Secrets below /etc are denied by default, not by name (#32 item 10): a
+/// file there that others may not read (as /etc/docker/key.json), and a
+/// directory they may not search, stay out of a root sandbox's reach,
+/// while the world-readable file beside them is read. Control: unconfined,
+/// root reads them all.
+#[test]
+fn etc_files_others_cannot_read_are_secrets_by_default() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test plants files in /etc and reads them through a root sandbox: it must run as root (as CI does)"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let base = PathBuf::from(format!("/etc/berth-test-{}", std::process::id()));
+    let _gone = Gone(base.clone());
+    let locked = base.join("locked");
+    std::fs::create_dir_all(&locked).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for (name, mode) in [
+        ("key.json", 0o600),
+        ("group-only", 0o640),
+        ("public", 0o644),
+    ] {
+        let f = base.join(name);
+        std::fs::write(&f, "s3cret\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::write(locked.join("inner"), "s3cret\n").unwrap();
+    let script = format!(
+        "for f in key.json group-only locked/inner public; do cat {b}/$f >/dev/null 2>&1 && echo \"READ $f\"; done; true",
+        b = base.display()
+    );
+    let sb = Sandbox::new();
+    let o = sb.run(&script);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.trim(), "READ public", "{}", text(&o));
+    let o = sb.unrestricted(&script);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).lines().count(),
+        4,
+        "control: {}",
+        text(&o)
+    );
+}
+
 const XATTR: &str = r#"
 import os, sys
 for p in sys.argv[1:]:

@@ -52,43 +52,93 @@ fn abi_enum(abi: i32) -> ABI {
 /// `paths` as Landlock grants, with every secret carved out: a path that holds
 /// a secret below it is replaced by its children, recursively, minus the
 /// secrets themselves and symlinks that lead to one.
+///
+/// A secret is one of [`SECRETS`](berth_policies::profile::SECRETS) by name,
+/// and also, by default, anything below `/etc` that an ordinary user could
+/// not read: a file not readable by others, a directory not searchable by
+/// them (`/etc/docker/key.json`, a service's credentials). A root sandbox
+/// would read those through its DAC override; no list of names keeps up.
 pub fn without_secrets(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let private = private_below(Path::new(PRIVATE_ROOT));
     let mut out = Vec::new();
     for p in paths {
-        carve(p, &mut out, 0);
+        carve(p, &mut out, 0, &private);
     }
     out
 }
 
+/// Where files an ordinary user cannot read are secrets by default.
+const PRIVATE_ROOT: &str = "/etc";
+
+/// How deep a grant is split to carve out a secret; a directory deeper than
+/// this that still holds one is left out whole.
+const CARVE_DEPTH: u32 = 6;
+
+/// Every entry below `root` (not through symlinks) that others may not
+/// read: files without `o+r`, directories without `o+rx` (not entered).
+fn private_below(root: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![(root.to_path_buf(), 0u32)];
+    while let Some((dir, depth)) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            let mode = m.permissions().mode();
+            if m.is_dir() {
+                if mode & 0o005 != 0o005 {
+                    out.push(e.path());
+                } else if depth < CARVE_DEPTH {
+                    todo.push((e.path(), depth + 1));
+                }
+            } else if m.is_file() && mode & 0o004 == 0 {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+fn secret(p: &Path, private: &[PathBuf]) -> bool {
+    is_secret(p) || private.iter().any(|s| p.starts_with(s))
+}
+
 /// Whether a secret lies strictly below `dir` (`/etc/ssh` holds its host keys).
-fn holds_secret(dir: &Path) -> bool {
+fn holds_secret(dir: &Path, private: &[PathBuf]) -> bool {
     let named = berth_policies::profile::SECRETS
         .iter()
         .map(Path::new)
+        .chain(private.iter().map(PathBuf::as_path))
         .any(|s| s != dir && s.starts_with(dir));
     named || Path::new("/etc/ssh").starts_with(dir)
 }
 
-fn carve(p: &Path, out: &mut Vec<PathBuf>, depth: u32) {
-    if is_secret(p) {
+fn carve(p: &Path, out: &mut Vec<PathBuf>, depth: u32, private: &[PathBuf]) {
+    if secret(p, private) {
         return;
     }
     // A symlink is granted as its target: judge the target.
     let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    if real != p && (is_secret(&real) || holds_secret(&real)) {
+    if real != p && (secret(&real, private) || holds_secret(&real, private)) {
         return;
     }
-    if !holds_secret(p) || depth > 4 {
+    if !holds_secret(p, private) {
         if p.exists() {
             out.push(p.to_path_buf());
         }
+        return;
+    }
+    if depth > CARVE_DEPTH {
+        // Fail closed: too deep to carve, so none of it.
         return;
     }
     let Ok(entries) = std::fs::read_dir(p) else {
         return;
     };
     for e in entries.flatten() {
-        carve(&e.path(), out, depth + 1);
+        carve(&e.path(), out, depth + 1, private);
     }
 }
 
@@ -96,6 +146,7 @@ fn carve(p: &Path, out: &mut Vec<PathBuf>, depth: u32) {
 /// directory, not a link to elsewhere), everything else with secrets carved out.
 /// The paths the profile lets the sandbox write, secrets carved out.
 pub fn write_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
+    let private = private_below(Path::new(PRIVATE_ROOT));
     let mut out = Vec::new();
     for p in &profile.read_write {
         let own = profile.own.contains(p)
@@ -104,7 +155,7 @@ pub fn write_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
         if own {
             out.push(p.clone());
         } else {
-            carve(p, &mut out, 0);
+            carve(p, &mut out, 0, &private);
         }
     }
     out
