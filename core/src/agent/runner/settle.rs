@@ -52,7 +52,7 @@ impl Agent {
             if answered.contains(&call.id) {
                 continue;
             }
-            let args_text = (self.redact)(&call.arguments);
+            let args_text = journal_args(&self.redact, &call.arguments);
             let key = (
                 call.id.as_str(),
                 idx as i64,
@@ -299,6 +299,24 @@ fn journal_result(redact: &Redact, result: Value) -> Value {
     crate::gate::redact_json(&result, &|t| redact(t))
 }
 
+/// A call's arguments as the journal keeps them: redacted. Masking the text
+/// alone misses a secret the JSON holds escaped (a quote, a backslash in
+/// it); so when they are JSON and a secret is in them, they are kept as
+/// [`crate::gate::redact_json`] masks them. Without a secret they stay as
+/// the model wrote them.
+fn journal_args(redact: &Redact, args: &str) -> String {
+    let text = redact(args);
+    let Ok(v) = serde_json::from_str::<Value>(args) else {
+        return text;
+    };
+    let masked = crate::gate::redact_json(&v, &|t| redact(t));
+    if masked == v {
+        text
+    } else {
+        masked.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,5 +353,25 @@ mod tests {
         assert!(!text.contains("ss\\\\word"), "{text}");
         assert!(!text.contains("pa\\\"ss"), "{text}");
         assert_eq!(stored["stdout"], "token=[REDACTED:API_TOKEN]\n", "{text}");
+    }
+
+    /// The model's arguments are JSON text too: a secret with a quote in it
+    /// is escaped there, and is masked all the same.
+    #[test]
+    fn arguments_with_an_escaped_secret_are_masked() -> serde_json::Result<()> {
+        let secret = r#"pa"ss\word-42"#;
+        let redact = redactor("API_TOKEN", secret);
+        let args = json!({ "command": format!("login --password '{secret}'") }).to_string();
+        let stored = journal_args(&redact, &args);
+        assert!(!stored.contains("ss\\\\word"), "{stored}");
+        let v: Value = serde_json::from_str(&stored)?;
+        assert_eq!(v["command"], "login --password '[REDACTED:API_TOKEN]'");
+        // Arguments with no secret are kept as the model wrote them.
+        let plain = "{ \"command\": \"ls\" }";
+        assert_eq!(journal_args(&redact, plain), plain);
+        // Arguments that are not JSON are masked as text.
+        let broken = format!("{{\"command\": \"echo {secret}");
+        assert!(!journal_args(&redact, &broken).contains(secret));
+        Ok(())
     }
 }
