@@ -26,6 +26,10 @@ pub enum JobCmd {
     /// Wait for a job to end; exits with its exit code, or 124 if the wait timed out.
     Wait(WaitArgs),
     /// End a job's whole process group: the signal, then SIGKILL after a grace period.
+    ///
+    /// Exits 0 once the job is gone (killed now, or it had already ended: the
+    /// message says which, and the job's own exit code); non-zero only when
+    /// berth could not stop it.
     Kill(KillArgs),
     /// Write to a job's stdin: text, or keys by name (`--keys C-c Enter`).
     Send(SendArgs),
@@ -150,7 +154,8 @@ pub struct KillArgs {
     /// Seconds to let the group outlive the signal before SIGKILL.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub grace: f64,
-    /// Print JSON (the job as it ended).
+    /// Print JSON: the job as it ended, and `kill`: `signalled` (ended by
+    /// this kill) or `already_ended`.
     #[arg(long)]
     pub json: bool,
 }
@@ -288,36 +293,35 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
             if !(a.grace.is_finite() && a.grace >= 0.0) {
                 bail!("--grace must be a number of seconds, 0 or more, e.g. --grace 5");
             }
+            // Like kill(1) and `docker kill`: success once the job is gone,
+            // whether this kill ended it or it had already ended. The job's
+            // own exit code (128+N) is in the message and the JSON, not in
+            // berth's status, so a script does not read the kill as failed.
+            // Only a kill that could not stop the job is an error (above).
             let outcome = rt
                 .kill_job_with_grace(&a.id, sig, Duration::from_secs_f64(a.grace))
                 .await?;
             let job = rt.job(&a.id).await?;
+            let already = matches!(outcome, KillOutcome::AlreadyEnded(..));
             if a.json {
-                context::print_json(&job_json(&job));
-            }
-            match outcome {
-                KillOutcome::Signalled => {
-                    if !a.json {
-                        outln!("job {} {}", job.id, how_it_ended(&job));
-                    }
-                    // The job's own exit code (128+N), as `job wait` would give.
-                    match job.exit_code {
-                        Some(c) if (0..=255).contains(&c) => c as u8,
-                        _ => crate::EXIT_BERTH_ERROR,
-                    }
+                let mut v = job_json(&job);
+                v["kill"] = if already {
+                    "already_ended"
+                } else {
+                    "signalled"
                 }
-                KillOutcome::AlreadyEnded(state, code) => {
-                    if !a.json {
-                        outln!(
-                            "job {} had already {}{}; nothing to kill",
-                            a.id,
-                            state.as_str(),
-                            code.map(|c| format!(" with code {c}")).unwrap_or_default()
-                        );
-                    }
-                    0
-                }
+                .into();
+                context::print_json(&v);
+            } else if already {
+                outln!(
+                    "job {} had already ended, {}; nothing to kill",
+                    job.id,
+                    how_it_ended(&job)
+                );
+            } else {
+                outln!("job {} {}", job.id, how_it_ended(&job));
             }
+            0
         }
         JobCmd::Send(a) => {
             if a.data.is_none() && a.keys.is_empty() && !a.eof {

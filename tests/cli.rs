@@ -379,8 +379,9 @@ fn a_job_outlives_a_kill_9_of_berth() -> TestResult {
     let want: String = (1..=40).map(|i| format!("tick {i}\n")).collect();
     assert_eq!(stdout(&o), want);
     let o = berth(dir.path(), &["job", "kill", &id])?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("already exited with code 0"),
+        stdout(&o).contains("had already ended, exited (exit 0)"),
         "{}",
         stdout(&o)
     );
@@ -864,5 +865,67 @@ fn a_terminal_job_runs_and_resizes_in_the_restricted_local_sandbox() -> TestResu
     let o = berth(d, &["job", "kill", "py", "--signal", "kill"])?;
     assert!(o.status.code().is_some(), "{}", stderr(&o));
     let _ = berth(d, &["server", "stop"]);
+    Ok(())
+}
+
+/// `job kill` succeeds when the job is gone, as kill(1) and `docker kill` do:
+/// exit 0 whether it was killed now or had already ended (and says which),
+/// the job's own code (128+N) only in the message and the JSON; non-zero only
+/// when berth could not stop it. Through the server and in-process alike.
+#[test]
+fn job_kill_exits_0_once_the_job_is_gone() -> TestResult {
+    for server in ["auto", "off"] {
+        let dir = tempfile::tempdir()?;
+        let run = |args: &[&str]| {
+            Command::new(env!("CARGO_BIN_EXE_berth"))
+                .args(args)
+                .env("BERTH_STATE_DIR", dir.path())
+                .env("BERTH_POLICY", dir.path().join("policy.toml"))
+                .env("BERTH_SERVER", server)
+                .stdin(Stdio::null())
+                .output()
+        };
+        let o = run(&["job", "start", "--name", "nap", "--", "sleep 300"])?;
+        assert_eq!(o.status.code(), Some(0), "{server}: {}", stderr(&o));
+        let o = run(&["job", "kill", "nap", "--grace", "2"])?;
+        assert_eq!(o.status.code(), Some(0), "{server}: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains("killed by SIGTERM (exit 143)"),
+            "{server}: {}",
+            stdout(&o)
+        );
+        // Again: already ended, still a success, and it says so.
+        let o = run(&["job", "kill", "nap", "--json"])?;
+        assert_eq!(o.status.code(), Some(0), "{server}: {}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout)?;
+        assert_eq!(v["state"], "killed", "{server}: {v}");
+        assert_eq!(v["exit_code"], 143, "{server}: {v}");
+        assert_eq!(v["kill"], "already_ended", "{server}: {v}");
+        let o = run(&["job", "kill", "nap"])?;
+        assert_eq!(o.status.code(), Some(0), "{server}: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains("had already ended, killed by SIGTERM (exit 143)"),
+            "{server}: {}",
+            stdout(&o)
+        );
+        // A job killed now, in JSON: the outcome and the job's own code.
+        let o = run(&["job", "start", "--name", "nap2", "--", "sleep 300"])?;
+        assert_eq!(o.status.code(), Some(0), "{server}: {}", stderr(&o));
+        let o = run(&["job", "kill", "nap2", "--signal", "kill", "--json"])?;
+        assert_eq!(o.status.code(), Some(0), "{server}: {}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout)?;
+        assert_eq!(v["kill"], "signalled", "{server}: {v}");
+        assert_eq!(v["kill_signal"], "KILL", "{server}: {v}");
+        assert_eq!(v["exit_code"], 137, "{server}: {v}");
+        // Nothing to kill: an error that says what is wrong.
+        let o = run(&["job", "kill", "j00000000"])?;
+        assert_ne!(o.status.code(), Some(0), "{server}: {}", stdout(&o));
+        assert!(
+            stderr(&o).contains("job `j00000000` not found"),
+            "{server}: {}",
+            stderr(&o)
+        );
+        let _ = run(&["server", "stop"]);
+    }
     Ok(())
 }

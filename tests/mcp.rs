@@ -146,11 +146,23 @@ impl Env {
 
     /// `berth mcp --listen 127.0.0.1:0`, and its URL once it listens.
     fn http_server(&self, token: &str) -> Result<(ChildGuard, String), BoxError> {
-        let mut child = self
-            .berth()
-            .args(self.mcp_args())
-            .args(["--listen", "127.0.0.1:0"])
-            .env("BERTH_MCP_TOKEN", token)
+        let (guard, url, _) = self.http_server_with(|c| {
+            c.env("BERTH_MCP_TOKEN", token);
+        })?;
+        Ok((guard, url))
+    }
+
+    /// `berth mcp --listen 127.0.0.1:0` as `setup` adds to it: the server,
+    /// its URL once it listens, and what it has said on stderr.
+    #[allow(clippy::type_complexity)]
+    fn http_server_with(
+        &self,
+        setup: impl FnOnce(&mut Command),
+    ) -> Result<(ChildGuard, String, Arc<Mutex<Vec<String>>>), BoxError> {
+        let mut cmd = self.berth();
+        cmd.args(self.mcp_args()).args(["--listen", "127.0.0.1:0"]);
+        setup(&mut cmd);
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -158,18 +170,27 @@ impl Env {
         let stderr = child.stderr.take().ok_or("no stderr")?;
         let guard = ChildGuard(child);
         let (tx, rx) = std::sync::mpsc::channel();
+        let said = Arc::new(Mutex::new(Vec::new()));
+        let lines = said.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("at http://").nth(1) {
-                    let _ = tx.send(format!("http://{}", rest.trim()));
-                }
                 eprintln!("[berth mcp] {line}");
+                let url = line
+                    .split("at http://")
+                    .nth(1)
+                    .map(|r| r.trim().to_string());
+                if let Ok(mut l) = lines.lock() {
+                    l.push(line);
+                }
+                if let Some(rest) = url {
+                    let _ = tx.send(format!("http://{rest}"));
+                }
             }
         });
         let url = rx
             .recv_timeout(Duration::from_secs(60))
             .map_err(|_| "berth mcp --listen did not say where it listens")?;
-        Ok((guard, url))
+        Ok((guard, url, said))
     }
 
     /// The SDK's client over `berth mcp --listen`, with the token.
@@ -897,5 +918,107 @@ async fn local_file_tools_stay_in_the_sandbox() -> TestResult {
         );
     }
     c.service.cancel().await?;
+    Ok(())
+}
+
+/// An MCP `initialize` POSTed to `url` with this Authorization header: the
+/// reply as far as it came (up to the server's answer).
+fn initialize_over_http(url: &str, auth: Option<&str>) -> Result<String, BoxError> {
+    let hostport = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    let mut s = std::net::TcpStream::connect(&hostport)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let auth = auth
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+        }
+        if String::from_utf8_lossy(&reply).contains("serverInfo") {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// The token can come from a file (`--token-file`) or the environment
+/// (`BERTH_MCP_TOKEN`): either guards the server as `--token` does, and
+/// neither puts it where every process of the user can read it, the server's
+/// /proc/PID/cmdline, nor on its stderr. `--token` still works, with a warning
+/// that names the alternatives.
+#[test]
+fn the_token_from_a_file_or_the_environment_stays_off_the_command_line() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new("local")?;
+    let token = "kept-off-argv-0123456789abcdef";
+    let file = env.dir.path().join("mcp-token");
+    std::fs::write(&file, format!("{token}\n"))?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+    for how in ["--token-file", "BERTH_MCP_TOKEN", "--token"] {
+        let (server, url, said) = env.http_server_with(|c| match how {
+            "--token-file" => {
+                c.arg("--token-file").arg(&file);
+            }
+            "BERTH_MCP_TOKEN" => {
+                c.env("BERTH_MCP_TOKEN", token);
+            }
+            _ => {
+                c.args(["--token", token]);
+            }
+        })?;
+        let reply = initialize_over_http(&url, None)?;
+        assert!(reply.starts_with("HTTP/1.1 401"), "{how}: {reply}");
+        let reply = initialize_over_http(&url, Some("Bearer wrong-token-0123456789"))?;
+        assert!(reply.starts_with("HTTP/1.1 401"), "{how}: {reply}");
+        let reply = initialize_over_http(&url, Some(&format!("Bearer {token}")))?;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{how}: {reply}");
+        assert!(reply.contains("serverInfo"), "{how}: {reply}");
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", server.0.id()))?;
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let said = said.lock().map_err(|_| "poisoned")?.join("\n");
+        if how == "--token" {
+            assert!(cmdline.contains(token), "{cmdline}");
+            assert!(
+                said.contains("visible to other processes")
+                    && said.contains("--token-file")
+                    && said.contains("BERTH_MCP_TOKEN"),
+                "{said}"
+            );
+        } else {
+            assert!(!cmdline.contains(token), "{how}: {cmdline}");
+            assert!(!said.contains(token), "{how}: {said}");
+            assert!(
+                !said.contains("visible to other processes"),
+                "{how}: {said}"
+            );
+        }
+    }
+    // An unreadable or empty token file is an error, not a random token.
+    let empty = env.dir.path().join("empty-token");
+    std::fs::write(&empty, "\n")?;
+    for f in [empty.as_path(), Path::new("/nonexistent/berth-token")] {
+        let o = env
+            .berth()
+            .args(env.mcp_args())
+            .args(["--listen", "127.0.0.1:0", "--token-file"])
+            .arg(f)
+            .stdin(Stdio::null())
+            .output()?;
+        assert_ne!(o.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--token-file"), "{err}");
+    }
     Ok(())
 }

@@ -190,7 +190,7 @@ impl Gate {
             sandbox: Some(sandbox.into()),
             command: Some(self.redact(command).into_owned()),
             verdict: Some(format!("{} (rule {})", verdict.action, verdict.rule)),
-            detail: Some(self.redact(&detail.to_string()).into_owned()),
+            detail: Some(redact_json(&detail, &|t| self.redact(t).into_owned()).to_string()),
             ..Default::default()
         };
         let why = json!({ "rule": verdict.rule, "reason": verdict.reason, "part": verdict.part });
@@ -359,6 +359,42 @@ impl Error {
             },
             other => other,
         }
+    }
+}
+
+/// `v` with every secret masked, and always JSON: it fails closed.
+///
+/// Each string, object key and number is masked on its own (a secret with a
+/// quote or a backslash in it is escaped in JSON text, where a search for the
+/// secret does not find it); then the JSON text as a whole, for a secret that
+/// spans values. When that last mask leaves text that is no longer JSON, the
+/// masked text itself is kept, as a string: never the value as it came in.
+pub fn redact_json(v: &serde_json::Value, redact: &dyn Fn(&str) -> String) -> serde_json::Value {
+    let walked = redact_parts(v, redact);
+    let text = walked.to_string();
+    let again = redact(&text);
+    if again == text {
+        return walked;
+    }
+    serde_json::from_str(&again).unwrap_or(serde_json::Value::String(again))
+}
+
+fn redact_parts(v: &serde_json::Value, redact: &dyn Fn(&str) -> String) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(redact(s)),
+        Value::Number(n) => {
+            let t = n.to_string();
+            let r = redact(&t);
+            if r == t { v.clone() } else { Value::String(r) }
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| redact_parts(x, redact)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (redact(k), redact_parts(x, redact)))
+                .collect(),
+        ),
+        Value::Null | Value::Bool(_) => v.clone(),
     }
 }
 

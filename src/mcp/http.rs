@@ -33,6 +33,60 @@ pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr> {
         .with_context(|| format!("--listen {s:?}: give HOST:PORT (e.g. 127.0.0.1:8765) or a port"))
 }
 
+/// Where a token the user gave came from, for the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenFrom {
+    Flag,
+    File,
+    Env,
+}
+
+/// The bearer token the user gave, if any: `--token-file` (its first line),
+/// else `--token` (with a warning: the command line is readable by every
+/// process of the user, sandboxes with /proc included), else
+/// `BERTH_MCP_TOKEN`. A file that cannot be read or holds no token is an
+/// error, not a silent fall back to a random token.
+pub(crate) fn given_token(
+    flag: Option<&str>,
+    file: Option<&std::path::Path>,
+    env: Option<String>,
+) -> Result<Option<(String, TokenFrom)>> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "--token-file {}: cannot read the token file (write the token to it, mode 0600)",
+                path.display()
+            )
+        })?;
+        let token = text.lines().next().unwrap_or_default().trim().to_string();
+        if token.is_empty() {
+            bail!(
+                "--token-file {}: the file holds no token (write it on the first line)",
+                path.display()
+            );
+        }
+        #[cfg(unix)]
+        if let Ok(m) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            if m.permissions().mode() & 0o077 != 0 {
+                eprintln!(
+                    "berth mcp: warning: --token-file {} is readable by other users; chmod 600 it",
+                    path.display()
+                );
+            }
+        }
+        return Ok(Some((token, TokenFrom::File)));
+    }
+    if let Some(t) = flag {
+        eprintln!(
+            "berth mcp: warning: --token is visible to other processes (/proc/PID/cmdline, ps); \
+             give the token in the environment variable BERTH_MCP_TOKEN or with --token-file PATH"
+        );
+        return Ok(Some((t.to_string(), TokenFrom::Flag)));
+    }
+    Ok(env.filter(|t| !t.is_empty()).map(|t| (t, TokenFrom::Env)))
+}
+
 fn new_token() -> String {
     let bytes: [u8; 24] = rand::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -54,14 +108,23 @@ fn authorized(req: &Request<Incoming>, token: &str) -> bool {
         })
 }
 
-pub(crate) async fn serve(shared: Arc<Shared>, addr: &str, token: Option<String>) -> Result<()> {
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    addr: &str,
+    token: Option<(String, TokenFrom)>,
+) -> Result<()> {
     let addr = listen_addr(addr)?;
-    let token = match token.filter(|t| !t.is_empty()) {
-        Some(t) if t.len() < 16 => {
-            bail!("BERTH_MCP_TOKEN / --token is too short: use 16 characters or more")
+    let (token, from) = match token {
+        Some((t, from)) if t.len() < 16 => {
+            let name = match from {
+                TokenFrom::Flag => "--token",
+                TokenFrom::File => "the token in --token-file",
+                TokenFrom::Env => "BERTH_MCP_TOKEN",
+            };
+            bail!("{name} is too short: use 16 characters or more")
         }
-        Some(t) => t,
-        None => new_token(),
+        Some((t, from)) => (t, Some(from)),
+        None => (new_token(), None),
     };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -89,9 +152,19 @@ pub(crate) async fn serve(shared: Arc<Shared>, addr: &str, token: Option<String>
         config,
     );
     eprintln!("berth mcp: serving MCP over HTTP at http://{local}/mcp");
-    eprintln!("berth mcp: bearer token: {token}");
+    // A token berth made up is printed, for the client; one the user gave is
+    // not echoed into logs they may not keep as secret as the token's file.
+    let shown = match from {
+        None => {
+            eprintln!("berth mcp: bearer token: {token}");
+            token.as_str()
+        }
+        Some(TokenFrom::Flag) => "<the --token value>",
+        Some(TokenFrom::File) => "<the token in --token-file>",
+        Some(TokenFrom::Env) => "<$BERTH_MCP_TOKEN>",
+    };
     eprintln!(
-        "berth mcp: client config: {{\"mcpServers\": {{\"berth\": {{\"type\": \"http\", \"url\": \"http://{local}/mcp\", \"headers\": {{\"Authorization\": \"Bearer {token}\"}}}}}}}}"
+        "berth mcp: client config: {{\"mcpServers\": {{\"berth\": {{\"type\": \"http\", \"url\": \"http://{local}/mcp\", \"headers\": {{\"Authorization\": \"Bearer {shown}\"}}}}}}}}"
     );
     let token = Arc::new(token);
     loop {

@@ -40,7 +40,9 @@ use crate::context::{self, DEFAULT_BACKEND};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Register it with an MCP client, e.g.:\n  {\"mcpServers\": {\"berth\": {\"command\": \"berth\", \"args\": [\"mcp\", \"--backend\", \"docker\", \"--sandbox\", \"agent\"]}}}\nOver HTTP: berth mcp --listen 127.0.0.1:8765 (prints the bearer token; or set BERTH_MCP_TOKEN)"
+    after_help = "Register it with an MCP client, e.g.:\n  {\"mcpServers\": {\"berth\": {\"command\": \"berth\", \"args\": [\"mcp\", \"--backend\", \"docker\", \"--sandbox\", \"agent\"]}}}\nOver HTTP: berth mcp --listen 127.0.0.1:8765 (prints a new bearer token; or give yours in \
+the environment variable BERTH_MCP_TOKEN or with --token-file PATH, which keep it out of the \
+process list)"
 )]
 pub struct McpArgs {
     /// Backend the tools run on.
@@ -56,14 +58,16 @@ pub struct McpArgs {
     /// loopback) instead of stdio. Every request needs the bearer token.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// The bearer token for --listen (default: a new random one, printed on stderr).
-    #[arg(
-        long,
-        env = "BERTH_MCP_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
+    /// The bearer token for --listen, on the command line: every process of
+    /// the user can read it there (/proc/PID/cmdline), so prefer
+    /// --token-file or the environment variable BERTH_MCP_TOKEN. Without any
+    /// of them, a new random token is printed on stderr.
+    #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
     pub token: Option<String>,
+    /// Read the bearer token for --listen from this file (its first line;
+    /// keep the file mode 0600). Overrides BERTH_MCP_TOKEN.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// Run the tools in the berth server the CLI uses (started if none
     /// runs), on its warm shells: an agent and a person at the CLI then
     /// share one session. Without it the tools run in this process.
@@ -93,6 +97,15 @@ pub(crate) struct BerthServer {
 
 pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
     berth_core::runtime::check_session_name(&a.session)?;
+    let token = if a.listen.is_some() {
+        http::given_token(
+            a.token.as_deref(),
+            a.token_file.as_deref(),
+            std::env::var("BERTH_MCP_TOKEN").ok(),
+        )?
+    } else {
+        None
+    };
     let dir = context::state_dir(state_dir)?;
     let rt = Arc::new(context::runtime(Some(dir.clone()))?);
     let registry = Registry::new(&rt);
@@ -133,7 +146,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
     });
     let watcher = tokio::spawn(notify::watch_jobs(shared.clone()));
     let result = match &a.listen {
-        Some(addr) => http::serve(shared.clone(), addr, a.token.clone()).await,
+        Some(addr) => http::serve(shared.clone(), addr, token).await,
         None => stdio::serve(shared.clone()).await,
     };
     watcher.abort();

@@ -358,7 +358,7 @@ impl Runtime {
             exit_code: job.exit_code,
             duration_ms: job.ended_at.map(|e| e - job.created_at),
             bytes_out: Some(job.out_bytes),
-            detail: Some(self.redact(&d.to_string())),
+            detail: Some(crate::gate::redact_json(&d, &|t| self.redact(t)).to_string()),
             ..Default::default()
         })?;
         Ok(())

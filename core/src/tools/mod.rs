@@ -378,7 +378,12 @@ impl Registry {
         let tool = *tool;
         let rt = &ctx.runtime;
         let started = Instant::now();
-        let args_text = rt.redact(&output::clip(&args.to_string(), 4096));
+        // Masked before the clip: a clip through a secret would leave its
+        // first part unrecognised, and in clear.
+        let args_text = output::clip(
+            &crate::gate::redact_json(&args, &|t| rt.redact(t)).to_string(),
+            4096,
+        );
         let started_event = Event {
             kind: "tool.started".into(),
             call_id: Some(call_id.clone()),

@@ -52,7 +52,7 @@ impl Agent {
             if answered.contains(&call.id) {
                 continue;
             }
-            let args_text = (self.redact)(&call.arguments);
+            let args_text = journal_args(&self.redact, &call.arguments);
             let key = (
                 call.id.as_str(),
                 idx as i64,
@@ -285,9 +285,93 @@ impl Agent {
         msgs: &mut Vec<(i64, Message)>,
     ) -> Result<()> {
         let m = Message::tool(key.0, text, is_error);
-        let result = serde_json::from_str(&(self.redact)(&result.to_string())).unwrap_or(result);
+        let result = journal_result(&self.redact, result);
         journal::call_finished(&self.store, id, step, key, state, verdict, &result, &m)?;
         msgs.push((step, m));
+        Ok(())
+    }
+}
+
+/// A call's result as the journal keeps it: redacted, failing closed (see
+/// [`crate::gate::redact_json`]): a mask that breaks the JSON text must not
+/// fall back to the raw result, secrets and all.
+fn journal_result(redact: &Redact, result: Value) -> Value {
+    crate::gate::redact_json(&result, &|t| redact(t))
+}
+
+/// A call's arguments as the journal keeps them: redacted. Masking the text
+/// alone misses a secret the JSON holds escaped (a quote, a backslash in
+/// it); so when they are JSON and a secret is in them, they are kept as
+/// [`crate::gate::redact_json`] masks them. Without a secret they stay as
+/// the model wrote them.
+fn journal_args(redact: &Redact, args: &str) -> String {
+    let text = redact(args);
+    let Ok(v) = serde_json::from_str::<Value>(args) else {
+        return text;
+    };
+    let masked = crate::gate::redact_json(&v, &|t| redact(t));
+    if masked == v {
+        text
+    } else {
+        masked.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redactor(name: &str, value: &str) -> Redact {
+        let r = berth_policies::Redactor::with_values([(name.to_string(), value.to_string())]);
+        Arc::new(move |t: &str| r.redact(t).into_owned())
+    }
+
+    /// A secret that is also a JSON number elsewhere in the result: masking
+    /// the JSON text leaves `"pid":[REDACTED:…]`, no JSON at all. The journal
+    /// must keep a masked form, never the raw result with the secret in it.
+    #[test]
+    fn a_mask_that_breaks_the_json_does_not_journal_the_secret() {
+        let redact = redactor("DB_PASSWORD", "31415926");
+        let result = json!({ "pid": 31415926, "stdout": "the password is 31415926\n" });
+        let stored = journal_result(&redact, result).to_string();
+        assert!(!stored.contains("31415926"), "{stored}");
+        assert!(stored.contains("[REDACTED:DB_PASSWORD]"), "{stored}");
+    }
+
+    /// A secret with a quote or a backslash in it is escaped in JSON text,
+    /// where a search for the secret itself does not find it: it is masked
+    /// in the strings, keys included, and the result stays JSON.
+    #[test]
+    fn a_secret_json_escapes_is_masked_and_the_result_stays_json() {
+        let secret = r#"pa"ss\word-42"#;
+        let redact = redactor("API_TOKEN", secret);
+        let result = json!({ "stdout": format!("token={secret}\n"), secret: [secret], "ok": true });
+        let stored = journal_result(&redact, result);
+        let text = stored.to_string();
+        assert!(stored.is_object(), "{text}");
+        assert_eq!(stored["ok"], true, "{text}");
+        assert!(!text.contains("ss\\\\word"), "{text}");
+        assert!(!text.contains("pa\\\"ss"), "{text}");
+        assert_eq!(stored["stdout"], "token=[REDACTED:API_TOKEN]\n", "{text}");
+    }
+
+    /// The model's arguments are JSON text too: a secret with a quote in it
+    /// is escaped there, and is masked all the same.
+    #[test]
+    fn arguments_with_an_escaped_secret_are_masked() -> serde_json::Result<()> {
+        let secret = r#"pa"ss\word-42"#;
+        let redact = redactor("API_TOKEN", secret);
+        let args = json!({ "command": format!("login --password '{secret}'") }).to_string();
+        let stored = journal_args(&redact, &args);
+        assert!(!stored.contains("ss\\\\word"), "{stored}");
+        let v: Value = serde_json::from_str(&stored)?;
+        assert_eq!(v["command"], "login --password '[REDACTED:API_TOKEN]'");
+        // Arguments with no secret are kept as the model wrote them.
+        let plain = "{ \"command\": \"ls\" }";
+        assert_eq!(journal_args(&redact, plain), plain);
+        // Arguments that are not JSON are masked as text.
+        let broken = format!("{{\"command\": \"echo {secret}");
+        assert!(!journal_args(&redact, &broken).contains(secret));
         Ok(())
     }
 }
