@@ -1171,10 +1171,9 @@ fn an_ordinary_users_fork_bomb_is_stopped_whole() {
     for &p in &left {
         let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
     }
-    // `job kill` exits with the job's own status, 128 + the signal.
+    // `job kill` exits 0 once the job is gone, and names the signal.
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains(" killed by SIG")
-            && matches!(o.status.code(), Some(137 | 143)),
+        String::from_utf8_lossy(&o.stdout).contains(" killed by SIG") && o.status.code() == Some(0),
         "{}",
         text(&o)
     );
