@@ -825,7 +825,9 @@ pub async fn killing_a_pty_job_ends_the_program_on_its_terminal(h: &Harness) -> 
 pub async fn an_interrupt_reaches_a_job_that_handles_it(h: &Harness) -> TestResult {
     let r = Rig::new(h, "job-int").await?;
     let id = r
-        .start("trap 'echo got-int; kill $!; exit 7' INT; echo armed; sleep 300 & wait")
+        // Armed once the sleep has become `sleep`: a child not yet past
+        // setting its INT to ignored (as bash does for `&`) dies of the INT.
+        .start("trap 'echo got-int; kill $!; exit 7' INT; sleep 300 & until [ \"$(cat /proc/$!/comm 2>/dev/null)\" = sleep ]; do :; done; echo armed; wait")
         .await?;
     r.until("the trap to be armed", || async {
         Ok(r.logs(&id).await?.contains("armed"))

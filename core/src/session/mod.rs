@@ -338,10 +338,25 @@ impl Session {
                 // A stopped command can end while processes it started live on
                 // (background children ignore SIGINT). The shell is idle again, so
                 // whatever was created since the command began is its leftover.
-                if stopped.is_some()
-                    && let Some(n) = self.reap_stopped(Some(watermark_before)).await
-                {
-                    notices.push(n);
+                if stopped.is_some() {
+                    if let Some(n) = self.reap_stopped(Some(watermark_before)).await {
+                        notices.push(n);
+                    }
+                    // bash reports the jobs that KILL just ended ("Killed
+                    // sleep 100") at its next chance: let that be a command
+                    // of berth's own, whose output is dropped, rather than the
+                    // caller's next one.
+                    if !exiting
+                        && let Err(e) = self
+                            .internal(
+                                "builtin jobs -n >/dev/null 2>&1",
+                                SnapshotMode::Never,
+                                Duration::from_secs(10),
+                            )
+                            .await
+                    {
+                        debug!(session = %self.cfg.name, error = %e, "taking the job reports after a stop");
+                    }
                 }
                 if exiting {
                     // Its EXIT trap saved its state and reported the command; let
