@@ -349,7 +349,10 @@ impl Session {
                     if !exiting
                         && let Err(e) = self
                             .internal(
-                                "builtin jobs -n >/dev/null 2>&1",
+                                // `$?` stays the stopped command's (124 or 130:
+                                // `__berth_rs` returns it, and `&& :` keeps
+                                // `set -e` from taking it as a failure).
+                                "builtin jobs -n >/dev/null 2>&1; __berth_rs && :",
                                 SnapshotMode::Never,
                                 Duration::from_secs(10),
                             )
