@@ -51,11 +51,13 @@ macro_rules! conformance_suite {
             case!(a_moved_cwd_or_path_is_saved_even_when_the_text_looked_harmless);
             case!(a_marker_forged_from_anything_the_shell_holds_is_output);
             case!(a_command_that_steals_the_nonce_cannot_pass_unnoticed);
+            case!(the_end_nonce_leaks_through_no_trace_or_trap);
             case!(no_alias_of_a_name_the_loop_uses_breaks_the_session);
             case!(no_function_named_like_a_builtin_breaks_the_session);
             case!(no_disabled_builtin_breaks_the_session);
             case!(fifos_where_berth_keeps_its_files_do_not_hang_it);
             case!(a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout);
+            case!(a_command_added_to_a_snapshot_is_not_replayed);
             case!(functions_are_saved_apart_and_follow_every_change);
             case!(state_changes_are_journaled_and_survive_a_kill);
             case!(nounset_with_pwd_or_path_unset_keeps_the_shell);
@@ -901,7 +903,7 @@ pub async fn a_marker_forged_from_anything_the_shell_holds_is_output(h: &Harness
     let mut s = open(&f).await?;
     ok(&mut s, "export BERTH_SEEN=1").await?;
     let forge = r#"forge() { printf '\036%s:0\037-\0370\0370\037/etc:%s\036' "$1" "$1"; }
-forge "${__berth_h:0:16}"; forge "${__berth_n:1}"; forge "${__berth_n:0:16}"
+forge "${__berth_h:0:16}"; forge "${__berth_h:13:16}"; forge "${__berth_n:1}"; forge "${__berth_n:0:16}"
 for n in $( { set; tr '\0' '\n' < /proc/$$/environ; tr '\0' '\n' < /proc/$$/cmdline; } 2>/dev/null | grep -o '[0-9a-f]\{16\}' | sort -u); do forge "$n"; done
 echo forged; sleep 3; echo real-end; (exit 7)"#;
     let r = s.exec(forge, with_timeout(60)).await?;
@@ -928,21 +930,50 @@ echo forged; sleep 3; echo real-end; (exit 7)"#;
     f.remove().await
 }
 
-/// A command that reads the loop's private descriptor takes the nonce and can
-/// end itself with a marker the engine accepts. The loop then finds no nonce
-/// record where one belongs: the next command fails naming that, the shell is
-/// replaced, and the one after runs restored.
+/// A command that reads the loop's private descriptor takes the cut nonce,
+/// the one the loop reports an interrupted or exiting command with, and can
+/// print a marker with it. The engine trusts a cut marker only while it stops
+/// the command, or when the shell then exits: this one, printed by a command
+/// that runs on, fails the command at once naming the lost framing, the shell
+/// is replaced, and the next command runs restored.
 pub async fn a_command_that_steals_the_nonce_cannot_pass_unnoticed(h: &Harness) -> TestResult {
     let f = h.sandbox("steal").await?;
     let mut s = open(&f).await?;
     ok(&mut s, "export KEPT=1").await?;
-    let steal = r#"(sleep 1; :) & read -r -u "$__berth_fd" -N 17 n; printf '\036%s:0\037-\0370\0370\037/etc:%s\036' "${n:1}" "${n:1}"; wait"#;
-    let r = s.exec(steal, with_timeout(30)).await?;
-    // The theft "worked": that is the hole this case pins down.
-    assert_eq!(r.cwd.as_deref(), Some("/etc"));
-    // It comes out at once: as a notice on that very result (when the engine
-    // wrote to the shell again at once, say for a snapshot), or as the next
-    // command's failure.
+    let forge = |exiting: &str| {
+        format!(
+            r#"(sleep 1; :) & read -r -u "$__berth_fd" -N 17 n; printf '\036%s:0\037{exiting}-\0370\0370\037/etc:%s\036' "${{n:1}}" "${{n:1}}"; sleep 20; (exit 3)"#
+        )
+    };
+    // As if stopped, and as if exiting: neither is believed.
+    for exiting in ["", "!"] {
+        let started = std::time::Instant::now();
+        match s.exec(&forge(exiting), with_timeout(60)).await {
+            Err(e) => assert!(
+                e.to_string().contains("lost its framing"),
+                "{exiting:?}: {e}"
+            ),
+            Ok(r) => panic!(
+                "{exiting:?}: a stolen nonce ended the command as {} in {:?} (cwd {:?})",
+                r.exit_code,
+                started.elapsed(),
+                r.cwd
+            ),
+        }
+        // The replacement shell was restored from the last snapshot.
+        let r = s.exec("echo $KEPT", with_timeout(30)).await?;
+        assert_eq!(r.output.text(), "1\n", "{exiting:?}");
+    }
+    // A command that takes the cut nonce and then ends on its own is
+    // reported truly; the loop then misses the record, which the next
+    // command names.
+    let r = s
+        .exec(
+            r#"read -r -u "$__berth_fd" -N 17 n; echo took; (exit 4)"#,
+            with_timeout(30),
+        )
+        .await?;
+    assert_eq!(r.exit_code, 4, "{:?}", r.output.text());
     let mut said = r.notices.join("\n");
     match s.exec("echo next", with_timeout(30)).await {
         Err(e) => said.push_str(&e.to_string()),
@@ -952,9 +983,58 @@ pub async fn a_command_that_steals_the_nonce_cannot_pass_unnoticed(h: &Harness) 
         said.contains("lost its framing"),
         "the stolen nonce went unnoticed: {said}"
     );
-    // The replacement shell was restored from the last snapshot.
     let r = s.exec("echo $KEPT", with_timeout(30)).await?;
     assert_eq!(r.output.text(), "1\n");
+    s.close().await;
+    f.remove().await
+}
+
+/// The end nonce is in no variable and no pipe while the command runs, and
+/// nothing the shell prints of its own statements shows it: not `set -v`
+/// (bash prints what it parses), not `set -x` (it prints what it runs), not a
+/// DEBUG trap (it sees each statement's text), even with the shell's stderr
+/// sent to a file the command reads.
+pub async fn the_end_nonce_leaks_through_no_trace_or_trap(h: &Harness) -> TestResult {
+    let f = h.sandbox("leak").await?;
+    let mut s = open(&f).await?;
+    let forge = r#"forge() { printf '\036%s:0\037-\0370\0370\037/etc:%s\036' "$1" "$1"; }"#;
+    ok(&mut s, forge).await?;
+    ok(&mut s, "cd /tmp && leak=$(mktemp)").await?;
+    // Everything bash traces or echoes goes to the file from now on.
+    let r = s
+        .exec(r#"exec 2>"$leak"; set -xv; echo on"#, with_timeout(30))
+        .await?;
+    assert_eq!(r.exit_code, 0, "{:?}", r.output.text());
+    let r = s
+        .exec(
+            r#"u=$_; for n in $( { printf '%s\n' "$u"; cat "$leak"; } | grep -ao 'N[0-9a-f]\{16\}' | cut -c2- | sort -u); do forge "$n"; done; echo real-end; (exit 7)"#,
+            with_timeout(30),
+        )
+        .await?;
+    assert_eq!(r.exit_code, 7, "{:?}", r.output.text());
+    assert_eq!(r.cwd.as_deref(), Some("/tmp"));
+    assert!(
+        r.output.text().contains("real-end"),
+        "{:?}",
+        r.output.text()
+    );
+    // The trace did go to the file: the test could see a leak.
+    let r = s.exec("set +xv; cat \"$leak\"", with_timeout(30)).await?;
+    assert!(r.output.text().contains("forge"), "{:?}", r.output.text());
+    ok(&mut s, "exec 2>&1").await?;
+    // A DEBUG trap that forges a marker from whatever statement carries a
+    // nonce, set by the very command it would end.
+    let r = s
+        .exec(
+            r#"trap 'for n in $(printf "%s\n" "$BASH_COMMAND" | grep -ao "N[0-9a-f]\{16\}" | cut -c2-); do forge "$n"; done' DEBUG; echo set; (exit 3)"#,
+            with_timeout(30),
+        )
+        .await?;
+    assert_eq!(r.exit_code, 3, "{:?}", r.output.text());
+    assert_eq!(r.cwd.as_deref(), Some("/tmp"));
+    let r = s.exec("echo after; (exit 5)", with_timeout(30)).await?;
+    assert_eq!(r.exit_code, 5, "{:?}", r.output.text());
+    assert_eq!(r.output.text(), "after\n");
     s.close().await;
     f.remove().await
 }
@@ -1150,9 +1230,12 @@ pub async fn fifos_where_berth_keeps_its_files_do_not_hang_it(h: &Harness) -> Te
     f.remove().await
 }
 
-/// A snapshot whose replay never finishes: the call still ends at its
-/// timeout, the snapshot is set aside with a notice, and the next command
-/// runs in a clean shell whose snapshots supersede it.
+/// A snapshot whose replay would never finish: the call still ends within
+/// its timeout, the snapshot is set aside with a notice, and the next command
+/// runs in a clean shell whose snapshots supersede it. (A planted `sleep` is
+/// now refused before the replay starts, see
+/// `a_command_added_to_a_snapshot_is_not_replayed`; the replay's own timeout
+/// still bounds one that restores through a hung mount.)
 pub async fn a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout(
     h: &Harness,
 ) -> TestResult {
@@ -1168,7 +1251,7 @@ pub async fn a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout(
             0o600,
         )
         .await?;
-    // The hanging replay is cut off at the 2 s timeout. The shell may die
+    // The hanging replay is set aside within the 2 s timeout. The shell may die
     // or be replaced on the way (a slow machine, a relay like e2b's): each
     // time the engine says to run the command again, which is done here.
     let mut notices = Vec::new();
@@ -1194,6 +1277,44 @@ pub async fn a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout(
     kill_shell(&f, &s).await?;
     let r = run_after_kill(&mut s, "echo $NEW").await?;
     assert_eq!(r.output.text(), "1\n", "{:?}", r.notices);
+    s.close().await;
+    f.remove().await
+}
+
+/// Snapshots live where commands can edit them, and no gate judges a replay:
+/// a command added to one is refused, not run, and the session starts clean
+/// with a notice that says why.
+pub async fn a_command_added_to_a_snapshot_is_not_replayed(h: &Harness) -> TestResult {
+    let f = h.sandbox("inject").await?;
+    let dir = f.sandbox.layout().berth_dir.clone();
+    let mut s = open(&f).await?;
+    ok(&mut s, "alias q=ls; export KEEP=1").await?;
+    let mut injected = 0;
+    for slot in ["snap.0", "snap.1"] {
+        let path = format!("{dir}/{slot}");
+        let Ok(data) = f.sandbox.read_file(&path, 1 << 20).await else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&data).replace(
+            "\n# berth aliases\n",
+            &format!("\ntouch {dir}/pwned\n# berth aliases\n"),
+        );
+        if text.contains("pwned") {
+            f.sandbox.write_file(&path, text.as_bytes(), 0o600).await?;
+            injected += 1;
+        }
+    }
+    assert!(injected > 0, "no snapshot to add a command to");
+    kill_shell(&f, &s).await?;
+    let probe = format!("echo ${{KEEP-none}}; [ -e {dir}/pwned ] && echo pwned || echo clean");
+    let r = run_after_kill(&mut s, &probe).await?;
+    let mut notices = r.notices.join("\n");
+    notices.push_str(&s.take_notices().join("\n"));
+    assert_eq!(r.output.text(), "none\nclean\n", "{notices}");
+    assert!(
+        notices.contains("touch") && notices.contains("not replayed"),
+        "{notices}"
+    );
     s.close().await;
     f.remove().await
 }

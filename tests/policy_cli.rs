@@ -712,6 +712,34 @@ fn aliases_set_out_of_the_readers_sight_are_resolved() -> TestResult {
     Ok(())
 }
 
+/// Issue 32 item 7: the gate judges a call of an alias by what the shell
+/// reported at its end marker, not by the snapshot files in the sandbox, which
+/// a command can edit: rewriting the alias there does not launder `rm`.
+#[test]
+fn an_edited_snapshot_does_not_launder_an_alias() -> TestResult {
+    let env = Env::new(GUARD)?;
+    // Set where the gate does not read it as an alias's code at once (see
+    // `aliases_set_out_of_the_readers_sight_are_resolved`).
+    let o = env.run(&["exec", "--", "touch keep && BASH_ALIASES[ll]='rm keep'"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"sed -i "s/rm keep/ls/" "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 2>/dev/null; grep -h "alias ll=" "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 2>/dev/null"#,
+    ])?;
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    // The edit landed: the files now say `ls`.
+    assert!(
+        out.contains("alias ll='ls'") && !out.contains("rm keep"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["exec", "--", "ll"])?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(env.work().join("keep").exists(), "the laundered alias ran");
+    Ok(())
+}
+
 #[test]
 fn approvals_print_control_characters_escaped() -> TestResult {
     let env = Env::new(&ASK.replace("timeout_secs = 60", "timeout_secs = 1"))?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::script::{self, SnapshotMode};
 use super::stop::Stop;
@@ -46,6 +46,11 @@ pub(super) enum Ending {
         watermark_before: u64,
         /// The length of the shell's `PATH` after the command.
         path_len: u64,
+        /// The shell's definitions, sent after a snapshot (see [`Defs`]).
+        defs: Option<Defs>,
+        /// The marker carries the cut nonce: the command did not end on its
+        /// own (a stop, `exit`), or the marker is forged (see `script`).
+        cut: bool,
     },
     /// The shell closed its stdout: it exited or died.
     Eof,
@@ -60,39 +65,69 @@ pub(super) fn is_lost_framing(status: &str) -> bool {
     status == format!("exit code {}", script::LOST_FRAMING)
 }
 
-/// Move output out of `pending` into `capture` until the marker; return the
-/// ending once the whole marker is there.
+/// A marker's two ends for one nonce.
+pub(super) struct Pattern {
+    pub(super) nonce: String,
+    pub(super) start: Vec<u8>,
+    pub(super) end: Vec<u8>,
+}
+
+impl Pattern {
+    pub(super) fn new(nonce: &str) -> Pattern {
+        Pattern {
+            nonce: nonce.to_string(),
+            start: format!("\u{1e}{nonce}:").into_bytes(),
+            end: format!(":{nonce}\u{1e}").into_bytes(),
+        }
+    }
+}
+
+/// Move output out of `pending` into `capture` until the first marker of any
+/// of `pats`; return the ending, and which pattern it matched, once the whole
+/// marker is there.
 pub(super) fn scan(
     pending: &mut Vec<u8>,
-    start_pat: &[u8],
-    end_pat: &[u8],
+    pats: &[&Pattern],
     capture: &mut Capture,
-) -> Result<Option<Ending>> {
+) -> Result<Option<(usize, Ending)>> {
     if pending.is_empty() {
         return Ok(None);
     }
-    match memchr::memmem::find(pending, start_pat) {
-        Some(i) => {
+    let first = pats
+        .iter()
+        .enumerate()
+        .filter_map(|(k, p)| memchr::memmem::find(pending, &p.start).map(|i| (i, k)))
+        .min();
+    match first {
+        Some((i, k)) => {
+            let pat = pats[k];
             if i > 0 {
                 capture.push(&pending[..i])?;
                 pending.drain(..i);
             }
-            let body_start = start_pat.len();
-            if let Some(j) = memchr::memmem::find(&pending[body_start..], end_pat) {
+            let body_start = pat.start.len();
+            if let Some(j) = memchr::memmem::find(&pending[body_start..], &pat.end) {
                 let body =
                     String::from_utf8_lossy(&pending[body_start..body_start + j]).into_owned();
-                pending.drain(..body_start + j + end_pat.len());
-                return Ok(Some(parse_marker(&body)));
+                pending.drain(..body_start + j + pat.end.len());
+                return Ok(Some((k, parse_marker(&body, &pat.nonce))));
             }
             Ok(None)
         }
         None => {
-            // Hold back only a suffix that could begin the marker, so output reaches
-            // a live tee as soon as it arrives. The marker's only 0x1e is its first
+            // Hold back only a suffix that could begin a marker, so output reaches
+            // a live tee as soon as it arrives. A marker's only 0x1e is its first
             // byte, so the last 0x1e is the only candidate.
-            let window = pending.len().saturating_sub(start_pat.len() - 1);
+            let longest = pats.iter().map(|p| p.start.len()).max().unwrap_or(1);
+            let window = pending.len().saturating_sub(longest - 1);
             let cut = match memchr::memrchr(0x1e, &pending[window..]) {
-                Some(k) if start_pat.starts_with(&pending[window + k..]) => window + k,
+                Some(k)
+                    if pats
+                        .iter()
+                        .any(|p| p.start.starts_with(&pending[window + k..])) =>
+                {
+                    window + k
+                }
                 _ => pending.len(),
             };
             if cut > 0 {
@@ -102,6 +137,15 @@ pub(super) fn scan(
             Ok(None)
         }
     }
+}
+
+/// The shell's definitions as a marker after a snapshot carries them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Defs {
+    /// `declare -f`; `None` after a snapshot without the functions.
+    pub(super) functions: Option<String>,
+    /// `alias -p`.
+    pub(super) aliases: String,
 }
 
 /// The shell's names as a marker after a snapshot reports them.
@@ -127,7 +171,14 @@ fn name_list(list: &str) -> HashSet<String> {
 /// name per line. The
 /// watermark is returned in `watermark_before`, which the caller swaps with the
 /// shell's current one.
-pub(super) fn parse_marker(body: &str) -> Ending {
+pub(super) fn parse_marker(body: &str, nonce: &str) -> Ending {
+    // The definitions come last, each part after the nonce, which neither the
+    // cwd nor a definition can hold (see `script`).
+    let sep = format!("\u{1e}{nonce}");
+    let (body, defs) = match body.split_once(&sep) {
+        Some((fields, defs)) => (fields, parse_defs(defs, &sep)),
+        None => (body, None),
+    };
     let mut parts = body.splitn(5, '\u{1f}');
     let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
     let names = parts.next().unwrap_or_default();
@@ -159,7 +210,24 @@ pub(super) fn parse_marker(body: &str) -> Ending {
         exiting,
         watermark_before: watermark,
         path_len,
+        defs,
+        cut: false,
     }
+}
+
+/// `F<functions>\x1e<nonce>A<aliases>` or `A<aliases>`.
+fn parse_defs(defs: &str, sep: &str) -> Option<Defs> {
+    if let Some(aliases) = defs.strip_prefix('A') {
+        return Some(Defs {
+            functions: None,
+            aliases: aliases.to_string(),
+        });
+    }
+    let (functions, aliases) = defs.strip_prefix('F')?.split_once(sep)?;
+    Some(Defs {
+        functions: Some(functions.to_string()),
+        aliases: aliases.strip_prefix('A')?.to_string(),
+    })
 }
 
 /// A snapshot as read from its file.
@@ -345,9 +413,10 @@ impl Session {
                 script::MAX_TEXT
             )));
         }
-        let nonce = new_nonce();
+        let (nonce, cut_nonce) = (new_nonce(), new_nonce());
         let frame = script::frame(
             &nonce,
+            &cut_nonce,
             text,
             plan.snapshot,
             with_stdin,
@@ -355,8 +424,8 @@ impl Session {
             &plan.journal,
         );
 
-        let start_pat = format!("\u{1e}{nonce}:").into_bytes();
-        let end_pat = format!(":{nonce}\u{1e}").into_bytes();
+        let end_pat = Pattern::new(&nonce);
+        let cut_pat = Pattern::new(&cut_nonce);
         let cancel = cancel.unwrap_or_default();
         // A command that sets traps may have replaced the one that abandons it
         // on an interrupt: stopping it kills its shell instead. So may one that
@@ -390,28 +459,54 @@ impl Session {
         }
 
         if let Some(shell) = self.shell.as_mut() {
-            shell.spin(&end_pat);
+            shell.spin(&end_pat.end);
         }
         let (mut streamed, mut last) = (0u64, 0usize);
         loop {
             // Attribute whatever is pending.
-            if let Some(shell) = self.shell.as_mut()
-                && let Some(mut ending) = scan(&mut shell.pending, &start_pat, &end_pat, capture)?
-            {
-                if let Ending::Marker {
-                    names,
-                    journaled,
-                    watermark_before,
-                    cwd,
-                    path_len,
-                    ..
-                } = &mut ending
+            let found = match self.shell.as_mut() {
+                Some(shell) => scan(&mut shell.pending, &[&end_pat, &cut_pat], capture)?,
+                None => None,
+            };
+            if let Some((which, mut ending)) = found {
+                let by_cut = which == 1;
+                // A cut marker is the shell's own only while berth stops the
+                // command, or when the shell exits (which the caller checks):
+                // anywhere else a command read the cut nonce from the pipe
+                // and printed it, and may still be running.
+                if by_cut
+                    && stop.is_none()
+                    && matches!(ending, Ending::Marker { exiting: false, .. })
                 {
+                    warn!(session = %self.cfg.name, "a cut marker while no stop was under way: forged");
+                    self.replace_shell().await;
+                    return Err(self.lost_framing());
+                }
+                if let Some(shell) = self.shell.as_mut()
+                    && let Ending::Marker {
+                        names,
+                        journaled,
+                        watermark_before,
+                        cwd,
+                        path_len,
+                        defs,
+                        cut,
+                        ..
+                    } = &mut ending
+                {
+                    *cut = by_cut;
                     shell.last_place = (cwd.clone(), *path_len);
                     if let Some(n) = names {
                         shell.learn_names(n);
                         shell.saved_place = Some(shell.last_place.clone());
                         shell.journal_len = 0;
+                        // Only the end nonce vouches for the definitions: after
+                        // any other ending they are unknown until the next
+                        // snapshot, and the gate treats the names as opaque.
+                        match defs.take().filter(|_| !by_cut) {
+                            Some(d) => shell.learn_defs(d),
+                            None => shell.forget_defs(),
+                        }
                     } else if *journaled {
                         shell.saved_place = Some(shell.last_place.clone());
                         shell.journal_len += 1;
@@ -491,30 +586,34 @@ mod tests {
 
     #[test]
     fn scan_finds_marker_split_across_chunks() -> Result<()> {
-        let start = b"\x1eabc:".to_vec();
-        let end = b":abc\x1e".to_vec();
+        let (end, cut) = (Pattern::new("abc"), Pattern::new("def"));
         let mut c = cap();
         let mut pending = b"hello \x1eab".to_vec();
-        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
+        assert!(scan(&mut pending, &[&end, &cut], &mut c)?.is_none());
         pending.extend_from_slice(b"c:0\x1f-\x1f77\x1f9\x1f/tm");
-        assert!(scan(&mut pending, &start, &end, &mut c)?.is_none());
+        assert!(scan(&mut pending, &[&end, &cut], &mut c)?.is_none());
         pending.extend_from_slice(b"p:x\x1fy:abc\x1eleft");
-        match scan(&mut pending, &start, &end, &mut c)? {
-            Some(Ending::Marker {
-                code,
-                cwd,
-                names,
-                journaled,
-                exiting,
-                watermark_before,
-                path_len,
-            }) => {
+        match scan(&mut pending, &[&end, &cut], &mut c)? {
+            Some((
+                0,
+                Ending::Marker {
+                    code,
+                    cwd,
+                    names,
+                    journaled,
+                    exiting,
+                    watermark_before,
+                    path_len,
+                    defs,
+                    cut,
+                },
+            )) => {
                 assert_eq!(code, 0);
                 assert!(!journaled);
                 assert_eq!(cwd, "/tmp:x\x1fy");
                 assert_eq!(path_len, 9);
-                assert!(names.is_none());
-                assert!(!exiting);
+                assert!(names.is_none() && defs.is_none());
+                assert!(!exiting && !cut);
                 assert_eq!(watermark_before, 77);
             }
             _ => panic!("no marker"),
@@ -525,9 +624,67 @@ mod tests {
     }
 
     #[test]
+    fn scan_takes_whichever_nonce_comes_first() -> Result<()> {
+        let (end, cut) = (Pattern::new("abc"), Pattern::new("def"));
+        let mut c = cap();
+        let mut pending =
+            b"x\x1edef:1\x1f!-\x1f0\x1f0\x1f/:def\x1e\x1eabc:0\x1f-\x1f0\x1f0\x1f/:abc\x1e"
+                .to_vec();
+        match scan(&mut pending, &[&end, &cut], &mut c)? {
+            Some((
+                1,
+                Ending::Marker {
+                    code: 1,
+                    exiting: true,
+                    ..
+                },
+            )) => {}
+            _ => panic!("the cut marker comes first"),
+        }
+        match scan(&mut pending, &[&end, &cut], &mut c)? {
+            Some((0, Ending::Marker { code: 0, .. })) => {}
+            _ => panic!("then the end marker"),
+        }
+        Ok(())
+    }
+
+    /// The definitions follow the cwd, each part behind the nonce; what a
+    /// definition or the cwd holds cannot end a part early, since neither can
+    /// hold the nonce.
+    #[test]
+    fn a_marker_carries_definitions_after_a_snapshot() {
+        let body = "0\x1f=f\x1dll\x1f1\x1f0\x1f/a\x1e\x1exyz\x1eabcFf () \n{ \n    echo '\x1exyzA x'\n}\n\x1exyzFnot\x1eabcAalias ll='ls \x1f'\n";
+        match parse_marker(body, "abc") {
+            Ending::Marker { cwd, defs, .. } => {
+                assert_eq!(cwd, "/a\x1e\x1exyz");
+                let d = defs.expect("definitions");
+                assert_eq!(
+                    d.functions.as_deref(),
+                    Some("f () \n{ \n    echo '\x1exyzA x'\n}\n\x1exyzFnot")
+                );
+                assert_eq!(d.aliases, "alias ll='ls \x1f'\n");
+            }
+            _ => panic!("no marker"),
+        }
+        match parse_marker("0\x1f~ll\x1f1\x1f0\x1f/\x1eabcAalias ll='ls'\n", "abc") {
+            Ending::Marker { defs, .. } => assert_eq!(
+                defs,
+                Some(Defs {
+                    functions: None,
+                    aliases: "alias ll='ls'\n".into()
+                })
+            ),
+            _ => panic!("no marker"),
+        }
+    }
+
+    #[test]
     fn a_marker_carries_names_after_a_snapshot() {
         let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
-        match parse_marker("3\x1f!=hello\n__berth_post\n\x1dll\n\x1f12\x1f4\x1f/a b") {
+        match parse_marker(
+            "3\x1f!=hello\n__berth_post\n\x1dll\n\x1f12\x1f4\x1f/a b",
+            "n",
+        ) {
             Ending::Marker {
                 code,
                 cwd,
@@ -548,21 +705,21 @@ mod tests {
             }
             _ => panic!("no marker"),
         }
-        match parse_marker("0\x1f=\x1d\x1f1\x1f0\x1f/") {
+        match parse_marker("0\x1f=\x1d\x1f1\x1f0\x1f/", "n") {
             Ending::Marker { names, .. } => {
                 assert_eq!(names, Some(Names::default().with_functions()))
             }
             _ => panic!("no marker"),
         }
         // A journal record reports no names.
-        match parse_marker("0\x1f+\x1f1\x1f0\x1f/") {
+        match parse_marker("0\x1f+\x1f1\x1f0\x1f/", "n") {
             Ending::Marker {
                 names, journaled, ..
             } => assert!(names.is_none() && journaled),
             _ => panic!("no marker"),
         }
         // A snapshot without the functions reports the aliases only.
-        match parse_marker("0\x1f~ll\nla\n\x1f1\x1f0\x1f/") {
+        match parse_marker("0\x1f~ll\nla\n\x1f1\x1f0\x1f/", "n") {
             Ending::Marker { names, .. } => assert_eq!(
                 names,
                 Some(Names {
@@ -585,7 +742,7 @@ mod tests {
     fn a_marker_with_another_nonce_is_output() -> Result<()> {
         let mut c = cap();
         let mut pending = b"\x1exyz:0:/:xyz\x1e".to_vec();
-        assert!(scan(&mut pending, b"\x1eabc:", b":abc\x1e", &mut c)?.is_none());
+        assert!(scan(&mut pending, &[&Pattern::new("abc")], &mut c)?.is_none());
         pending.clear();
         let out = c.finish()?;
         assert!(out.text().contains("xyz:0"));

@@ -51,10 +51,11 @@ const STDERR_KEEP: usize = 4096;
 /// How much of a shell's output one read takes: large output costs a wakeup
 /// and a pass of the capture per read (the local backend's pipe holds 1 MiB).
 const READ_BUF: usize = 256 * 1024;
+/// How a shell that was to exit but did not is reported (see
+/// `reap_dead_shell`).
+const DID_NOT_EXIT: &str = "did not exit after closing its output";
 /// The largest snapshot berth will read back.
 const SNAPSHOT_LIMIT: u64 = 8 * 1024 * 1024;
-/// How long the gate waits to read the session's definitions from its snapshot.
-const DEFINITIONS_READ_LIMIT: Duration = Duration::from_secs(10);
 /// How long the engine polls a local shell's stdout without sleeping after it
 /// sends a command. Most commands answer within it, and a thread that never
 /// sleeps needs no wake-up, which on a VM costs tens of microseconds. The cost is
@@ -332,6 +333,7 @@ impl Session {
                 watermark_before,
                 ref names,
                 journaled,
+                cut,
                 ..
             }) => {
                 snapshotted = names.is_some() || journaled;
@@ -353,7 +355,14 @@ impl Session {
                                 // `__berth_rs` returns it, and `&& :` keeps
                                 // `set -e` from taking it as a failure).
                                 "builtin jobs -n >/dev/null 2>&1; __berth_rs && :",
-                                SnapshotMode::Never,
+                                // A snapshot, with the definitions: the stopped
+                                // command's report came on the cut nonce, which
+                                // cannot vouch for them.
+                                if cut {
+                                    SnapshotMode::Force
+                                } else {
+                                    SnapshotMode::Never
+                                },
                                 Duration::from_secs(10),
                             )
                             .await
@@ -368,6 +377,11 @@ impl Session {
                         .reap_dead_shell()
                         .await
                         .unwrap_or_else(|e| e.to_string());
+                    // An exiting report on the cut nonce (which a command can
+                    // read) is the shell's only if the shell then exits.
+                    if cut && status == DID_NOT_EXIT {
+                        return Err(self.lost_framing());
+                    }
                     notices.push(format!(
                         "the shell exited ({status}); its state was saved, and the next command starts a new shell restored from it"
                     ));
@@ -557,7 +571,15 @@ impl Session {
         if let Some(mut shell) = self.shell.take() {
             // An `exit` frame, for transports where closing stdin does not reach
             // the shell as an end of file; the end of file ends its loop anyway.
-            let bye = script::frame(&new_nonce(), "exit 0", SnapshotMode::Never, false, true, "");
+            let bye = script::frame(
+                &new_nonce(),
+                &new_nonce(),
+                "exit 0",
+                SnapshotMode::Never,
+                false,
+                true,
+                "",
+            );
             let _ = shell.stdin.write_all(&bye).await;
             let _ = shell.stdin.shutdown().await;
             if tokio::time::timeout(Duration::from_secs(2), shell.process.wait())
@@ -574,21 +596,22 @@ impl Session {
         self.shell.as_ref()?.names.as_ref()
     }
 
-    /// What the session's aliases and functions run, read from its newest
-    /// snapshot, so the policy gate can judge a call of one by its body. Every
-    /// command that can define one writes a snapshot (see [`effects`]), so the
-    /// newest snapshot holds every definition the names list.
+    /// What the session's aliases and functions run, so the policy gate can
+    /// judge a call of one by its body. They come from the shell's end
+    /// markers, which carry them after every snapshot (and every command that
+    /// can define one writes a snapshot, see [`effects`]): never from the
+    /// snapshot files, which commands in the sandbox can edit.
     pub async fn definitions(&mut self) -> berth_policies::shell::Defined {
         let names = self.names().cloned().unwrap_or_default();
         if names.is_empty() {
             return berth_policies::shell::Defined::default();
         }
         let text = self
-            .newest_snapshot(DEFINITIONS_READ_LIMIT)
-            .await
-            .map(|(_, t)| t)
+            .shell
+            .as_ref()
+            .map(|s| s.defs_text())
             .unwrap_or_default();
-        // berth's own loop functions are in the snapshot too; only the user's
+        // berth's own loop functions are in the text too; only the user's
         // definitions are for the gate to read.
         berth_policies::shell::Defined::read(names, &script::strip_own(&text))
     }

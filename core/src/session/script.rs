@@ -4,10 +4,11 @@
 //! from a private copy of its original stdin and runs them at top level:
 //! ```text
 //! <length:8 hex><snapshot><stdin><encoding><guard>      12 bytes
+//! N<end nonce:16 hex>                                   17 bytes
 //! <command text: length bytes>
-//! N<nonce:16 hex>                                       17 bytes
+//! N<cut nonce:16 hex>                                   17 bytes
 //! ```
-//! All three parts are read with `read -N`, which takes them a buffer at a time
+//! All parts are read with `read -N`, which takes them a buffer at a time
 //! instead of a byte per syscall the way bash reads a pipe for its parser. `read
 //! -N` counts characters in the shell's locale, so the text is always sent as
 //! ASCII: text with other bytes is escaped (`\\` and `\xHH`) and decoded with
@@ -19,22 +20,36 @@
 //! stdin is `/dev/null` and its stderr is its stdout for good, so a command needs
 //! no redirection of its own (unless it is given input).
 //!
-//! The nonce: the engine writes it behind the text in the same write, and the
-//! loop reads it only after the command has ended. While the command runs, the
-//! nonce is in no variable, no environment and nowhere in the shell's memory, so
-//! the command cannot learn it from the shell, and any marker it prints is
-//! output. What it could still do is read the loop's private input itself (the
-//! descriptor is the shell's); the loop then finds something other than `N` where
-//! the record belongs, or nothing at all, and exits with [`LOST_FRAMING`]: the
+//! The two nonces. A command runs in the shell itself, so whatever the loop
+//! can read while the command runs, the command can read too. The end nonce
+//! is read with the header, before the command, and lives on only as a literal
+//! in the text of the template that runs the command (see [`templates`]): no
+//! variable, no pipe, no `$_` holds it while the command runs, and the shell
+//! keeps `set -x`, `set -v` and DEBUG traps from printing it. A marker the
+//! command prints is output. Only a command that ended on its own reaches the
+//! end nonce. Every other ending (`exit`, `set -e`, a stop's trap, a `break`
+//! out of the loop itself) reads the cut nonce, which waits in the pipe behind
+//! the text. A command can read that one itself, so the engine trusts a cut
+//! marker only where it expects one: while it is stopping the command, or when
+//! the shell then exits (see `framing`). Anywhere else it is a forgery: the
+//! engine replaces the shell and says so. A command that took the cut nonce
+//! from the pipe but ended on its own leaves the loop to find the next frame
+//! where the record belongs: the loop exits with [`LOST_FRAMING`], and the
 //! engine replaces the shell and says so.
 //!
 //! After the command, the shell writes a snapshot when the engine asked for one
-//! (see below), reads the nonce, then writes the end marker
-//! `\x1e<nonce>:<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>:<nonce>\x1e`
+//! (see below), then writes the end marker
+//! `\x1e<nonce>:<exit>\x1f<names>\x1f<watermark>\x1f<PATH length>\x1f<cwd>[<definitions>]:<nonce>\x1e`
 //! on stdout, where
 //! - `<names>` is `-` or, after a snapshot, `=` and the shell's function and alias
 //!   names one per line (the engine uses them to tell which commands can change
 //!   state); a leading `!` says the shell is exiting (`exit`, `set -e`);
+//! - `<definitions>` follows a snapshot: `\x1e<nonce>F`, the functions
+//!   (`declare -f`), then `\x1e<nonce>A` and the aliases (`alias -p`) (after a
+//!   snapshot without the functions, the aliases only). The policy gate judges
+//!   a call of a session's alias or function by these, never by the files in
+//!   the sandbox, which commands can edit; nothing a command wrote can hold
+//!   the nonce, so nothing in them can end the part early;
 //! - `<watermark>` is the time and the last pid allocated when the shell started
 //!   or a command last left a background job (see [`KILL_TREE`]).
 //!
@@ -115,8 +130,9 @@ pub enum SnapshotMode {
     Never,
 }
 
-/// Frame one command for the shell's loop: the header, the text, and the nonce
-/// record the loop reads once the command has ended.
+/// Frame one command for the shell's loop: the header, the end nonce, the
+/// text, and the nonce record the loop reads only when the command did not end
+/// on its own (see the module's notes on the two nonces).
 ///
 /// `guard` asks the loop to check, after the command, that the names it relies
 /// on still resolve to the builtins (see `GUARD`).
@@ -126,6 +142,7 @@ pub enum SnapshotMode {
 /// (`journal`; identifiers, so ASCII, and at most [`JOURNAL_LIST_MAX`] bytes).
 pub fn frame(
     nonce: &str,
+    cut_nonce: &str,
     text: &str,
     snapshot: SnapshotMode,
     stdin: bool,
@@ -133,6 +150,7 @@ pub fn frame(
     journal: &str,
 ) -> Vec<u8> {
     debug_assert_eq!(nonce.len(), 16);
+    debug_assert_eq!(cut_nonce.len(), 16);
     let (body, encoded) = if text.is_ascii() {
         (std::borrow::Cow::Borrowed(text.as_bytes()), false)
     } else {
@@ -145,7 +163,7 @@ pub fn frame(
         }
         _ => String::new(),
     };
-    let mut out = Vec::with_capacity(HEADER_LEN + prefix.len() + body.len() + NONCE_LEN);
+    let mut out = Vec::with_capacity(HEADER_LEN + 2 * NONCE_LEN + prefix.len() + body.len());
     out.extend_from_slice(format!("{:08x}", prefix.len() + body.len()).as_bytes());
     out.push(match snapshot {
         SnapshotMode::Auto => b'0',
@@ -157,10 +175,12 @@ pub fn frame(
     out.push(if stdin { b'1' } else { b'0' });
     out.push(if encoded { b'1' } else { b'0' });
     out.push(if guard { b'g' } else { b'.' });
+    out.push(b'N');
+    out.extend_from_slice(nonce.as_bytes());
     out.extend_from_slice(prefix.as_bytes());
     out.extend_from_slice(&body);
     out.push(b'N');
-    out.extend_from_slice(nonce.as_bytes());
+    out.extend_from_slice(cut_nonce.as_bytes());
     out
 }
 
@@ -204,13 +224,13 @@ pub fn bootstrap(berth_dir: &str, workdir: &str) -> String {
     let work = quote(workdir);
     format!(
         r#"set +o history 2>/dev/null
-shopt -s expand_aliases 2>/dev/null
+shopt -u expand_aliases 2>/dev/null
 __berth_dir={dir}
 __berth_work={work}
 cd -- "$__berth_work" 2>/dev/null
 __berth_seq=${{__berth_seq:-0}} __berth_ds=${{__berth_ds:-0}} __berth_dn=${{__berth_dn:-0}} __berth_sb=${{__berth_sb:-1}} __berth_base=${{__berth_base:-0}} __berth_jn=1 __berth_jz=0
 mkdir -p -- "$__berth_dir" 2>/dev/null
-__berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_up= __berth_n=
+__berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_up= __berth_n= __berth_m= __berth_xv=
 trap '\__berth_exit' EXIT
 {main_loop}
 "#,
@@ -350,23 +370,34 @@ if [[ ${__berth_h:8:1} == [13] ]]; then
     fi 2>/dev/null
   fi
 fi
-builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98
-[[ $__berth_n == N* ]] || builtin exit 97
+if [[ -n ${__berth_n-} ]]; then __berth_m=1
+else
+  builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98
+  [[ $__berth_n == N* ]] || builtin exit 97
+  __berth_m=
+fi
 case ${__berth_h:8:1} in
 3)
   builtin printf '\036%s:%s\037%s=' "${__berth_n:1}" "$__berth_rc" "${1-}"
   builtin compgen -A function || :
   builtin printf '\035'
   builtin compgen -A alias || :
-  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
+  builtin printf '\037%s\037%s\037%s\036%sF' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"
+  builtin declare -f
+  builtin printf '\036%sA' "${__berth_n:1}"
+  builtin alias -p
+  builtin printf ':%s\036' "${__berth_n:1}" ;;
 4) builtin printf '\036%s:%s\037%s+\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
 1)
   builtin printf '\036%s:%s\037%s~' "${__berth_n:1}" "$__berth_rc" "${1-}"
   builtin compgen -A alias || :
-  builtin printf '\037%s\037%s\037%s:%s\036' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
+  builtin printf '\037%s\037%s\037%s\036%sA' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"
+  builtin alias -p
+  builtin printf ':%s\036' "${__berth_n:1}" ;;
 *) builtin printf '\036%s:%s\037%s-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "${1-}" "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}" ;;
 esac
 __berth_n=
+[[ -z ${__berth_m-} ]] || { builtin read -r -u "$__berth_fd" -N 17 __berth_m || builtin exit 98; [[ $__berth_m == N* ]] || builtin exit 97; __berth_m=; }
 "##;
 
 /// [`POST_BODY`] as the loop runs it inline, where `$1` would be the user's.
@@ -409,33 +440,36 @@ fn functions() -> String {
 ///
 /// - `read -N` ignores `IFS`, so the reads need no `IFS=`: a temporary `IFS` cost
 ///   bash a quarter of the loop's instructions (callgrind).
-/// - The inner loop runs commands. A `break` in a command ends only that loop,
-///   and the outer one reports the command and starts it again; a `continue` is
-///   caught by the busy check at the top.
+/// - A command runs inside a template's one-round `for` loop, which takes its
+///   `break` or `continue`. One that breaks out of more (`break 2`) ends the
+///   shell through its EXIT trap, which reports the command and saves the
+///   state: the report of any ending but the normal one needs the cut nonce.
 /// - Flags `000` (no snapshot, no stdin, ASCII) take the fast path, which calls
 ///   no function unless the command left a background job.
 /// - Nothing is defined per command: berth's functions are read-only (see
 ///   [`functions`]), and the report after a command runs inline.
-/// - The nonce is read after the command has ended: while it runs, the nonce is
-///   in no variable, so a command cannot print a marker the engine accepts.
+/// - The end nonce is read before the command and kept only in the text of the
+///   template that runs it (see [`templates`]), so a command cannot print a
+///   marker the engine accepts as its end.
 /// - It survives a user's `set -euo pipefail`: `${!-}` and `${1-}` for what may be
-///   unset, and `$?` is restored with `__berth_rs && :`, a failure `set -e`
-///   ignores.
+///   unset, and `$?` is restored (in the template) with `__berth_rs && :`, a
+///   failure `set -e` ignores.
 fn main_loop() -> String {
-    let rs = r#"case $__berth_rc in 0) ;; *) __berth_rs() { builtin return "$__berth_rc"; }; __berth_rs && : ;; esac; "#;
     let guard = guard();
     let post = post_inline();
     // The loop itself, run through `eval` so the engine's interrupt can break
-    // out of it and start it again (see [`traps`]). The first run restores
-    // `expand_aliases`, which a restart turns off while bash parses the loop, so
-    // no alias a command defined reaches into it.
+    // out of it and start it again (see [`traps`]). Aliases stay off in the
+    // loop (a template turns them on for the command only, see
+    // [`templates`]), so no alias a command defined reaches into what bash
+    // parses.
     let body = [
-        "{ [[ -z $__berth_ea ]] || builtin shopt -s expand_aliases; __berth_ea=\n",
+        "{\n",
         "while [[ 1 ]]; do\n",
-        "while [[ -z $__berth_busy ]] || { __berth_rc=0; ",
-        &guard,
-        "\n\\__berth_post; }; ",
-        r#"builtin read -r -u "$__berth_fd" -N 12 __berth_h && "#,
+        // Busy here means a command broke out of the loop that runs it
+        // (`break 2`, `continue 2`): the shell ends through its EXIT trap,
+        // which reports the command and saves the state.
+        "while [[ -z $__berth_busy ]] || builtin exit 0; ",
+        r#"builtin read -r -u "$__berth_fd" -N 29 __berth_h && "#,
         r#"builtin read -r -u "$__berth_fd" -N $((16#${__berth_h:0:8})) __berth_c; do "#,
         "__berth_busy=1\n",
         // bash reports a background job that ended by a signal (`Killed`,
@@ -446,50 +480,89 @@ fn main_loop() -> String {
         // that ever started one (`$!` set) pays for the redirection.
         r#"[[ -z ${!-} ]] || { builtin jobs -n; } >/dev/null 2>&1; "#,
         r#"case ${__berth_h:8:4} in "#,
-        "000.) ",
-        rs,
-        r#"builtin eval "$__berth_c"; __berth_rc=$?; "#,
+        r#"000.) builtin eval "$__berth_T0${__berth_h:12:17}"; "#,
         r#"if [[ ${!-} == "$__berth_bg" ]]; then __berth_busy=; "#,
-        r#"builtin read -r -u "$__berth_fd" -N 17 __berth_n || builtin exit 98; [[ $__berth_n == N* ]] || builtin exit 97; "#,
         r#"builtin printf '\036%s:%s\037-\037%s\037%s\037%s:%s\036' "${__berth_n:1}" "$__berth_rc" "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"; __berth_n=; "#,
+        r#"builtin read -r -u "$__berth_fd" -N 17 __berth_m || builtin exit 98; [[ $__berth_m == N* ]] || builtin exit 97; __berth_m=; "#,
         "else \\__berth_post; fi ;;\n",
         // A journal frame's names come first (see [`frame`]).
         r#"*) [[ ${__berth_h:8:1} != 4 ]] || { __berth_k=$((16#${__berth_c:0:4})); __berth_j=${__berth_c:4:__berth_k}; __berth_c=${__berth_c:4+__berth_k}; }; "#,
         r#"[[ ${__berth_h:10:1} != 1 ]] || builtin printf -v __berth_c %b "$__berth_c"; "#,
         // The shell's own stdin is /dev/null already (see the `exec` below), so
         // only a command given input is redirected: a redirection costs bash
-        // several system calls.
-        r#"if [[ ${__berth_h:9:1} == 1 ]]; then "#,
-        rs,
-        r#"builtin eval "$__berth_c" <"$__berth_dir/stdin"; else "#,
-        rs,
-        r#"builtin eval "$__berth_c"; fi; "#,
-        "__berth_rc=$?; ",
-        // The guard only after a command the engine read as one that may
-        // define a function or change how builtins resolve (flag `g`).
-        "if [[ ${__berth_h:11:1} == g ]]; then ",
-        &guard,
-        "\nfi\n",
+        // several system calls. The guard only after a command the engine
+        // read as one that may define a function or change how builtins
+        // resolve (flag `g`).
+        r#"case ${__berth_h:9:1}${__berth_h:11:1} in "#,
+        r#"0.) builtin eval "$__berth_T0${__berth_h:12:17}" ;; "#,
+        r#"1.) builtin eval "$__berth_T1${__berth_h:12:17}" ;; "#,
+        r#"0g) builtin eval "$__berth_G0${__berth_h:12:17}" ;; "#,
+        r#"*) builtin eval "$__berth_G1${__berth_h:12:17}" ;; esac"#,
+        "\n",
         &post,
         ";;\n",
-        "esac; done; [[ -n $__berth_busy ]] || break; __berth_rc=0; ",
-        &guard,
-        "\n\\__berth_post; done\n",
+        "esac; done; [[ -n $__berth_busy ]] || break; builtin exit 0; done\n",
         // An interrupted command: report it with its status, then run the loop
         // again. Each restart nests one `eval` deeper, one per interrupt.
         "[[ -z $__berth_cut ]] || { __berth_rc=$__berth_cut; __berth_cut=; ",
+        r#"__berth_xv=${-//[^xv]/}; builtin set +xv; "#,
         &guard,
-        "\n\\__berth_post; if builtin shopt -q expand_aliases; then __berth_ea=1; else __berth_ea=; fi; ",
-        "builtin shopt -u expand_aliases; builtin eval \"$__berth_L\"; }\n}",
+        "\n\\__berth_post; if builtin shopt -q expand_aliases; then __berth_ae=1; builtin shopt -u expand_aliases; else __berth_ae=; fi; ",
+        "builtin eval \"$__berth_L\"; }\n}",
     ]
     .concat();
     // One compound command, so bash parses all of it before the `exec` below
     // points its stdin elsewhere.
     format!(
-        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n{functions}__berth_ea=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
+        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n{functions}{templates}__berth_ae=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
         traps = traps(),
         functions = functions(),
+        templates = templates(),
         loop_text = quote(&body),
+    )
+}
+
+/// What runs a command, one template per input and guard, each ending in
+/// `__berth_n=`: the loop evaluates a template with the frame's end nonce
+/// appended, so the nonce is a literal in the text bash parsed before the
+/// command started, and in no variable, no `$_` and no pipe while it runs
+/// (the first statement drops it from the header's variable and resets `$_`).
+/// It becomes `__berth_n` only after the command, for the report to print.
+///
+/// - The text is one line, so bash parses all of it before running any of it.
+/// - `set -x` and `set -v` would print the text (and so the nonce) as bash
+///   reads or runs it, and an alias (of `builtin`, `for`, `case`, `{`) would
+///   reach into the text as bash parses it: the shell keeps all three off
+///   between commands, and the template turns on again, for the command
+///   only, whatever it had on.
+/// - A `for` loop of one round takes a command's own `break` or `continue`.
+/// - `$?` is restored before the command (a `case` for 0, a function for
+///   the rest) so `echo $?` sees the last command's status, as at a prompt.
+/// - The guarded ones run the guard, and drop a DEBUG trap, before the nonce:
+///   a DEBUG trap sees each statement's text, the nonce's among them.
+fn templates() -> String {
+    let rs = r#"case $__berth_rc in 0) ;; *) __berth_rs() { builtin return "$__berth_rc"; }; __berth_rs && : ;; esac; "#;
+    let one = |stdin: bool, guarded: bool| {
+        let redir = if stdin {
+            r#" <"$__berth_dir/stdin""#
+        } else {
+            ""
+        };
+        let guard = if guarded {
+            format!("{}builtin trap - DEBUG; ", guard())
+        } else {
+            String::new()
+        };
+        quote(&format!(
+            r#"__berth_h=${{__berth_h:0:12}}; [[ -z ${{__berth_xv-}} ]] || builtin set -$__berth_xv; for __berth_1 in 1; do [[ -z ${{__berth_ae-}} ]] || builtin shopt -s expand_aliases; {rs}builtin eval "$__berth_c"{redir}; done; case $- in *[xv]*) {{ __berth_rc=$? __berth_xv=${{-//[^xv]/}}; builtin set +xv; }} 2>/dev/null ;; *) __berth_rc=$? __berth_xv= ;; esac; if builtin shopt -q expand_aliases; then __berth_ae=1; builtin shopt -u expand_aliases; else __berth_ae=; fi; {guard}__berth_n="#
+        ))
+    };
+    format!(
+        "builtin readonly __berth_T0={} __berth_T1={} __berth_G0={} __berth_G1={}\n",
+        one(false, false),
+        one(true, false),
+        one(false, true),
+        one(true, true),
     )
 }
 
@@ -642,40 +715,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_frame_is_a_fixed_header_the_text_then_the_nonce() {
-        let nonce = "0123456789abcdef";
-        let f = frame(nonce, "echo hi", SnapshotMode::Auto, false, false, "");
-        assert_eq!(f, b"00000007000.echo hiN0123456789abcdef");
-        let f = frame(nonce, "", SnapshotMode::Never, true, false, "");
-        assert_eq!(f, b"00000000210.N0123456789abcdef");
-        let f = frame(nonce, "x", SnapshotMode::State, false, true, "");
+    fn a_frame_is_a_fixed_header_the_end_nonce_the_text_then_the_cut_nonce() {
+        let (n, c) = ("0123456789abcdef", "fedcba9876543210");
+        let f = frame(n, c, "echo hi", SnapshotMode::Auto, false, false, "");
+        assert_eq!(f, b"00000007000.N0123456789abcdefecho hiNfedcba9876543210");
+        let f = frame(n, c, "", SnapshotMode::Never, true, false, "");
+        assert_eq!(f, b"00000000210.N0123456789abcdefNfedcba9876543210");
+        let f = frame(n, c, "x", SnapshotMode::State, false, true, "");
         assert_eq!(&f[8..12], b"100g");
-        let f = frame(nonce, "x", SnapshotMode::Force, false, false, "");
+        let f = frame(n, c, "x", SnapshotMode::Force, false, false, "");
         assert_eq!(&f[8..12], b"300.");
         // A journal frame: the names' length and the names, then the text, all
         // counted in the header's length.
-        let f = frame(
-            nonce,
-            "export A=1",
-            SnapshotMode::Journal,
-            false,
-            false,
-            "A",
+        let f = frame(n, c, "export A=1", SnapshotMode::Journal, false, false, "A");
+        assert_eq!(
+            f,
+            b"0000000f400.N0123456789abcdef0001Aexport A=1Nfedcba9876543210"
         );
-        assert_eq!(f, b"0000000f400.0001Aexport A=1N0123456789abcdef");
     }
 
     #[test]
     fn non_ascii_text_is_escaped_to_ascii() {
         let f = frame(
             "0123456789abcdef",
-            "echo é\\c",
+            "fedcba9876543210",
+            "echo \u{e9}\\c",
             SnapshotMode::Auto,
             false,
             false,
             "",
         );
-        let body = &f[HEADER_LEN..f.len() - NONCE_LEN];
+        let body = &f[HEADER_LEN + NONCE_LEN..f.len() - NONCE_LEN];
         assert!(body.is_ascii());
         assert_eq!(body, br"echo \xc3\xa9\\c");
         assert_eq!(&f[10..11], b"1");

@@ -12,8 +12,8 @@ use tracing::{debug, warn};
 use super::framing::{Names, SnapshotFile, parse_functions, parse_journal, parse_snapshot};
 use super::script::{self, SnapshotMode};
 use super::{
-    BULK, BULK_READ, READ_BUF, SETTLE, SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE, STDERR_KEEP,
-    Session, ShellInfo,
+    BULK, BULK_READ, DID_NOT_EXIT, READ_BUF, SETTLE, SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE,
+    STDERR_KEEP, Session, ShellInfo,
 };
 use crate::backend::{BoxWrite, Process, SpawnOpts};
 use crate::error::{Error, Result};
@@ -38,6 +38,12 @@ pub(super) struct Shell {
     /// only the aliases.
     pub(super) function_names: HashSet<String>,
     pub(super) alias_names: HashSet<String>,
+    /// What the shell's functions and aliases are, as its end markers carried
+    /// them (`declare -f`, `alias -p`): the policy gate's view. `None` when
+    /// unknown (before the first snapshot, or after one a command's forged
+    /// or cut marker reported), which makes every session name opaque.
+    pub(super) function_defs: Option<String>,
+    pub(super) alias_defs: Option<String>,
     /// A command set up something (a trap) that can change state at any time:
     /// every command snapshots from then on.
     pub(super) always_snapshot: bool,
@@ -75,6 +81,35 @@ impl Shell {
             let all = self.function_names.union(&self.alias_names).cloned();
             self.names = Some(all.collect());
         }
+    }
+
+    /// Take the definitions an end marker carried.
+    pub(super) fn learn_defs(&mut self, d: super::framing::Defs) {
+        if let Some(f) = d.functions {
+            self.function_defs = Some(f);
+        }
+        self.alias_defs = Some(d.aliases);
+    }
+
+    /// The definitions are unknown until the next snapshot.
+    pub(super) fn forget_defs(&mut self) {
+        self.function_defs = None;
+        self.alias_defs = None;
+    }
+
+    /// The definitions as shell text, functions first (a function's body was
+    /// read before the aliases it might name); what is unknown is left out,
+    /// so its names stay opaque.
+    pub(super) fn defs_text(&self) -> String {
+        let mut out = String::new();
+        for part in [&self.function_defs, &self.alias_defs]
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(part);
+            out.push('\n');
+        }
+        out
     }
 
     /// Poll a local shell's stdout without waiting, for up to [`SPIN`], until the
@@ -266,6 +301,8 @@ impl Session {
             names: None,
             function_names: HashSet::new(),
             alias_names: HashSet::new(),
+            function_defs: None,
+            alias_defs: None,
             always_snapshot: false,
             journal_len: 0,
             watermark: 0,
@@ -437,8 +474,16 @@ impl Session {
     }
 
     /// Replay a snapshot into the new shell.
+    /// The text comes from files commands in the sandbox can edit, and no
+    /// gate judges it: only text that restores state is replayed.
     pub(super) async fn replay(&mut self, seq: u64, text: &str, limit: Duration) -> Result<()> {
         let replay = script::strip_own(text);
+        if let Err(what) = berth_policies::shell::declarations_only(&replay) {
+            warn!(session = %self.cfg.name, seq, %what, "a snapshot holds more than state");
+            return Err(self.session_error(&format!(
+                "it holds {what}, which no snapshot berth writes holds: it was changed from inside the sandbox, so it was not replayed"
+            )));
+        }
         let out = self.internal(&replay, SnapshotMode::Force, limit).await?;
         debug!(session = %self.cfg.name, seq, output = %out, "restored snapshot");
         if let Some(sh) = self.shell.as_mut() {
@@ -475,7 +520,8 @@ impl Session {
         }
     }
 
-    /// The shell's stdout ended: collect how it ended and forget it.
+    /// The shell's stdout ended (or it said it exits): collect how it ended
+    /// and forget it.
     pub(super) async fn reap_dead_shell(&mut self) -> Result<String> {
         let Some(mut shell) = self.shell.take() else {
             return Ok("unknown status".into());
@@ -491,7 +537,7 @@ impl Session {
                 Ok(Err(e)) => format!("status unknown: {e}"),
                 Err(_) => {
                     let _ = shell.process.terminate().await;
-                    "did not exit after closing its output".into()
+                    DID_NOT_EXIT.into()
                 }
             },
         )

@@ -245,6 +245,69 @@ impl Defined {
     }
 }
 
+/// Check that `text`, a snapshot berth is about to replay into a new shell,
+/// only restores state: every command at its top level assigns variables or
+/// runs `declare`, `export`, `alias`, `builtin cd` or `builtin unset`, with
+/// redirections to `/dev/null` only, and nothing in it runs as it is read but
+/// function bodies' definitions. Snapshots live where commands in the sandbox
+/// can edit them, and a replay is not judged by the gate: a line added to one
+/// would run unjudged. `Err` names the first command that does not belong.
+pub fn declarations_only(text: &str) -> Result<(), String> {
+    // As for [`Defined::read`]: no size limit, only the nesting one, and no
+    // expansion of calls.
+    let script = grammar::parse_script(text, &Defined::default(), usize::MAX, false)
+        .map_err(|e| format!("it does not parse ({})", e.what))?;
+    // A value read as code (an alias's, or a variable such as `PAGER` the
+    // gate reads as a command line) runs when it is called or used, not now;
+    // the command that sets it is checked on its own below.
+    fn in_a_value<'a>(all: &'a [Command], mut c: &'a Command) -> bool {
+        while let Some(p) = c.parent.and_then(|p| all.get(p)) {
+            if c.via == Via::ShellString && p.parent.is_none() && p.via == Via::Top {
+                return true;
+            }
+            c = p;
+        }
+        false
+    }
+    for c in &script.commands {
+        if c.function.is_some() || c.via == Via::Function || in_a_value(&script.commands, c) {
+            continue;
+        }
+        let bad = || Err(format!("`{}`", printable(&c.display())));
+        if c.parent.is_some() || c.via != Via::Top {
+            return bad();
+        }
+        if c.redirects
+            .iter()
+            .any(|r| r.target != "/dev/null" || r.op.contains('<'))
+        {
+            return bad();
+        }
+        let words: Vec<&str> = c
+            .argv
+            .iter()
+            .skip_while(|w| crate::argv::assignment(w).is_some())
+            .map(String::as_str)
+            .collect();
+        let ok = match words.as_slice() {
+            [] => true,
+            ["declare" | "export" | "alias", ..] => true,
+            ["builtin", "cd" | "unset", ..] => true,
+            _ => false,
+        };
+        if !ok {
+            return bad();
+        }
+    }
+    if let Some(o) = script.opaque.iter().find(|o| {
+        o.command
+            .is_none_or(|i| script.commands.get(i).is_some_and(|c| c.function.is_none()))
+    }) {
+        return Err(o.why.clone());
+    }
+    Ok(())
+}
+
 /// Everything found in a piece of shell text.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Script {
