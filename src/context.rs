@@ -93,6 +93,7 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
         #[cfg(feature = "local")]
         local_wrapper: Some(
             berth_sandbox::WrapperCommand::new(exe, &gate.policy().local)?
+                .with_limits(&gate.policy().limits)
                 .unrestricted(unrestricted),
         ),
         ssh: ssh_options(),
