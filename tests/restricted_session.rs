@@ -388,7 +388,7 @@ async fn a_process_past_the_memory_bound_is_killed_and_the_call_says_why() {
     .await
     .unwrap();
     let out = r.result.output.text();
-    assert!(!out.contains("survived"), "{out}");
+    assert!(!out.contains("survived 200000000"), "{out}");
     assert!(out.contains("exit=137"), "{out}");
     let notice = r.result.notices.join("\n");
     assert!(
