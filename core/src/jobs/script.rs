@@ -31,14 +31,18 @@ use crate::session::script::quote;
 /// writes itself, because a fast writer outruns any watcher of a file's size;
 /// through the pipe it waits for the capper, so the disk holds at most twice
 /// the cap whatever the job prints. `head -c` reads no more than it is asked
-/// to, so the pieces join up exactly, and stops short of its count only at EOF.
+/// to, so the pieces join up exactly, and stops short of its count only at EOF;
+/// its stdio would hold a short line back until 4 KiB have come, so it runs
+/// unbuffered under `stdbuf` where there is one.
 pub const CAPPER: &str = r#"d=$1; cap=$2
-head -c "$cap" >>"$d/out"
+if command -v stdbuf >/dev/null 2>&1; then take() { stdbuf -o0 head -c "$1"; }
+else take() { head -c "$1"; }; fi
+take "$cap" >>"$d/out"
 [ "$(stat -c %s "$d/out")" -lt "$cap" ] && exit 0
 half=$(( (cap + 1) / 2 )); dropped=0
 : >>"$d/tail"
 while :; do
-  head -c "$half" >>"$d/tail"
+  take "$half" >>"$d/tail"
   [ "$(stat -c %s "$d/tail")" -lt "$half" ] && exit 0
   {
     flock -x 7
