@@ -89,9 +89,13 @@ printf '%s\n' "$j" 1<>"$d/ready"
 wait "$j"; st=$?
 kill "$h" 2>/dev/null
 # What the job printed before it ended is in `out` before its status is: the
-# capper ends at EOF, or a moment later when processes the job left behind
-# still hold the pipe (they write on, as they would to `out`).
-[ -n "$c" ] && timeout 2 tail --pid="$c" -s 0.02 -f /dev/null 2>/dev/null
+# capper ends at EOF. Processes the job left behind in its group may hold the
+# pipe open for ever (they write on, as they would to `out`): then the status
+# waits 2 s at most; else up to 30 s, for a capper slowed by a loaded machine.
+if [ -n "$c" ]; then
+  t=30; kill -0 -- "-$j" 2>/dev/null && t=2
+  timeout "$t" tail --pid="$c" -s 0.02 -f /dev/null 2>/dev/null
+fi
 printf '%s\n' "$st" > "$d/status.tmp" && mv -f "$d/status.tmp" "$d/status"
 "#;
 
