@@ -190,7 +190,11 @@ pub fn memory_state(dir: &Path) -> Option<(u64, u64)> {
     let field = |text: &str, key: &str| {
         text.lines().find_map(|l| {
             let (k, v) = l.split_once(' ')?;
-            (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
+            if k == key {
+                v.trim().parse::<u64>().ok()
+            } else {
+                None
+            }
         })
     };
     if let Some(max) = read("memory.max") {
