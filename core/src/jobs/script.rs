@@ -33,17 +33,19 @@ use crate::session::script::quote;
 /// the cap whatever the job prints. `head -c` reads no more than it is asked
 /// to, so the pieces join up exactly, and stops short of its count only at EOF;
 /// its stdio would hold a short line back until 4 KiB have come, so it runs
-/// unbuffered under `stdbuf` where there is one.
+/// unbuffered under `stdbuf` where there is one. A size it cannot read (the
+/// job's directory was removed with its sandbox) counts as 0, which ends it:
+/// reading on at the end of its input would spin.
 pub const CAPPER: &str = r#"d=$1; cap=$2
 if command -v stdbuf >/dev/null 2>&1; then take() { stdbuf -o0 head -c "$1"; }
 else take() { head -c "$1"; }; fi
 take "$cap" >>"$d/out"
-[ "$(stat -c %s "$d/out")" -lt "$cap" ] && exit 0
+[ "$(stat -c %s "$d/out" 2>/dev/null || echo 0)" -lt "$cap" ] && exit 0
 half=$(( (cap + 1) / 2 )); dropped=0
 : >>"$d/tail"
 while :; do
   take "$half" >>"$d/tail"
-  [ "$(stat -c %s "$d/tail")" -lt "$half" ] && exit 0
+  [ "$(stat -c %s "$d/tail" 2>/dev/null || echo 0)" -lt "$half" ] && exit 0
   {
     flock -x 7
     if [ -e "$d/tail.1" ]; then
