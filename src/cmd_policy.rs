@@ -129,6 +129,15 @@ fn show(a: ShowArgs) -> Result<u8> {
             "limits: timeout {}s (max {}s), output cap {} bytes, idle lifetime {}s",
             l.default_timeout_secs, l.max_timeout_secs, l.output_cap_bytes, l.idle_lifetime_secs
         );
+        let memory = match l.memory_max_bytes {
+            None => "3/4 of RAM".to_string(),
+            Some(0) => "none".to_string(),
+            Some(n) => format!("{n} bytes"),
+        };
+        println!(
+            "limits: job log cap {} bytes, local memory {memory}, events kept {} (0: all; no disk quota)",
+            l.job_log_cap_bytes, l.events_keep
+        );
         println!(
             "local: restricted={} network={} pids={}",
             p.local.restricted, p.local.network, p.local.rlimits.pids

@@ -82,6 +82,7 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     let dir = state_dir(flag)?;
     let store = Store::open(&dir)?;
     let gate = Arc::new(gate()?);
+    store.keep_events(gate.policy().limits.default.events_keep);
     // Every local sandbox process runs through the kernel restrictions;
     // BERTH_UNRESTRICTED=1 runs them unconfined (and the wrapper says so).
     let unrestricted = std::env::var_os("BERTH_UNRESTRICTED").is_some_and(|v| v == "1");
@@ -92,6 +93,7 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
         #[cfg(feature = "local")]
         local_wrapper: Some(
             berth_sandbox::WrapperCommand::new(exe, &gate.policy().local)?
+                .with_limits(&gate.policy().limits)
                 .unrestricted(unrestricted),
         ),
         ssh: ssh_options(),

@@ -48,6 +48,7 @@ macro_rules! jobs_suite {
             case!(killing_a_pty_job_ends_the_program_on_its_terminal);
             case!(an_interrupt_reaches_a_job_that_handles_it);
             case!(named_sessions_keep_their_own_state_and_survive_a_restart);
+            case!(a_flooding_job_keeps_at_most_twice_its_log_cap);
         }
     };
 }
@@ -960,4 +961,81 @@ fn mount_namespaces_here() -> bool {
             .is_ok_and(|s| s.success())
     };
     ok(&["-m", "true"]) || ok(&["-r", "-m", "true"])
+}
+
+/// The log cap of [`a_flooding_job_keeps_at_most_twice_its_log_cap`].
+const LOG_CAP: u64 = 64 * 1024;
+
+/// A job that prints as fast as it can for seconds (4.8 GB in 4 s, uncapped)
+/// keeps at most twice `job_log_cap_bytes` on disk: the first cap bytes and
+/// the newest ones. It runs on to its end, and its log says what was dropped
+/// and ends with what it printed last.
+pub async fn a_flooding_job_keeps_at_most_twice_its_log_cap(h: &Harness) -> TestResult {
+    let mut r = Rig::new(h, "job-logcap").await?;
+    let policy = berth_policies::Policy::from_toml(
+        &format!("[limits]\njob_log_cap_bytes = {LOG_CAP}\n"),
+        "test",
+    )?;
+    let gate = Arc::new(berth_core::gate::Gate::new(policy, None, Vec::new()));
+    r.rt = runtime(h, r.state.path())?.with_gate(gate);
+    let id = r
+        .start("echo FIRST-LINE; timeout 3 yes flood-flood-flood; echo LAST-LINE")
+        .await?;
+    let job = r.rt.wait_job(&id, WAIT).await?;
+    assert_eq!(job.state, JobState::Exited, "{job:?}");
+    assert_eq!(job.exit_code, Some(0), "the job ran on to its end: {job:?}");
+    let sb = r.rt.attach(&r.kind, &r.sandbox).await?;
+    let dir = job.dir(sb.as_ref());
+    let sizes = r
+        .exec(&format!(
+            "cd {dir} && cat out tail.1 tail 2>/dev/null | wc -c && cat dropped"
+        ))
+        .await?;
+    let mut nums = sizes.split_whitespace().map(|w| w.parse::<u64>());
+    let (kept, dropped) = match (nums.next(), nums.next()) {
+        (Some(Ok(k)), Some(Ok(d))) => (k, d),
+        _ => return Err(format!("sizes of the job's log files: {sizes:?}").into()),
+    };
+    assert!(
+        kept <= 2 * LOG_CAP,
+        "{kept} bytes of log on disk, cap {LOG_CAP}"
+    );
+    assert!(
+        dropped > 4 * LOG_CAP,
+        "the job printed far more than the cap, yet only {dropped} bytes were dropped"
+    );
+    let mut buf = Vec::new();
+    let mut sink = |b: &[u8]| buf.extend_from_slice(b);
+    let end = r.rt.job_logs(&id, 0, false, &mut sink).await?;
+    let text = String::from_utf8_lossy(&buf);
+    assert!(
+        text.starts_with("FIRST-LINE\nflood-flood-flood\n"),
+        "{}",
+        &text[..200.min(text.len())]
+    );
+    assert!(
+        text.contains(&format!(
+            "[berth: {dropped} bytes of this job's output were dropped here"
+        )),
+        "the log says nothing of the dropped output"
+    );
+    // `timeout` may stop `yes` in the middle of a line.
+    let last = &text[text.len().saturating_sub(200)..];
+    assert!(
+        last.ends_with("\nLAST-LINE\n") && last.contains("flood-flood-flood\n"),
+        "{last}"
+    );
+    // Offsets count the dropped bytes: the end is where the job's output
+    // ends, and a read from there has nothing more to give.
+    assert_eq!(end, kept + dropped, "logical end of the log");
+    let mut more = Vec::new();
+    let mut sink = |b: &[u8]| more.extend_from_slice(b);
+    let again = r.rt.job_logs(&id, end, false, &mut sink).await?;
+    assert_eq!((again, more.len()), (end, 0));
+    // A read from inside the newest part resumes there, with no notice.
+    let mut last = Vec::new();
+    let mut sink = |b: &[u8]| last.extend_from_slice(b);
+    r.rt.job_logs(&id, end - 10, false, &mut sink).await?;
+    assert_eq!(String::from_utf8_lossy(&last), "LAST-LINE\n");
+    r.finish().await
 }

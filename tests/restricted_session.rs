@@ -152,7 +152,7 @@ struct CgroupGuard(std::path::PathBuf, String);
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        if let Some(cg) = berth_sandbox::cgroup::dir_for(&self.1, &self.0) {
+        for cg in berth_sandbox::cgroup::dirs_for(&self.1, &self.0) {
             let _ = berth_sandbox::cgroup::remove(&cg);
         }
     }
@@ -315,4 +315,91 @@ async fn a_sandbox_below_a_secret_directory_owns_its_own_directories() {
     let mut s = Session::open(sb, SessionConfig::named("t")).await.unwrap();
     let r = s.exec("echo A=$A; ls", ExecOpts::default()).await.unwrap();
     assert_eq!(r.output.text(), "A=1\nf\n", "{:?}", r.notices);
+}
+
+/// Hands one backend to a runtime.
+struct OneBackend(std::sync::Arc<dyn Backend>);
+
+#[async_trait::async_trait]
+impl berth_core::runtime::BackendSource for OneBackend {
+    async fn open(&self, _kind: &str) -> berth_core::Result<std::sync::Arc<dyn Backend>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// `memory_max_bytes` bounds a local sandbox through its memory cgroup: a
+/// process that allocates past it is ended by the kernel's OOM killer, the
+/// session lives on, and the call says what happened and what to change.
+#[tokio::test]
+async fn a_process_past_the_memory_bound_is_killed_and_the_call_says_why() {
+    const MAX: u64 = 64 << 20;
+    let state = tempfile::tempdir().unwrap();
+    let name = format!("mem{}", std::process::id());
+    let _guard = CgroupGuard(
+        state.path().join("sandboxes").join("local").join(&name),
+        name.clone(),
+    );
+    let limits =
+        berth_policies::Policy::from_toml(&format!("[limits]\nmemory_max_bytes = {MAX}\n"), "test")
+            .unwrap()
+            .limits;
+    let policy: berth_policies::LocalPolicy =
+        serde_json::from_str(r#"{"rlimits":{"pids":256}}"#).unwrap();
+    let wrapper = WrapperCommand::new(BERTH, &policy)
+        .unwrap()
+        .with_limits(&limits);
+    let backend: std::sync::Arc<dyn Backend> =
+        std::sync::Arc::new(LocalBackend::new(state.path()).with_wrapper(wrapper));
+    let store = berth_core::store::Store::open(state.path()).unwrap();
+    let rt = berth_core::runtime::Runtime::new(
+        std::sync::Arc::new(store),
+        std::sync::Arc::new(OneBackend(backend)),
+        berth_core::runtime::RuntimeConfig::new(state.path().to_path_buf()),
+    );
+    rt.create_sandbox("local", SandboxSpec::named(&name))
+        .await
+        .unwrap();
+    let exec = |cmd: &str| {
+        rt.exec(berth_core::runtime::ExecRequest {
+            backend: "local".into(),
+            sandbox: name.clone(),
+            command: cmd.into(),
+            timeout: Some(Duration::from_secs(60)),
+            ..Default::default()
+        })
+    };
+    let r = exec("echo ready").await.unwrap();
+    assert_eq!(r.result.output.text().trim(), "ready");
+    assert!(r.result.notices.is_empty(), "{:?}", r.result.notices);
+    // The bound is the sandbox's cgroup's, read back from the kernel.
+    let dir = state.path().join("sandboxes").join("local").join(&name);
+    let cg = berth_sandbox::cgroup::memory_dir_for(&name, &dir)
+        .expect("no memory cgroup controller: this test needs one (as root, or delegated)");
+    assert_eq!(
+        berth_sandbox::cgroup::memory_state(&cg).map(|(limit, _)| limit),
+        Some(MAX),
+        "{}",
+        cg.display()
+    );
+    // A child shell that holds 200 MB in a variable, well past the bound.
+    let r = exec(
+        "bash -c 'x=$(head -c 200000000 /dev/zero | tr \"\\0\" a); echo survived ${#x}'; echo exit=$?",
+    )
+    .await
+    .unwrap();
+    let out = r.result.output.text();
+    assert!(!out.contains("survived 200000000"), "{out}");
+    assert!(out.contains("exit=137"), "{out}");
+    let notice = r.result.notices.join("\n");
+    assert!(
+        notice.contains("memory limit of 64 MiB")
+            && notice.contains("OOM killer")
+            && notice.contains("memory_max_bytes"),
+        "{notice:?}"
+    );
+    // Only the process that grew was ended: the session goes on.
+    let r = exec("echo alive").await.unwrap();
+    assert_eq!(r.result.output.text().trim(), "alive");
+    assert!(r.result.notices.is_empty(), "{:?}", r.result.notices);
+    rt.shutdown().await;
 }

@@ -181,7 +181,7 @@ impl Backend for LocalBackend {
             });
         }
         // The tree is gone (killed and reaped) before the sandbox is reported removed.
-        if let Some(cg) = berth_sandbox::cgroup::dir_for(name, &dir) {
+        for cg in berth_sandbox::cgroup::dirs_for(name, &dir) {
             berth_sandbox::cgroup::remove(&cg)
                 .map_err(|e| Error::io("stopping the sandbox's processes", &cg, e))?;
         }
@@ -223,8 +223,11 @@ pub struct LocalSandbox {
     wrapper: Option<WrapperCommand>,
     /// Whether the sandbox's spec asks for network.
     network: bool,
-    /// The sandbox's pids cgroup, when the wrapper uses one.
-    cgroup: Option<PathBuf>,
+    /// The sandbox's cgroups (pids, and memory on cgroup v1), when the
+    /// wrapper uses them.
+    cgroups: Vec<PathBuf>,
+    /// The sandbox's memory cgroup, when the wrapper bounds its memory.
+    memory_cgroup: Option<PathBuf>,
 }
 
 impl LocalSandbox {
@@ -251,10 +254,22 @@ impl LocalSandbox {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         }
-        let cgroup = wrapper
+        let cgroups = match wrapper.as_ref().filter(|w| !w.is_unrestricted()) {
+            Some(w) => {
+                if w.memory_max(&name).is_some()
+                    && w.memory_asked(&name)
+                    && let Some(why) = berth_sandbox::cgroup::memory_bound_missing(&name, &dir)
+                {
+                    warn_once(&name, &why);
+                }
+                berth_sandbox::cgroup::dirs_for(&name, &dir)
+            }
+            None => Vec::new(),
+        };
+        let memory_cgroup = wrapper
             .as_ref()
-            .filter(|w| !w.is_unrestricted())
-            .and_then(|_| berth_sandbox::cgroup::dir_for(&name, &dir));
+            .filter(|w| !w.is_unrestricted() && w.memory_max(&name).is_some())
+            .and_then(|_| berth_sandbox::cgroup::memory_dir_for(&name, &dir));
         Self {
             name,
             root: std::path::absolute(&dir).unwrap_or_else(|_| dir.clone()),
@@ -263,7 +278,8 @@ impl LocalSandbox {
             env,
             wrapper,
             network,
-            cgroup,
+            cgroups,
+            memory_cgroup,
         }
     }
 
@@ -344,6 +360,15 @@ impl Sandbox for LocalSandbox {
 
     fn host_processes(&self) -> bool {
         true
+    }
+
+    fn memory(&self) -> Option<berth_core::backend::MemoryState> {
+        let dir = self.memory_cgroup.as_ref()?;
+        let (limit_bytes, oom_kills) = berth_sandbox::cgroup::memory_state(dir)?;
+        Some(berth_core::backend::MemoryState {
+            limit_bytes,
+            oom_kills,
+        })
     }
 
     async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {
@@ -460,7 +485,7 @@ impl Sandbox for LocalSandbox {
         drop(cmd);
         Ok(Box::new(LocalProcess {
             child,
-            cgroup: self.cgroup.clone(),
+            cgroups: self.cgroups.clone(),
             pty,
             pty_taken: (false, false),
         }))
@@ -533,6 +558,25 @@ impl Sandbox for LocalSandbox {
     }
 }
 
+/// Warn, once per sandbox in this process, that its memory bound cannot be
+/// applied: the sandbox runs, unbounded, as the pids bound's fallback does for
+/// an ordinary user.
+fn warn_once(name: &str, why: &str) {
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = WARNED
+        .lock()
+        .map(|mut w| w.insert(name.to_string()))
+        .unwrap_or(false);
+    if first {
+        tracing::warn!(
+            sandbox = %name,
+            "memory_max_bytes is set for local sandbox `{name}` but is NOT enforced: {why}. \
+             The sandbox runs without a memory bound; set `memory_max_bytes = 0` under [limits] to silence this"
+        );
+    }
+}
+
 fn gone(name: &str, reason: &str) -> Error {
     Error::SandboxGone {
         sandbox: name.into(),
@@ -546,7 +590,7 @@ struct LocalProcess {
     child: Child,
     /// The sandbox's pids cgroup: removed once this process has ended and
     /// nothing else of the sandbox runs.
-    cgroup: Option<PathBuf>,
+    cgroups: Vec<PathBuf>,
     /// The terminal's master, for a process spawned with `tty`.
     pty: Option<crate::local_pty::Master>,
     /// Whether its writer and reader were taken.
@@ -601,7 +645,7 @@ impl Process for LocalProcess {
             .wait()
             .await
             .map_err(|e| Error::stream("waiting for process", e))?;
-        if let Some(cg) = &self.cgroup {
+        for cg in &self.cgroups {
             berth_sandbox::cgroup::remove_if_empty(cg);
         }
         Ok(ExitStatus {

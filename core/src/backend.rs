@@ -305,6 +305,21 @@ pub trait Sandbox: Send + Sync {
     fn host_processes(&self) -> bool {
         false
     }
+    /// The sandbox's memory bound and how many of its processes the kernel's
+    /// OOM killer has ended, where berth bounds its memory itself (the local
+    /// backend's memory cgroup); `None` elsewhere.
+    fn memory(&self) -> Option<MemoryState> {
+        None
+    }
+}
+
+/// How a sandbox's memory bound stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryState {
+    /// The bound, in bytes (swap included).
+    pub limit_bytes: u64,
+    /// Processes the OOM killer has ended in the sandbox, so far.
+    pub oom_kills: u64,
 }
 
 /// What [`run_to_end`] collected.

@@ -554,7 +554,9 @@ impl Runtime {
             tee: req.tee.clone(),
             filter: self.gate.as_ref().map(|g| g.output_filter()),
         };
-        let result = match session.exec(&req.command, opts).await {
+        let sandbox = session.sandbox().clone();
+        let memory_before = sandbox.memory();
+        let mut result = match session.exec(&req.command, opts).await {
             Ok(r) => r,
             Err(e) => {
                 if e.is_sandbox_gone() {
@@ -565,6 +567,9 @@ impl Runtime {
                 return Err(e);
             }
         };
+        if let Some(n) = oom_notice(memory_before, sandbox.memory()) {
+            result.notices.push(n);
+        }
         // The sandbox and session are marked used with the call's end event
         // (`Store::record_call_end`), in one transaction.
         // A spool is made only for output that outgrew the capture.
@@ -611,4 +616,20 @@ impl Runtime {
 pub fn new_call_id() -> String {
     let n: u64 = rand::random();
     format!("c{n:016x}")
+}
+
+/// What to tell of the kernel's OOM killer ending processes of a sandbox
+/// during one command, from its memory bound as it stood before and after.
+fn oom_notice(
+    before: Option<crate::backend::MemoryState>,
+    after: Option<crate::backend::MemoryState>,
+) -> Option<String> {
+    let after = after?;
+    let killed = after.oom_kills - before.map_or(0, |b| b.oom_kills.min(after.oom_kills));
+    (killed > 0).then(|| {
+        format!(
+            "the sandbox reached its memory limit of {} MiB: the kernel's OOM killer ended {killed} of its processes during this command (a `Killed` message and exit code 137 are its mark); use less memory or raise `memory_max_bytes` under [limits] in the policy file",
+            after.limit_bytes >> 20
+        )
+    })
 }

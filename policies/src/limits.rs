@@ -1,5 +1,6 @@
 //! Per-sandbox limits: how long a command may run, how much output is kept,
-//! how long an idle sandbox lives.
+//! how much memory a local sandbox may use, how long an idle sandbox lives;
+//! and how many events the store keeps.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,6 +19,17 @@ pub struct Limits {
     pub output_cap_bytes: u64,
     /// Seconds without use after which the sandbox is reaped; 0 keeps it forever.
     pub idle_lifetime_secs: u64,
+    /// Bytes of a background job's output kept on disk: the first this many,
+    /// and the newest this many in two halves; what lies between is dropped
+    /// (and said so). 0 keeps everything.
+    pub job_log_cap_bytes: u64,
+    /// Memory (and swap) of a local sandbox, in bytes, through its cgroup;
+    /// 0: no bound. Absent: three quarters of the host's RAM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_max_bytes: Option<u64>,
+    /// Events the store keeps; older ones are pruned as new ones come.
+    /// 0 keeps every event. Read from `[limits]` only: the store is shared.
+    pub events_keep: u64,
 }
 
 impl Default for Limits {
@@ -27,6 +39,9 @@ impl Default for Limits {
             max_timeout_secs: 3600,
             output_cap_bytes: 256 * 1024,
             idle_lifetime_secs: 24 * 3600,
+            job_log_cap_bytes: 64 << 20,
+            memory_max_bytes: None,
+            events_keep: 100_000,
         }
     }
 }
@@ -63,6 +78,17 @@ impl Limits {
         }
     }
 
+    /// The memory bound of a local sandbox in bytes, `host_ram` being the
+    /// host's RAM; `None` for no bound.
+    pub fn memory_max(&self, host_ram: u64) -> Option<u64> {
+        match self.memory_max_bytes {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None if host_ram == 0 => None,
+            None => Some(host_ram / 4 * 3),
+        }
+    }
+
     /// The idle lifetime, if the sandbox is to be reaped at all.
     pub fn idle_lifetime(&self) -> Option<Duration> {
         (self.idle_lifetime_secs > 0).then(|| Duration::from_secs(self.idle_lifetime_secs))
@@ -88,6 +114,23 @@ impl LimitsTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_defaults_to_three_quarters_of_ram_and_zero_is_none() {
+        let l = Limits::default();
+        assert_eq!(l.memory_max(8 << 30), Some(6 << 30));
+        assert_eq!(l.memory_max(0), None);
+        let off = Limits {
+            memory_max_bytes: Some(0),
+            ..Limits::default()
+        };
+        assert_eq!(off.memory_max(8 << 30), None);
+        let set = Limits {
+            memory_max_bytes: Some(1 << 30),
+            ..Limits::default()
+        };
+        assert_eq!(set.memory_max(8 << 30), Some(1 << 30));
+    }
 
     #[test]
     fn timeouts() {

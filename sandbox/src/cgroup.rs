@@ -26,6 +26,35 @@ const PREFIX: &str = "berth-";
 /// `<pids controller mount>/<our cgroup>/berth-<name>-<hash of dir>`, if a pids
 /// controller is mounted (cgroup v1, or v2 with pids enabled for children).
 pub fn dir_for(name: &str, sandbox_dir: &Path) -> Option<PathBuf> {
+    controller_dir("pids", name, sandbox_dir)
+}
+
+/// The sandbox's cgroup in the memory controller's hierarchy, if one is
+/// mounted: on cgroup v2 the same directory as [`dir_for`]'s, on v1 one of
+/// the same name in the memory hierarchy.
+pub fn memory_dir_for(name: &str, sandbox_dir: &Path) -> Option<PathBuf> {
+    controller_dir("memory", name, sandbox_dir)
+}
+
+/// Every cgroup directory of the sandbox (one on v2, one per controller on
+/// v1), the pids one first: killing through it reaches every process.
+pub fn dirs_for(name: &str, sandbox_dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = Vec::new();
+    for d in [
+        dir_for(name, sandbox_dir),
+        memory_dir_for(name, sandbox_dir),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !v.contains(&d) {
+            v.push(d);
+        }
+    }
+    v
+}
+
+fn controller_dir(ctrl: &str, name: &str, sandbox_dir: &Path) -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let leaf = format!(
@@ -42,15 +71,13 @@ pub fn dir_for(name: &str, sandbox_dir: &Path) -> Option<PathBuf> {
         let Some(mount_point) = pre.split_whitespace().nth(4) else {
             continue;
         };
-        if fstype == "cgroup" && opts.split(',').any(|o| o == "pids") {
+        if fstype == "cgroup" && opts.split(',').any(|o| o == ctrl) {
             let rel = cgroups
                 .lines()
                 .find_map(|l| {
                     let mut f = l.splitn(3, ':');
-                    let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-                    ctrl.split(',')
-                        .any(|c| c == "pids")
-                        .then(|| path.to_string())
+                    let (_, c, path) = (f.next()?, f.next()?, f.next()?);
+                    c.split(',').any(|c| c == ctrl).then(|| path.to_string())
                 })
                 .unwrap_or_else(|| "/".into());
             return Some(
@@ -77,7 +104,7 @@ pub fn dir_for(name: &str, sandbox_dir: &Path) -> Option<PathBuf> {
         let parent = Path::new(mount_point).join(rel.trim_start_matches('/'));
         let control =
             std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
-        if control.split_whitespace().any(|c| c == "pids") {
+        if control.split_whitespace().any(|c| c == ctrl) {
             return Some(parent.join(leaf));
         }
     }
@@ -109,6 +136,130 @@ pub fn join(dir: &Path, max: u64) -> std::io::Result<()> {
             other => return other,
         }
     }
+}
+
+/// Create the sandbox's memory cgroup with a bound of `max` bytes, swap
+/// included, and move the calling process into it. cgroup v2 takes
+/// `memory.max` and `memory.swap.max` (where swap is accounted); v1
+/// `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes`, which must never
+/// fall below the former, so it is written both before and after.
+pub fn join_memory(dir: &Path, max: u64) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        let r = std::fs::create_dir_all(dir)
+            .and_then(|()| set_memory_max(dir, max))
+            .and_then(|()| {
+                std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+            });
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 5 => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+fn set_memory_max(dir: &Path, max: u64) -> std::io::Result<()> {
+    let v = max.to_string();
+    if dir.join("memory.max").exists() {
+        std::fs::write(dir.join("memory.max"), &v)?;
+        let swap = dir.join("memory.swap.max");
+        if swap.exists() {
+            std::fs::write(swap, "0")?;
+        }
+        return Ok(());
+    }
+    let memsw = dir.join("memory.memsw.limit_in_bytes");
+    let has_memsw = memsw.exists();
+    if has_memsw {
+        // Raising: the swap bound first, or the memory one would exceed it.
+        let _ = std::fs::write(&memsw, &v);
+    }
+    std::fs::write(dir.join("memory.limit_in_bytes"), &v)?;
+    if has_memsw {
+        std::fs::write(&memsw, &v)?;
+    }
+    Ok(())
+}
+
+/// How a sandbox's memory cgroup stands: its bound and how many of its
+/// processes the kernel's OOM killer ended, as the cgroup counts them
+/// (`memory.events` on v2, `memory.oom_control` on v1). `None` where there
+/// is no such cgroup or it has no bound.
+pub fn memory_state(dir: &Path) -> Option<(u64, u64)> {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    let field = |text: &str, key: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            if k == key {
+                v.trim().parse::<u64>().ok()
+            } else {
+                None
+            }
+        })
+    };
+    if let Some(max) = read("memory.max") {
+        let limit = max.trim().parse::<u64>().ok()?;
+        let kills = read("memory.events")
+            .and_then(|t| field(&t, "oom_kill"))
+            .unwrap_or(0);
+        return Some((limit, kills));
+    }
+    let limit = read("memory.limit_in_bytes")?.trim().parse::<u64>().ok()?;
+    // v1's "no bound" is a page-rounded i64::MAX.
+    if limit >= (i64::MAX as u64) / 2 {
+        return None;
+    }
+    let kills = read("memory.oom_control")
+        .and_then(|t| field(&t, "oom_kill"))
+        .unwrap_or(0);
+    Some((limit, kills))
+}
+
+/// The host's RAM in bytes, from `/proc/meminfo` (0 if unreadable).
+pub fn host_ram() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Join the sandbox's memory cgroup with a bound of `max` bytes (`None`:
+/// none). Soft: where no memory controller can be used, the sandbox runs
+/// unbounded and the wrapper says nothing (it would say it in every
+/// command's output); berth warns where the policy asked for a bound
+/// (see [`memory_bound_missing`]).
+pub fn join_memory_for(name: &str, sandbox_dir: &Path, max: Option<u64>) {
+    let (Some(max), Some(dir)) = (max, memory_dir_for(name, sandbox_dir)) else {
+        return;
+    };
+    if let Some(parent) = dir.parent() {
+        sweep(parent, &dir);
+    }
+    let _ = join_memory(&dir, max);
+}
+
+/// Why a memory bound cannot be applied to sandbox `name` here, if it cannot:
+/// no memory controller is mounted, or its hierarchy is not writable by this
+/// user. Checked from berth's side, once, to warn.
+pub fn memory_bound_missing(name: &str, sandbox_dir: &Path) -> Option<String> {
+    let Some(dir) = memory_dir_for(name, sandbox_dir) else {
+        return Some(
+            "no memory cgroup controller is mounted (or enabled for berth's cgroup on cgroup v2)"
+                .into(),
+        );
+    };
+    let parent = dir.parent()?;
+    if nix::unistd::access(parent, nix::unistd::AccessFlags::W_OK).is_err() {
+        return Some(format!(
+            "the memory cgroup {} is not writable by this user (delegate it, e.g. systemd's Delegate=yes)",
+            parent.display()
+        ));
+    }
+    None
 }
 
 /// Join the sandbox's pids cgroup, as the profile asks. Root is refused

@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use berth_policies::LocalPolicy;
+use berth_policies::{LimitsTable, LocalPolicy};
 
 use crate::error::{Error, Result};
 use crate::exec::SUBCOMMAND;
@@ -17,6 +17,10 @@ pub struct WrapperCommand {
     exe: PathBuf,
     policy: String,
     unrestricted: bool,
+    /// The policy's limits, for each sandbox's memory bound.
+    limits: LimitsTable,
+    /// The host's RAM, which the default memory bound is a part of.
+    host_ram: u64,
 }
 
 /// The one spawn a wrapper argv is for.
@@ -39,7 +43,30 @@ impl WrapperCommand {
             exe: exe.into(),
             policy,
             unrestricted: false,
+            limits: LimitsTable::default(),
+            host_ram: crate::cgroup::host_ram(),
         })
+    }
+
+    /// Bound each sandbox's memory as `limits` say (`memory_max_bytes`).
+    pub fn with_limits(mut self, limits: &LimitsTable) -> Self {
+        self.limits = limits.clone();
+        self
+    }
+
+    /// The memory bound of sandbox `name` in bytes, if it has one.
+    pub fn memory_max(&self, name: &str) -> Option<u64> {
+        self.limits.for_sandbox(name).memory_max(self.host_ram)
+    }
+
+    /// Whether the policy names sandbox `name`'s memory bound itself (rather
+    /// than leaving it at the default): one that cannot be applied is then
+    /// worth a warning.
+    pub fn memory_asked(&self, name: &str) -> bool {
+        self.limits
+            .for_sandbox(name)
+            .memory_max_bytes
+            .is_some_and(|n| n > 0)
     }
 
     /// Run processes WITHOUT kernel restrictions (the wrapper says so loudly).
@@ -69,6 +96,9 @@ impl WrapperCommand {
         ];
         if self.unrestricted {
             v.push("--unrestricted".into());
+        } else if let Some(m) = self.memory_max(t.name) {
+            v.push("--memory-max".into());
+            v.push(m.to_string().into());
         }
         v.push("--".into());
         v
@@ -115,5 +145,31 @@ mod tests {
         );
         assert!(!parsed.unrestricted);
         assert_eq!(parsed.argv, vec![OsString::from("true")]);
+    }
+
+    #[test]
+    fn the_memory_bound_reaches_the_wrapper_per_sandbox() {
+        let limits: LimitsTable = berth_policies::Policy::from_toml(
+            "[limits]\nmemory_max_bytes = 1048576\n[limits.sandbox.big]\nmemory_max_bytes = 0\n",
+            "test",
+        )
+        .unwrap()
+        .limits;
+        let w = WrapperCommand::new("/usr/bin/berth", &LocalPolicy::default())
+            .unwrap()
+            .with_limits(&limits);
+        let parse = |name: &str| {
+            let t = SpawnTarget {
+                dir: Path::new("/s/d"),
+                name,
+                network: false,
+            };
+            let mut full: Vec<OsString> = w.argv(&t)[2..].to_vec();
+            full.push("true".into());
+            crate::exec::parse_args(full).unwrap().memory_max
+        };
+        assert_eq!(parse("small"), Some(1 << 20));
+        assert_eq!(parse("big"), None, "0 is no bound");
+        assert!(w.memory_asked("small") && !w.memory_asked("big"));
     }
 }

@@ -6,9 +6,9 @@
 //!    [`SandboxProfile`] from the local policy and the sandbox dir;
 //! 2. check that this kernel can enforce all of it, else refuse and say what is
 //!    missing (exit 125);
-//! 3. mark inherited fds close-on-exec, join the sandbox's pids cgroup, set
-//!    rlimits, drop capabilities, set no_new_privs, apply Landlock (files, TCP,
-//!    scopes), install seccomp;
+//! 3. mark inherited fds close-on-exec, join the sandbox's pids and memory
+//!    cgroups, set rlimits, drop capabilities, set no_new_privs, apply
+//!    Landlock (files, TCP, scopes), install seccomp;
 //! 4. exec.
 //!
 //! It must run before any thread exists and must end in `exec`: capabilities,
@@ -90,6 +90,10 @@ pub(crate) struct Args {
     /// Run WITHOUT kernel restrictions.
     #[arg(long)]
     pub unrestricted: bool,
+    /// Bound the sandbox's memory (swap included) to this many bytes through
+    /// its memory cgroup, where there is one.
+    #[arg(long)]
+    pub memory_max: Option<u64>,
     /// Kill what is left of the sandbox and remove its pids cgroup, then exit.
     #[arg(long)]
     pub remove_cgroup: bool,
@@ -127,9 +131,9 @@ enum Never {}
 fn run(args: Vec<OsString>) -> Result<Never> {
     let args = parse_args(args)?;
     if args.remove_cgroup {
-        if let Some(dir) = crate::cgroup::dir_for(&args.name, &args.sandbox_dir) {
+        for dir in crate::cgroup::dirs_for(&args.name, &args.sandbox_dir) {
             crate::cgroup::remove(&dir)
-                .map_err(|e| Error::setup(format!("removing pids cgroup {}", dir.display()), e))?;
+                .map_err(|e| Error::setup(format!("removing cgroup {}", dir.display()), e))?;
         }
         std::process::exit(0);
     }
@@ -149,6 +153,7 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     let abi = crate::landlock::abi();
     check_support(&profile, abi)?;
     crate::cgroup::join_for(&profile, &args.sandbox_dir)?;
+    crate::cgroup::join_memory_for(&profile.name, &args.sandbox_dir, args.memory_max);
     crate::rlimits::apply(&profile.rlimits)?;
     // Before the capabilities go: making the namespace needs them (as root).
     // A kernel that gives no namespace leaves the rest of the sandbox as it is.

@@ -294,7 +294,16 @@ impl Runtime {
     async fn launch(&self, job: &Job, session: Option<String>) -> Result<i64> {
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
-        let mut launch = script::launch(&dir, sb.name());
+        // A terminal job's screen is drawn from the newest output at its
+        // offsets in `out`, which a capped log stops growing: not capped.
+        let cap = match job.pty {
+            Some(_) => 0,
+            None => match self.gate() {
+                Some(g) => g.limits(&job.sandbox).job_log_cap_bytes,
+                None => berth_policies::Limits::default().job_log_cap_bytes,
+            },
+        };
+        let mut launch = script::launch(&dir, sb.name(), cap);
         match job.pty {
             None => {
                 sb.write_file(&format!("{dir}/cmd"), job.command.as_bytes(), 0o600)
@@ -480,30 +489,134 @@ impl Runtime {
             }
         }
         p.wait().await?;
-        let Some(g) = gate else {
-            return Ok(start + read);
+        let head_end = match gate {
+            None => start + read,
+            Some(g) => {
+                // The output is complete once the job has ended (a follow ends with
+                // it): let out the held tail. Otherwise a tail that may still grow
+                // into a secret waits for the next read, which resumes at it.
+                if follow || job.state.is_final() {
+                    shown.clear();
+                    g.redact_stream_end(&mut stream, &mut shown);
+                    if !shown.is_empty() {
+                        sink(&shown);
+                    }
+                }
+                (start + stream.consumed()).max(offset)
+            }
         };
-        // The output is complete once the job has ended (a follow ends with
-        // it): let out the held tail. Otherwise a tail that may still grow
-        // into a secret waits for the next read, which resumes at it.
-        if follow || job.state.is_final() {
+        if job.pty.is_some() {
+            return Ok(head_end);
+        }
+        self.capped_tail(sb.as_ref(), &dir, head_end, sink).await
+    }
+
+    /// A capped log's newest output (see [`script::CAPPER`]), from logical
+    /// offset `pos` on, once everything in `out` has been read: first a line
+    /// that says how much was dropped before it, if `pos` lies before it.
+    /// Offsets count every byte the job printed, dropped ones too, so a
+    /// reader resumes where it stopped. Returns the offset after the last
+    /// byte; `pos` unchanged for a log that was never capped.
+    async fn capped_tail(
+        &self,
+        sb: &dyn Sandbox,
+        dir: &str,
+        pos: u64,
+        sink: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<u64> {
+        let args = argv(&["bash", "-c", script::TAIL, "berth-tail", dir]);
+        let opts = SpawnOpts {
+            helper: true,
+            ..SpawnOpts::default()
+        };
+        let mut p = sb.spawn(&args, opts).await?;
+        drop(p.take_stdin());
+        let Some(out) = p.take_stdout() else {
+            p.wait().await?;
+            return Ok(pos);
+        };
+        let mut out = tokio::io::BufReader::new(out);
+        let mut header = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut header)
+            .await
+            .map_err(|e| Error::stream("reading a job's capped output", e))?;
+        let sizes: Vec<u64> = header
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let &[head, dropped, older, newest] = sizes.as_slice() else {
+            // Not capped, or not past its cap.
+            p.wait().await?;
+            return Ok(pos);
+        };
+        // Only once the head is all read: its end is where the tail joins.
+        if pos < head {
+            p.wait().await?;
+            return Ok(pos);
+        }
+        let kept = head + dropped;
+        let end = kept + older + newest;
+        if pos < kept {
+            let note = format!(
+                "\n[berth: {} bytes of this job's output were dropped here: its log keeps the first {head} bytes and the newest {} (job_log_cap_bytes under [limits] in the policy file)]\n",
+                kept - pos,
+                older + newest
+            );
+            sink(note.as_bytes());
+        }
+        let mut skip = pos.saturating_sub(kept);
+        let gate = self.gate();
+        let mut stream = RedactStream::with_context(0);
+        let mut shown = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = out
+                .read(&mut buf)
+                .await
+                .map_err(|e| Error::stream("reading a job's capped output", e))?;
+            if n == 0 {
+                break;
+            }
+            let take = (skip.min(n as u64)) as usize;
+            skip -= take as u64;
+            let piece = &buf[take..n];
+            if piece.is_empty() {
+                continue;
+            }
+            match gate {
+                Some(g) => {
+                    shown.clear();
+                    g.redact_stream(&mut stream, piece, &mut shown);
+                    if !shown.is_empty() {
+                        sink(&shown);
+                    }
+                }
+                None => sink(piece),
+            }
+        }
+        if let Some(g) = gate {
             shown.clear();
             g.redact_stream_end(&mut stream, &mut shown);
             if !shown.is_empty() {
                 sink(&shown);
             }
         }
-        Ok((start + stream.consumed()).max(offset))
+        p.wait().await?;
+        Ok(end.max(pos))
     }
 
     /// The last `lines` lines of a job's output.
     pub async fn job_tail(&self, id: &str, lines: u64) -> Result<Vec<u8>> {
         let job = self.store().job(id)?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
-        let file = format!("{}/out", job.dir(sb.as_ref()));
+        let dir = job.dir(sb.as_ref());
+        // A capped log's last lines are in its newest part (`tail.1`, `tail`).
+        let last = r#"d=$1; n=$2
+if [ -s "$d/tail" ] || [ -s "$d/tail.1" ]; then cat -- "$d/tail.1" "$d/tail" 2>/dev/null | tail -n "$n"
+else exec tail -n "$n" -- "$d/out"; fi"#;
         let c = run_to_end(
             sb.as_ref(),
-            &argv(&["tail", "-n", &lines.to_string(), "--", &file]),
+            &argv(&["bash", "-c", last, "berth-last", &dir, &lines.to_string()]),
             None,
             64 << 20,
             HELPER_TIMEOUT,

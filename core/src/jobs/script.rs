@@ -7,7 +7,11 @@
 //! - `pid`: the job's pid, which is also its process group and session id;
 //! - `wrapper`: the pid of the wrapper that waits for it;
 //! - `status`: the exit status, written by the wrapper when the job ends;
-//! - `lock`: the wrapper holds an exclusive `flock` on it for as long as it lives.
+//! - `lock`: the wrapper holds an exclusive `flock` on it for as long as it lives;
+//! - with a log cap (`job_log_cap_bytes`), `out` keeps the first cap bytes and
+//!   the newest output goes to `tail.1` and `tail`, half a cap each, rotated
+//!   under `tail.lock`; `dropped` counts the bytes rotated away between them
+//!   (see [`CAPPER`]).
 //!
 //! The wrapper runs in a session of its own and the job in another, so a group kill
 //! of the job spares the wrapper, which then records how the job ended. Neither
@@ -20,8 +24,42 @@
 
 use crate::session::script::quote;
 
-/// The wrapper: `bash -c WRAPPER berth-job <dir>`.
-pub const WRAPPER: &str = r#"d=$1
+/// The log capper, `$1` the job's dir and `$2` the cap: copies its stdin (the
+/// job's output, through the FIFO `pipe`) to `out` until `out` holds the cap,
+/// then keeps only the newest output, in `tail.1` and `tail` of half a cap
+/// each, counting in `dropped` what it rotated away. A pipe, not a file the job
+/// writes itself, because a fast writer outruns any watcher of a file's size;
+/// through the pipe it waits for the capper, so the disk holds at most twice
+/// the cap whatever the job prints. `head -c` reads no more than it is asked
+/// to, so the pieces join up exactly, and stops short of its count only at EOF;
+/// its stdio would hold a short line back until 4 KiB have come, so it runs
+/// unbuffered under `stdbuf` where there is one. A size it cannot read (the
+/// job's directory was removed with its sandbox) counts as 0, which ends it:
+/// reading on at the end of its input would spin.
+pub const CAPPER: &str = r#"d=$1; cap=$2
+if command -v stdbuf >/dev/null 2>&1; then take() { stdbuf -o0 head -c "$1"; }
+else take() { head -c "$1"; }; fi
+take "$cap" >>"$d/out"
+[ "$(stat -c %s "$d/out" 2>/dev/null || echo 0)" -lt "$cap" ] && exit 0
+half=$(( (cap + 1) / 2 )); dropped=0
+: >>"$d/tail"
+while :; do
+  take "$half" >>"$d/tail"
+  [ "$(stat -c %s "$d/tail" 2>/dev/null || echo 0)" -lt "$half" ] && exit 0
+  {
+    flock -x 7
+    if [ -e "$d/tail.1" ]; then
+      dropped=$((dropped + $(stat -c %s "$d/tail.1")))
+      printf '%s\n' "$dropped" > "$d/dropped.tmp" && mv -f "$d/dropped.tmp" "$d/dropped"
+    fi
+    mv -f "$d/tail" "$d/tail.1" && : >"$d/tail"
+  } 7>>"$d/tail.lock"
+done
+"#;
+
+/// The wrapper: `bash -c WRAPPER berth-job <dir> <log cap in bytes, 0: none>
+/// <the capper's text>`.
+pub const WRAPPER: &str = r#"d=$1; cap=${2:-0}; capper=$3
 # Taken before the launcher returns, so a waiter never finds it free too early.
 # The job and the holder must not inherit it: only the wrapper's exit frees it.
 exec 8>>"$d/lock" && flock -x 8
@@ -37,31 +75,49 @@ printf '%s\n' "$h" > "$d/holder"
 # them back at their defaults, where `env` can (coreutils 8.31 and later).
 set -- bash "$d/cmd"
 env --default-signal=INT true 2>/dev/null && set -- env --default-signal=INT,QUIT bash "$d/cmd"
-setsid "$@" <"$d/in" >>"$d/out" 2>&1 8>&- &
+c=
+if [ "$cap" -gt 0 ] 2>/dev/null && mkfifo -- "$d/pipe"; then
+  # The capper is no part of the job: a kill of the job's group spares it, so
+  # it writes out what the job printed to its last byte.
+  bash -c "$capper" berth-cap "$d" "$cap" <"$d/pipe" >/dev/null 2>&1 8>&- &
+  c=$!
+  setsid "$@" <"$d/in" >"$d/pipe" 2>&1 8>&- &
+else
+  setsid "$@" <"$d/in" >>"$d/out" 2>&1 8>&- &
+fi
 j=$!
 printf '%s\n' "$j" > "$d/pid"
 printf '%s\n' "$j" 1<>"$d/ready"
 wait "$j"; st=$?
 kill "$h" 2>/dev/null
+# What the job printed before it ended is in `out` before its status is: the
+# capper ends at EOF. Processes the job left behind in its group may hold the
+# pipe open for ever (they write on, as they would to `out`): then the status
+# waits 2 s at most; else up to 30 s, for a capper slowed by a loaded machine.
+if [ -n "$c" ]; then
+  t=30; kill -0 -- "-$j" 2>/dev/null && t=2
+  timeout "$t" tail --pid="$c" -s 0.02 -f /dev/null 2>/dev/null
+fi
 printf '%s\n' "$st" > "$d/status.tmp" && mv -f "$d/status.tmp" "$d/status"
 "#;
 
 /// The session command that starts a job whose `cmd` file is already written, and
 /// prints its pid. It runs in the session shell, so the job inherits the session's
-/// cwd and exported environment.
-pub fn launch(dir: &str, sandbox: &str) -> String {
+/// cwd and exported environment. `log_cap` bounds its output on disk (0: no bound).
+pub fn launch(dir: &str, sandbox: &str, log_cap: u64) -> String {
     let d = quote(dir);
     // The wrapper carries the sandbox's marker whatever the session did to
     // its own environment: on the local backend berth recognises a job's
     // processes by it before signalling them.
     let marker = format!("{}={}", crate::backend::SANDBOX_MARKER, quote(sandbox));
     let w = quote(WRAPPER);
+    let capper = quote(CAPPER);
     // The launcher holds `ready` open (read-write, so the open cannot block) before
     // the wrapper starts: data written to a FIFO that nobody has open is dropped,
     // so a wrapper that wrote first would leave the launcher waiting for nothing.
     // No `exit` here: this runs in the session's own shell.
     format!(
-        "if mkfifo -- {d}/in {d}/ready; then {{          command env {marker} setsid bash -c {w} berth-job {d} </dev/null >/dev/null 2>&1 9<&- &          if read -r -t 20 __berth_j <&9; then printf '%s' \"$__berth_j\"; unset __berth_j;          else echo 'the job did not start within 20s' >&2; false; fi; }} 9<>{d}/ready; else false; fi"
+        "if mkfifo -- {d}/in {d}/ready; then {{          command env {marker} setsid bash -c {w} berth-job {d} {log_cap} {capper} </dev/null >/dev/null 2>&1 9<&- &          if read -r -t 20 __berth_j <&9; then printf '%s' \"$__berth_j\"; unset __berth_j;          else echo 'the job did not start within 20s' >&2; false; fi; }} 9<>{d}/ready; else false; fi"
     )
 }
 
@@ -159,6 +215,23 @@ read -r st < "$d/status" 2>/dev/null && printf '%s' "$st"
 pub const READ: &str = r#"f=$1; off=$2; w=$3
 if [ -n "$w" ]; then exec tail -c +"$((off + 1))" -s 0.2 --pid="$w" -f -- "$f"; fi
 exec tail -c +"$((off + 1))" -- "$f"
+"#;
+
+/// A capped log's newest output, `$1` the job's dir: nothing for a log never
+/// capped; else a line `<out bytes> <dropped bytes> <tail.1 bytes> <tail
+/// bytes>`, then `tail.1` and `tail`, all under the lock the capper rotates
+/// them under, so the sizes and the bytes agree.
+pub const TAIL: &str = r#"d=$1
+[ -e "$d/tail" ] || exit 0
+exec 7>>"$d/tail.lock" && flock -s 7
+h=$(stat -c %s "$d/out") || exit 0
+dr=0; [ -s "$d/dropped" ] && read -r dr < "$d/dropped"
+s1=0; [ -e "$d/tail.1" ] && s1=$(stat -c %s "$d/tail.1")
+s=$(stat -c %s "$d/tail")
+printf '%s %s %s %s\n' "$h" "$dr" "$s1" "$s"
+[ "$s1" -gt 0 ] && head -c "$s1" "$d/tail.1"
+head -c "$s" "$d/tail"
+exit 0
 "#;
 
 /// The `cmd` of a terminal job: the program (in `prog`) runs on a terminal of

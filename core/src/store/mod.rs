@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -78,7 +79,15 @@ pub struct Event {
 pub struct Store {
     conn: Mutex<Connection>,
     path: PathBuf,
+    /// Events kept; older ones are pruned as events are appended (0: all).
+    events_keep: AtomicU64,
 }
+
+/// Every this many appended events, the ones past `events_keep` are pruned.
+const PRUNE_EVERY: i64 = 256;
+/// Most events one prune deletes: a store that was never pruned (or whose
+/// limit was just lowered) catches up over several appends, each cheap.
+const PRUNE_BATCH: i64 = 4096;
 
 impl Store {
     /// Open (and migrate) the store in `state_dir`.
@@ -119,9 +128,15 @@ impl Store {
         let store = Store {
             conn: Mutex::new(conn),
             path,
+            events_keep: AtomicU64::new(berth_policies::Limits::default().events_keep),
         };
         store.migrate()?;
         Ok(store)
+    }
+
+    /// Keep the newest `n` events (`events_keep` under `[limits]`); 0 keeps all.
+    pub fn keep_events(&self, n: u64) {
+        self.events_keep.store(n, Ordering::Relaxed);
     }
 
     /// The database file.
@@ -246,7 +261,7 @@ impl Store {
             touch_in(&tx, u.backend, u.sandbox, now_ms())?;
             session_used_in(&tx, u.backend, u.sandbox, u.session, u.cwd)?;
         }
-        append_in(&tx, finished)?;
+        append_in(&tx, finished, self.events_keep())?;
         tx.commit()?;
         Ok(())
     }
@@ -266,7 +281,11 @@ impl Store {
 
     /// Append an event; returns its id.
     pub fn append(&self, e: &Event) -> Result<i64> {
-        append_in(&*self.conn()?, e)
+        append_in(&*self.conn()?, e, self.events_keep())
+    }
+
+    fn events_keep(&self) -> u64 {
+        self.events_keep.load(Ordering::Relaxed)
     }
 
     /// The newest `limit` events with id greater than `after`, oldest first.
@@ -463,7 +482,7 @@ fn session_used_in(
     Ok(())
 }
 
-fn append_in(c: &Connection, e: &Event) -> Result<i64> {
+fn append_in(c: &Connection, e: &Event, keep: u64) -> Result<i64> {
     c.prepare_cached(
         "INSERT INTO events (ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
                              exit_code, duration_ms, bytes_out, detail)
@@ -483,7 +502,22 @@ fn append_in(c: &Connection, e: &Event) -> Result<i64> {
         e.bytes_out,
         e.detail
     ])?;
-    Ok(c.last_insert_rowid())
+    let id = c.last_insert_rowid();
+    // Ids only grow (AUTOINCREMENT), so the events past the newest `keep` are
+    // a range of the primary key: deleting a batch of them is an index walk.
+    // A small limit is pruned more often, so the table stays within twice it.
+    let every = PRUNE_EVERY
+        .min(i64::try_from(keep).unwrap_or(i64::MAX))
+        .max(1);
+    if keep > 0 && id % every == 0 {
+        let below = id.saturating_sub(i64::try_from(keep).unwrap_or(i64::MAX));
+        c.prepare_cached(
+            "DELETE FROM events WHERE id IN
+               (SELECT id FROM events WHERE id <= ?1 ORDER BY id LIMIT ?2)",
+        )?
+        .execute(params![below, PRUNE_BATCH])?;
+    }
+    Ok(id)
 }
 
 #[cfg(test)]
@@ -513,6 +547,43 @@ mod tests {
         drop(s);
         let s = Store::open(dir.path())?;
         assert_eq!(s.events(0, 10, None)?.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn events_past_the_limit_are_pruned_as_events_come() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
+        let s = Store::open(dir.path())?;
+        s.keep_events(100);
+        let mut last = 0;
+        for i in 0..1000 {
+            last = s.append(&Event {
+                kind: format!("test.{i}"),
+                ..Default::default()
+            })?;
+        }
+        let count: i64 =
+            s.with_conn(|c| c.query_row("SELECT count(*) FROM events", [], |r| r.get(0)))?;
+        assert!(
+            (100..=200).contains(&count),
+            "{count} events kept with events_keep = 100"
+        );
+        let oldest: i64 =
+            s.with_conn(|c| c.query_row("SELECT min(id) FROM events", [], |r| r.get(0)))?;
+        assert!(oldest > last - 200, "event {oldest} outlived the limit");
+        // The newest are all there, in order.
+        let newest = s.events(0, 100, None)?;
+        assert_eq!(newest.len(), 100);
+        assert_eq!(newest.last().map(|e| e.id), Some(last));
+        assert_eq!(newest.last().map(|e| e.kind.as_str()), Some("test.999"));
+        // 0 keeps everything.
+        s.keep_events(0);
+        for _ in 0..300 {
+            s.append(&Event::default())?;
+        }
+        let all: i64 =
+            s.with_conn(|c| c.query_row("SELECT count(*) FROM events", [], |r| r.get(0)))?;
+        assert_eq!(all, count + 300);
         Ok(())
     }
 
