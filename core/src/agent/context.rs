@@ -229,7 +229,7 @@ pub fn plan(msgs: &[(i64, Message)], prev: Option<&Compaction>, run_id: &str, t:
     let prev_summarised = prev.map_or(0, |c| c.summarised);
     // Stage a: stubs for every tool result before the newest turn.
     if t.at_least <= Stage::Mask {
-        let mut probe = prev.cloned().unwrap_or_else(|| blank(run_id));
+        let mut probe = prev.cloned().unwrap_or_else(blank);
         probe.masked = newest;
         probe.summary = prev.and_then(|c| c.summary.clone());
         let sent = estimate_all(&view(msgs, Some(&probe), run_id, None));
@@ -284,8 +284,7 @@ pub fn plan(msgs: &[(i64, Message)], prev: Option<&Compaction>, run_id: &str, t:
     }
 }
 
-fn blank(run_id: &str) -> Compaction {
-    let _ = run_id;
+fn blank() -> Compaction {
     Compaction {
         step: 0,
         stage: Stage::Mask,
@@ -304,15 +303,13 @@ fn blank(run_id: &str) -> Compaction {
 impl Compaction {
     /// The compaction `plan` describes, after `prev`.
     pub fn from_plan(p: &Plan, prev: Option<&Compaction>, step: i64, window: u64) -> Compaction {
-        let mut c = prev.cloned().unwrap_or_else(|| blank(""));
+        let mut c = prev.cloned().unwrap_or_else(blank);
         c.step = step;
         c.stage = p.stage;
         c.masked = p.masked;
         c.note = None;
         c.summary_step = None;
-        if p.summarised != c.summarised {
-            c.summarised = p.summarised;
-        }
+        c.summarised = p.summarised;
         if p.stage == Stage::Rotate {
             c.segment += 1;
         }
