@@ -311,7 +311,7 @@ impl Agent {
         // much, its oldest turns go (the previous summary covers the start).
         let mut first = from;
         let ask = loop {
-            let mut c = prev.cloned().unwrap_or_else(|| Compaction {
+            let mut c = prev.cloned().unwrap_or(Compaction {
                 step: 0,
                 stage: Stage::Mask,
                 segment: 0,
