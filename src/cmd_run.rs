@@ -70,6 +70,15 @@ pub struct RunArgs {
     /// Money the run may spend, at the providers' configured prices.
     #[arg(long)]
     pub max_cost: Option<f64>,
+    /// The model's context window in tokens, for every provider of the run
+    /// (else each provider's `context_window`, else what its endpoint says,
+    /// else what its first refusal for size says).
+    #[arg(long, value_name = "TOKENS")]
+    pub context_window: Option<u64>,
+    /// Compact the transcript when a request would pass this share of the
+    /// window (default 0.75).
+    #[arg(long, value_name = "SHARE")]
+    pub compact_at: Option<f64>,
     /// Wait for approvals instead of saving the run and exiting.
     #[arg(long)]
     pub wait: bool,
@@ -199,6 +208,14 @@ fn providers(a: &RunArgs, stored: &[ProviderConfig]) -> Result<Vec<ProviderConfi
             out.push(p.clone());
         }
     }
+    for p in &mut out {
+        if let Some(w) = a.context_window {
+            p.context_window = Some(w);
+        }
+        if let Some(f) = a.compact_at {
+            p.compact_at = Some(f);
+        }
+    }
     if out.is_empty() {
         bail!(
             "no model provider: pass --base-url URL --model NAME (OpenAI-compatible; --api anthropic for Anthropic), or add [[providers]] to {}",
@@ -209,6 +226,14 @@ fn providers(a: &RunArgs, stored: &[ProviderConfig]) -> Result<Vec<ProviderConfi
 }
 
 pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
+    if a.context_window == Some(0) {
+        bail!("--context-window must be a number of tokens above 0");
+    }
+    if let Some(f) = a.compact_at
+        && !(f > 0.0 && f <= 1.0)
+    {
+        bail!("--compact-at is a share of the window: a number above 0 and at most 1, e.g. 0.75");
+    }
     let dir = context::state_dir(state_dir)?;
     let rt = Arc::new(context::runtime(Some(dir.clone()))?);
     let store = rt.store().clone();
@@ -414,6 +439,23 @@ impl Printer {
                 );
             }
             AgentEvent::StepEnd { .. } => self.newline(),
+            AgentEvent::Compaction {
+                step,
+                stage,
+                segment,
+                tokens_before,
+                tokens_after,
+                window,
+                note,
+                ..
+            } => {
+                self.newline();
+                eprintln!(
+                    "berth: step {step}: compacted the transcript ({}, segment {segment}): {tokens_before} → {tokens_after} tokens of a {window}-token window{}",
+                    stage.as_str(),
+                    note.as_ref().map(|n| format!("; {n}")).unwrap_or_default()
+                );
+            }
             AgentEvent::ToolCall { describe, .. } => {
                 self.newline();
                 eprintln!("▸ {describe}");
@@ -539,6 +581,7 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
             let steps = journal::steps(&store, &id)?;
             let msgs = journal::messages(&store, &id)?;
             let calls = journal::calls(&store, &id)?;
+            let compactions = journal::compactions(&store, &id)?;
             if json {
                 let messages: Vec<_> = msgs
                     .iter()
@@ -546,7 +589,7 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                     .collect();
                 println!(
                     "{}",
-                    json!({ "run": row, "steps": steps, "messages": messages, "calls": calls })
+                    json!({ "run": row, "steps": steps, "messages": messages, "calls": calls, "compactions": compactions })
                 );
                 return Ok(0);
             }
@@ -563,8 +606,30 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                     row.parent_step.unwrap_or(0)
                 );
             }
-            let last = msgs.iter().map(|(s, _)| *s).max().unwrap_or(0);
+            let last = msgs
+                .iter()
+                .map(|(s, _)| *s)
+                .chain(steps.iter().map(|s| s.step))
+                .max()
+                .unwrap_or(0);
             for n in 0..=last {
+                for c in compactions.iter().filter(|c| c.step == n) {
+                    println!(
+                        "\n══ compaction before step {n} · {} · segment {} · {} → {} tokens (window {}){}",
+                        c.stage.as_str(),
+                        c.segment,
+                        c.tokens_before,
+                        c.tokens_after,
+                        c.window,
+                        c.note
+                            .as_ref()
+                            .map(|n| format!(" · {n}"))
+                            .unwrap_or_default()
+                    );
+                    if let Some(text) = &c.summary {
+                        println!("summary:\n{text}");
+                    }
+                }
                 if let Some(s) = steps.iter().find(|s| s.step == n) {
                     let skipped: Vec<String> = s
                         .attempts
@@ -581,7 +646,13 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                         .collect();
                     println!(
                         "\n── step {n}{} · {} · {} ms · {} in ({} cached) / {} out{}",
-                        if s.summary { " (summary)" } else { "" },
+                        if compactions.iter().any(|c| c.summary_step == Some(n)) {
+                            " (compaction summary)"
+                        } else if s.summary {
+                            " (summary)"
+                        } else {
+                            ""
+                        },
                         s.provider.clone().unwrap_or_default(),
                         s.ended_ms - s.started_ms,
                         s.usage.input_tokens,

@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 
 use crate::support::TestResult;
 
-const KEY: &str = "sk-standin-0123456789abcdefSECRET";
+pub(crate) const KEY: &str = "sk-standin-0123456789abcdefSECRET";
 
-fn cmd(state: &Path, args: &[&str]) -> Command {
+pub(crate) fn cmd(state: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_berth"));
     c.args(args)
         .env("BERTH_STATE_DIR", state)
@@ -24,17 +24,17 @@ fn cmd(state: &Path, args: &[&str]) -> Command {
     c
 }
 
-fn berth(state: &Path, args: &[&str]) -> std::io::Result<Output> {
+pub(crate) fn berth(state: &Path, args: &[&str]) -> std::io::Result<Output> {
     cmd(state, args).output()
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 /// `berth run --json` against the stand-in at `url` (model `m`), with `extra`
 /// (flags, then the prompt), as a command to spawn.
-fn run_cmd(state: &Path, url: &str, extra: &[&str]) -> Command {
+pub(crate) fn run_cmd(state: &Path, url: &str, extra: &[&str]) -> Command {
     let mut args = vec![
         "run",
         "--json",
@@ -73,28 +73,31 @@ fn run_adhoc(
     berth(state, &args)
 }
 
-fn events(o: &Output) -> Vec<Value> {
+pub(crate) fn events(o: &Output) -> Vec<Value> {
     text(&o.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
 
-fn exit_event(o: &Output) -> Value {
+pub(crate) fn exit_event(o: &Output) -> Value {
     events(o)
         .into_iter()
         .rfind(|e| e["type"] == "exit")
         .unwrap_or(Value::Null)
 }
 
-fn show(state: &Path, id: &str) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+pub(crate) fn show(
+    state: &Path,
+    id: &str,
+) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
     let o = berth(state, &["runs", "show", id, "--json"])?;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     Ok(serde_json::from_slice(&o.stdout)?)
 }
 
 /// The tool results the model was sent in request `r`, in either format.
-fn tool_results(r: &Recorded) -> Vec<String> {
+pub(crate) fn tool_results(r: &Recorded) -> Vec<String> {
     let mut out = Vec::new();
     for m in r.body["messages"].as_array().into_iter().flatten() {
         if m["role"] == "tool" {
@@ -445,7 +448,7 @@ fn a_stream_cut_mid_response_is_retried() -> TestResult {
     Ok(())
 }
 
-fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> TestResult {
+pub(crate) fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> TestResult {
     let end = Instant::now() + deadline;
     while Instant::now() < end {
         if f() {
@@ -456,7 +459,7 @@ fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> Test
     Err(format!("timed out waiting for {what}").into())
 }
 
-struct KillOnDrop(Child);
+pub(crate) struct KillOnDrop(pub(crate) Child);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -466,7 +469,7 @@ impl Drop for KillOnDrop {
 
 /// Kills, when dropped, every process whose cwd is under `dir`: the shell a
 /// SIGKILLed berth left behind in its local sandbox, and its children.
-struct Strays(std::path::PathBuf);
+pub(crate) struct Strays(pub(crate) std::path::PathBuf);
 impl Drop for Strays {
     fn drop(&mut self) {
         let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -484,7 +487,7 @@ impl Drop for Strays {
     }
 }
 
-fn only_run(state: &Path) -> Option<String> {
+pub(crate) fn only_run(state: &Path) -> Option<String> {
     let o = berth(state, &["runs", "ls", "--json"]).ok()?;
     let line = text(&o.stdout).lines().next()?.to_string();
     let v: Value = serde_json::from_str(&line).ok()?;

@@ -5,6 +5,8 @@
 //! - `jobs`: background jobs through the runtime, likewise per backend.
 //! - `e2b_backend`: the e2b backend's faults, recovery and keep-alive against the
 //!   stand-in, and the official Python SDK against the same stand-in.
+//! - `agent`, `context`: `berth run` against the model provider stand-in;
+//!   `context` keeps a run inside a small context window.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
 //! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
 //! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
@@ -15,6 +17,7 @@ mod support;
 
 mod agent;
 mod cli;
+mod context;
 mod e2b_backend;
 mod mcp;
 #[macro_use]

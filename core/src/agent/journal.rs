@@ -8,12 +8,17 @@
 //!   `finished` together with its result message ([`call_finished`], one
 //!   transaction) after, so a `kill -9` leaves at worst a started call, which a
 //!   resume reports to the model as cut off instead of running it again;
-//! - the run's state ends as one of the exit reasons ([`set_state`]).
+//! - the run's state ends as one of the exit reasons ([`set_state`]);
+//! - a compaction is one row ([`put_compaction`]), written with the step of
+//!   its summary call in one transaction once it is complete: a `kill -9`
+//!   before that leaves no trace, and the resume compacts again. It changes
+//!   what is sent, never the stored messages.
 
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::context::{Compaction, Stage};
 use super::provider::{Attempt, Message, Usage};
 use crate::error::{Error, Result};
 use crate::store::{Store, now_ms};
@@ -474,10 +479,149 @@ fn calls_where(store: &Store, run: &str, step: Option<i64>) -> Result<Vec<CallRo
     })
 }
 
+/// The compactions table is the journal's own, created on first use, so the
+/// store's numbered migrations stay with the store.
+const COMPACTIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS run_compactions (
+    run_id        TEXT NOT NULL REFERENCES runs(id),
+    n             INTEGER NOT NULL,
+    step          INTEGER NOT NULL,
+    stage         TEXT NOT NULL,
+    segment       INTEGER NOT NULL,
+    masked        INTEGER NOT NULL,
+    summarised    INTEGER NOT NULL,
+    summary       TEXT,
+    summary_step  INTEGER,
+    tokens_before INTEGER NOT NULL,
+    tokens_after  INTEGER NOT NULL,
+    window        INTEGER NOT NULL,
+    note          TEXT,
+    ts_ms         INTEGER NOT NULL,
+    PRIMARY KEY (run_id, n)
+)";
+
+/// Record a compaction, with the step of its summary call if it made one,
+/// in one transaction.
+pub fn put_compaction(
+    store: &Store,
+    run: &str,
+    c: &Compaction,
+    summary_step: Option<&StepRow>,
+) -> Result<()> {
+    let (attempts, usage) = match summary_step {
+        Some(s) => (
+            serde_json::to_string(&s.attempts).map_err(json_err)?,
+            serde_json::to_string(&s.usage).map_err(json_err)?,
+        ),
+        None => (String::new(), String::new()),
+    };
+    store.with_conn(|c0| {
+        c0.execute(COMPACTIONS_TABLE, [])?;
+        let tx = c0.transaction()?;
+        if let Some(s) = summary_step {
+            tx.execute(
+                "INSERT OR REPLACE INTO run_steps (run_id, step, provider, attempts, usage, cost, started_ms, ended_ms, summary)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1)",
+                params![run, s.step, s.provider, attempts, usage, s.cost, s.started_ms, s.ended_ms],
+            )?;
+        }
+        tx.execute(
+            "INSERT INTO run_compactions (run_id, n, step, stage, segment, masked, summarised, summary,
+                summary_step, tokens_before, tokens_after, window, note, ts_ms)
+             VALUES (?1, (SELECT COALESCE(MAX(n), 0) + 1 FROM run_compactions WHERE run_id = ?1),
+                ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            params![
+                run,
+                c.step,
+                c.stage.as_str(),
+                c.segment,
+                c.masked as i64,
+                c.summarised as i64,
+                c.summary,
+                c.summary_step,
+                c.tokens_before as i64,
+                c.tokens_after as i64,
+                c.window as i64,
+                c.note,
+                now_ms()
+            ],
+        )?;
+        tx.execute("UPDATE runs SET updated_ms = ?2 WHERE id = ?1", params![run, now_ms()])?;
+        tx.commit()?;
+        Ok(())
+    })
+}
+
+/// Every compaction of a run, oldest first.
+pub fn compactions(store: &Store, run: &str) -> Result<Vec<Compaction>> {
+    store.with_conn(|c| {
+        c.execute(COMPACTIONS_TABLE, [])?;
+        let mut stmt = c.prepare_cached(
+            "SELECT step, stage, segment, masked, summarised, summary, summary_step,
+                tokens_before, tokens_after, window, note
+             FROM run_compactions WHERE run_id = ?1 ORDER BY n",
+        )?;
+        let rows = stmt
+            .query_map(params![run], |r| {
+                let stage: String = r.get(1)?;
+                Ok(Compaction {
+                    step: r.get(0)?,
+                    stage: Stage::parse(&stage).unwrap_or(Stage::Rotate),
+                    segment: r.get(2)?,
+                    masked: r.get::<_, i64>(3)?.max(0) as usize,
+                    summarised: r.get::<_, i64>(4)?.max(0) as usize,
+                    summary: r.get(5)?,
+                    summary_step: r.get(6)?,
+                    tokens_before: r.get::<_, i64>(7)?.max(0) as u64,
+                    tokens_after: r.get::<_, i64>(8)?.max(0) as u64,
+                    window: r.get::<_, i64>(9)?.max(0) as u64,
+                    note: r.get(10)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_compaction_and_its_summary_step_are_written_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        create(&store, "r1", "t", "local", "default", &Value::Null, None).unwrap();
+        assert!(compactions(&store, "r1").unwrap().is_empty());
+        let c = Compaction {
+            step: 5,
+            stage: Stage::Summary,
+            segment: 0,
+            masked: 7,
+            summarised: 5,
+            summary: Some("## Task".into()),
+            summary_step: Some(5),
+            tokens_before: 6100,
+            tokens_after: 2000,
+            window: 8000,
+            note: None,
+        };
+        let step = StepRow {
+            step: 5,
+            provider: Some("p".into()),
+            attempts: vec![],
+            usage: Usage::default(),
+            cost: None,
+            started_ms: 1,
+            ended_ms: 2,
+            summary: true,
+        };
+        put_compaction(&store, "r1", &c, Some(&step)).unwrap();
+        assert_eq!(compactions(&store, "r1").unwrap(), vec![c]);
+        let s = steps(&store, "r1").unwrap();
+        assert_eq!(s.len(), 1);
+        assert!(s[0].summary);
+    }
 
     #[test]
     fn one_live_berth_owns_a_run_and_a_dead_one_lets_go() {

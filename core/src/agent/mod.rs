@@ -6,6 +6,7 @@
 //! dispatch, gate and event log as every other front end), journals each call
 //! before and after it runs, and stops with a recorded reason.
 
+pub mod context;
 pub mod host;
 pub mod journal;
 pub mod provider;

@@ -9,11 +9,15 @@
 //!    any other is validated, journaled started, run, journaled finished;
 //! 3. stop at a final answer; when a budget is spent, make one last call with
 //!    tools off for a summary;
-//! 4. otherwise ask the model (with failover), journal its turn, and go to 2.
+//! 4. otherwise fit the transcript to the model's context window (compacting
+//!    it if it would pass the threshold, see [`compact`]), ask the model (with
+//!    failover; a refusal for size compacts harder and retries once), journal
+//!    its turn, and go to 2.
 //!
 //! Every exit writes its reason to the run: `done`, `budget_spent`,
 //! `interrupted`, `awaiting_approval`, `provider_failed` or `error`.
 
+mod compact;
 mod settle;
 
 use std::collections::HashSet;
@@ -162,6 +166,28 @@ pub enum AgentEvent {
         detail: Value,
         /// Wall time.
         duration_ms: u64,
+    },
+    /// The transcript sent from now on was compacted (the journal keeps
+    /// every message).
+    Compaction {
+        /// The step whose request it shaped.
+        step: i64,
+        /// `mask`, `summary` or `rotate`.
+        stage: crate::agent::context::Stage,
+        /// The transcript segment from now on.
+        segment: i64,
+        /// Estimated tokens of the request before.
+        tokens_before: u64,
+        /// And after.
+        tokens_after: u64,
+        /// The window it was fitted to.
+        window: u64,
+        /// The summary of the elided steps.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        summary: Option<String>,
+        /// What went wrong on the way.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
     },
     /// The run stopped.
     Exit {
@@ -379,6 +405,8 @@ impl Agent {
         totals: &mut Totals,
         cancel: &CancellationToken,
     ) -> Result<(RunState, Option<String>, Option<String>)> {
+        let mut meter = compact::Meter::new(setup, journal::compactions(&self.store, id)?.pop());
+        let meter = &mut meter;
         loop {
             if let Some(stop) = self.settle(id, setup, msgs, cancel).await? {
                 return Ok(stop);
@@ -403,64 +431,95 @@ impl Agent {
                 journal::append_message(&self.store, id, *step, &note)?;
                 msgs.push((*step, note));
             }
-            *step += 1;
             let summary = spent.is_some();
-            (self.events)(&AgentEvent::Step {
-                step: *step,
-                summary,
-            });
-            let transcript: Vec<Message> = msgs.iter().map(|(_, m)| m.clone()).collect();
-            let req = Request {
-                system: &setup.system,
-                messages: &transcript,
-                tools: &setup.tools,
-                tool_choice: if summary {
-                    ToolChoice::None
-                } else {
-                    ToolChoice::Auto
-                },
-            };
-            let events = self.events.clone();
-            let mut on_text = |t: &str| events(&AgentEvent::Text { delta: t.into() });
-            let events = self.events.clone();
-            let mut on_retry = |a: &Attempt| events(&AgentEvent::Failover { attempt: a.clone() });
-            let started_ms = now_ms();
-            let t0 = Instant::now();
-            let answer = self
-                .failover
-                .complete(&req, &mut on_text, &mut on_retry, cancel)
-                .await;
-            let answer = match answer {
-                Ok(a) => a,
-                Err((ProviderError::Cancelled, _)) => {
-                    return Ok((
-                        RunState::Interrupted,
-                        Some("interrupted by the user while the model was answering".into()),
-                        None,
-                    ));
+            let mut harder = false;
+            let answer = loop {
+                let (transcript, tokens) = match self
+                    .fit(id, setup, msgs, step, totals, meter, harder, cancel)
+                    .await?
+                {
+                    compact::Fit::Send(t, n) => (t, n),
+                    compact::Fit::Stop(stop) => return Ok(stop),
+                };
+                *step += 1;
+                (self.events)(&AgentEvent::Step {
+                    step: *step,
+                    summary,
+                });
+                let req = Request {
+                    system: &setup.system,
+                    messages: &transcript,
+                    tools: &setup.tools,
+                    tool_choice: if summary {
+                        ToolChoice::None
+                    } else {
+                        ToolChoice::Auto
+                    },
+                };
+                let events = self.events.clone();
+                let mut on_text = |t: &str| events(&AgentEvent::Text { delta: t.into() });
+                let events = self.events.clone();
+                let mut on_retry =
+                    |a: &Attempt| events(&AgentEvent::Failover { attempt: a.clone() });
+                let started_ms = now_ms();
+                let t0 = Instant::now();
+                let answer = self
+                    .failover
+                    .complete(&req, &mut on_text, &mut on_retry, cancel)
+                    .await;
+                match answer {
+                    Ok(a) => break (a, started_ms, t0),
+                    Err((ProviderError::Cancelled, _)) => {
+                        return Ok((
+                            RunState::Interrupted,
+                            Some("interrupted by the user while the model was answering".into()),
+                            None,
+                        ));
+                    }
+                    Err((ProviderError::TooLarge { message, window }, attempts)) => {
+                        let learned = self.failover.learn_refusal(window, tokens);
+                        if let Some(a) = attempts.last() {
+                            (self.events)(&AgentEvent::Failover { attempt: a.clone() });
+                        }
+                        if harder {
+                            return Ok((
+                                RunState::Error,
+                                Some(format!(
+                                    "step {step}: the provider refused the request for its size twice, the second time after compacting to fit a window of {} tokens: {message}. If its window is smaller than that, set `context_window` (or pass --context-window), then carry on with `berth run --resume {id}`",
+                                    learned.map_or("unknown".into(), |w| w.to_string())
+                                )),
+                                None,
+                            ));
+                        }
+                        // Not the provider's failure: compact harder, once.
+                        *step -= 1;
+                        harder = true;
+                    }
+                    Err((e, attempts)) => {
+                        let why: Vec<String> = attempts
+                            .iter()
+                            .map(|a| {
+                                format!(
+                                    "{} {}: {}",
+                                    a.provider,
+                                    a.outcome,
+                                    a.why.clone().unwrap_or_default()
+                                )
+                            })
+                            .collect();
+                        return Ok((
+                            RunState::ProviderFailed,
+                            Some(format!(
+                                "no provider answered step {step}: {e} ({})",
+                                why.join("; ")
+                            )),
+                            None,
+                        ));
+                    }
                 }
-                Err((e, attempts)) => {
-                    let why: Vec<String> = attempts
-                        .iter()
-                        .map(|a| {
-                            format!(
-                                "{} {}: {}",
-                                a.provider,
-                                a.outcome,
-                                a.why.clone().unwrap_or_default()
-                            )
-                        })
-                        .collect();
-                    return Ok((
-                        RunState::ProviderFailed,
-                        Some(format!(
-                            "no provider answered step {step}: {e} ({})",
-                            why.join("; ")
-                        )),
-                        None,
-                    ));
-                }
             };
+            let (answer, started_ms, t0) = answer;
+            meter.answered(&answer.turn.usage);
             let provider = &self.failover.providers()[answer.provider];
             let cost = provider.cost(&answer.turn.usage);
             let mut turn = answer.turn;

@@ -10,6 +10,17 @@
 //! [`Reply::Cut`] stops a stream half way and drops the connection; a
 //! [`Reply::Status`] answers with an HTTP error (with `Retry-After`). An
 //! exhausted script answers 500 and says so.
+//!
+//! A context window ([`ProviderStandin::set_window`]) makes it count each
+//! request's tokens by a simple estimate, [`tokens`]: the request body's
+//! bytes divided by 4, rounded up. A request over the window is refused the
+//! way the real APIs refuse it (OpenAI's 400 `context_length_exceeded`,
+//! Anthropic's 400 `prompt is too long`) without using up the script, and
+//! the reported usage is that count. The window can be advertised as vLLM
+//! does (`GET /v1/models`, `max_model_len`) or as llama.cpp does (`GET
+//! /props`, `n_ctx`); those requests are kept apart ([`ProviderStandin::probes`]).
+//! A request with tools off (the summary call of a compaction) can be given
+//! a reply of its own ([`ProviderStandin::on_tools_off`]).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -52,6 +63,10 @@ pub enum Reply {
     },
     /// Stream half of this reply, then drop the connection.
     Cut(Box<Reply>),
+    /// A 400 with this JSON body.
+    Refuse(Value),
+    /// Wait this long, then give the reply.
+    Slow(std::time::Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -110,6 +125,25 @@ pub struct Recorded {
     pub raw: Vec<u8>,
     /// The body as JSON (`Null` if it was not JSON).
     pub body: Value,
+    /// Its tokens by the stand-in's estimate ([`tokens`]).
+    pub tokens: u64,
+}
+
+/// The stand-in's token count of a request body: its bytes over 4, rounded up.
+pub fn tokens(body: &[u8]) -> u64 {
+    (body.len() as u64).div_ceil(4)
+}
+
+/// How the stand-in tells its window, if it does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Advertise {
+    /// It does not (`GET` answers 404).
+    #[default]
+    Nothing,
+    /// vLLM: `GET /v1/models` lists the model with `max_model_len`.
+    Models,
+    /// llama.cpp: `GET /props` gives `default_generation_settings.n_ctx`.
+    Props,
 }
 
 impl Recorded {
@@ -122,10 +156,14 @@ impl Recorded {
     }
 }
 
-#[derive(Default)]
 struct State {
     script: VecDeque<Reply>,
     seen: Vec<Recorded>,
+    probes: Vec<String>,
+    window: Option<u64>,
+    advertise: Advertise,
+    usage: bool,
+    tools_off: Option<Reply>,
 }
 
 /// The running stand-in; stopped when dropped.
@@ -152,6 +190,11 @@ impl ProviderStandin {
         let state = Arc::new(Mutex::new(State {
             script: script.into(),
             seen: vec![],
+            probes: vec![],
+            window: None,
+            advertise: Advertise::Nothing,
+            usage: true,
+            tools_off: None,
         }));
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
         let st = state.clone();
@@ -203,6 +246,37 @@ impl ProviderStandin {
         }
     }
 
+    /// Refuse requests over `window` tokens, report usage as counted, and
+    /// advertise the window as `how` says.
+    pub fn set_window(&self, window: u64, how: Advertise) {
+        if let Ok(mut s) = self.state.lock() {
+            s.window = Some(window);
+            s.advertise = how;
+        }
+    }
+
+    /// Report token usage (on by default) or, like some servers, never.
+    pub fn set_usage(&self, report: bool) {
+        if let Ok(mut s) = self.state.lock() {
+            s.usage = report;
+        }
+    }
+
+    /// Answer every request with tools off with `reply`, leaving the script alone.
+    pub fn on_tools_off(&self, reply: Reply) {
+        if let Ok(mut s) = self.state.lock() {
+            s.tools_off = Some(reply);
+        }
+    }
+
+    /// The paths of the `GET` requests (window probes), in order.
+    pub fn probes(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .map(|s| s.probes.clone())
+            .unwrap_or_default()
+    }
+
     /// Replies not yet given.
     pub fn remaining(&self) -> usize {
         self.state.lock().map(|s| s.script.len()).unwrap_or(0)
@@ -224,16 +298,36 @@ async fn serve(mut sock: TcpStream, state: Arc<Mutex<State>>) {
     let Some(req) = read_request(&mut sock).await else {
         return;
     };
-    let reply = match state.lock() {
+    if req.method == "GET" {
+        let _ = probe(&mut sock, &state, &req).await;
+        return;
+    }
+    let req = req.recorded;
+    let anthropic = req.path.ends_with("/messages");
+    let tools_off = req.body["tool_choice"] == "none" || req.body["tool_choice"]["type"] == "none";
+    let (reply, usage) = match state.lock() {
         Ok(mut s) => {
             s.seen.push(req.clone());
-            s.script.pop_front()
+            let usage = match (s.usage, s.window) {
+                (false, _) => Usage::None,
+                (true, Some(_)) => Usage::Counted(req.tokens),
+                (true, None) => Usage::Fixed,
+            };
+            match s.window {
+                Some(w) if req.tokens > w => (Some(too_long(anthropic, w, req.tokens)), usage),
+                _ if tools_off && s.tools_off.is_some() => (s.tools_off.clone(), usage),
+                _ => (s.script.pop_front(), usage),
+            }
         }
-        Err(_) => None,
+        Err(_) => (None, Usage::Fixed),
     };
-    let anthropic = req.path.ends_with("/messages");
     let stream = req.body["stream"] == Value::Bool(true);
     let model = req.body["model"].as_str().unwrap_or("standin").to_string();
+    let mut reply = reply;
+    while let Some(Reply::Slow(wait, inner)) = reply {
+        tokio::time::sleep(wait).await;
+        reply = Some(*inner);
+    }
     let _ = match reply {
         None => {
             respond(
@@ -256,35 +350,94 @@ async fn serve(mut sock: TcpStream, state: Arc<Mutex<State>>) {
             )
             .await
         }
+        Some(Reply::Refuse(body)) => respond(&mut sock, 400, &[], &body).await,
         Some(Reply::Cut(inner)) => {
             let events = if anthropic {
-                anthropic_events(&inner, &model)
+                anthropic_events(&inner, &model, usage)
             } else {
-                openai_events(&inner, &model)
+                openai_events(&inner, &model, usage)
             };
             let half = events.len() / 2;
             stream_events(&mut sock, &events[..half.max(1)], false).await
         }
         Some(turn) if stream => {
             let events = if anthropic {
-                anthropic_events(&turn, &model)
+                anthropic_events(&turn, &model, usage)
             } else {
-                openai_events(&turn, &model)
+                openai_events(&turn, &model, usage)
             };
             stream_events(&mut sock, &events, true).await
         }
         Some(turn) => {
             let body = if anthropic {
-                anthropic_whole(&turn, &model)
+                anthropic_whole(&turn, &model, usage)
             } else {
-                openai_whole(&turn, &model)
+                openai_whole(&turn, &model, usage)
             };
             respond(&mut sock, 200, &[], &body).await
         }
     };
 }
 
-async fn read_request(sock: &mut TcpStream) -> Option<Recorded> {
+/// What a reply reports as usage.
+#[derive(Clone, Copy)]
+enum Usage {
+    /// The fixed counts (no window set).
+    Fixed,
+    /// The request's counted tokens.
+    Counted(u64),
+    /// Nothing at all.
+    None,
+}
+
+/// The real APIs' refusal of a request over the window.
+fn too_long(anthropic: bool, window: u64, tokens: u64) -> Reply {
+    Reply::Refuse(if anthropic {
+        json!({ "type": "error", "error": { "type": "invalid_request_error",
+            "message": format!("prompt is too long: {tokens} tokens > {window} maximum") } })
+    } else {
+        json!({ "error": {
+            "message": format!("This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."),
+            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded" } })
+    })
+}
+
+/// Answer a `GET`: the window, where the stand-in advertises it.
+async fn probe(
+    sock: &mut TcpStream,
+    state: &Arc<Mutex<State>>,
+    req: &Request,
+) -> std::io::Result<()> {
+    let (window, how) = match state.lock() {
+        Ok(mut s) => {
+            s.probes.push(req.recorded.path.clone());
+            (s.window, s.advertise)
+        }
+        Err(_) => (None, Advertise::Nothing),
+    };
+    let path = req.recorded.path.as_str();
+    match (window, how) {
+        (Some(w), Advertise::Models) if path.ends_with("/v1/models") => {
+            let body = json!({ "object": "list", "data": [
+                { "id": "served-model", "object": "model", "owned_by": "vllm", "max_model_len": w }
+            ]});
+            respond(sock, 200, &[], &body).await
+        }
+        (Some(w), Advertise::Props) if path == "/props" => {
+            let body = json!({ "default_generation_settings": { "n_ctx": w }, "total_slots": 1 });
+            respond(sock, 200, &[], &body).await
+        }
+        _ => respond(sock, 404, &[], &json!({ "error": "not found" })).await,
+    }
+}
+
+/// A request and its method.
+struct Request {
+    method: String,
+    recorded: Recorded,
+}
+
+async fn read_request(sock: &mut TcpStream) -> Option<Request> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let head_end = loop {
@@ -299,7 +452,9 @@ async fn read_request(sock: &mut TcpStream) -> Option<Recorded> {
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
-    let path = lines.next()?.split(' ').nth(1)?.to_string();
+    let mut first = lines.next()?.split(' ');
+    let method = first.next()?.to_string();
+    let path = first.next()?.to_string();
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
@@ -318,11 +473,15 @@ async fn read_request(sock: &mut TcpStream) -> Option<Recorded> {
         raw.extend_from_slice(&chunk[..n]);
     }
     let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-    Some(Recorded {
-        path,
-        headers,
-        raw,
-        body,
+    Some(Request {
+        method,
+        recorded: Recorded {
+            path,
+            headers,
+            tokens: tokens(&raw),
+            raw,
+            body,
+        },
     })
 }
 
@@ -405,16 +564,30 @@ fn parts(r: &Reply) -> (&str, &[Call], &str) {
     }
 }
 
-fn openai_usage() -> Value {
+fn openai_usage(u: Usage) -> Value {
+    let (input, cached) = match u {
+        Usage::Fixed => (USAGE_IN, USAGE_CACHED),
+        Usage::Counted(n) => (n, 0),
+        Usage::None => return Value::Null,
+    };
     json!({
-        "prompt_tokens": USAGE_IN,
+        "prompt_tokens": input,
         "completion_tokens": USAGE_OUT,
-        "total_tokens": USAGE_IN + USAGE_OUT,
-        "prompt_tokens_details": { "cached_tokens": USAGE_CACHED }
+        "total_tokens": input + USAGE_OUT,
+        "prompt_tokens_details": { "cached_tokens": cached }
     })
 }
 
-fn openai_events(r: &Reply, model: &str) -> Vec<String> {
+/// Anthropic's input counts: uncached input and cache reads.
+fn anthropic_input(u: Usage) -> Option<(u64, u64)> {
+    match u {
+        Usage::Fixed => Some((USAGE_IN - USAGE_CACHED, USAGE_CACHED)),
+        Usage::Counted(n) => Some((n, 0)),
+        Usage::None => None,
+    }
+}
+
+fn openai_events(r: &Reply, model: &str, usage: Usage) -> Vec<String> {
     let (text, calls, stop) = parts(r);
     let chunk = |delta: Value, finish: Value| {
         format!(
@@ -446,16 +619,18 @@ fn openai_events(r: &Reply, model: &str) -> Vec<String> {
         }
     }
     out.push(chunk(json!({}), Value::String(stop.into())));
-    out.push(format!(
-        "data: {}\n\n",
-        json!({ "id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
-                "choices": [], "usage": openai_usage() })
-    ));
+    if !matches!(usage, Usage::None) {
+        out.push(format!(
+            "data: {}\n\n",
+            json!({ "id": "chatcmpl-standin", "object": "chat.completion.chunk", "model": model,
+                    "choices": [], "usage": openai_usage(usage) })
+        ));
+    }
     out.push("data: [DONE]\n\n".into());
     out
 }
 
-fn openai_whole(r: &Reply, model: &str) -> Value {
+fn openai_whole(r: &Reply, model: &str, usage: Usage) -> Value {
     let (text, calls, stop) = parts(r);
     let mut message = json!({ "role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text.into()) } });
     if !calls.is_empty() {
@@ -467,7 +642,7 @@ fn openai_whole(r: &Reply, model: &str) -> Value {
     json!({
         "id": "chatcmpl-standin", "object": "chat.completion", "model": model,
         "choices": [{ "index": 0, "message": message, "finish_reason": stop }],
-        "usage": openai_usage(),
+        "usage": openai_usage(usage),
     })
 }
 
@@ -479,16 +654,19 @@ fn anthropic_stop(stop: &str) -> &'static str {
     }
 }
 
-fn anthropic_events(r: &Reply, model: &str) -> Vec<String> {
+fn anthropic_events(r: &Reply, model: &str, usage: Usage) -> Vec<String> {
     let (text, calls, stop) = parts(r);
     let ev = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let start_usage = match anthropic_input(usage) {
+        Some((input, cached)) => json!({ "input_tokens": input, "cache_read_input_tokens": cached,
+                       "cache_creation_input_tokens": 0, "output_tokens": 1 }),
+        None => json!({}),
+    };
     let mut out = vec![ev(
         "message_start",
         json!({ "type": "message_start", "message": {
             "id": "msg_standin", "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": null,
-            "usage": { "input_tokens": USAGE_IN - USAGE_CACHED, "cache_read_input_tokens": USAGE_CACHED,
-                       "cache_creation_input_tokens": 0, "output_tokens": 1 } } }),
+            "content": [], "stop_reason": null, "usage": start_usage } }),
     )];
     let mut index = 0;
     if !text.is_empty() {
@@ -531,13 +709,13 @@ fn anthropic_events(r: &Reply, model: &str) -> Vec<String> {
     out.push(ev(
         "message_delta",
         json!({ "type": "message_delta", "delta": { "stop_reason": anthropic_stop(stop), "stop_sequence": null },
-                "usage": { "output_tokens": USAGE_OUT } }),
+                "usage": if matches!(usage, Usage::None) { json!({}) } else { json!({ "output_tokens": USAGE_OUT }) } }),
     ));
     out.push(ev("message_stop", json!({ "type": "message_stop" })));
     out
 }
 
-fn anthropic_whole(r: &Reply, model: &str) -> Value {
+fn anthropic_whole(r: &Reply, model: &str, usage: Usage) -> Value {
     let (text, calls, stop) = parts(r);
     let mut content = Vec::new();
     if !text.is_empty() {
@@ -552,7 +730,10 @@ fn anthropic_whole(r: &Reply, model: &str) -> Value {
     json!({
         "id": "msg_standin", "type": "message", "role": "assistant", "model": model,
         "content": content, "stop_reason": anthropic_stop(stop), "stop_sequence": null,
-        "usage": { "input_tokens": USAGE_IN - USAGE_CACHED, "cache_read_input_tokens": USAGE_CACHED,
-                   "cache_creation_input_tokens": 0, "output_tokens": USAGE_OUT },
+        "usage": match anthropic_input(usage) {
+            Some((input, cached)) => json!({ "input_tokens": input, "cache_read_input_tokens": cached,
+                   "cache_creation_input_tokens": 0, "output_tokens": USAGE_OUT }),
+            None => json!({}),
+        },
     })
 }

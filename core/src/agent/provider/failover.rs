@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::{OnText, ProviderConfig, ProviderError, Request, Turn, complete};
+use super::{OnText, ProviderConfig, ProviderError, Request, Turn, complete, window};
 
 /// Rounds over the whole list before a step gives up.
 const ROUNDS: usize = 3;
 /// The longest berth waits for a provider to come back, per round.
 const MAX_WAIT: Duration = Duration::from_secs(60);
+/// The share of the window at which a run compacts, unless configured.
+pub const DEFAULT_COMPACT_AT: f64 = 0.75;
 
 /// What happened with one provider on one step.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +45,11 @@ pub struct Failover {
     providers: Vec<ProviderConfig>,
     client: reqwest::Client,
     not_before: Vec<Option<Instant>>,
+    /// Each provider's context window, as configured, reported or learned.
+    windows: Vec<Option<u64>>,
+    probed: bool,
+    /// The provider that last refused a request for its size.
+    refused_by: Option<usize>,
 }
 
 impl Failover {
@@ -58,11 +65,53 @@ impl Failover {
             .build()
             .map_err(|e| ProviderError::Fatal(format!("cannot build the HTTP client: {e}")))?;
         let n = providers.len();
+        let windows = providers.iter().map(|p| p.context_window).collect();
         Ok(Self {
             providers,
             client,
             not_before: vec![None; n],
+            windows,
+            probed: false,
+            refused_by: None,
         })
+    }
+
+    /// Ask the endpoints of providers with no configured window for theirs
+    /// (once per process).
+    pub async fn probe_windows(&mut self) {
+        if self.probed {
+            return;
+        }
+        self.probed = true;
+        for i in 0..self.providers.len() {
+            if self.windows[i].is_none() {
+                self.windows[i] = window::probe(&self.client, &self.providers[i]).await;
+            }
+        }
+    }
+
+    /// The window a request must fit: the smallest known one, so that a
+    /// failover never lands on a provider that cannot take the request.
+    pub fn window(&self) -> Option<u64> {
+        self.windows.iter().flatten().copied().min()
+    }
+
+    /// The share of the window at which to compact: the lowest configured.
+    pub fn compact_at(&self) -> f64 {
+        self.providers
+            .iter()
+            .filter_map(|p| p.compact_at)
+            .filter(|f| *f > 0.0 && *f <= 1.0)
+            .fold(DEFAULT_COMPACT_AT, f64::min)
+    }
+
+    /// Learn from a refusal for size: the window the provider named, or,
+    /// when it named none, that the window is below `sent` tokens.
+    pub fn learn_refusal(&mut self, named: Option<u64>, sent: u64) -> Option<u64> {
+        let i = self.refused_by.take()?;
+        let w = named.unwrap_or(sent.saturating_mul(9) / 10).max(1);
+        self.windows[i] = Some(self.windows[i].map_or(w, |old| old.min(w)));
+        self.windows[i]
     }
 
     /// The providers.
@@ -135,6 +184,12 @@ impl Failover {
                         });
                     }
                     Err(e) => {
+                        if let ProviderError::TooLarge { window, .. } = &e {
+                            self.refused_by = Some(i);
+                            if let Some(w) = window {
+                                self.windows[i] = Some(self.windows[i].map_or(*w, |o| o.min(*w)));
+                            }
+                        }
                         attempts.push(Attempt {
                             provider: name,
                             outcome: "failed".into(),

@@ -16,6 +16,7 @@ pub mod anthropic;
 pub mod failover;
 pub mod openai;
 pub mod sse;
+pub mod window;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -90,6 +91,14 @@ pub struct ProviderConfig {
     /// Price per million output tokens.
     #[serde(default)]
     pub price_output_per_mtok: Option<f64>,
+    /// The model's context window in tokens, when the endpoint does not say
+    /// (vLLM's `/v1/models` and llama.cpp's `/props` do) or says wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// The share of the window at which a run compacts its transcript
+    /// (0.75 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_at: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -117,6 +126,8 @@ impl ProviderConfig {
             timeout_secs: default_timeout(),
             price_input_per_mtok: None,
             price_output_per_mtok: None,
+            context_window: None,
+            compact_at: None,
         }
     }
 
@@ -293,6 +304,15 @@ pub enum ProviderError {
         /// The provider's `Retry-After`, if it sent one.
         retry_after: Option<Duration>,
     },
+    /// The request is larger than the model's context window. Not the
+    /// provider's fault, so no other provider is tried: the run compacts.
+    #[error("{message}")]
+    TooLarge {
+        /// What the provider said.
+        message: String,
+        /// The window it named, if any.
+        window: Option<u64>,
+    },
     /// The request itself is wrong (4xx other than 429, an unreadable answer):
     /// another provider would say the same.
     #[error("{0}")]
@@ -353,6 +373,12 @@ pub async fn complete(
         let text = resp.text().await.unwrap_or_default();
         let snippet: String = text.chars().take(300).collect();
         let message = format!("{url} answered {status}: {snippet}");
+        if let Some(r) = window::refusal(status.as_u16(), &text) {
+            return Err(ProviderError::TooLarge {
+                message,
+                window: r.window,
+            });
+        }
         return Err(
             if status.as_u16() == 429 || status.is_server_error() || status.as_u16() == 408 {
                 ProviderError::Retryable {
