@@ -657,7 +657,9 @@ mod tests {
         match parse_marker(body, "abc") {
             Ending::Marker { cwd, defs, .. } => {
                 assert_eq!(cwd, "/a\x1e\x1exyz");
-                let d = defs.expect("definitions");
+                let Some(d) = defs else {
+                    panic!("no definitions")
+                };
                 assert_eq!(
                     d.functions.as_deref(),
                     Some("f () \n{ \n    echo '\x1exyzA x'\n}\n\x1exyzFnot")

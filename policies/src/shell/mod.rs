@@ -289,12 +289,10 @@ pub fn declarations_only(text: &str) -> Result<(), String> {
             .skip_while(|w| crate::argv::assignment(w).is_some())
             .map(String::as_str)
             .collect();
-        let ok = match words.as_slice() {
-            [] => true,
-            ["declare" | "export" | "alias", ..] => true,
-            ["builtin", "cd" | "unset", ..] => true,
-            _ => false,
-        };
+        let ok = matches!(
+            words.as_slice(),
+            [] | ["declare" | "export" | "alias", ..] | ["builtin", "cd" | "unset", ..]
+        );
         if !ok {
             return bad();
         }
