@@ -714,29 +714,49 @@ fn aliases_set_out_of_the_readers_sight_are_resolved() -> TestResult {
 
 /// Issue 32 item 7: the gate judges a call of an alias by what the shell
 /// reported at its end marker, not by the snapshot files in the sandbox, which
-/// a command can edit: rewriting the alias there does not launder `rm`.
+/// a command can edit. Editing them either way launders nothing: a warm shell
+/// (through `berth serve`) keeps what it holds, and a shell restored from the
+/// edited files (in-process, `BERTH_SERVER=off`) reports what it replayed, so
+/// whichever alias really holds `rm` is refused.
 #[test]
 fn an_edited_snapshot_does_not_launder_an_alias() -> TestResult {
     let env = Env::new(GUARD)?;
-    // Set where the gate does not read it as an alias's code at once (see
+    // Set where the gate does not read them as an alias's code at once (see
     // `aliases_set_out_of_the_readers_sight_are_resolved`).
-    let o = env.run(&["exec", "--", "touch keep && BASH_ALIASES[ll]='rm keep'"])?;
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = env.run(&[
         "exec",
         "--",
-        r#"sed -i "s/rm keep/ls/" "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 2>/dev/null; grep -h "alias ll=" "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 2>/dev/null"#,
+        "touch keep && BASH_ALIASES[ll]='rm keep' && BASH_ALIASES[lz]='ls'",
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Swap them in the files: `ll` now says `ls`, `lz` says `rm keep`.
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] && sed -i -e "s/alias ll='rm keep'/alias ll='ls'/" -e "s/alias lz='ls'/alias lz='rm keep'/" "$f"; done; grep -h "alias l[lz]=" "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 2>/dev/null"#,
     ])?;
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    // The edit landed: the files now say `ls`.
+    // The edit landed.
     assert!(
-        out.contains("alias ll='ls'") && !out.contains("rm keep"),
+        out.contains("alias ll='ls'") && out.contains("alias lz='rm keep'"),
         "{}",
         text(&o)
     );
-    let o = env.run(&["exec", "--", "ll"])?;
-    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
-    assert!(env.work().join("keep").exists(), "the laundered alias ran");
+    // What the shell running the next commands really holds.
+    let o = env.run(&["exec", "--", "alias ll lz"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let held = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut refused = 0;
+    for name in ["ll", "lz"] {
+        let harmful = held.contains(&format!("alias {name}='rm keep'"));
+        let o = env.run(&["exec", "--", name])?;
+        let want = if harmful { 126 } else { 0 };
+        assert_eq!(o.status.code(), Some(want), "{name} ({held}): {}", text(&o));
+        assert!(env.work().join("keep").exists(), "{name} ran `rm keep`");
+        refused += usize::from(harmful);
+    }
+    // Exactly one of the two holds `rm`, whichever way the shell came.
+    assert_eq!(refused, 1, "{held}");
     Ok(())
 }
 
