@@ -49,6 +49,7 @@ macro_rules! jobs_suite {
             case!(an_interrupt_reaches_a_job_that_handles_it);
             case!(named_sessions_keep_their_own_state_and_survive_a_restart);
             case!(a_flooding_job_keeps_at_most_twice_its_log_cap);
+            case!(fifos_planted_in_a_jobs_directory_stall_no_call);
         }
     };
 }
@@ -452,6 +453,48 @@ pub async fn stdin_through_the_fifo_and_eof(h: &Harness) -> TestResult {
     assert_eq!(r.logs(&id).await?, "first=one\ntwo\nthreedone\n");
     let err = r.rt.send_job(&id, b"late", false).await;
     assert!(err.is_err(), "sending to a finished job must fail");
+    r.finish().await
+}
+
+/// Issue 32 item 6: a job's record files are written by the sandbox, so a
+/// command can replace them with FIFOs, which block whoever opens them. Every
+/// call that reads them (list, status, wait, kill) returns at once, reports
+/// the job lost (its record cannot be trusted), signals nothing, and the
+/// session stays usable.
+pub async fn fifos_planted_in_a_jobs_directory_stall_no_call(h: &Harness) -> TestResult {
+    let r = Rig::new(h, "job-fifo").await?;
+    let id = r.start("sleep 30").await?;
+    let job = r.rt.job(&id).await?;
+    assert_eq!(job.state, JobState::Running, "{job:?}");
+    let dir = {
+        let sb = r.rt.attach(&r.kind, &r.sandbox).await?;
+        job.dir(sb.as_ref())
+    };
+    let planted = r
+        .exec(&format!(
+            "cd {dir} && for f in status wrapper pid; do rm -f $f && mkfifo $f; done; ls -l status wrapper pid | cut -c1 | tr -d '\\n'"
+        ))
+        .await?;
+    assert_eq!(planted.trim(), "ppp", "the FIFOs are in place");
+    // Bounded only so that a stall fails here instead of hanging the suite.
+    let bound = Duration::from_secs(60);
+    let listed = tokio::time::timeout(bound, r.rt.list_jobs())
+        .await
+        .map_err(|_| "listing jobs stalled on a FIFO")??;
+    let listed = listed
+        .iter()
+        .find(|j| j.id == id)
+        .ok_or("the job is missing from the list")?;
+    assert_eq!(listed.state, JobState::Lost, "{listed:?}");
+    let waited = tokio::time::timeout(bound, r.rt.wait_job(&id, WAIT))
+        .await
+        .map_err(|_| "waiting for the job stalled on a FIFO")??;
+    assert_eq!((waited.state, waited.exit_code), (JobState::Lost, None));
+    let killed = tokio::time::timeout(bound, r.rt.kill_job(&id, Signal::Kill))
+        .await
+        .map_err(|_| "killing the job stalled on a FIFO")??;
+    assert_eq!(killed, KillOutcome::AlreadyEnded(JobState::Lost, None));
+    assert_eq!(r.exec("echo still here").await?.trim(), "still here");
     r.finish().await
 }
 
