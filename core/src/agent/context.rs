@@ -229,7 +229,7 @@ pub fn plan(msgs: &[(i64, Message)], prev: Option<&Compaction>, run_id: &str, t:
     let prev_summarised = prev.map_or(0, |c| c.summarised);
     // Stage a: stubs for every tool result before the newest turn.
     if t.at_least <= Stage::Mask {
-        let mut probe = prev.cloned().unwrap_or_else(blank);
+        let mut probe = prev.cloned().unwrap_or_else(|| blank(0));
         probe.masked = newest;
         probe.summary = prev.and_then(|c| c.summary.clone());
         let sent = estimate_all(&view(msgs, Some(&probe), run_id, None));
@@ -284,7 +284,8 @@ pub fn plan(msgs: &[(i64, Message)], prev: Option<&Compaction>, run_id: &str, t:
     }
 }
 
-fn blank() -> Compaction {
+/// No compaction yet, for a `window`: everything is sent.
+pub fn blank(window: u64) -> Compaction {
     Compaction {
         step: 0,
         stage: Stage::Mask,
@@ -295,7 +296,7 @@ fn blank() -> Compaction {
         summary_step: None,
         tokens_before: 0,
         tokens_after: 0,
-        window: 0,
+        window,
         note: None,
     }
 }
@@ -303,7 +304,7 @@ fn blank() -> Compaction {
 impl Compaction {
     /// The compaction `plan` describes, after `prev`.
     pub fn from_plan(p: &Plan, prev: Option<&Compaction>, step: i64, window: u64) -> Compaction {
-        let mut c = prev.cloned().unwrap_or_else(blank);
+        let mut c = prev.cloned().unwrap_or_else(|| blank(0));
         c.step = step;
         c.stage = p.stage;
         c.masked = p.masked;

@@ -311,19 +311,7 @@ impl Agent {
         // much, its oldest turns go (the previous summary covers the start).
         let mut first = from;
         let ask = loop {
-            let mut c = prev.cloned().unwrap_or(Compaction {
-                step: 0,
-                stage: Stage::Mask,
-                segment: 0,
-                masked: 0,
-                summarised: 0,
-                summary: None,
-                summary_step: None,
-                tokens_before: 0,
-                tokens_after: 0,
-                window,
-                note: None,
-            });
+            let mut c = prev.cloned().unwrap_or_else(|| context::blank(window));
             c.masked = upto;
             c.summarised = if first > 1 { first } else { 0 };
             if c.summary.is_none() && first > 1 {
