@@ -18,6 +18,7 @@ use berth_core::agent::journal::{self, RunState};
 use berth_core::agent::provider::{Api, Failover, ProviderConfig};
 use berth_core::agent::runner::{Agent, AgentEvent, Budget, EventSink, Setup};
 use berth_core::agent::{RegistryTools, ToolHost};
+use berth_core::memory;
 use berth_core::store::Store;
 use clap::{Args, Subcommand};
 use serde::Deserialize;
@@ -79,6 +80,10 @@ pub struct RunArgs {
     /// window (default 0.75).
     #[arg(long, value_name = "SHARE")]
     pub compact_at: Option<f64>,
+    /// At most this many tokens of memory notes (`berth memory`) in a new
+    /// run's instructions; 0 leaves them out.
+    #[arg(long, value_name = "TOKENS", default_value_t = berth_core::agent::runner::MEMORY_TOKENS)]
+    pub memory_tokens: u64,
     /// Wait for approvals instead of saving the run and exiting.
     #[arg(long)]
     pub wait: bool,
@@ -116,6 +121,26 @@ pub enum RunsCmd {
         /// The run's id.
         id: String,
         /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Find words in past runs' transcripts (full-text, secrets masked).
+    #[command(
+        after_help = "Examples:\n  berth runs search 'flaky test'\n  berth runs search postgres --sandbox prod --backend ssh --json"
+    )]
+    Search {
+        /// The words (all must match; failing that, any).
+        text: String,
+        /// Only runs in this sandbox.
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// The sandbox's backend (with --sandbox).
+        #[arg(long, default_value = context::DEFAULT_BACKEND)]
+        backend: String,
+        /// How many matches.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// One JSON object per line.
         #[arg(long)]
         json: bool,
     },
@@ -302,7 +327,8 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         sink,
         redact,
     )
-    .wait_for_approvals(a.wait);
+    .wait_for_approvals(a.wait)
+    .with_memory_tokens(a.memory_tokens);
     let chat = a.task.is_none() && run_id.is_none() && std::io::stdin().is_terminal();
     let run_id = match run_id {
         Some(id) => id,
@@ -539,10 +565,55 @@ impl Printer {
     }
 }
 
+/// `berth runs search`: matches in past transcripts, best first.
+fn search(
+    store: &Store,
+    text: &str,
+    only: Option<(String, String)>,
+    limit: usize,
+    json: bool,
+) -> Result<u8> {
+    let gate = context::gate()?;
+    let redact = |t: &str| gate.redact(t).into_owned();
+    let view = match only {
+        Some((backend, sandbox)) => memory::View::Sandbox { backend, sandbox },
+        None => memory::View::All,
+    };
+    let hits = memory::search_runs(store, &view, text, limit, &redact)?;
+    for h in &hits {
+        if json {
+            println!("{}", serde_json::to_string(h)?);
+        } else {
+            println!(
+                "{}  step {:<3} {:<9} {}/{}  {}\n    {}",
+                h.run_id,
+                h.step,
+                h.role,
+                h.backend,
+                h.sandbox,
+                berth_policies::shell::printable(&h.task),
+                berth_policies::shell::printable(&h.snippet.replace('\n', " "))
+            );
+        }
+    }
+    if hits.is_empty() && !json {
+        eprintln!("berth: no past run says that; try fewer or other words");
+        return Ok(1);
+    }
+    Ok(0)
+}
+
 pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
     let dir = context::state_dir(state_dir)?;
     let store = Store::open(&dir)?;
     match cmd {
+        RunsCmd::Search {
+            text,
+            sandbox,
+            backend,
+            limit,
+            json,
+        } => search(&store, &text, sandbox.map(|s| (backend, s)), limit, json),
         RunsCmd::Ls { json, limit } => {
             let rows = journal::runs(&store, limit)?;
             for r in &rows {

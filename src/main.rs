@@ -12,6 +12,7 @@ mod cmd_events;
 mod cmd_exec;
 mod cmd_image;
 mod cmd_job;
+mod cmd_memory;
 mod cmd_policy;
 mod cmd_reap;
 mod cmd_run;
@@ -82,7 +83,7 @@ pub(crate) enum Command {
     Sandbox(cmd_sandbox::SandboxCmd),
     /// Show the event log: every call with its exit code, duration and output size.
     Events(cmd_events::EventsArgs),
-    /// Serve berth's tools (terminal, process, read_file, write_file) over MCP on stdio.
+    /// Serve berth's tools (terminal, process, the file tools, memory) over MCP on stdio.
     Mcp(mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
@@ -104,6 +105,9 @@ pub(crate) enum Command {
     /// The journal of agent runs: list them, show one step by step.
     #[command(subcommand)]
     Runs(cmd_run::RunsCmd),
+    /// Notes that new agent runs start with: list, add, remove.
+    #[command(subcommand)]
+    Memory(cmd_memory::MemoryCmd),
     /// Hold berth's runtime (warm shells, connections, approvals) for CLI calls, in the foreground.
     Serve(cmd_server::ServeArgs),
     /// The background server: `status`, `stop`.
@@ -160,6 +164,7 @@ fn main() -> ExitCode {
             Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
             Command::Run(a) => cmd_run::run(cli.state_dir, *a).await,
             Command::Runs(c) => cmd_run::runs(cli.state_dir, c),
+            Command::Memory(c) => cmd_memory::run(cli.state_dir, c),
             Command::Serve(a) => cmd_server::serve(cli.state_dir, a).await,
             Command::Server(c) => cmd_server::run(cli.state_dir, c).await,
             c => in_process(cli.state_dir, c).await,

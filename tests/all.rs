@@ -7,6 +7,7 @@
 //!   stand-in, and the official Python SDK against the same stand-in.
 //! - `agent`, `context`: `berth run` against the model provider stand-in;
 //!   `context` keeps a run inside a small context window.
+//! - `memory`: notes across runs and the search over past transcripts.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
 //! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
 //! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
@@ -20,6 +21,7 @@ mod cli;
 mod context;
 mod e2b_backend;
 mod mcp;
+mod memory;
 #[macro_use]
 mod conformance;
 #[macro_use]

@@ -364,7 +364,9 @@ async fn core_flow(c: &Client, backend: &str) -> TestResult {
             "process",
             "read_file",
             "write_file",
-            "edit_file"
+            "edit_file",
+            "memory",
+            "history_search"
         ]
     );
     let schema = |n: &str| -> Value {

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod error;
 pub mod gate;
 pub mod jobs;
+pub mod memory;
 pub mod owner;
 pub mod procs;
 pub mod session;

@@ -20,6 +20,7 @@
 //!
 //! [tools]
 //! sandbox = true                    # let the model create and destroy sandboxes
+//! memory = "sandbox"                # off | sandbox | user: the `memory` and `history_search` tools
 //! ```
 //!
 //! Flow at a glance: the caller normalises the path (absolute, `.` and `..`
@@ -205,6 +206,23 @@ impl FileRules {
 pub struct ToolSwitches {
     /// The `sandbox` tool: the model may list, create and destroy sandboxes.
     pub sandbox: bool,
+    /// The `memory` and `history_search` tools, and how far they reach.
+    pub memory: MemoryAccess,
+}
+
+/// How far the model's memory tools reach.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryAccess {
+    /// No memory tools.
+    Off,
+    /// Notes of the model's sandbox (and reading the user's), and the runs of
+    /// its sandbox: an untrusted sandbox can neither plant text in another
+    /// sandbox's prompt nor read another sandbox's transcripts.
+    #[default]
+    Sandbox,
+    /// Also the user's notes across sandboxes, and every run.
+    User,
 }
 
 /// `[files]` as written in the policy file.
@@ -283,6 +301,7 @@ ops = ["write"]
 outside_workspace = true
 [tools]
 sandbox = true
+memory = "user"
 "#,
             "t",
         )
@@ -309,6 +328,8 @@ sandbox = true
         assert_eq!(f.check(FileOp::Write, "/work/x", ws).action, Action::Allow);
         assert!(p.tools.sandbox);
         assert!(!Policy::default().tools.sandbox);
+        assert_eq!(p.tools.memory, MemoryAccess::User);
+        assert_eq!(Policy::default().tools.memory, MemoryAccess::Sandbox);
     }
 
     #[test]

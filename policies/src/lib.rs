@@ -31,7 +31,7 @@ pub mod shell;
 pub use dangerous::Pattern;
 pub use env::EnvFilter;
 pub use file::{Approvals, Policy, PolicyError, append_allow_rule};
-pub use files::{FileOp, FileRule, FileRules, FileVerdict, ToolSwitches};
+pub use files::{FileOp, FileRule, FileRules, FileVerdict, MemoryAccess, ToolSwitches};
 pub use limits::{Limits, LimitsTable, TimeoutTooLong};
 pub use profile::{LocalPolicy, RLimits, SandboxProfile};
 pub use redact::Redactor;

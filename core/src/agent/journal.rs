@@ -479,26 +479,6 @@ fn calls_where(store: &Store, run: &str, step: Option<i64>) -> Result<Vec<CallRo
     })
 }
 
-/// The compactions table is the journal's own, created on first use, so the
-/// store's numbered migrations stay with the store.
-const COMPACTIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS run_compactions (
-    run_id        TEXT NOT NULL REFERENCES runs(id),
-    n             INTEGER NOT NULL,
-    step          INTEGER NOT NULL,
-    stage         TEXT NOT NULL,
-    segment       INTEGER NOT NULL,
-    masked        INTEGER NOT NULL,
-    summarised    INTEGER NOT NULL,
-    summary       TEXT,
-    summary_step  INTEGER,
-    tokens_before INTEGER NOT NULL,
-    tokens_after  INTEGER NOT NULL,
-    window        INTEGER NOT NULL,
-    note          TEXT,
-    ts_ms         INTEGER NOT NULL,
-    PRIMARY KEY (run_id, n)
-)";
-
 /// Record a compaction, with the step of its summary call if it made one,
 /// in one transaction.
 pub fn put_compaction(
@@ -515,7 +495,6 @@ pub fn put_compaction(
         None => (String::new(), String::new()),
     };
     store.with_conn(|c0| {
-        c0.execute(COMPACTIONS_TABLE, [])?;
         let tx = c0.transaction()?;
         if let Some(s) = summary_step {
             tx.execute(
@@ -553,8 +532,7 @@ pub fn put_compaction(
 
 /// Every compaction of a run, oldest first.
 pub fn compactions(store: &Store, run: &str) -> Result<Vec<Compaction>> {
-    store.with_conn(|c| {
-        c.execute(COMPACTIONS_TABLE, [])?;
+    store.with_db(|c| {
         let mut stmt = c.prepare_cached(
             "SELECT step, stage, segment, masked, summarised, summary, summary_step,
                 tokens_before, tokens_after, window, note

@@ -83,6 +83,9 @@ pub fn default_system(backend: &str, sandbox: &str) -> String {
     )
 }
 
+/// The system prompt's line on the memory tools, when the run has them.
+const MEMORY_HINT: &str = "\n- `memory` keeps notes for later runs (how to build and test here, what failed and why); `history_search` finds words in past runs' transcripts, and in tool results dropped from your context.";
+
 /// What the loop tells its front end, in order. `--json` prints these, one per line.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -233,7 +236,12 @@ pub struct Agent {
     wait_approvals: bool,
     events: EventSink,
     redact: Redact,
+    memory_tokens: u64,
 }
+
+/// How many tokens of memory notes a new run's system prompt carries unless
+/// told otherwise.
+pub const MEMORY_TOKENS: u64 = 1000;
 
 struct Totals {
     steps: i64,
@@ -259,7 +267,14 @@ impl Agent {
             wait_approvals: false,
             events,
             redact,
+            memory_tokens: MEMORY_TOKENS,
         }
+    }
+
+    /// Give a new run's system prompt at most `tokens` of memory notes (0: none).
+    pub fn with_memory_tokens(mut self, tokens: u64) -> Self {
+        self.memory_tokens = tokens;
+        self
     }
 
     /// Wait for approvals instead of pausing the run.
@@ -269,10 +284,23 @@ impl Agent {
     }
 
     /// Start a run of `task` (journaled; [`Agent::run`] carries it out).
+    /// Its system prompt ends with the newest memory notes the sandbox sees,
+    /// frozen with the rest of the setup: notes added later reach later runs.
     pub fn start(&self, task: &str, backend: &str, sandbox: &str) -> Result<String> {
+        let tools = self.host.specs();
+        let mut system = default_system(backend, sandbox);
+        if tools.iter().any(|t| t.name == "memory") {
+            system.push_str(MEMORY_HINT);
+            if let Some(notes) =
+                crate::memory::prompt_section(&self.store, backend, sandbox, self.memory_tokens)?
+            {
+                system.push_str("\n\n");
+                system.push_str(&notes);
+            }
+        }
         let setup = Setup {
-            system: default_system(backend, sandbox),
-            tools: self.host.specs(),
+            system,
+            tools,
             max_calls_per_turn: 8,
             providers: self
                 .failover

@@ -136,4 +136,50 @@ pub(super) const MIGRATIONS: &[&str] = &[
     "#,
     // 5: terminal jobs: the size of a job's terminal, `COLSxROWS` (NULL: none).
     "ALTER TABLE jobs ADD COLUMN pty TEXT;",
+    // 6: compactions of agent runs (created on first use by an earlier
+    // build, hence IF NOT EXISTS); memory notes; the full-text index of past
+    // runs' transcripts.
+    r#"
+    CREATE TABLE IF NOT EXISTS run_compactions (
+        run_id        TEXT NOT NULL REFERENCES runs(id),
+        n             INTEGER NOT NULL,
+        step          INTEGER NOT NULL,
+        stage         TEXT NOT NULL,
+        segment       INTEGER NOT NULL,
+        masked        INTEGER NOT NULL,
+        summarised    INTEGER NOT NULL,
+        summary       TEXT,
+        summary_step  INTEGER,
+        tokens_before INTEGER NOT NULL,
+        tokens_after  INTEGER NOT NULL,
+        window        INTEGER NOT NULL,
+        note          TEXT,
+        ts_ms         INTEGER NOT NULL,
+        PRIMARY KEY (run_id, n)
+    );
+    CREATE TABLE memory_notes (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        backend     TEXT,
+        sandbox     TEXT,
+        text        TEXT NOT NULL,
+        author      TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        CHECK ((backend IS NULL) = (sandbox IS NULL))
+    );
+    CREATE INDEX memory_notes_sandbox ON memory_notes(backend, sandbox);
+    CREATE VIRTUAL TABLE memory_fts USING fts5(text, content='memory_notes', content_rowid='id');
+    CREATE TRIGGER memory_notes_ai AFTER INSERT ON memory_notes BEGIN
+        INSERT INTO memory_fts(rowid, text) VALUES (new.id, new.text);
+    END;
+    CREATE TRIGGER memory_notes_ad AFTER DELETE ON memory_notes BEGIN
+        INSERT INTO memory_fts(memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END;
+    CREATE VIRTUAL TABLE run_search USING fts5(
+        text, run_id UNINDEXED, seq UNINDEXED, step UNINDEXED, role UNINDEXED
+    );
+    CREATE TABLE run_search_state (
+        run_id   TEXT PRIMARY KEY,
+        last_seq INTEGER NOT NULL
+    );
+    "#,
 ];

@@ -167,6 +167,60 @@ pub struct SandboxArgs {
     pub backend: Option<String>,
 }
 
+/// What `memory` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryAction {
+    /// Keep a note for later runs.
+    Add,
+    /// Find notes by words (all of them, else any); no query lists the newest.
+    Search,
+    /// Drop a note that turned out wrong or stale.
+    Forget,
+}
+
+/// Whose a new note is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryScope {
+    /// This sandbox's (the default).
+    #[default]
+    Sandbox,
+    /// The user's, seen from every sandbox (only when the policy allows).
+    User,
+}
+
+/// `memory`: curated notes that later runs start with.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryArgs {
+    /// add | search | forget
+    pub action: MemoryAction,
+    /// add: the note, one fact in a sentence or two.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// search: words to look for.
+    #[serde(default)]
+    pub query: Option<String>,
+    /// forget: the note's id, as search shows it.
+    #[serde(default)]
+    pub id: Option<i64>,
+    /// add: sandbox (default) or user.
+    #[serde(default)]
+    pub scope: Option<MemoryScope>,
+}
+
+/// `history_search`: find words in past runs' transcripts.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HistorySearchArgs {
+    /// Words to look for (all of them, else any).
+    pub query: String,
+    /// At most this many matches (default 10, at most 50).
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
 /// Parse `raw` into `A`, or an invalid-arguments outcome that names the field.
 pub(crate) fn parse<A: DeserializeOwned>(raw: Value) -> Result<A, ToolOutcome> {
     let raw = if raw.is_null() {
@@ -217,6 +271,8 @@ const PROCESS: &str = "Manage background jobs started with terminal(background=t
 const READ_FILE: &str = "Read a text file in the sandbox. Relative paths are under the workspace. Returns lines offset..offset+limit (default the first 2000) and says how to read on; secrets are masked. Prefer it to `cat` for files you mean to edit.";
 const WRITE_FILE: &str = "Create or replace a file in the sandbox with the given content, creating parent directories. Relative paths are under the workspace.";
 const EDIT_FILE: &str = "Replace one exact piece of text in a file: `old` must occur exactly once (include surrounding lines to make it unique; whitespace counts). Fails, changing nothing, when `old` is missing or occurs more than once.";
+const MEMORY: &str = "Keep notes across runs. add: a fact worth knowing next time (how to build or test this project, where things are, what failed and why); later runs in this sandbox start with the newest notes in their instructions. search: find notes by words. forget: drop a note by id when it turns out wrong or stale. Secrets are masked before a note is kept.";
+const HISTORY_SEARCH: &str = "Search the transcripts of past runs (and of this one, including tool results dropped from your context) by words. Returns matching passages with their run id and step; a person reads a whole run with `berth runs show RUN`.";
 const SANDBOX: &str = "List, create or destroy sandboxes. A sandbox is an isolated machine with its own files, persistent shell and jobs; destroying one deletes its workspace.";
 
 /// The spec of `tool`.
@@ -228,6 +284,8 @@ pub(crate) fn spec(tool: Tool) -> ToolSpec {
         Tool::WriteFile => (WRITE_FILE, schema::<WriteFileArgs>()),
         Tool::EditFile => (EDIT_FILE, schema::<EditFileArgs>()),
         Tool::Sandbox => (SANDBOX, schema::<SandboxArgs>()),
+        Tool::Memory => (MEMORY, schema::<MemoryArgs>()),
+        Tool::HistorySearch => (HISTORY_SEARCH, schema::<HistorySearchArgs>()),
     };
     ToolSpec {
         name: tool.name().into(),

@@ -46,6 +46,7 @@
 pub mod args;
 mod files;
 mod jobs;
+mod memory;
 mod output;
 mod sandboxes;
 mod terminal;
@@ -281,6 +282,8 @@ pub(crate) enum Tool {
     WriteFile,
     EditFile,
     Sandbox,
+    Memory,
+    HistorySearch,
 }
 
 impl Tool {
@@ -292,6 +295,8 @@ impl Tool {
             Tool::WriteFile => "write_file",
             Tool::EditFile => "edit_file",
             Tool::Sandbox => "sandbox",
+            Tool::Memory => "memory",
+            Tool::HistorySearch => "history_search",
         }
     }
 }
@@ -335,7 +340,8 @@ pub struct Registry {
 
 impl Registry {
     /// The registry for `runtime`'s policy: the `sandbox` tool only when the
-    /// policy's `[tools] sandbox = true`.
+    /// policy's `[tools] sandbox = true`, the memory tools unless its
+    /// `[tools] memory = "off"`.
     pub fn new(runtime: &Runtime) -> Registry {
         let sandbox_tool = runtime.gate().is_some_and(|g| g.policy().tools.sandbox);
         let mut tools = vec![
@@ -347,6 +353,9 @@ impl Registry {
         ];
         if sandbox_tool {
             tools.push(Tool::Sandbox);
+        }
+        if memory::access(runtime) != berth_policies::MemoryAccess::Off {
+            tools.extend([Tool::Memory, Tool::HistorySearch]);
         }
         Registry {
             tools: tools.into_iter().map(|t| (t, args::spec(t))).collect(),
@@ -522,6 +531,14 @@ async fn run(tool: Tool, call: &Call<'_>, raw: Value) -> ToolOutcome {
         },
         Tool::Sandbox => match args::parse(raw) {
             Ok(a) => sandboxes::run(call, a).await,
+            Err(o) => o,
+        },
+        Tool::Memory => match args::parse(raw) {
+            Ok(a) => memory::run(call, a),
+            Err(o) => o,
+        },
+        Tool::HistorySearch => match args::parse(raw) {
+            Ok(a) => memory::history(call, a),
             Err(o) => o,
         },
     }
