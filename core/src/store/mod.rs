@@ -77,11 +77,18 @@ pub struct Event {
 
 /// The state store.
 pub struct Store {
-    conn: Mutex<Connection>,
+    /// Connections to the database: the first opened with the store, the
+    /// others when every opened one is in use. A call takes any free one, so
+    /// a writer waiting out another process's write lock holds up no reader
+    /// and no other writer's turn (WAL lets readers go on beside a writer).
+    pool: [std::sync::OnceLock<Mutex<Connection>>; POOL],
     path: PathBuf,
     /// Events kept; older ones are pruned as events are appended (0: all).
     events_keep: AtomicU64,
 }
+
+/// Connections a store opens at most.
+const POOL: usize = 4;
 
 /// Every this many appended events, the ones past `events_keep` are pruned.
 const PRUNE_EVERY: i64 = 256;
@@ -101,13 +108,7 @@ impl Store {
         let path = state_dir.join("berth.db");
         // SQLite gives its WAL and shm files the database file's mode.
         private_file(&path).map_err(|e| state_dir_error(state_dir, e))?;
-        let conn = Connection::open(&path).map_err(|e| {
-            Error::Store(format!(
-                "cannot open {}: {e}; check the state dir's permissions or pass --state-dir",
-                path.display()
-            ))
-        })?;
-        conn.busy_handler(Some(wait_while_busy))?;
+        let conn = connect(&path)?;
         // Processes opening a new database at once race to switch it to WAL;
         // the loser gets SQLITE_BUSY without a busy wait, so it tries again.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -123,13 +124,12 @@ impl Store {
                 Err(e) => return Err(e.into()),
             }
         }
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
         let store = Store {
-            conn: Mutex::new(conn),
+            pool: Default::default(),
             path,
             events_keep: AtomicU64::new(berth_policies::Limits::default().events_keep),
         };
+        let _ = store.pool[0].set(Mutex::new(conn));
         store.migrate()?;
         Ok(store)
     }
@@ -144,10 +144,33 @@ impl Store {
         &self.path
     }
 
+    /// A free connection: the first idle one, else a new one while the pool
+    /// has room, else (all busy) the first, waited for without stalling the
+    /// async runtime's other tasks.
     fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
-        self.conn
-            .lock()
-            .map_err(|_| Error::Store("connection lock poisoned".into()))
+        let poisoned = || Error::Store("connection lock poisoned".into());
+        for slot in &self.pool {
+            let m = match slot.get() {
+                Some(m) => m,
+                None => {
+                    // Two threads may both open one here; the loser's is dropped.
+                    let _ = slot.set(Mutex::new(connect(&self.path)?));
+                    match slot.get() {
+                        Some(m) => m,
+                        None => continue,
+                    }
+                }
+            };
+            match m.try_lock() {
+                Ok(g) => return Ok(g),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+                Err(std::sync::TryLockError::Poisoned(_)) => return Err(poisoned()),
+            }
+        }
+        let Some(first) = self.pool[0].get() else {
+            return Err(Error::Store("the store has no connection".into()));
+        };
+        blocking(|| first.lock()).map_err(|_| poisoned())
     }
 
     fn migrate(&self) -> Result<()> {
@@ -350,6 +373,33 @@ impl Store {
 /// before it fails with SQLITE_BUSY.
 const BUSY_WAIT: Duration = Duration::from_secs(10);
 
+/// Open one connection with berth's settings (the database is in WAL mode
+/// from [`Store::open`] on; that setting lives in the file).
+fn connect(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path).map_err(|e| {
+        Error::Store(format!(
+            "cannot open {}: {e}; check the state dir's permissions or pass --state-dir",
+            path.display()
+        ))
+    })?;
+    conn.busy_handler(Some(wait_while_busy))?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(conn)
+}
+
+/// Run `f`, which blocks this thread: on a worker of a multi-threaded tokio
+/// runtime the worker first hands its other tasks to another thread.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    let on_worker = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if on_worker {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
 /// SQLite's busy handler: called with the number of times it was already
 /// called for this statement; true waits a little and tries again. The wait
 /// never stalls an async runtime: on a worker of a multi-threaded tokio
@@ -364,13 +414,7 @@ fn wait_while_busy(calls: i32) -> bool {
         return false;
     }
     let pause = Duration::from_millis(step(calls));
-    let on_worker = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if on_worker {
-        tokio::task::block_in_place(|| std::thread::sleep(pause));
-    } else {
-        std::thread::sleep(pause);
-    }
+    blocking(|| std::thread::sleep(pause));
     true
 }
 
