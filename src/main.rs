@@ -122,7 +122,11 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     init_logging(&cli.log);
-    let rt = match berth_client::cli_runtime() {
+    let rt = match &cli.command {
+        Command::Serve(_) => berth_client::server_runtime(),
+        _ => berth_client::cli_runtime(),
+    };
+    let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("berth: error: cannot start the async runtime: {e}");

@@ -756,7 +756,8 @@ fn bench_cli(
     let ratio = v["server_over_floor"].as_f64().ok_or("no ratio")?;
     let want = v["server_ms"].as_f64().unwrap_or(0.0) / v["floor_ms"].as_f64().unwrap_or(1.0);
     assert!((ratio - want).abs() < 1e-6 * want.max(1.0), "{v}");
-    assert!(stopped?.status.success());
+    let stopped = stopped?;
+    assert!(stopped.status.success(), "{}", stderr(&stopped));
     Ok(v)
 }
 

@@ -206,6 +206,101 @@ fn commands_on_two_sandboxes_run_at_once() -> TestResult {
     Ok(())
 }
 
+/// Issue 36: another process holding the store's write lock stalls only the
+/// calls that must write, never the server: a running command's output keeps
+/// streaming and `server status` answers while a new call waits for the lock,
+/// and that call goes through once the lock is let go. (On a server whose one
+/// thread slept in SQLite's busy handler, nothing would move until the
+/// waiting call gave up, and it would fail.)
+#[test]
+fn a_held_write_lock_stalls_only_the_calls_that_must_write() -> TestResult {
+    use std::io::{BufRead, BufReader};
+    let s = Served::new()?;
+    for name in ["one", "two"] {
+        let o = s.run(&["sandbox", "create", name])?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        s.exec_in(name, "true")?;
+    }
+    // A command that streams, started before the lock is taken.
+    let mut streaming = s
+        .cmd(&[
+            "exec",
+            "--sandbox",
+            "one",
+            "--",
+            "for i in $(seq 1 150); do echo tick $i; sleep 0.1; done",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let ticks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reader = {
+        let out = streaming.stdout.take().ok_or("no stdout")?;
+        let ticks = ticks.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.starts_with("tick ") {
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let seen = || ticks.load(std::sync::atomic::Ordering::SeqCst);
+    wait_for(Duration::from_secs(20), || Ok(seen() > 0))?;
+    // Another process takes the write lock and holds it until its stdin closes.
+    let db = s.path().join("berth.db");
+    let mut holder = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n\
+             c.execute('BEGIN IMMEDIATE')\n\
+             print('held', flush=True)\n\
+             sys.stdin.read()\n",
+        ])
+        .arg(&db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    assert_eq!(line.trim(), "held", "python3 could not take the lock");
+    // A call that must write (its start goes to the event log) now waits.
+    let mut waiting = s
+        .cmd(&["exec", "--sandbox", "two", "--", "echo through"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    s.wait_active(2)?;
+    // Meanwhile the rest goes on: output streams, status answers.
+    let before = seen();
+    wait_for(Duration::from_secs(8), || Ok(seen() >= before + 5)).map_err(|_| {
+        format!(
+            "the streaming command's output stopped while the lock was held ({} ticks)",
+            seen()
+        )
+    })?;
+    let status = s
+        .status()?
+        .ok_or("no server answered while the lock was held")?;
+    assert_eq!(status["active_calls"], 2, "{status}");
+    assert!(
+        waiting.try_wait()?.is_none(),
+        "the call that needs the lock ended while it was held"
+    );
+    // Let go: the waiting call goes through.
+    drop(holder.stdin.take());
+    holder.wait()?;
+    let o = wait_child(&mut waiting, Duration::from_secs(30))?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "through\n");
+    let o = wait_child(&mut streaming, Duration::from_secs(60))?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    reader.join().map_err(|_| "the reader panicked")?;
+    assert_eq!(seen(), 150);
+    Ok(())
+}
+
 #[test]
 fn a_server_killed_mid_command_is_reported_lost_and_replaced() -> TestResult {
     let s = Served::new()?;

@@ -60,6 +60,19 @@ pub fn cli_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The runtime `berth serve` runs on: one worker per core (at least two), so
+/// a call that waits (SQLite's busy handler hands its worker's other tasks to
+/// another thread with `block_in_place`) never stops the sessions, job
+/// watchers and clients of the others.
+pub fn server_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("berth-serve")
+        .enable_all()
+        .build()
+}
+
 /// The thin client's file name.
 pub const CLIENT: &str = "berth";
 

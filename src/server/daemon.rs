@@ -3,17 +3,26 @@
 //! Flow at a glance:
 //! 1. take `server.lock` (one server per state dir), remove a stale socket,
 //!    bind a new one with mode 0600;
-//! 2. accept connections, one task each; each peer's uid is read with
-//!    `SO_PEERCRED` and every call from another uid is refused;
+//! 2. accept connections, one task each, at most [`MAX_CONNECTIONS`] at once
+//!    (past that, accepting waits and clients queue in the socket's backlog);
+//!    each peer's uid is read with `SO_PEERCRED` and every call from another
+//!    uid is refused;
 //! 3. `Exec` runs on the shared runtime in a task of its own: commands for
 //!    different sandboxes run at once, commands for one sandbox queue on its
 //!    shell; a call whose client went away is interrupted;
-//! 4. every half second: put a waiter on each unfinished job that has none,
-//!    so job endings are recorded as they happen; exit after the idle time
+//! 4. every half second, in a task of its own: put a waiter on each
+//!    unfinished job that has none, so job endings are recorded as they
+//!    happen; in the accept loop: exit after the idle time
 //!    with no call running and no job to watch, or at once when the socket is
 //!    gone (the state dir was removed or another server took over);
-//! 5. `Shutdown`: give up the socket and the lock at once (a new server can
-//!    start), let running calls end, close the shells, exit.
+//! 5. `Shutdown` or SIGTERM/SIGINT: give up the socket and the lock at once
+//!    (a new server can start), let running calls end (woken when the last
+//!    one does, interrupted after [`DRAIN`]), close the shells, exit.
+//!
+//! The server runs on a multi-threaded runtime
+//! ([`berth_client::server_runtime`]): a call waiting on SQLite's write lock
+//! (another berth holds it) blocks its own worker only, and hands that
+//! worker's other tasks on, so other sessions, job watchers and clients go on.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -28,9 +37,10 @@ use anyhow::{Context, Result};
 use berth_core::runtime::{ExecRequest, Runtime, new_call_id};
 use futures::Stream;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::proto::berth_server::{Berth, BerthServer};
 use super::proto::{
@@ -42,6 +52,9 @@ use crate::io::{LIVE_CAP, Live, Piece};
 
 /// How long a shutdown waits for running calls before closing the shells.
 const DRAIN: Duration = Duration::from_secs(15);
+
+/// Connections served at once; past this, accepting waits.
+pub const MAX_CONNECTIONS: usize = 1024;
 
 /// What every connection shares.
 struct Shared {
@@ -59,6 +72,8 @@ struct Shared {
     exe_id: String,
     config_key: String,
     active: AtomicUsize,
+    /// The number of running calls, for a shutdown to wait on.
+    active_now: tokio::sync::watch::Sender<usize>,
     /// `Run` calls taken so far.
     served: std::sync::atomic::AtomicU64,
     last_active: Mutex<Instant>,
@@ -102,7 +117,8 @@ struct Active(Arc<Shared>);
 
 impl Active {
     fn new(s: &Arc<Shared>) -> Active {
-        s.active.fetch_add(1, Ordering::SeqCst);
+        let n = s.active.fetch_add(1, Ordering::SeqCst) + 1;
+        s.active_now.send_replace(n);
         Active(s.clone())
     }
 }
@@ -112,7 +128,8 @@ impl Drop for Active {
         if let Ok(mut t) = self.0.last_active.lock() {
             *t = Instant::now();
         }
-        self.0.active.fetch_sub(1, Ordering::SeqCst);
+        let n = self.0.active.fetch_sub(1, Ordering::SeqCst) - 1;
+        self.0.active_now.send_replace(n);
     }
 }
 
@@ -327,6 +344,13 @@ impl Berth for Conn {
         let (call_id, cancel) = (serving.id.clone(), serving.cancel.clone());
         let (tx, rx) = crate::io::live::<ExecEvent>(LIVE_CAP);
         tx.send(event(exec_event::Event::Started(call_id.clone())), 0);
+        let (span_call, span_sandbox) = (call_id.clone(), call.sandbox.clone());
+        let span_session = if call.session.is_empty() {
+            berth_core::runtime::MAIN_SESSION
+        } else {
+            call.session.as_str()
+        }
+        .to_string();
         tokio::spawn(async move {
             let gone = serving.cancel_when_gone(&tx);
             let session = if call.session.is_empty() {
@@ -392,7 +416,7 @@ impl Berth for Conn {
             tx.send(event(last), 0);
             gone.abort();
             drop(serving);
-        });
+        }.instrument(tracing::info_span!("exec", call = %span_call, sandbox = %span_sandbox, session = %span_session)));
         let stream = futures::StreamExt::map(rx.into_stream(), Ok);
         Ok(Response::new(Box::pin(stream)))
     }
@@ -415,6 +439,7 @@ impl Berth for Conn {
         let serving = Serving::new(&shared);
         let cancel = serving.cancel.clone();
         let (tx, rx) = crate::io::live::<Piece>(LIVE_CAP);
+        let span_call = serving.id.clone();
         tokio::spawn(async move {
             let work = crate::io::for_client(
                 tx.clone(),
@@ -434,7 +459,7 @@ impl Berth for Conn {
                 tx.send(end, 0);
             }
             drop(serving);
-        });
+        }.instrument(tracing::info_span!("served", call = %span_call)));
         let stream = futures::StreamExt::map(rx.into_stream(), |p| {
             Ok(RunEvent {
                 event: Some(match p {
@@ -469,6 +494,8 @@ impl Berth for Conn {
             tool_event(tool_event::Event::Started(serving.id.clone())),
             0,
         );
+        let (span_call, span_sandbox, span_tool) =
+            (serving.id.clone(), call.sandbox.clone(), call.name.clone());
         tokio::spawn(async move {
             let gone = serving.cancel_when_gone(&tx);
             let mut ctx = ToolContext::new(shared.rt.clone(), &call.backend, &call.sandbox)
@@ -501,7 +528,7 @@ impl Berth for Conn {
             tx.send(tool_event(tool_event::Event::Outcome(json)), 0);
             gone.abort();
             drop(serving);
-        });
+        }.instrument(tracing::info_span!("tool", call = %span_call, sandbox = %span_sandbox, tool = %span_tool)));
         let stream = futures::StreamExt::map(rx.into_stream(), Ok);
         Ok(Response::new(Box::pin(stream)))
     }
@@ -569,19 +596,31 @@ fn take_lock(state_dir: &Path) -> Result<Option<File>> {
     Err(err).with_context(|| format!("cannot lock {}", path.display()))
 }
 
-/// Bind the socket with mode 0600 from the start (no window where another user
-/// could connect), then put the process's umask back for the shells.
+/// Bind the socket with mode 0600 from the start, with no window where
+/// another user could connect: it is bound in a fresh directory only this
+/// user can enter, made 0600 there, then renamed into place. (No umask: the
+/// server's other threads may be creating files meanwhile.)
 fn bind(socket: &Path) -> Result<UnixListener> {
-    // SAFETY: umask only swaps the process's file-creation mask; no thread of
-    // this process creates files in between (the server is single-threaded here).
-    let old = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(socket);
-    // SAFETY: as above, restoring the mask the process had.
-    unsafe { libc::umask(old) };
-    let l = bound.with_context(|| format!("cannot listen on {}", socket.display()))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot set the mode of {}", socket.display()))?;
-    Ok(l)
+    use std::os::unix::fs::DirBuilderExt;
+    let parent = socket.parent().unwrap_or(Path::new("."));
+    let private = parent.join(format!(".bind-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("cannot create {}", private.display()))?;
+    let staged = private.join("s");
+    let bound = UnixListener::bind(&staged)
+        .with_context(|| format!("cannot listen on {}", socket.display()))
+        .and_then(|l| {
+            std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot set the mode of {}", staged.display()))?;
+            std::fs::rename(&staged, socket)
+                .with_context(|| format!("cannot move the socket to {}", socket.display()))?;
+            Ok(l)
+        });
+    let _ = std::fs::remove_dir_all(&private);
+    bound
 }
 
 /// Run the server in the foreground until it is idle, stopped or replaced.
@@ -624,6 +663,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         exe_id: super::exe_id(),
         config_key: super::config_key(),
         active: AtomicUsize::new(0),
+        active_now: tokio::sync::watch::Sender::new(0),
         served: Default::default(),
         last_active: Mutex::new(Instant::now()),
         calls: Mutex::new(HashMap::new()),
@@ -633,9 +673,40 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     });
     info!(pid = std::process::id(), socket = %socket.display(), idle_secs = idle.as_secs(), "berth server listening");
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch for SIGINT")?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    // The store is read in a task of its own, never in this loop: accepting
+    // goes on whatever the store waits for.
+    let watcher = {
+        let s = shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                watch_jobs(&s);
+            }
+        })
+    };
     loop {
+        // Backpressure: no accept while every slot is taken.
+        let slot = tokio::select! {
+            _ = shared.shutdown.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
         tokio::select! {
             _ = shared.shutdown.cancelled() => break,
+            _ = sigterm.recv() => {
+                info!("SIGTERM; stopping");
+                shared.shutdown.cancel();
+            }
+            _ = sigint.recv() => {
+                info!("SIGINT; stopping");
+                shared.shutdown.cancel();
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     // Nothing in a sandbox may call berth (answer its own
@@ -646,7 +717,11 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
                         warn!(pid = peer, %sandbox, "refused a connection from inside a sandbox");
                         continue;
                     }
-                    tokio::spawn(serve_connection(shared.clone(), stream));
+                    let s = shared.clone();
+                    tokio::spawn(async move {
+                        serve_connection(s, stream).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => warn!(error = %e, "accept failed"),
             },
@@ -655,7 +730,6 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
                     info!("the socket was removed or replaced; exiting");
                     break;
                 }
-                watch_jobs(&shared);
                 let since = shared.last_active.lock().map(|t| t.elapsed()).unwrap_or_default();
                 let watched = shared.watching.lock().map(|w| w.len()).unwrap_or(0);
                 if shared.active.load(Ordering::SeqCst) == 0 && watched == 0 && since >= idle {
@@ -666,15 +740,16 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         }
     }
     drop(listener);
+    watcher.abort();
     shared.release();
-    let deadline = Instant::now() + DRAIN;
-    while shared.active.load(Ordering::SeqCst) > 0 {
-        if Instant::now() >= deadline {
-            warn!("calls still running after the drain period; interrupting them");
-            shared.interrupt_all();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Woken when the last running call ends, not polled.
+    let mut running = shared.active_now.subscribe();
+    if tokio::time::timeout(DRAIN, running.wait_for(|n| *n == 0))
+        .await
+        .is_err()
+    {
+        warn!("calls still running after the drain period; interrupting them");
+        shared.interrupt_all();
     }
     shared.rt.shutdown().await;
     Ok(0)
@@ -701,21 +776,25 @@ fn watch_jobs(shared: &Arc<Shared>) {
             continue;
         }
         let s = shared.clone();
-        tokio::spawn(async move {
-            let id = job.id;
-            match s.rt.wait_job(&id, None).await {
-                Ok(j) => info!(job = %id, state = j.state.as_str(), "job ended"),
-                // Tried again at the next tick; a sandbox that is gone marks
-                // its jobs lost, which ends the watch.
-                Err(e) => {
-                    warn!(job = %id, error = %e, "waiting for a job");
-                    tokio::time::sleep(Duration::from_secs(5)).await;
+        let span_job = job.id.clone();
+        tokio::spawn(
+            async move {
+                let id = job.id;
+                match s.rt.wait_job(&id, None).await {
+                    Ok(j) => info!(job = %id, state = j.state.as_str(), "job ended"),
+                    // Tried again at the next tick; a sandbox that is gone marks
+                    // its jobs lost, which ends the watch.
+                    Err(e) => {
+                        warn!(job = %id, error = %e, "waiting for a job");
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                    }
+                }
+                if let Ok(mut w) = s.watching.lock() {
+                    w.remove(&id);
                 }
             }
-            if let Ok(mut w) = s.watching.lock() {
-                w.remove(&id);
-            }
-        });
+            .instrument(tracing::info_span!("watch", job = %span_job)),
+        );
     }
 }
 
