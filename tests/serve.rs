@@ -301,6 +301,31 @@ fn a_held_write_lock_stalls_only_the_calls_that_must_write() -> TestResult {
     Ok(())
 }
 
+/// SIGTERM stops the server as `berth server stop` does: the running command
+/// ends and is reported, the server exits, and the next call's new server
+/// has the session's state.
+#[test]
+fn sigterm_lets_running_calls_end_and_loses_nothing() -> TestResult {
+    let s = Served::new()?;
+    s.exec("export K=kept")?;
+    let old = s.pid()?;
+    let mut client = s
+        .cmd(&["exec", "--", "sleep 1; echo finished"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    s.wait_active(1)?;
+    // SAFETY: sending SIGTERM to the server this test started.
+    assert_eq!(unsafe { libc::kill(old as libc::pid_t, libc::SIGTERM) }, 0);
+    let o = wait_child(&mut client, Duration::from_secs(30))?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "finished\n");
+    wait_for(Duration::from_secs(20), || Ok(!alive(old)))?;
+    assert_eq!(s.exec("echo $K")?, "kept\n");
+    assert_ne!(s.pid()?, old);
+    Ok(())
+}
+
 #[test]
 fn a_server_killed_mid_command_is_reported_lost_and_replaced() -> TestResult {
     let s = Served::new()?;
