@@ -335,12 +335,7 @@ impl LocalSandbox {
     }
 
     fn resolve(&self, path: &str) -> PathBuf {
-        let p = Path::new(path);
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            Path::new(&self.layout.workdir).join(p)
-        }
+        PathBuf::from(self.layout.resolve(path))
     }
 }
 

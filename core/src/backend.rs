@@ -78,6 +78,19 @@ pub struct Layout {
     pub berth_dir: String,
 }
 
+impl Layout {
+    /// `path` in the sandbox: an absolute path as it is, a relative one under
+    /// the workspace. Text only: what the path names is the backend's to
+    /// check (the local backend opens it beneath its root).
+    pub fn resolve(&self, path: &str) -> String {
+        if path.starts_with('/') {
+            path.to_string()
+        } else {
+            format!("{}/{path}", self.workdir)
+        }
+    }
+}
+
 /// The result of [`Backend::provision`].
 pub struct Provisioned {
     /// The live sandbox.

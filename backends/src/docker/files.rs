@@ -21,7 +21,7 @@ const HEADER_ROOM: u64 = 64 * 1024;
 const MAX_LINKS: usize = 16;
 
 pub(crate) async fn read_file(sb: &DockerSandbox, path: &str, limit: u64) -> Result<Vec<u8>> {
-    let mut full = sb.resolve(path);
+    let mut full = sb.layout.resolve(path);
     // The archive API hands a symlink over as a link: follow it ourselves.
     for _ in 0..MAX_LINKS {
         match read_entry(sb, path, &full, limit).await? {
@@ -125,7 +125,7 @@ pub(crate) async fn write_file(
     data: &[u8],
     mode: u32,
 ) -> Result<()> {
-    let full = sb.resolve(path);
+    let full = sb.layout.resolve(path);
     let (dir, base) = match full.rsplit_once('/') {
         Some((d, b)) if !b.is_empty() => (if d.is_empty() { "/" } else { d }, b),
         _ => {

@@ -304,15 +304,6 @@ impl DockerSandbox {
     pub(crate) fn err(&self, doing: &str, e: bollard::errors::Error) -> Error {
         api_error(&self.host, &self.name, doing, e)
     }
-
-    /// Resolve a path against the workspace.
-    pub(crate) fn resolve(&self, path: &str) -> String {
-        if path.starts_with('/') {
-            path.to_string()
-        } else {
-            format!("{}/{}", self.layout.workdir, path)
-        }
-    }
 }
 
 #[async_trait]

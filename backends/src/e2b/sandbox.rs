@@ -320,14 +320,6 @@ impl E2bSandbox {
         let listed = self.inner.processes().await?;
         Ok(listed.into_iter().map(|p| p.pid).collect())
     }
-
-    pub(super) fn resolve(&self, path: &str) -> String {
-        if path.starts_with('/') {
-            path.to_string()
-        } else {
-            format!("{}/{path}", self.layout.workdir)
-        }
-    }
 }
 
 /// How long one file transfer may take.
@@ -357,7 +349,7 @@ impl Sandbox for E2bSandbox {
     async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {
         let cwd = opts
             .cwd
-            .map(|c| self.resolve(&c))
+            .map(|c| self.layout.resolve(&c))
             .unwrap_or_else(|| self.layout.workdir.clone());
         let mut env = opts.env.clone();
         // On envd's terminal the output is the terminal's; a program needs to
@@ -384,7 +376,7 @@ impl Sandbox for E2bSandbox {
     }
 
     async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>> {
-        let full = self.resolve(path);
+        let full = self.layout.resolve(path);
         // envd's `/files` opens whatever is there, and a FIFO would hold the
         // download open forever: only a regular file is read.
         match self.inner.envd.stat(&full).await {
@@ -436,7 +428,7 @@ impl Sandbox for E2bSandbox {
     }
 
     async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<()> {
-        let full = self.resolve(path);
+        let full = self.layout.resolve(path);
         // A FIFO, socket or device where the file goes is replaced, never
         // written into (a FIFO without a reader would hold the upload).
         match self.inner.envd.stat(&full).await {

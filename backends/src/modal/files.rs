@@ -52,7 +52,7 @@ fn argv(script: &str, path: &str, arg: String) -> Vec<String> {
 }
 
 pub(crate) async fn read_file(sb: &ModalSandbox, path: &str, limit: u64) -> Result<Vec<u8>> {
-    let full = sb.resolve(path);
+    let full = sb.layout.resolve(path);
     let c = run_to_end(
         sb as &dyn Sandbox,
         &argv(READ, &full, limit.to_string()),
@@ -93,7 +93,7 @@ pub(crate) async fn write_file(
     data: &[u8],
     mode: u32,
 ) -> Result<()> {
-    let full = sb.resolve(path);
+    let full = sb.layout.resolve(path);
     let c = run_to_end(
         sb as &dyn Sandbox,
         &argv(WRITE, &full, format!("{:o}", mode & 0o7777)),

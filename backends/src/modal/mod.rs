@@ -216,15 +216,6 @@ impl ModalSandbox {
     pub(crate) async fn exec_error(&self, doing: &str, s: Status) -> Error {
         self.inner.exec_error(doing, s).await
     }
-
-    /// Resolve a path against the workspace.
-    pub(crate) fn resolve(&self, path: &str) -> String {
-        if path.starts_with('/') {
-            path.to_string()
-        } else {
-            format!("{}/{}", self.layout.workdir, path)
-        }
-    }
 }
 
 #[async_trait]

@@ -293,14 +293,6 @@ impl SshSandbox {
     pub fn connection(&self) -> &Arc<Connection> {
         &self.link.conn
     }
-
-    fn resolve(&self, path: &str) -> String {
-        if path.starts_with('/') {
-            path.to_string()
-        } else {
-            format!("{}/{path}", self.layout.workdir)
-        }
-    }
 }
 
 #[async_trait]
@@ -345,14 +337,14 @@ impl Sandbox for SshSandbox {
     async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>> {
         self.link
             .files
-            .read(&self.link.conn, &self.resolve(path), limit)
+            .read(&self.link.conn, &self.layout.resolve(path), limit)
             .await
     }
 
     async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<()> {
         self.link
             .files
-            .write(&self.link.conn, &self.resolve(path), data, mode)
+            .write(&self.link.conn, &self.layout.resolve(path), data, mode)
             .await
     }
 
