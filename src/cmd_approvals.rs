@@ -104,7 +104,7 @@ pub fn answer(store: &Store, gate: &Gate, a: AnswerArgs, approve: bool) -> Resul
         rule_added = Some((name, path));
     }
     store.append(&Event {
-        kind: "approval.answered".into(),
+        kind: berth_core::events::EventKind::ApprovalAnswered.into(),
         backend: Some(ap.backend.clone()),
         sandbox: Some(ap.sandbox.clone()),
         command: Some(gate.redact(&ap.command).into_owned()),

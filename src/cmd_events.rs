@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::Result;
+use berth_core::events::EventKind;
 use berth_core::store::Event;
 use berth_policies::shell::printable;
 use clap::Args;
@@ -108,7 +109,7 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
     if let Some(b) = e.bytes_out {
         line.push_str(&format!(" {b}B"));
     }
-    if e.kind.starts_with("job.") {
+    if EventKind::parse(&e.kind).is_some_and(EventKind::is_job) {
         if let Some(id) = &e.call_id {
             line.push_str(&format!(" job={id}"));
         }

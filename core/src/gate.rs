@@ -16,6 +16,7 @@ use serde_json::json;
 
 use crate::approvals::{self, Approval, ApprovalState, NewApproval};
 use crate::error::{Error, Result};
+use crate::events::EventKind;
 use crate::session::capture::{FilterFactory, OutputFilter};
 use crate::store::{Event, Store};
 
@@ -183,7 +184,7 @@ impl Gate {
         notice: Option<&ApprovalNotice>,
     ) -> Result<Admission> {
         let Judged { command, verdict } = judged;
-        let event = |kind: &str, detail: serde_json::Value| Event {
+        let event = |kind: EventKind, detail: serde_json::Value| Event {
             kind: kind.into(),
             call_id: Some(call_id.into()),
             backend: Some(backend.into()),
@@ -200,7 +201,7 @@ impl Gate {
                 approval: None,
             }),
             Action::Deny => {
-                store.append(&event("exec.denied", why))?;
+                store.append(&event(EventKind::ExecDenied, why))?;
                 Err(Error::Denied {
                     rule: verdict.rule.clone(),
                     reason: verdict.reason.clone(),
@@ -216,7 +217,10 @@ impl Gate {
                 let pending = match existing {
                     Some(a) if a.state == ApprovalState::Approved => a,
                     Some(a) => {
-                        store.append(&event("approval.waiting", json!({ "approval": a.id })))?;
+                        store.append(&event(
+                            EventKind::ApprovalWaiting,
+                            json!({ "approval": a.id }),
+                        ))?;
                         a
                     }
                     None => {
@@ -230,7 +234,7 @@ impl Gate {
                             reason: verdict.reason.clone(),
                         })?;
                         store.append(&event(
-                            "approval.requested",
+                            EventKind::ApprovalRequested,
                             json!({ "approval": a.id, "rule": verdict.rule, "reason": verdict.reason, "part": verdict.part }),
                         ))?;
                         a
@@ -254,7 +258,7 @@ impl Gate {
                     ApprovalState::Approved => {
                         store.mark_approval_used(id)?;
                         store.append(&event(
-                            "approval.granted",
+                            EventKind::ApprovalGranted,
                             json!({ "approval": id, "by": by, "always": decided.always }),
                         ))?;
                         Ok(Admission {
@@ -272,7 +276,7 @@ impl Gate {
                             format!("approval #{id} was denied by {by}")
                         };
                         store.append(&event(
-                            "approval.refused",
+                            EventKind::ApprovalRefused,
                             json!({ "approval": id, "state": state.to_string(), "by": by }),
                         ))?;
                         Err(Error::Denied {

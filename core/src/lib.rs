@@ -8,6 +8,7 @@ pub mod agent;
 pub mod approvals;
 pub mod backend;
 pub mod error;
+pub mod events;
 pub mod gate;
 pub mod jobs;
 pub mod memory;

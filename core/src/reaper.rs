@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::events::EventKind;
 use crate::runtime::Runtime;
 use crate::store::{Event, now_ms};
 
@@ -55,7 +56,7 @@ pub async fn reap_idle(rt: &Runtime, dry_run: bool) -> Result<Vec<Idle>> {
                 Ok(()) => {
                     idle.removed = true;
                     rt.store().append(&Event {
-                        kind: "sandbox.reaped".into(),
+                        kind: EventKind::SandboxReaped.into(),
                         backend: Some(row.backend.clone()),
                         sandbox: Some(row.name.clone()),
                         detail: Some(

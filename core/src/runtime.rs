@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use crate::backend::{Backend, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec};
 use crate::error::{Error, Result};
+use crate::events::EventKind;
 use crate::gate::{ApprovalNotice, Gate};
 use crate::session::{CaptureLimits, ExecOpts, ExecResult, Session, SessionConfig};
 use crate::store::{Event, SandboxRow, Store};
@@ -277,9 +278,9 @@ impl Runtime {
         if p.created || p.recreated.is_some() {
             self.store.append(&Event {
                 kind: if p.created {
-                    "sandbox.created"
+                    EventKind::SandboxCreated
                 } else {
-                    "sandbox.recreated"
+                    EventKind::SandboxRecreated
                 }
                 .into(),
                 backend: Some(backend.into()),
@@ -416,7 +417,7 @@ impl Runtime {
         }
         let command_text = self.redact(&req.command);
         self.store.append(&Event {
-            kind: "exec.started".into(),
+            kind: EventKind::ExecStarted.into(),
             call_id: Some(call_id.clone()),
             backend: Some(req.backend.clone()),
             sandbox: Some(req.sandbox.clone()),
@@ -430,7 +431,7 @@ impl Runtime {
         let outcome = self.exec_inner(&req, &call_id, admitted_as).await;
         let finished = match &outcome {
             Ok(r) => Event {
-                kind: "exec.finished".into(),
+                kind: EventKind::ExecFinished.into(),
                 exit_code: Some(r.result.exit_code as i64),
                 duration_ms: Some(r.result.duration.as_millis() as i64),
                 bytes_out: Some(r.result.output.total_bytes as i64),
@@ -447,7 +448,7 @@ impl Runtime {
                 ..Default::default()
             },
             Err(e) => Event {
-                kind: "exec.failed".into(),
+                kind: EventKind::ExecFailed.into(),
                 detail: Some(serde_json::json!({ "error": e.to_string() }).to_string()),
                 ..Default::default()
             },

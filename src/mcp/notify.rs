@@ -8,6 +8,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_core::events::EventKind;
+use berth_core::jobs::JobState;
 #[allow(deprecated)]
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
 use rmcp::{Peer, RoleServer};
@@ -92,9 +94,14 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
         };
         for e in events {
             last = last.max(e.id);
+            let kind = EventKind::parse(&e.kind);
             let wanted = matches!(
-                e.kind.as_str(),
-                "job.exited" | "job.killed" | "job.lost" | "job.failed" | "job.watch"
+                kind,
+                Some(
+                    EventKind::Job(
+                        JobState::Exited | JobState::Killed | JobState::Lost | JobState::Failed
+                    ) | EventKind::JobWatch
+                )
             );
             if !wanted || !own(&e.backend, &e.sandbox) {
                 continue;
@@ -105,7 +112,7 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
                 .and_then(|d| serde_json::from_str(d).ok())
                 .unwrap_or(Value::Null);
             let job = e.call_id.clone().unwrap_or_default();
-            let (level, message) = if e.kind == "job.watch" {
+            let (level, message) = if kind == Some(EventKind::JobWatch) {
                 (
                     LoggingLevel::Notice,
                     format!(
@@ -117,7 +124,7 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
             } else {
                 let state = e.kind.trim_start_matches("job.");
                 (
-                    if e.kind == "job.exited" && e.exit_code == Some(0) {
+                    if kind == Some(EventKind::Job(JobState::Exited)) && e.exit_code == Some(0) {
                         LoggingLevel::Info
                     } else {
                         LoggingLevel::Warning

@@ -752,8 +752,14 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         shared.interrupt_all();
     }
     shared.rt.shutdown().await;
+    // Let the connections finish what they send (the reply to `Shutdown`
+    // itself, a report) before the process exits under them.
+    let _ = tokio::time::timeout(CLOSE_WAIT, slots.acquire_many(MAX_CONNECTIONS as u32)).await;
     Ok(0)
 }
+
+/// How long an exiting server waits for its clients to hang up.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Put a waiter on every unfinished job that has none, whoever started it, so
 /// its ending (`job.exited`, `job.killed`, ...) is recorded when it happens,

@@ -30,6 +30,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::backend::{Sandbox, SpawnOpts, TermSize, run_to_end};
 use crate::error::{Error, Result};
+use crate::events::EventKind;
 use crate::runtime::{ExecRequest, Runtime};
 use crate::store::{Event, now_ms};
 
@@ -277,7 +278,7 @@ impl Runtime {
             }
         }
         self.store().save_job(&job)?;
-        self.job_event(&job, "job.started", None)?;
+        self.job_event(&job, EventKind::JobStarted, None)?;
         if job.state == JobState::Failed {
             return Err(Error::Backend {
                 backend: "job",
@@ -347,7 +348,12 @@ impl Runtime {
         Ok(pid)
     }
 
-    fn job_event(&self, job: &Job, kind: &str, detail: Option<serde_json::Value>) -> Result<()> {
+    fn job_event(
+        &self,
+        job: &Job,
+        kind: EventKind,
+        detail: Option<serde_json::Value>,
+    ) -> Result<()> {
         let mut d = serde_json::json!({ "job": job.id, "state": job.state.as_str() });
         if let Some(name) = &job.name {
             d["name"] = name.clone().into();
@@ -697,7 +703,7 @@ else exec tail -n "$n" -- "$d/out"; fi"#;
             self.store().note_kill(&job)?;
             detail["escalated_to"] = "KILL".into();
         }
-        self.job_event(&job, "job.signalled", Some(detail))?;
+        self.job_event(&job, EventKind::JobSignalled, Some(detail))?;
         // The group is gone and its status recorded: bring the row up to date.
         self.job(&job.id).await?;
         Ok(KillOutcome::Signalled)

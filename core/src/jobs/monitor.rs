@@ -122,7 +122,7 @@ impl Runtime {
             // Another waiter recorded this ending first, with its event.
             return Ok(());
         }
-        self.job_event(job, &format!("job.{}", state.as_str()), None)
+        self.job_event(job, EventKind::Job(state), None)
     }
 
     /// Scan output past `scan_offset` for the job's watch patterns and record
@@ -180,7 +180,7 @@ impl Runtime {
                     let shown: String = text.chars().take(500).collect();
                     self.job_event(
                         job,
-                        "job.watch",
+                        EventKind::JobWatch,
                         Some(
                             serde_json::json!({ "pattern": src, "line": shown, "window": window }),
                         ),
@@ -197,7 +197,7 @@ impl Runtime {
         if dropped > 0 {
             self.job_event(
                 job,
-                "job.watch.dropped",
+                EventKind::JobWatchDropped,
                 Some(serde_json::json!({
                     "dropped": dropped,
                     "limit": WATCH_EVENTS_PER_REFRESH,

@@ -36,9 +36,9 @@ impl Runtime {
         let p = b.provision(&spec).await?;
         self.store.append(&Event {
             kind: if p.created {
-                "sandbox.created"
+                EventKind::SandboxCreated
             } else {
-                "sandbox.attached"
+                EventKind::SandboxAttached
             }
             .into(),
             backend: Some(backend.into()),
@@ -85,7 +85,7 @@ impl Runtime {
             });
         }
         self.store.append(&Event {
-            kind: "sandbox.removed".into(),
+            kind: EventKind::SandboxRemoved.into(),
             backend: Some(backend.into()),
             sandbox: Some(name.into()),
             ..Default::default()

@@ -61,6 +61,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::events::EventKind;
 use crate::runtime::{Runtime, new_call_id};
 use crate::store::Event;
 
@@ -394,7 +395,7 @@ impl Registry {
             4096,
         );
         let started_event = Event {
-            kind: "tool.started".into(),
+            kind: EventKind::ToolStarted.into(),
             call_id: Some(call_id.clone()),
             backend: Some(ctx.backend.clone()),
             sandbox: Some(ctx.sandbox.clone()),
@@ -414,7 +415,7 @@ impl Registry {
         outcome.call_id = call_id.clone();
         output::finish(rt, &ctx.sandbox, &call_id, &mut outcome);
         let finished = Event {
-            kind: "tool.finished".into(),
+            kind: EventKind::ToolFinished.into(),
             call_id: Some(call_id.clone()),
             backend: Some(ctx.backend.clone()),
             sandbox: Some(ctx.sandbox.clone()),

@@ -16,6 +16,7 @@ use serde_json::json;
 use super::args::TerminalArgs;
 use super::{ApprovalMode, Call, OutcomeKind, ToolOutcome};
 use crate::approvals::{self, ApprovalState, NewApproval};
+use crate::events::EventKind;
 use crate::gate::ApprovalNotice;
 use crate::runtime::ExecRequest;
 use crate::session::capture::strip_ansi;
@@ -291,7 +292,7 @@ fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOu
                 })
                 .map_err(ToolOutcome::from)?;
             let _ = store.append(&Event {
-                kind: "approval.requested".into(),
+                kind: EventKind::ApprovalRequested.into(),
                 call_id: Some(call.id.clone()),
                 backend: Some(ctx.backend.clone()),
                 sandbox: Some(ctx.sandbox.clone()),

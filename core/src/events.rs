@@ -1,0 +1,165 @@
+//! The kinds of event in the event log, one enum: producers name a kind
+//! here, consumers match on it, and the store keeps its text
+//! ([`EventKind::as_str`]), which is what `berth events --json` shows.
+
+use crate::jobs::JobState;
+
+/// What an event records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A command was admitted and starts.
+    ExecStarted,
+    /// A command ended (its exit code is in the event).
+    ExecFinished,
+    /// A command could not run or its outcome is unknown.
+    ExecFailed,
+    /// The policy refused a command.
+    ExecDenied,
+    /// A sandbox was made.
+    SandboxCreated,
+    /// A sandbox had to be made again (the detail says why).
+    SandboxRecreated,
+    /// An existing sandbox was attached to.
+    SandboxAttached,
+    /// A sandbox was removed.
+    SandboxRemoved,
+    /// An idle sandbox was removed by the reaper.
+    SandboxReaped,
+    /// A background job started.
+    JobStarted,
+    /// A job reached this state (`job.exited`, `job.killed`, ...).
+    Job(JobState),
+    /// A job was sent a signal.
+    JobSignalled,
+    /// A line of a job's output matched a watch pattern.
+    JobWatch,
+    /// Watch matches past the rate limit were dropped.
+    JobWatchDropped,
+    /// A command waits for an approval it already has a row for.
+    ApprovalWaiting,
+    /// A command asked for a person's approval.
+    ApprovalRequested,
+    /// An approval let the command run.
+    ApprovalGranted,
+    /// An approval was denied or expired.
+    ApprovalRefused,
+    /// A person answered an approval.
+    ApprovalAnswered,
+    /// A tool call started.
+    ToolStarted,
+    /// A tool call ended.
+    ToolFinished,
+}
+
+impl EventKind {
+    /// The kind's text in the store: `exec.started`, `job.exited`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::ExecStarted => "exec.started",
+            EventKind::ExecFinished => "exec.finished",
+            EventKind::ExecFailed => "exec.failed",
+            EventKind::ExecDenied => "exec.denied",
+            EventKind::SandboxCreated => "sandbox.created",
+            EventKind::SandboxRecreated => "sandbox.recreated",
+            EventKind::SandboxAttached => "sandbox.attached",
+            EventKind::SandboxRemoved => "sandbox.removed",
+            EventKind::SandboxReaped => "sandbox.reaped",
+            EventKind::JobStarted => "job.started",
+            EventKind::Job(JobState::Starting) => "job.starting",
+            EventKind::Job(JobState::Running) => "job.running",
+            EventKind::Job(JobState::Exited) => "job.exited",
+            EventKind::Job(JobState::Killed) => "job.killed",
+            EventKind::Job(JobState::Lost) => "job.lost",
+            EventKind::Job(JobState::Failed) => "job.failed",
+            EventKind::JobSignalled => "job.signalled",
+            EventKind::JobWatch => "job.watch",
+            EventKind::JobWatchDropped => "job.watch.dropped",
+            EventKind::ApprovalWaiting => "approval.waiting",
+            EventKind::ApprovalRequested => "approval.requested",
+            EventKind::ApprovalGranted => "approval.granted",
+            EventKind::ApprovalRefused => "approval.refused",
+            EventKind::ApprovalAnswered => "approval.answered",
+            EventKind::ToolStarted => "tool.started",
+            EventKind::ToolFinished => "tool.finished",
+        }
+    }
+
+    /// Every kind, for parsing and for tests.
+    pub const ALL: [EventKind; 26] = [
+        EventKind::ExecStarted,
+        EventKind::ExecFinished,
+        EventKind::ExecFailed,
+        EventKind::ExecDenied,
+        EventKind::SandboxCreated,
+        EventKind::SandboxRecreated,
+        EventKind::SandboxAttached,
+        EventKind::SandboxRemoved,
+        EventKind::SandboxReaped,
+        EventKind::JobStarted,
+        EventKind::Job(JobState::Starting),
+        EventKind::Job(JobState::Running),
+        EventKind::Job(JobState::Exited),
+        EventKind::Job(JobState::Killed),
+        EventKind::Job(JobState::Lost),
+        EventKind::Job(JobState::Failed),
+        EventKind::JobSignalled,
+        EventKind::JobWatch,
+        EventKind::JobWatchDropped,
+        EventKind::ApprovalWaiting,
+        EventKind::ApprovalRequested,
+        EventKind::ApprovalGranted,
+        EventKind::ApprovalRefused,
+        EventKind::ApprovalAnswered,
+        EventKind::ToolStarted,
+        EventKind::ToolFinished,
+    ];
+
+    /// The kind a stored text names; `None` for one this berth does not know
+    /// (a newer berth wrote it).
+    pub fn parse(s: &str) -> Option<EventKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The event is about a background job.
+    pub fn is_job(self) -> bool {
+        matches!(
+            self,
+            EventKind::JobStarted
+                | EventKind::Job(_)
+                | EventKind::JobSignalled
+                | EventKind::JobWatch
+                | EventKind::JobWatchDropped
+        )
+    }
+}
+
+impl From<EventKind> for String {
+    fn from(k: EventKind) -> String {
+        k.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_reads_back_as_itself() {
+        for k in EventKind::ALL {
+            assert_eq!(EventKind::parse(k.as_str()), Some(k));
+        }
+        let mut names: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), EventKind::ALL.len());
+        assert_eq!(EventKind::parse("job.teleported"), None);
+        assert!(EventKind::Job(JobState::Lost).is_job());
+        assert!(!EventKind::ExecStarted.is_job());
+    }
+}
