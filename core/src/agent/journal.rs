@@ -125,6 +125,70 @@ pub struct StepRow {
     pub summary: bool,
 }
 
+/// Where a journaled tool call stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallState {
+    /// Written before it runs; still so after a `kill -9` mid-call.
+    Started,
+    /// It ran; its result is journaled.
+    Finished,
+    /// It was not run: invalid, or denied.
+    Rejected,
+    /// berth stopped while it ran: its outcome is unknown, and it was not
+    /// run again.
+    CutOff,
+    /// It waits for a person's approval.
+    AwaitingApproval,
+}
+
+impl CallState {
+    /// Its name in the store and in `--json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallState::Started => "started",
+            CallState::Finished => "finished",
+            CallState::Rejected => "rejected",
+            CallState::CutOff => "cut_off",
+            CallState::AwaitingApproval => "awaiting_approval",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "started" => CallState::Started,
+            "finished" => CallState::Finished,
+            "rejected" => CallState::Rejected,
+            "cut_off" => CallState::CutOff,
+            "awaiting_approval" => CallState::AwaitingApproval,
+            other => {
+                return Err(Error::Store(format!(
+                    "tool call in unknown state `{other}`"
+                )));
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for CallState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which call a journal write is about.
+#[derive(Clone, Copy, Debug)]
+pub struct CallKey<'a> {
+    /// The provider's call id.
+    pub call_id: &'a str,
+    /// Its place in its step.
+    pub idx: i64,
+    /// The tool's name.
+    pub name: &'a str,
+    /// Its arguments as journaled (redacted).
+    pub args: &'a str,
+}
+
 /// One tool call as journaled.
 #[derive(Clone, Debug, Serialize)]
 pub struct CallRow {
@@ -138,8 +202,8 @@ pub struct CallRow {
     pub name: String,
     /// Arguments as the model wrote them (redacted).
     pub args: String,
-    /// `started`, `finished`, `rejected` or `awaiting_approval`.
-    pub state: String,
+    /// Where it stands.
+    pub state: CallState,
     /// The policy's word, if any.
     pub verdict: Option<String>,
     /// The approval it waits on or waited on.
@@ -412,13 +476,19 @@ pub fn call_finished(
     store: &Store,
     run: &str,
     step: i64,
-    call: (&str, i64, &str, &str),
-    state: &str,
+    call: CallKey<'_>,
+    state: CallState,
     verdict: Option<&str>,
     result: &Value,
     message: &Message,
 ) -> Result<()> {
-    let (call_id, idx, name, args) = call;
+    let CallKey {
+        call_id,
+        idx,
+        name,
+        args,
+    } = call;
+    let state = state.as_str();
     let body = serde_json::to_string(message).map_err(json_err)?;
     let now = now_ms();
     store.with_conn(|c| {
@@ -460,13 +530,21 @@ fn calls_where(store: &Store, run: &str, step: Option<i64>) -> Result<Vec<CallRo
         let rows = stmt
             .query_map(params![run, step], |r| {
                 let result: Option<String> = r.get(8)?;
+                let state: String = r.get(5)?;
+                let state = CallState::parse(&state).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        5,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })?;
                 Ok(CallRow {
                     call_id: r.get(0)?,
                     step: r.get(1)?,
                     idx: r.get(2)?,
                     name: r.get(3)?,
                     args: r.get(4)?,
-                    state: r.get(5)?,
+                    state,
                     verdict: r.get(6)?,
                     approval: r.get(7)?,
                     result: result.and_then(|s| serde_json::from_str(&s).ok()),

@@ -4,6 +4,7 @@
 //! twice.
 
 use super::*;
+use crate::agent::journal::{CallKey, CallState};
 
 /// Where an approval stands for the loop.
 pub(super) enum Decision {
@@ -53,24 +54,24 @@ impl Agent {
                 continue;
             }
             let args_text = journal_args(&self.redact, &call.arguments);
-            let key = (
-                call.id.as_str(),
-                idx as i64,
-                call.name.as_str(),
-                args_text.as_str(),
-            );
+            let key = CallKey {
+                call_id: &call.id,
+                idx: idx as i64,
+                name: &call.name,
+                args: &args_text,
+            };
             let prior = journaled
                 .iter()
                 .find(|c| c.call_id == call.id && c.step == step);
-            match prior.map(|p| (p.state.as_str(), p.approval)) {
-                Some(("started", _)) => {
+            match prior.map(|p| (p.state, p.approval)) {
+                Some((CallState::Started, _)) => {
                     let text = "[berth: this call was cut off: berth stopped while it was running, so its outcome is unknown. It was not run again. Check the sandbox's state (files, processes) before you repeat it.]";
                     self.verdict(&call.id, "cut_off", text, None);
                     self.finish(
                         id,
                         step,
                         key,
-                        "cut_off",
+                        CallState::CutOff,
                         Some("cut_off"),
                         json!({ "cut_off": true }),
                         text,
@@ -79,29 +80,31 @@ impl Agent {
                     )?;
                     continue;
                 }
-                Some(("awaiting_approval", Some(a))) => match self.decision(a, cancel).await? {
-                    Decision::Approved => {}
-                    Decision::Denied(why) => {
-                        let text = format!(
-                            "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
-                        );
-                        self.verdict(&call.id, "denied", &why, Some(a));
-                        self.finish(
-                            id,
-                            step,
-                            key,
-                            "rejected",
-                            Some("denied"),
-                            json!({ "approval": a, "denied": why }),
-                            &text,
-                            true,
-                            msgs,
-                        )?;
-                        continue;
+                Some((CallState::AwaitingApproval, Some(a))) => {
+                    match self.decision(a, cancel).await? {
+                        Decision::Approved => {}
+                        Decision::Denied(why) => {
+                            let text = format!(
+                                "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
+                            );
+                            self.verdict(&call.id, "denied", &why, Some(a));
+                            self.finish(
+                                id,
+                                step,
+                                key,
+                                CallState::Rejected,
+                                Some("denied"),
+                                json!({ "approval": a, "denied": why }),
+                                &text,
+                                true,
+                                msgs,
+                            )?;
+                            continue;
+                        }
+                        Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
+                        Decision::Cancelled => return Ok(Some(interrupted())),
                     }
-                    Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
-                    Decision::Cancelled => return Ok(Some(interrupted())),
-                },
+                }
                 _ => {}
             }
             let args = match check {
@@ -113,7 +116,7 @@ impl Agent {
                         id,
                         step,
                         key,
-                        "rejected",
+                        CallState::Rejected,
                         Some("invalid"),
                         json!({ "invalid": why }),
                         &text,
@@ -163,7 +166,7 @@ impl Agent {
                                     id,
                                     step,
                                     key,
-                                    "rejected",
+                                    CallState::Rejected,
                                     Some("denied"),
                                     json!({ "approval": approval, "denied": why }),
                                     &text,
@@ -193,7 +196,7 @@ impl Agent {
                             id,
                             step,
                             key,
-                            "finished",
+                            CallState::Finished,
                             None,
                             json!({ "is_error": is_error, "detail": detail }),
                             &sent,
@@ -276,15 +279,15 @@ impl Agent {
         &self,
         id: &str,
         step: i64,
-        key: (&str, i64, &str, &str),
-        state: &str,
+        key: CallKey<'_>,
+        state: CallState,
         verdict: Option<&str>,
         result: Value,
         text: &str,
         is_error: bool,
         msgs: &mut Vec<(i64, Message)>,
     ) -> Result<()> {
-        let m = Message::tool(key.0, text, is_error);
+        let m = Message::tool(key.call_id, text, is_error);
         let result = journal_result(&self.redact, result);
         journal::call_finished(&self.store, id, step, key, state, verdict, &result, &m)?;
         msgs.push((step, m));
