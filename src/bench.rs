@@ -13,15 +13,18 @@ use serde_json::json;
 
 use crate::context::{self, DEFAULT_BACKEND};
 
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Backend to measure.
+    /// Backend to measure; with --cli, several, comma separated
+    /// (`-b local,docker,ssh`), each against its own floor and `bash -c`.
     #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// Commands per measurement.
     #[arg(long, short = 'n', default_value_t = 300)]
     pub count: usize,
-    /// Backend option for the bench sandbox (repeatable), e.g. `host=myserver` for ssh.
+    /// Backend option for the bench sandbox (repeatable), e.g. `host=myserver`
+    /// for ssh; `BACKEND:KEY=VALUE` gives it to that backend only, for a
+    /// --cli run over several (`-o ssh:host=myserver`).
     #[arg(long = "opt", short = 'o', value_name = "KEY=VALUE")]
     pub options: Vec<String>,
     /// Print JSON.

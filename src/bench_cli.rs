@@ -127,7 +127,134 @@ fn ssh_target(host: &str) -> (String, Option<String>) {
     }
 }
 
+/// One backend's figures.
+struct Figures {
+    backend: String,
+    runs: usize,
+    served: Duration,
+    off: Duration,
+    floor: &'static str,
+    floor_d: Duration,
+    bash: Duration,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn ratio(x: Duration, y: Duration) -> f64 {
+    x.as_secs_f64() / y.as_secs_f64().max(1e-9)
+}
+
+impl Figures {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "backend": self.backend, "runs": self.runs,
+            "server_ms": ms(self.served), "off_ms": ms(self.off), "bash_c_ms": ms(self.bash),
+            "floor": self.floor, "floor_ms": ms(self.floor_d),
+            "off_over_server": ratio(self.off, self.served),
+            "server_over_bash_c": ratio(self.served, self.bash),
+            "server_over_floor": ratio(self.served, self.floor_d),
+        })
+    }
+
+    fn print(&self) {
+        println!(
+            "whole CLI processes, `echo hi`, median of {} runs ({}):",
+            self.runs, self.backend
+        );
+        let mut rows = vec![
+            ("berth exec, server", self.served),
+            ("berth exec, BERTH_SERVER=off", self.off),
+        ];
+        if self.floor != "bash -c" {
+            rows.push((self.floor, self.floor_d));
+        }
+        rows.push(("bash -c (local)", self.bash));
+        for (label, d) in rows {
+            println!("  {label:<30} {:>8.2} ms", ms(d));
+        }
+        println!(
+            "  the server makes a call {:.1}x faster than in-process; a call costs {:.2}x {}{}",
+            ratio(self.off, self.served),
+            ratio(self.served, self.floor_d),
+            self.floor,
+            if self.floor == "bash -c" {
+                String::new()
+            } else {
+                format!(" and {:.2}x bash -c", ratio(self.served, self.bash))
+            }
+        );
+    }
+}
+
+/// The backends to measure: `-b local,docker,ssh`, each named once.
+fn backends(list: &str) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for b in list.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+        if !out.iter().any(|x| x == b) {
+            out.push(b.to_string());
+        }
+    }
+    if out.is_empty() {
+        bail!("name a backend to measure: -b local, or several: -b local,docker,ssh");
+    }
+    Ok(out)
+}
+
+/// The options for `backend`: plain ones, and those written `BACKEND:KEY=VALUE`
+/// for it.
+fn options_for(backend: &str, options: &[String]) -> Vec<String> {
+    options
+        .iter()
+        .filter_map(|o| match o.split_once(':') {
+            Some((b, rest)) if !b.contains('=') => (b == backend).then(|| rest.to_string()),
+            _ => Some(o.clone()),
+        })
+        .collect()
+}
+
 pub async fn run(state_dir: Option<PathBuf>, a: &BenchArgs) -> Result<u8> {
+    let list = backends(&a.backend)?;
+    let mut all = Vec::new();
+    for b in &list {
+        let one = BenchArgs {
+            backend: b.clone(),
+            options: options_for(b, &a.options),
+            ..a.clone()
+        };
+        let f = run_one(state_dir.clone(), &one)
+            .await
+            .with_context(|| format!("the {b} bench"))?;
+        if a.json {
+            // One object for one backend; one per line for several.
+            println!("{}", f.json());
+        } else {
+            f.print();
+        }
+        all.push(f);
+    }
+    if !a.json && all.len() > 1 {
+        println!("\nserved `berth exec`, median ms and ratios, all measured in this run:");
+        println!(
+            "  {:<8} {:>9} {:>22} {:>9} {:>11}",
+            "backend", "served", "floor", "/floor", "/bash -c"
+        );
+        for f in &all {
+            println!(
+                "  {:<8} {:>9.2} {:>22} {:>9.2} {:>11.2}",
+                f.backend,
+                ms(f.served),
+                format!("{} {:.2}", f.floor, ms(f.floor_d)),
+                ratio(f.served, f.floor_d),
+                ratio(f.served, f.bash)
+            );
+        }
+    }
+    Ok(0)
+}
+
+async fn run_one(state_dir: Option<PathBuf>, a: &BenchArgs) -> Result<Figures> {
     let dir = context::state_dir(state_dir)?;
     let n = a.count.clamp(1, MAX_RUNS);
     // The thin client, as a person runs it: `berth` beside this engine.
@@ -172,7 +299,7 @@ async fn measure(
     n: usize,
     dir: &std::path::Path,
     berth_cmd: &dyn Fn(&[&str], &str) -> Command,
-) -> Result<u8> {
+) -> Result<Figures> {
     let floor = match a.backend.as_str() {
         "local" => Floor::Bash,
         "docker" => {
@@ -240,38 +367,13 @@ async fn measure(
     })();
     floor.close();
     let (served, off, floor_d, bash) = r?;
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let ratio = |x: Duration, y: Duration| x.as_secs_f64() / y.as_secs_f64().max(1e-9);
-    if a.json {
-        context::print_json(&json!({
-            "backend": a.backend, "runs": n,
-            "server_ms": ms(served), "off_ms": ms(off), "bash_c_ms": ms(bash),
-            "floor": floor.label(), "floor_ms": ms(floor_d),
-            "off_over_server": ratio(off, served), "server_over_bash_c": ratio(served, bash),
-            "server_over_floor": ratio(served, floor_d),
-        }));
-    } else {
-        println!(
-            "whole CLI processes, `echo hi`, median of {n} runs ({}):",
-            a.backend
-        );
-        let mut rows = vec![
-            ("berth exec, server", served),
-            ("berth exec, BERTH_SERVER=off", off),
-        ];
-        if !matches!(floor, Floor::Bash) {
-            rows.push((floor.label(), floor_d));
-        }
-        rows.push(("bash -c (local)", bash));
-        for (label, d) in rows {
-            println!("  {label:<30} {:>8.2} ms", ms(d));
-        }
-        println!(
-            "  the server makes a call {:.1}x faster than in-process; a call costs {:.2}x {}",
-            ratio(off, served),
-            ratio(served, floor_d),
-            floor.label()
-        );
-    }
-    Ok(0)
+    Ok(Figures {
+        backend: a.backend.clone(),
+        runs: n,
+        served,
+        off,
+        floor: floor.label(),
+        floor_d,
+        bash,
+    })
 }

@@ -798,6 +798,82 @@ fn bench_cli_on_ssh_against_a_control_master() -> TestResult {
     Ok(())
 }
 
+/// Issue 36: one `berth bench --cli` run measures local, docker and ssh, each
+/// with its own floor and a ratio to `bash -c` measured in the same run; a
+/// `BACKEND:KEY=VALUE` option goes to that backend only.
+#[test]
+fn bench_cli_measures_three_backends_in_one_run() -> TestResult {
+    let sshd = berth_backends::ssh::testing::Sshd::start()?;
+    let home = sshd.home();
+    std::fs::write(
+        home.join(".ssh/config"),
+        format!(
+            "Host berthbench\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
+            sshd.port(),
+            sshd.user(),
+            sshd.user_key().display(),
+            sshd.known_hosts().display()
+        ),
+    )?;
+    let dir = tempfile::tempdir()?;
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(args)
+            .env("BERTH_STATE_DIR", dir.path())
+            .env("BERTH_POLICY", dir.path().join("policy.toml"))
+            .env_remove("BERTH_SERVER")
+            .env("HOME", &home)
+            .env_remove("SSH_AUTH_SOCK")
+            .stdin(Stdio::null())
+            .output()
+    };
+    let o = run(&[
+        "bench",
+        "--cli",
+        "-n",
+        "3",
+        "--json",
+        "-b",
+        "local,docker,ssh",
+        "-o",
+        "ssh:host=berthbench",
+    ])?;
+    let _ = run(&["server", "stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let got: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|v| {
+            (
+                v["backend"].as_str().unwrap_or(""),
+                v["floor"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("local", "bash -c"),
+            ("docker", "docker exec"),
+            ("ssh", "ssh, ControlMaster")
+        ]
+    );
+    for v in &lines {
+        let want = v["server_ms"].as_f64().unwrap_or(0.0) / v["bash_c_ms"].as_f64().unwrap_or(1.0);
+        let got = v["server_over_bash_c"]
+            .as_f64()
+            .ok_or("no ratio to bash -c")?;
+        assert!(
+            want > 0.0 && (got - want).abs() < 1e-6 * want.max(1.0),
+            "{v}"
+        );
+    }
+    Ok(())
+}
+
 /// The restricted local sandbox (the CLI's default) runs terminal jobs in a
 /// devpts instance of its own: a REPL is driven, and a resize reaches it
 /// through the job's resizer (the sandbox's `/dev/pts` is not the host's, so
