@@ -3,20 +3,16 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Result;
-use berth_core::runtime::{ExecReport, ExecRequest};
+use berth_core::runtime::ExecRequest;
 use berth_core::session::Tee;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::context;
+use crate::{context, exec_report};
 
-pub use berth_client::report::{EXIT_DENIED, exit_byte, print_notice_lines, timeout_from_secs};
-
-/// Default timeout: generous, but a hung command does not hang berth forever.
-const DEFAULT_TIMEOUT_SECS: f64 = 600.0;
+pub use berth_client::report::{EXIT_DENIED, exit_byte, timeout_from_secs};
 
 pub use berth_client::args::ExecArgs;
 
@@ -75,7 +71,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         session: Some(a.session.clone()),
         ..Default::default()
     };
-    let timeout = effective_timeout(timeout, rt.gate(), &a.sandbox);
+    let timeout = exec_report::effective_timeout(timeout, rt.gate(), &a.sandbox);
     let outcome = rt.exec(req).await;
     rt.shutdown().await;
     let report = match outcome {
@@ -94,59 +90,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    let report = exec_report::to_proto(&report, &a.backend, &a.sandbox, timeout);
     if a.json {
-        context::print_json(&report_json(&report, &a.backend, &a.sandbox));
+        context::print_json(&berth_client::report::json(&report));
     } else {
-        print_notices(&report, timeout);
+        berth_client::report::print_notices(&report);
     }
-    Ok(exit_byte(report.result.exit_code))
-}
-
-/// The timeout that applies: the caller's, else the policy's default.
-pub fn effective_timeout(
-    asked: Option<Duration>,
-    gate: Option<&Arc<berth_core::gate::Gate>>,
-    sandbox: &str,
-) -> Duration {
-    match (asked, gate) {
-        (Some(t), _) => t,
-        (None, Some(g)) => Duration::from_secs(g.limits(sandbox).default_timeout_secs),
-        (None, None) => Duration::from_secs_f64(DEFAULT_TIMEOUT_SECS),
-    }
-}
-
-/// The JSON shape of an exec result.
-pub fn report_json(r: &ExecReport, backend: &str, sandbox: &str) -> serde_json::Value {
-    let res = &r.result;
-    json!({
-        "exit_code": res.exit_code,
-        "output": res.output.text(),
-        "truncated": res.output.truncated(),
-        "bytes": res.output.total_bytes,
-        "omitted_bytes": res.output.omitted_bytes,
-        "duration_ms": res.duration.as_millis() as u64,
-        "cwd": res.cwd,
-        "timed_out": res.timed_out,
-        "interrupted": res.interrupted,
-        "notices": res.notices,
-        "restored_from": res.restored_from,
-        "recreated": r.recreated,
-        "call_id": r.call_id,
-        "spool": res.output.spool,
-        "spool_omitted_bytes": res.output.spool_omitted,
-        "backend": backend,
-        "sandbox": sandbox,
-    })
-}
-
-fn print_notices(r: &ExecReport, timeout: Duration) {
-    print_notice_lines(
-        r.recreated.as_deref(),
-        &r.result.notices,
-        r.result.timed_out,
-        r.result.interrupted,
-        timeout,
-    );
+    Ok(exit_byte(report.exit_code))
 }
 
 #[cfg(test)]

@@ -115,16 +115,7 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
     })))
 }
 
-/// What a person is told when a command waits for their approval.
-pub fn approval_notice_text(ap: &berth_core::approvals::Approval) -> String {
-    format!(
-        "berth: waiting for approval #{id}: `{part}` needs a person's yes ({reason}).\n\
-         berth: answer from another terminal: `berth approve {id}` (add --always to allow it from now on) or `berth deny {id}`",
-        id = ap.id,
-        part = berth_policies::shell::printable(&ap.part),
-        reason = berth_policies::shell::printable(&ap.reason)
-    )
-}
+pub use crate::exec_report::approval_notice_text;
 
 /// Print a value as one line of JSON (to the client, when the server runs the call).
 pub fn print_json(v: &serde_json::Value) {

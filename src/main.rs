@@ -19,6 +19,7 @@ mod cmd_run;
 mod cmd_sandbox;
 mod cmd_server;
 mod context;
+mod exec_report;
 mod io;
 mod mcp;
 mod server;

@@ -474,24 +474,9 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
             }
             Some(exec_event::Event::Report(r)) => {
                 if a.json {
-                    println!("{}", r.json);
+                    println!("{}", crate::report::json(&r));
                 } else {
-                    let v: serde_json::Value = serde_json::from_str(&r.json).unwrap_or_default();
-                    let notices: Vec<String> = v["notices"]
-                        .as_array()
-                        .map(|n| {
-                            n.iter()
-                                .filter_map(|s| s.as_str().map(String::from))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    crate::report::print_notice_lines(
-                        v["recreated"].as_str(),
-                        &notices,
-                        v["timed_out"].as_bool().unwrap_or(false),
-                        v["interrupted"].as_bool().unwrap_or(false),
-                        Duration::from_secs_f64(r.timeout_secs.max(0.0)),
-                    );
+                    crate::report::print_notices(&r);
                 }
                 return Ok(crate::report::exit_byte(r.exit_code));
             }

@@ -130,7 +130,7 @@ pub fn policy_path() -> Result<PathBuf> {
 }
 
 /// The wire protocol's revision: bump it on a change an older peer cannot read.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 /// How long an idle server lives by default (seconds).
 pub const DEFAULT_IDLE_SECS: u64 = 300;

@@ -4,6 +4,43 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail};
+use serde_json::{Value, json};
+
+use crate::proto::Report;
+
+/// The report as `berth exec --json` prints it.
+pub fn json(r: &Report) -> Value {
+    json!({
+        "exit_code": r.exit_code,
+        "output": r.output,
+        "truncated": r.truncated,
+        "bytes": r.bytes,
+        "omitted_bytes": r.omitted_bytes,
+        "duration_ms": r.duration_ms,
+        "cwd": r.cwd,
+        "timed_out": r.timed_out,
+        "interrupted": r.interrupted,
+        "notices": r.notices,
+        "restored_from": r.restored_from,
+        "recreated": r.recreated,
+        "call_id": r.call_id,
+        "spool": r.spool,
+        "spool_omitted_bytes": r.spool_omitted_bytes,
+        "backend": r.backend,
+        "sandbox": r.sandbox,
+    })
+}
+
+/// The lines on stderr after a reported command.
+pub fn print_notices(r: &Report) {
+    print_notice_lines(
+        r.recreated.as_deref(),
+        &r.notices,
+        r.timed_out,
+        r.interrupted,
+        Duration::from_secs_f64(r.timeout_secs.max(0.0)),
+    );
+}
 
 /// Exit code when a policy refused the command.
 pub const EXIT_DENIED: u8 = 126;

@@ -45,8 +45,8 @@ use tracing::{Instrument, info, warn};
 use super::proto::berth_server::{Berth, BerthServer};
 use super::proto::{
     CheckedExec, CheckedRun, ClientId, ExecCall, ExecEvent, Failure, ForgetReply, ForgetRequest,
-    HelloReply, HelloRequest, InterruptReply, InterruptRequest, Report, RunCall, RunEvent,
-    ShutdownReply, ShutdownRequest, ToolCall, ToolEvent, exec_event, run_event, tool_event,
+    HelloReply, HelloRequest, InterruptReply, InterruptRequest, RunCall, RunEvent, ShutdownReply,
+    ShutdownRequest, ToolCall, ToolEvent, exec_event, run_event, tool_event,
 };
 use crate::io::{LIVE_CAP, Live, Piece};
 
@@ -389,7 +389,7 @@ impl Berth for Conn {
                 on_approval: Some(Arc::new(move |ap| {
                     notices.send(
                         event(exec_event::Event::Notice(
-                            crate::context::approval_notice_text(ap),
+                            crate::exec_report::approval_notice_text(ap),
                         )),
                         0,
                     );
@@ -398,15 +398,15 @@ impl Berth for Conn {
                 ..Default::default()
             };
             let applied =
-                crate::cmd_exec::effective_timeout(timeout, shared.rt.gate(), &call.sandbox);
+                crate::exec_report::effective_timeout(timeout, shared.rt.gate(), &call.sandbox);
             let outcome = shared.rt.exec(req).await;
             let last = match outcome {
-                Ok(r) => exec_event::Event::Report(Report {
-                    json: crate::cmd_exec::report_json(&r, &call.backend, &call.sandbox)
-                        .to_string(),
-                    exit_code: r.result.exit_code,
-                    timeout_secs: applied.as_secs_f64(),
-                }),
+                Ok(r) => exec_event::Event::Report(crate::exec_report::to_proto(
+                    &r,
+                    &call.backend,
+                    &call.sandbox,
+                    applied,
+                )),
                 Err(e) => exec_event::Event::Failure(Failure {
                     denied: matches!(e, berth_core::Error::Denied { .. }),
                     message: e.to_string(),
