@@ -230,7 +230,7 @@ pub(crate) async fn run_on(
         Command::Approve(a) => cmd_approvals::answer(rt.store(), &*gate()?, a, true),
         Command::Deny(a) => cmd_approvals::answer(rt.store(), &*gate()?, a, false),
         Command::Exec(a) if a.background => cmd_exec::background_on(rt, a).await,
-        other => anyhow::bail!("`{}` runs in the CLI, not in the server", name_of(&other)),
+        _ => anyhow::bail!("this subcommand runs in the CLI, not in the server"),
     }
 }
 
@@ -238,21 +238,19 @@ pub(crate) async fn run_on(
 /// names. Its state dir and ssh options were the client's to apply (they chose
 /// this server, or kept the call in-process).
 pub(crate) fn served_command(args: Vec<std::ffi::OsString>) -> anyhow::Result<Command> {
-    let cli = Cli::try_parse_from(std::iter::once(std::ffi::OsString::from("berth")).chain(args))
-        .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim_end()))?;
+    use clap::{CommandFactory, FromArgMatches};
+    let rendered = |e: clap::Error| anyhow::anyhow!("{}", e.render().to_string().trim_end());
+    let matches = Cli::command()
+        .try_get_matches_from(std::iter::once(std::ffi::OsString::from("berth")).chain(args))
+        .map_err(rendered)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(rendered)?;
     if !served(&cli.command) {
         anyhow::bail!(
             "`{}` runs in the CLI, not in the server",
-            name_of(&cli.command)
+            matches.subcommand_name().unwrap_or("this subcommand")
         );
     }
     Ok(cli.command)
-}
-
-/// A subcommand's name, for messages.
-fn name_of(c: &Command) -> String {
-    let dbg = format!("{c:?}");
-    dbg.split('(').next().unwrap_or_default().to_lowercase()
 }
 
 pub(crate) use berth_client::error_text;
