@@ -83,13 +83,25 @@ impl Runtime {
                         Some("its launch never finished (berth stopped while starting it?)".into()),
                     )?;
                 }
-                "lost" | "unlaunched" => {
-                    let why = if job.kill_signal.is_some() {
-                        "it was killed along with the process that waited for it"
-                    } else {
-                        "its process is gone and no exit status was recorded (killed from outside, or the sandbox restarted)"
+                // berth signalled it: a kill that also took its wrapper (a
+                // SIGKILL to the group, or a wrapper that could not fork to
+                // write the status while a fork bomb held the user's process
+                // limit) is still berth's kill, not a loss.
+                "lost" | "unlaunched" if job.kill_signal.is_some() => {
+                    let lost = "its wrapper ended with it, before it could record an exit status";
+                    let why = match job.reason.take() {
+                        Some(r) => format!("{r}; {lost}"),
+                        None => lost.to_string(),
                     };
-                    self.end_job(&mut job, JobState::Lost, None, Some(why.into()))?;
+                    self.end_job(&mut job, JobState::Killed, None, Some(why))?;
+                }
+                "lost" | "unlaunched" => {
+                    self.end_job(
+                        &mut job,
+                        JobState::Lost,
+                        None,
+                        Some("its process is gone and no exit status was recorded (killed from outside, or the sandbox restarted)".into()),
+                    )?;
                 }
                 _ => {
                     self.end_job(
