@@ -74,18 +74,7 @@ fn valid_installation_id(s: &str) -> bool {
 
 /// A fresh random installation id: 10 lowercase hex digits.
 pub fn new_installation_id() -> String {
-    use std::io::Read;
-    let mut b = [0u8; 5];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
-    if read.is_err() {
-        // No /dev/urandom: time and pid still tell installations apart.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let mix = t ^ ((std::process::id() as u128) << 40);
-        b.copy_from_slice(&mix.to_le_bytes()[..5]);
-    }
+    let b: [u8; 5] = rand::random();
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

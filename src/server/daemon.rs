@@ -574,7 +574,6 @@ impl Berth for Conn {
 
 /// Take the state dir's server lock without waiting; `None` if a server holds it.
 fn take_lock(state_dir: &Path) -> Result<Option<File>> {
-    use std::os::fd::AsRawFd;
     let path = super::lock_path(state_dir);
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
@@ -584,16 +583,15 @@ fn take_lock(state_dir: &Path) -> Result<Option<File>> {
         .mode(0o600)
         .open(&path)
         .with_context(|| format!("cannot open the server lock {}", path.display()))?;
-    // SAFETY: flock on a descriptor this function owns; no memory is shared.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r == 0 {
-        return Ok(Some(f));
+    // std's file lock is flock(2) on Linux: held until the file is closed,
+    // released by the kernel when the process dies.
+    match f.try_lock() {
+        Ok(()) => Ok(Some(f)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
     }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Ok(None);
-    }
-    Err(err).with_context(|| format!("cannot lock {}", path.display()))
 }
 
 /// Bind the socket with mode 0600 from the start, with no window where

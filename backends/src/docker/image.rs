@@ -274,16 +274,9 @@ async fn lock_file(path: PathBuf) -> Result<std::fs::File> {
             .write(true)
             .open(&path)
             .map_err(|e| Error::io("opening the image build lock", &path, e))?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a file descriptor we own and keep open; it touches no memory.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-        if rc != 0 {
-            return Err(Error::io(
-                "locking the image build lock",
-                &path,
-                std::io::Error::last_os_error(),
-            ));
-        }
+        // std's file lock is flock(2) on Linux, released when `f` is closed.
+        f.lock()
+            .map_err(|e| Error::io("locking the image build lock", &path, e))?;
         Ok(f)
     })
     .await
