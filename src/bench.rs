@@ -11,6 +11,8 @@ use berth_core::session::{ExecOpts, Session, SessionConfig};
 use clap::Args;
 use serde_json::json;
 
+use berth_core::backend::BackendKind;
+
 use crate::context::{self, DEFAULT_BACKEND};
 
 #[derive(Args, Clone, Debug)]
@@ -490,8 +492,8 @@ async fn floor_series(
     let _ = state_dir; // only docker names its containers by installation
     #[cfg(not(feature = "ssh"))]
     let _ = spec_host; // only ssh has a host to name
-    match backend {
-        "local" => {
+    match BackendKind::parse(backend) {
+        Some(BackendKind::Local) => {
             let t = Instant::now();
             for _ in 0..n {
                 let out = tokio::process::Command::new("bash")
@@ -514,7 +516,7 @@ async fn floor_series(
             })
         }
         #[cfg(feature = "ssh")]
-        "ssh" => {
+        Some(BackendKind::Ssh) => {
             let opts = context::ssh_options();
             let Some(host) = spec_host.clone().or_else(|| opts.host.clone()) else {
                 bail!("berth bench --backend ssh needs --host HOST");
@@ -528,7 +530,7 @@ async fn floor_series(
             })
         }
         #[cfg(feature = "docker")]
-        "docker" => {
+        Some(BackendKind::Docker) => {
             // The sandbox's container, as this state dir's installation names it.
             let installation = berth_backends::installation_id(state_dir)?;
             let per = berth_backends::docker::bench::fresh_exec_per_command(
@@ -544,7 +546,7 @@ async fn floor_series(
             })
         }
         #[cfg(feature = "e2b")]
-        "e2b" => {
+        Some(BackendKind::E2b) => {
             let per = berth_backends::e2b::bench::fresh_start_per_command(sandbox.name(), n, PROBE)
                 .await?;
             Ok(Series {
@@ -554,7 +556,7 @@ async fn floor_series(
         }
         // No CLI to compare with: the same sandbox, one fresh exec (through the
         // task command router) per command.
-        "modal" => {
+        Some(BackendKind::Modal) => {
             let t = Instant::now();
             for _ in 0..n {
                 let argv = ["bash", "-c", PROBE].map(String::from);
@@ -578,6 +580,6 @@ async fn floor_series(
                 per_cmd: t.elapsed() / n as u32,
             })
         }
-        other => bail!("no benchmark floor for backend `{other}` yet"),
+        _ => bail!("no benchmark floor for backend `{backend}` yet"),
     }
 }

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
+use berth_core::backend::BackendKind;
+
 use crate::bench::BenchArgs;
 use crate::context;
 
@@ -300,9 +302,9 @@ async fn measure(
     dir: &std::path::Path,
     berth_cmd: &dyn Fn(&[&str], &str) -> Command,
 ) -> Result<Figures> {
-    let floor = match a.backend.as_str() {
-        "local" => Floor::Bash,
-        "docker" => {
+    let floor = match BackendKind::parse(&a.backend) {
+        Some(BackendKind::Local) => Floor::Bash,
+        Some(BackendKind::Docker) => {
             let o = berth_cmd(&["sandbox", "ls", "--backend", "docker", "--json"], "auto")
                 .stdin(Stdio::null())
                 .output()?;
@@ -317,7 +319,7 @@ async fn measure(
                 .context("the bench sandbox has no container id")?;
             Floor::DockerExec(id.to_string())
         }
-        "ssh" => {
+        Some(BackendKind::Ssh) => {
             let host = a
                 .options
                 .iter()

@@ -116,10 +116,13 @@ pub fn run(state_dir: Option<PathBuf>, cmd: MemoryCmd) -> Result<u8> {
                 Scope::User
             } else {
                 let known = berth_backends::available();
-                if !known.contains(&backend.as_str()) {
+                if !berth_core::backend::BackendKind::parse(&backend)
+                    .is_some_and(|k| known.contains(&k))
+                {
+                    let names: Vec<&str> = known.iter().map(|k| k.as_str()).collect();
                     bail!(
                         "unknown backend `{backend}`; this berth has: {}",
-                        known.join(", ")
+                        names.join(", ")
                     );
                 }
                 berth_core::backend::check_sandbox_name(&sandbox)?;

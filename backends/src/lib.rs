@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use berth_core::backend::Backend;
+use berth_core::backend::{Backend, BackendKind};
 use berth_core::error::{Error, Result};
 
 #[cfg(any(feature = "docker", feature = "ssh", feature = "modal"))]
@@ -273,31 +273,38 @@ impl std::fmt::Debug for SshOptions {
 }
 
 /// The backends compiled into this build.
-pub fn available() -> Vec<&'static str> {
-    let mut v = Vec::new();
-    if cfg!(feature = "local") {
-        v.push("local");
-    }
-    if cfg!(feature = "ssh") {
-        v.push("ssh");
-    }
-    if cfg!(feature = "docker") {
-        v.push("docker");
-    }
-    if cfg!(feature = "e2b") {
-        v.push("e2b");
-    }
-    if cfg!(feature = "modal") {
-        v.push("modal");
-    }
-    v
+pub fn available() -> Vec<BackendKind> {
+    BackendKind::ALL
+        .into_iter()
+        .filter(|k| match k {
+            BackendKind::Local => cfg!(feature = "local"),
+            BackendKind::Ssh => cfg!(feature = "ssh"),
+            BackendKind::Docker => cfg!(feature = "docker"),
+            BackendKind::E2b => cfg!(feature = "e2b"),
+            BackendKind::Modal => cfg!(feature = "modal"),
+        })
+        .collect()
+}
+
+fn names(kinds: &[BackendKind]) -> String {
+    kinds
+        .iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Open the backend called `kind`.
 pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> {
-    match kind {
+    let Some(parsed) = BackendKind::parse(kind).filter(|k| available().contains(k)) else {
+        return Err(Error::InvalidInput(format!(
+            "unknown backend `{kind}`; this build has: {}",
+            names(&available())
+        )));
+    };
+    match parsed {
         #[cfg(feature = "local")]
-        "local" => {
+        BackendKind::Local => {
             let mut b = local::LocalBackend::new(&ctx.state_dir);
             if let Some(w) = &ctx.local_wrapper {
                 b = b.with_wrapper(w.clone());
@@ -305,9 +312,9 @@ pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> 
             Ok(Arc::new(b))
         }
         #[cfg(feature = "ssh")]
-        "ssh" => Ok(Arc::new(ssh::SshBackend::new(ctx.ssh.clone()))),
+        BackendKind::Ssh => Ok(Arc::new(ssh::SshBackend::new(ctx.ssh.clone()))),
         #[cfg(feature = "docker")]
-        "docker" => {
+        BackendKind::Docker => {
             let mut b = docker::DockerBackend::connect()
                 .await?
                 .with_installation(&installation_id(&ctx.state_dir)?);
@@ -322,12 +329,13 @@ pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> 
             Ok(Arc::new(b))
         }
         #[cfg(feature = "e2b")]
-        "e2b" => Ok(Arc::new(e2b::E2bBackend::from_env()?)),
+        BackendKind::E2b => Ok(Arc::new(e2b::E2bBackend::from_env()?)),
         #[cfg(feature = "modal")]
-        "modal" => Ok(Arc::new(modal::ModalBackend::new(ctx.modal.clone()))),
+        BackendKind::Modal => Ok(Arc::new(modal::ModalBackend::new(ctx.modal.clone()))),
+        #[allow(unreachable_patterns)]
         other => Err(Error::InvalidInput(format!(
-            "unknown backend `{other}`; this build has: {}",
-            available().join(", ")
+            "backend `{other}` is not in this build; it has: {}",
+            names(&available())
         ))),
     }
 }

@@ -91,6 +91,55 @@ impl Layout {
     }
 }
 
+/// The backends berth knows, by name: what `--backend` takes and what the
+/// store records. A build may leave some out (`berth_backends::available`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The kernel-restricted local shell.
+    Local,
+    /// A remote host over SSH.
+    Ssh,
+    /// A Docker container.
+    Docker,
+    /// An E2B cloud sandbox.
+    E2b,
+    /// A Modal sandbox.
+    Modal,
+}
+
+impl BackendKind {
+    /// Every kind, in the order berth lists them.
+    pub const ALL: [BackendKind; 5] = [
+        BackendKind::Local,
+        BackendKind::Ssh,
+        BackendKind::Docker,
+        BackendKind::E2b,
+        BackendKind::Modal,
+    ];
+
+    /// Its name: `local`, `ssh`, `docker`, `e2b`, `modal`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Ssh => "ssh",
+            BackendKind::Docker => "docker",
+            BackendKind::E2b => "e2b",
+            BackendKind::Modal => "modal",
+        }
+    }
+
+    /// The kind called `name`, if berth knows one.
+    pub fn parse(name: &str) -> Option<BackendKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The result of [`Backend::provision`].
 pub struct Provisioned {
     /// The live sandbox.
@@ -487,4 +536,18 @@ pub fn check_sandbox_name(name: &str) -> Result<()> {
 /// [`crate::store::now_ms`] for milliseconds).
 pub fn now_unix_secs() -> i64 {
     crate::store::now_ms() / 1000
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::BackendKind;
+
+    #[test]
+    fn every_backend_kind_reads_back_as_itself() {
+        for k in BackendKind::ALL {
+            assert_eq!(BackendKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(BackendKind::parse("kubernetes"), None);
+        assert_eq!(BackendKind::Docker.to_string(), "docker");
+    }
 }
