@@ -773,11 +773,11 @@ fn bench_cli_on_docker_against_docker_exec() -> TestResult {
     Ok(())
 }
 
-/// The ssh floor is OpenSSH over a ControlMaster, reaching the host through
-/// the same ~/.ssh/config alias berth reads.
-#[test]
-fn bench_cli_on_ssh_against_a_control_master() -> TestResult {
-    let sshd = berth_backends::ssh::testing::Sshd::start()?;
+/// The test sshd's home, with an `~/.ssh/config` alias `berthbench` for it
+/// that both berth and OpenSSH read.
+fn bench_ssh_home(
+    sshd: &berth_backends::ssh::testing::Sshd,
+) -> Result<std::path::PathBuf, crate::support::BoxError> {
     let home = sshd.home();
     std::fs::write(
         home.join(".ssh/config"),
@@ -789,6 +789,15 @@ fn bench_cli_on_ssh_against_a_control_master() -> TestResult {
             sshd.known_hosts().display()
         ),
     )?;
+    Ok(home)
+}
+
+/// The ssh floor is OpenSSH over a ControlMaster, reaching the host through
+/// the same ~/.ssh/config alias berth reads.
+#[test]
+fn bench_cli_on_ssh_against_a_control_master() -> TestResult {
+    let sshd = berth_backends::ssh::testing::Sshd::start()?;
+    let home = bench_ssh_home(&sshd)?;
     bench_cli(
         "ssh",
         &["--opt", "host=berthbench"],
@@ -804,17 +813,7 @@ fn bench_cli_on_ssh_against_a_control_master() -> TestResult {
 #[test]
 fn bench_cli_measures_three_backends_in_one_run() -> TestResult {
     let sshd = berth_backends::ssh::testing::Sshd::start()?;
-    let home = sshd.home();
-    std::fs::write(
-        home.join(".ssh/config"),
-        format!(
-            "Host berthbench\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
-            sshd.port(),
-            sshd.user(),
-            sshd.user_key().display(),
-            sshd.known_hosts().display()
-        ),
-    )?;
+    let home = bench_ssh_home(&sshd)?;
     let dir = tempfile::tempdir()?;
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_berth"))

@@ -84,21 +84,7 @@ impl Agent {
                     match self.decision(a, cancel).await? {
                         Decision::Approved => {}
                         Decision::Denied(why) => {
-                            let text = format!(
-                                "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
-                            );
-                            self.verdict(&call.id, "denied", &why, Some(a));
-                            self.finish(
-                                id,
-                                step,
-                                key,
-                                CallState::Rejected,
-                                Some("denied"),
-                                json!({ "approval": a, "denied": why }),
-                                &text,
-                                true,
-                                msgs,
-                            )?;
+                            self.denied(id, step, key, a, &why, msgs)?;
                             continue;
                         }
                         Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
@@ -158,21 +144,7 @@ impl Agent {
                         match self.decision(approval, cancel).await? {
                             Decision::Approved => continue,
                             Decision::Denied(why) => {
-                                let text = format!(
-                                    "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
-                                );
-                                self.verdict(&call.id, "denied", &why, Some(approval));
-                                self.finish(
-                                    id,
-                                    step,
-                                    key,
-                                    CallState::Rejected,
-                                    Some("denied"),
-                                    json!({ "approval": approval, "denied": why }),
-                                    &text,
-                                    true,
-                                    msgs,
-                                )?;
+                                self.denied(id, step, key, approval, &why, msgs)?;
                                 break;
                             }
                             Decision::Pending(a) => return Ok(Some(self.paused(id, &call.id, a))),
@@ -272,6 +244,33 @@ impl Agent {
                 "nobody answered approval #{a} in time, so it was denied"
             )),
         })
+    }
+
+    /// A call a person denied (approval `approval`): answered, not run.
+    fn denied(
+        &self,
+        id: &str,
+        step: i64,
+        key: CallKey<'_>,
+        approval: i64,
+        why: &str,
+        msgs: &mut Vec<(i64, Message)>,
+    ) -> Result<()> {
+        let text = format!(
+            "[berth: the policy asked a person about this call and the answer was no: {why}. It was not run.]"
+        );
+        self.verdict(key.call_id, "denied", why, Some(approval));
+        self.finish(
+            id,
+            step,
+            key,
+            CallState::Rejected,
+            Some("denied"),
+            json!({ "approval": approval, "denied": why }),
+            &text,
+            true,
+            msgs,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
