@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::agent::journal::{self, StepRow};
-use berth_core::agent::provider::{
+use berth_agent::journal::{self, StepRow};
+use berth_agent::provider::{
     self, Api, Failover, Message, ProviderConfig, Request, Role, Stop, ToolCall, ToolChoice, Usage,
 };
-use berth_core::agent::runner::{Agent, AgentEvent, Budget, default_system};
-use berth_core::agent::{ToolHost, ToolOutcome, ToolSpec, validate};
+use berth_agent::runner::{Agent, AgentEvent, Budget, default_system};
+use berth_agent::{ToolHost, ToolOutcome, ToolSpec, validate};
 use berth_core::gate::Gate;
 use berth_core::store::Store;
 use berth_policies::Policy;

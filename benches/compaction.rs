@@ -4,7 +4,7 @@
 //! `cargo bench --bench compaction` prints two figures and their ratio:
 //! - **floor**: what berth does for every step of such a run anyway: build
 //!   the transcript to send and serialise the request body;
-//! - **compaction**: the work [`berth_core::agent::runner`] adds when a
+//! - **compaction**: the work [`berth_agent::runner`] adds when a
 //!   request passes the threshold: read the run's compactions, plan the
 //!   stage (masking is tried first and falls short, so a summary is
 //!   planned), build the summary call's transcript and the compacted one,
@@ -15,13 +15,13 @@
 
 use std::time::{Duration, Instant};
 
-use berth_core::agent::ToolSpec;
-use berth_core::agent::context::{self, Compaction, Stage, Target};
-use berth_core::agent::journal::{self, StepRow};
-use berth_core::agent::provider::{
+use berth_agent::ToolSpec;
+use berth_agent::context::{self, Compaction, Stage, Target};
+use berth_agent::journal::{self, StepRow};
+use berth_agent::provider::{
     Api, Message, ProviderConfig, Request, Role, ToolCall, ToolChoice, Usage, openai,
 };
-use berth_core::agent::runner::default_system;
+use berth_agent::runner::default_system;
 use berth_core::store::Store;
 use serde_json::json;
 

@@ -346,7 +346,7 @@ async fn registry_series(
     backend: &str,
     n: usize,
 ) -> Result<Series> {
-    use berth_core::tools::{OutcomeKind, Registry, ToolContext};
+    use berth_tools::{OutcomeKind, Registry, ToolContext};
     let reg = Registry::new(rt);
     let ctx = ToolContext::new(rt.clone(), backend, BENCH_SANDBOX);
     let args = json!({ "command": PROBE });

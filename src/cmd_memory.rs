@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
-use berth_core::memory::{self, Scope, View};
 use berth_core::store::Store;
 use berth_policies::shell::printable;
+use berth_tools::memory::{self, Scope, View};
 use clap::Subcommand;
 
 use crate::context;

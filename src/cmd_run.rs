@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use berth_core::agent::journal::{self, RunState};
-use berth_core::agent::provider::{Api, Failover, ProviderConfig};
-use berth_core::agent::runner::{Agent, AgentEvent, Budget, EventSink, Setup};
-use berth_core::agent::{RegistryTools, ToolHost};
-use berth_core::memory;
+use berth_agent::journal::{self, RunState};
+use berth_agent::provider::{Api, Failover, ProviderConfig};
+use berth_agent::runner::{Agent, AgentEvent, Budget, EventSink, Setup};
+use berth_agent::{RegistryTools, ToolHost};
 use berth_core::store::Store;
+use berth_tools::memory;
 use clap::{Args, Subcommand};
 use serde::Deserialize;
 use serde_json::json;
@@ -82,7 +82,7 @@ pub struct RunArgs {
     pub compact_at: Option<f64>,
     /// At most this many tokens of memory notes (`berth memory`) in a new
     /// run's instructions; 0 leaves them out.
-    #[arg(long, value_name = "TOKENS", default_value_t = berth_core::agent::runner::MEMORY_TOKENS)]
+    #[arg(long, value_name = "TOKENS", default_value_t = berth_agent::runner::MEMORY_TOKENS)]
     pub memory_tokens: u64,
     /// Wait for approvals instead of saving the run and exiting.
     #[arg(long)]
@@ -738,8 +738,8 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                 }
                 for (_, m) in msgs.iter().filter(|(s, _)| *s == n) {
                     match m.role {
-                        berth_core::agent::provider::Role::User => println!("user: {}", m.text),
-                        berth_core::agent::provider::Role::Assistant => {
+                        berth_agent::provider::Role::User => println!("user: {}", m.text),
+                        berth_agent::provider::Role::Assistant => {
                             if !m.text.is_empty() {
                                 println!("model: {}", m.text);
                             }
@@ -758,7 +758,7 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                                 println!("call {} {} {} [{state}]", c.id, c.name, c.arguments);
                             }
                         }
-                        berth_core::agent::provider::Role::Tool => {
+                        berth_agent::provider::Role::Tool => {
                             let preview: String = m.text.chars().take(400).collect();
                             println!(
                                 "result {}{}: {}",

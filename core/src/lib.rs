@@ -4,14 +4,12 @@
 //! sandbox; the runtime finds or provisions the sandbox through a [`backend::Backend`],
 //! drives its persistent [`session::Session`], and records the call in the [`store::Store`].
 
-pub mod agent;
 pub mod approvals;
 pub mod backend;
 pub mod error;
 pub mod events;
 pub mod gate;
 pub mod jobs;
-pub mod memory;
 pub mod owner;
 pub mod procs;
 pub mod session;
@@ -19,5 +17,4 @@ pub mod session;
 pub mod reaper;
 pub mod runtime;
 pub mod store;
-pub mod tools;
 pub use error::{Error, Result};

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use berth_core::runtime::{DEFAULT_SANDBOX, Runtime};
-use berth_core::tools::{Dispatch, OutcomeKind, Progress, ProgressSink, Registry, ToolContext};
+use berth_tools::{Dispatch, OutcomeKind, Progress, ProgressSink, Registry, ToolContext};
 use clap::Args;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,

@@ -60,7 +60,7 @@ pub const MAX_CONNECTIONS: usize = 1024;
 struct Shared {
     rt: Arc<Runtime>,
     /// The tools `CallTool` runs, for the runtime's policy.
-    registry: berth_core::tools::Registry,
+    registry: berth_tools::Registry,
     state_dir: PathBuf,
     socket: PathBuf,
     /// (device, inode) of the socket this server bound.
@@ -476,7 +476,7 @@ impl Berth for Conn {
     type CallToolStream = ToolStream;
 
     async fn call_tool(&self, req: Request<ToolCall>) -> Result<Response<ToolStream>, Status> {
-        use berth_core::tools::{ApprovalMode, Progress, ToolContext};
+        use berth_tools::{ApprovalMode, Progress, ToolContext};
         self.check_peer()?;
         let call = req.into_inner();
         let args: serde_json::Value = serde_json::from_str(&call.args_json).map_err(|e| {
@@ -649,7 +649,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     let owner_uid = unsafe { libc::geteuid() };
     let rt = Arc::new(rt);
     let shared = Arc::new(Shared {
-        registry: berth_core::tools::Registry::new(&rt),
+        registry: berth_tools::Registry::new(&rt),
         rt,
         state_dir: state_dir.clone(),
         socket: socket.clone(),

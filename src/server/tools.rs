@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use async_trait::async_trait;
-use berth_core::tools::{ApprovalMode, Dispatch, OutcomeKind, Progress, ToolContext, ToolOutcome};
+use berth_tools::{ApprovalMode, Dispatch, OutcomeKind, Progress, ToolContext, ToolOutcome};
 use serde_json::Value;
 
 use super::Mode;

@@ -352,15 +352,18 @@ impl Store {
     }
 
     /// Like [`Store::with_conn`], for functions that return berth's own `Result`.
-    pub(crate) fn with_db<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    pub fn with_db<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.conn()?;
         f(&conn)
     }
 
     /// Run `f` with the raw connection, for the modules that own tables of their
-    /// own (jobs, approvals, the agent's journal) and put typed methods over
-    /// them. Their schema is in [`migrations`]. Never handed outside the crate.
-    pub(crate) fn with_conn<T>(
+    /// own (jobs and approvals here; the agent's journal in berth-agent, the
+    /// memory in berth-tools) and put typed methods over them. All their schema
+    /// is in [`migrations`], one numbered list for the one database file, so an
+    /// upgrade migrates it whole whichever crate's table changed. Callers never
+    /// hold the connection past `f`: a pooled connection goes back when it returns.
+    pub fn with_conn<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
     ) -> Result<T> {

@@ -7,8 +7,11 @@
 //! before and after it runs, and stops with a recorded reason.
 
 pub mod context;
+mod error;
+pub use error::{Error, Result};
 pub mod host;
 pub mod journal;
+pub mod notes;
 pub mod provider;
 pub mod runner;
 pub mod validate;

@@ -1,7 +1,7 @@
 //! The loop's view of the tools: a list of specs and one way to call them.
 //!
 //! [`ToolHost`] is the loop's narrow view of the shared tool registry
-//! ([`crate::tools::Registry`]): name, description, JSON schema; one dispatch
+//! ([`berth_tools::Registry`]): name, description, JSON schema; one dispatch
 //! with a cancel token; an *ask* verdict deferred to the caller as a pending
 //! approval. [`RegistryTools`] is that view: every call the model makes goes
 //! through the registry's one dispatch path (validation, the gate, file rules,
@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::Runtime;
-use crate::tools::{ApprovalMode, Dispatch, OutcomeKind, Registry, ToolContext};
+use berth_core::runtime::Runtime;
+use berth_tools::{ApprovalMode, Dispatch, OutcomeKind, Registry, ToolContext};
 
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

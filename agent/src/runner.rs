@@ -35,9 +35,9 @@ use super::provider::{
     Usage,
 };
 use super::validate;
-use crate::approvals::{self, ApprovalState};
 use crate::error::{Error, Result};
-use crate::store::{Store, now_ms};
+use berth_core::approvals::{self, ApprovalState};
+use berth_core::store::{Store, now_ms};
 
 /// The largest tool result a model is sent, in bytes; the rest is elided in
 /// the middle (head and tail kept, with the exact count left out).
@@ -176,7 +176,7 @@ pub enum AgentEvent {
         /// The step whose request it shaped.
         step: i64,
         /// `mask`, `summary` or `rotate`.
-        stage: crate::agent::context::Stage,
+        stage: crate::context::Stage,
         /// The transcript segment from now on.
         segment: i64,
         /// Estimated tokens of the request before.
@@ -292,7 +292,7 @@ impl Agent {
         if tools.iter().any(|t| t.name == "memory") {
             system.push_str(MEMORY_HINT);
             if let Some(notes) =
-                crate::memory::prompt_section(&self.store, backend, sandbox, self.memory_tokens)?
+                crate::notes::prompt_section(&self.store, backend, sandbox, self.memory_tokens)?
             {
                 system.push_str("\n\n");
                 system.push_str(&notes);
@@ -313,7 +313,7 @@ impl Agent {
                 .collect(),
         };
         let id = journal::new_run_id();
-        let setup = serde_json::to_value(&setup).map_err(|e| Error::Store(e.to_string()))?;
+        let setup = serde_json::to_value(&setup).map_err(|e| Error::journal("a run's setup", e))?;
         journal::create(&self.store, &id, task, backend, sandbox, &setup, None)?;
         journal::append_message(&self.store, &id, 0, &Message::user(task))?;
         Ok(id)
@@ -329,9 +329,10 @@ impl Agent {
         let msgs = journal::messages(store, from)?;
         let last = msgs.iter().map(|(s, _)| *s).max().unwrap_or(0);
         if at < 1 || at > last {
-            return Err(Error::InvalidInput(format!(
-                "run {from} has steps 1 to {last}; pick --at within them"
-            )));
+            return Err(Error::NoSuchStep {
+                run: from.into(),
+                last,
+            });
         }
         let id = journal::new_run_id();
         journal::create(
@@ -364,7 +365,7 @@ impl Agent {
             return Err(not_found(id));
         };
         let setup: Setup = serde_json::from_value(row.setup.clone())
-            .map_err(|e| Error::Store(format!("run {id}: unreadable setup: {e}")))?;
+            .map_err(|e| Error::journal(format!("run {id}: its setup"), e))?;
         journal::claim(&self.store, id)?;
         let mut msgs = journal::messages(&self.store, id)?;
         let resumed = msgs.iter().any(|(_, m)| m.role != Role::User);
@@ -627,11 +628,7 @@ fn interrupted() -> (RunState, Option<String>, Option<String>) {
 }
 
 fn not_found(id: &str) -> Error {
-    Error::NotFound {
-        what: "run",
-        name: id.into(),
-        hint: "list runs with `berth runs ls`".into(),
-    }
+    Error::RunNotFound(id.into())
 }
 
 fn add(total: &mut Usage, u: &Usage) {
@@ -639,27 +636,4 @@ fn add(total: &mut Usage, u: &Usage) {
     total.output_tokens += u.output_tokens;
     total.cached_input_tokens += u.cached_input_tokens;
     total.cache_write_tokens += u.cache_write_tokens;
-}
-
-/// `text` cut to about `limit` bytes: its head and tail, with the exact count
-/// of what was left out between them.
-pub fn bound(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_string();
-    }
-    let mut head = limit / 2;
-    while !text.is_char_boundary(head) {
-        head -= 1;
-    }
-    let mut tail = text.len() - (limit - limit / 2);
-    while !text.is_char_boundary(tail) {
-        tail += 1;
-    }
-    format!(
-        "{}\n[berth: {} of {} bytes omitted]\n{}",
-        &text[..head],
-        tail - head,
-        text.len(),
-        &text[tail..]
-    )
 }

@@ -6,7 +6,7 @@ use std::io::Write;
 use serde_json::Value;
 
 use super::ToolOutcome;
-use crate::runtime::Runtime;
+use berth_core::runtime::Runtime;
 
 /// Output cap when there is no policy.
 const DEFAULT_CAP: usize = 256 * 1024;

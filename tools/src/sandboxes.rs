@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::args::{SandboxAction, SandboxArgs};
 use super::{Call, ToolOutcome};
-use crate::backend::{SandboxSpec, check_sandbox_name};
+use berth_core::backend::{SandboxSpec, check_sandbox_name};
 
 pub(crate) async fn run(call: &Call<'_>, a: SandboxArgs) -> ToolOutcome {
     let ctx = call.ctx;

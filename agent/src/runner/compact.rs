@@ -11,7 +11,7 @@
 //! by [`Agent::run`]'s loop with one harder compaction and one retry.
 
 use super::*;
-use crate::agent::context::{self, Compaction, Plan, Stage, Target};
+use crate::context::{self, Compaction, Plan, Stage, Target, bound};
 
 /// What the loop knows about the run's size between steps.
 pub(super) struct Meter {

@@ -1,3 +1,6 @@
+//! berth-tools: the tool registry and the tools, and the memory they share
+//! with the agent loop.
+//!
 //! The tool registry: every tool an agent can call, defined once, and one
 //! dispatch path that every call takes, whoever the caller is (`berth mcp`,
 //! `berth run`).
@@ -44,9 +47,12 @@
 #![allow(clippy::result_large_err)]
 
 pub mod args;
+mod error;
+pub use error::{Error, Result};
 mod files;
 mod jobs;
-mod memory;
+pub mod memory;
+mod memory_tools;
 mod output;
 mod sandboxes;
 mod terminal;
@@ -61,9 +67,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventKind;
-use crate::runtime::{Runtime, new_call_id};
-use crate::store::Event;
+use berth_core::events::EventKind;
+use berth_core::runtime::{Runtime, new_call_id};
+use berth_core::store::Event;
 
 /// How often a running call reports progress, and when it first does.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -134,7 +140,7 @@ impl ToolContext {
             runtime,
             backend: backend.into(),
             sandbox: sandbox.into(),
-            session: crate::runtime::MAIN_SESSION.into(),
+            session: berth_core::runtime::MAIN_SESSION.into(),
             cancel: CancellationToken::new(),
             progress: None,
             approval: ApprovalMode::Wait,
@@ -262,14 +268,23 @@ impl ToolOutcome {
     }
 }
 
-impl From<crate::Error> for ToolOutcome {
-    fn from(e: crate::Error) -> Self {
+impl From<berth_core::Error> for ToolOutcome {
+    fn from(e: berth_core::Error) -> Self {
         match e {
-            crate::Error::Denied { ref rule, .. } => {
+            berth_core::Error::Denied { ref rule, .. } => {
                 ToolOutcome::new(OutcomeKind::Denied { rule: rule.clone() }, e.to_string())
             }
-            crate::Error::InvalidInput(m) => ToolOutcome::invalid(m),
+            berth_core::Error::InvalidInput(m) => ToolOutcome::invalid(m),
             other => ToolOutcome::error(other.to_string()),
+        }
+    }
+}
+
+impl From<Error> for ToolOutcome {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Core(e) => e.into(),
+            e => ToolOutcome::invalid(e.to_string()),
         }
     }
 }
@@ -355,7 +370,7 @@ impl Registry {
         if sandbox_tool {
             tools.push(Tool::Sandbox);
         }
-        if memory::access(runtime) != berth_policies::MemoryAccess::Off {
+        if memory_tools::access(runtime) != berth_policies::MemoryAccess::Off {
             tools.extend([Tool::Memory, Tool::HistorySearch]);
         }
         Registry {
@@ -391,7 +406,7 @@ impl Registry {
         // Masked before the clip: a clip through a secret would leave its
         // first part unrecognised, and in clear.
         let args_text = output::clip(
-            &crate::gate::redact_json(&args, &|t| rt.redact(t)).to_string(),
+            &berth_core::gate::redact_json(&args, &|t| rt.redact(t)).to_string(),
             4096,
         );
         let started_event = Event {
@@ -535,11 +550,11 @@ async fn run(tool: Tool, call: &Call<'_>, raw: Value) -> ToolOutcome {
             Err(o) => o,
         },
         Tool::Memory => match args::parse(raw) {
-            Ok(a) => memory::run(call, a),
+            Ok(a) => memory_tools::run(call, a),
             Err(o) => o,
         },
         Tool::HistorySearch => match args::parse(raw) {
-            Ok(a) => memory::history(call, a),
+            Ok(a) => memory_tools::history(call, a),
             Err(o) => o,
         },
     }

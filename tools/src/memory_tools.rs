@@ -8,7 +8,7 @@ use serde_json::json;
 use super::args::{HistorySearchArgs, MemoryAction, MemoryArgs, MemoryScope};
 use super::{Call, ToolOutcome};
 use crate::memory::{self, Scope, View};
-use crate::runtime::Runtime;
+use berth_core::runtime::Runtime;
 
 /// How many notes a search returns.
 const NOTES_SHOWN: usize = 20;

@@ -15,13 +15,13 @@ use serde_json::json;
 
 use super::args::TerminalArgs;
 use super::{ApprovalMode, Call, OutcomeKind, ToolOutcome};
-use crate::approvals::{self, ApprovalState, NewApproval};
-use crate::events::EventKind;
-use crate::gate::ApprovalNotice;
-use crate::runtime::ExecRequest;
-use crate::session::capture::strip_ansi;
-use crate::session::script::quote;
-use crate::store::Event;
+use berth_core::approvals::{self, ApprovalState, NewApproval};
+use berth_core::events::EventKind;
+use berth_core::gate::ApprovalNotice;
+use berth_core::runtime::ExecRequest;
+use berth_core::session::capture::strip_ansi;
+use berth_core::session::script::quote;
+use berth_core::store::Event;
 
 /// A timeout in seconds from a model, checked: finite, positive, representable.
 pub(crate) fn seconds(what: &str, secs: f64) -> Result<Duration, ToolOutcome> {
@@ -79,13 +79,13 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
                 );
             }
             (false, None) => None,
-            (true, None) => Some(crate::backend::TermSize::default()),
+            (true, None) => Some(berth_core::backend::TermSize::default()),
             (true, Some(s)) => match s.parse() {
                 Ok(size) => Some(size),
                 Err(e) => return ToolOutcome::invalid(format!("invalid argument `size`: {e}")),
             },
         };
-        let opts = crate::jobs::JobOptions {
+        let opts = berth_core::jobs::JobOptions {
             name: None,
             watch: a.watch.clone().unwrap_or_default(),
             pty,
@@ -125,11 +125,11 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
         return o;
     }
     let live = call.live.clone();
-    let tee: crate::session::Tee = Arc::new(move |chunk: &[u8]| {
+    let tee: berth_core::session::Tee = Arc::new(move |chunk: &[u8]| {
         live.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
     });
     let session = a.session.clone().unwrap_or_else(|| ctx.session.clone());
-    if let Err(e) = crate::runtime::check_session_name(&session) {
+    if let Err(e) = berth_core::runtime::check_session_name(&session) {
         return ToolOutcome::invalid(format!("invalid argument `session`: {e}"));
     }
     let report = rt

@@ -12,8 +12,8 @@ use serde_json::json;
 use super::args::{ProcessAction, ProcessArgs};
 use super::terminal::seconds;
 use super::{Call, ToolOutcome};
-use crate::backend::{Signal, run_to_end};
-use crate::jobs::{Job, KillOutcome};
+use berth_core::backend::{Signal, run_to_end};
+use berth_core::jobs::{Job, KillOutcome};
 use berth_policies::redact::RedactStream;
 
 /// Default and largest `log` window.
@@ -159,7 +159,8 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
                 }
                 None => (raw[lead..].to_vec(), offset + (raw.len() - lead) as u64),
             };
-            let mut text = crate::session::capture::strip_ansi(&String::from_utf8_lossy(&shown));
+            let mut text =
+                berth_core::session::capture::strip_ansi(&String::from_utf8_lossy(&shown));
             let more = next < j.out_bytes as u64;
             if more {
                 text.push_str(&format!(
@@ -228,7 +229,7 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
             }
             let mut bytes = data.into_bytes();
             bytes.extend(
-                crate::jobs::pty::keys_bytes(&keys)
+                berth_core::jobs::pty::keys_bytes(&keys)
                     .map_err(|e| ToolOutcome::invalid(format!("invalid argument `keys`: {e}")))?,
             );
             rt.send_job(&j.id, &bytes, false)

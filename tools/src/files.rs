@@ -15,7 +15,7 @@ use serde_json::json;
 use super::args::{EditFileArgs, ReadFileArgs, WriteFileArgs};
 use super::terminal::admit;
 use super::{Call, ToolOutcome};
-use crate::backend::Sandbox;
+use berth_core::backend::Sandbox;
 
 /// The largest file the file tools load.
 const READ_MAX: u64 = 16 * 1024 * 1024;

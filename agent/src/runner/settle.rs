@@ -4,7 +4,8 @@
 //! twice.
 
 use super::*;
-use crate::agent::journal::{CallKey, CallState};
+use crate::context::bound;
+use crate::journal::{CallKey, CallState};
 
 /// Where an approval stands for the loop.
 pub(super) enum Decision {
@@ -295,23 +296,23 @@ impl Agent {
 }
 
 /// A call's result as the journal keeps it: redacted, failing closed (see
-/// [`crate::gate::redact_json`]): a mask that breaks the JSON text must not
+/// [`berth_core::gate::redact_json`]): a mask that breaks the JSON text must not
 /// fall back to the raw result, secrets and all.
 fn journal_result(redact: &Redact, result: Value) -> Value {
-    crate::gate::redact_json(&result, &|t| redact(t))
+    berth_core::gate::redact_json(&result, &|t| redact(t))
 }
 
 /// A call's arguments as the journal keeps them: redacted. Masking the text
 /// alone misses a secret the JSON holds escaped (a quote, a backslash in
 /// it); so when they are JSON and a secret is in them, they are kept as
-/// [`crate::gate::redact_json`] masks them. Without a secret they stay as
+/// [`berth_core::gate::redact_json`] masks them. Without a secret they stay as
 /// the model wrote them.
 fn journal_args(redact: &Redact, args: &str) -> String {
     let text = redact(args);
     let Ok(v) = serde_json::from_str::<Value>(args) else {
         return text;
     };
-    let masked = crate::gate::redact_json(&v, &|t| redact(t));
+    let masked = berth_core::gate::redact_json(&v, &|t| redact(t));
     if masked == v {
         text
     } else {

@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::context::{Compaction, Stage};
 use super::provider::{Attempt, Message, Usage};
 use crate::error::{Error, Result};
-use crate::store::{Store, now_ms};
+use berth_core::store::{Store, now_ms};
 
 /// Why a run stopped (or that it has not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,7 +66,12 @@ impl RunState {
             "awaiting_approval" => RunState::AwaitingApproval,
             "provider_failed" => RunState::ProviderFailed,
             "error" => RunState::Error,
-            other => return Err(Error::Store(format!("run in unknown state `{other}`"))),
+            other => {
+                return Err(Error::UnknownState {
+                    what: "run",
+                    state: other.into(),
+                });
+            }
         })
     }
 }
@@ -162,9 +167,10 @@ impl CallState {
             "cut_off" => CallState::CutOff,
             "awaiting_approval" => CallState::AwaitingApproval,
             other => {
-                return Err(Error::Store(format!(
-                    "tool call in unknown state `{other}`"
-                )));
+                return Err(Error::UnknownState {
+                    what: "tool call",
+                    state: other.into(),
+                });
             }
         })
     }
@@ -217,7 +223,16 @@ pub struct CallRow {
 }
 
 fn json_err(e: serde_json::Error) -> Error {
-    Error::Store(format!("run journal: {e}"))
+    Error::journal("a message or a step's record", e)
+}
+
+/// [`Store::with_db`] for the journal's functions: the store's error is kept
+/// whole as this crate's [`Error::Core`].
+fn db<T>(
+    store: &Store,
+    f: impl FnOnce(&rusqlite::Connection) -> berth_core::Result<T>,
+) -> Result<T> {
+    Ok(store.with_db(f)?)
 }
 
 /// A new run id.
@@ -237,7 +252,7 @@ pub fn create(
     parent: Option<(&str, i64)>,
 ) -> Result<()> {
     let now = now_ms();
-    store.with_db(|c| {
+    db(store, |c| {
         c.execute(
             "INSERT INTO runs (id, created_ms, updated_ms, task, backend, sandbox, state, setup, parent, parent_step)
              VALUES (?1, ?2, ?2, ?3, ?4, ?5, 'running', ?6, ?7, ?8)",
@@ -249,7 +264,7 @@ pub fn create(
 
 /// Set where a run stands; a stopped run has no owner.
 pub fn set_state(store: &Store, id: &str, state: RunState, reason: Option<&str>) -> Result<()> {
-    store.with_db(|c| {
+    db(store, |c| {
         c.execute(
             "UPDATE runs SET state = ?2, reason = ?3, updated_ms = ?4,
                 owner_pid = CASE WHEN ?2 = 'running' THEN owner_pid ELSE NULL END
@@ -287,10 +302,12 @@ pub fn claim(store: &Store, id: &str) -> Result<()> {
         tx.commit()?;
         Ok(None)
     })
+    .map_err(Error::from)
     .and_then(|busy| match busy {
-        Some(pid) => Err(Error::InvalidInput(format!(
-            "run {id} is being carried on by another berth (pid {pid}); wait for it to stop, or stop it first"
-        ))),
+        Some(pid) => Err(Error::Busy {
+            run: id.into(),
+            pid,
+        }),
         None => Ok(()),
     })
 }
@@ -330,7 +347,7 @@ const RUN_COLUMNS: &str =
 
 /// One run.
 pub fn run(store: &Store, id: &str) -> Result<Option<RunRow>> {
-    let found = store.with_db(|c| {
+    let found = db(store, |c| {
         Ok(c.query_row(
             &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
             params![id],
@@ -348,7 +365,7 @@ pub fn run(store: &Store, id: &str) -> Result<Option<RunRow>> {
 
 /// The latest runs, newest first.
 pub fn runs(store: &Store, limit: usize) -> Result<Vec<RunRow>> {
-    let rows = store.with_db(|c| {
+    let rows = db(store, |c| {
         let mut stmt = c.prepare(&format!(
             "SELECT {RUN_COLUMNS} FROM runs ORDER BY created_ms DESC, id DESC LIMIT ?1"
         ))?;
@@ -368,7 +385,7 @@ pub fn runs(store: &Store, limit: usize) -> Result<Vec<RunRow>> {
 /// Append a message to the transcript.
 pub fn append_message(store: &Store, run: &str, step: i64, m: &Message) -> Result<()> {
     let body = serde_json::to_string(m).map_err(json_err)?;
-    store.with_db(|c| {
+    db(store, |c| {
         c.execute(
             "INSERT INTO run_messages (run_id, seq, step, ts_ms, body)
              VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_messages WHERE run_id = ?1), ?2, ?3, ?4)",
@@ -380,7 +397,7 @@ pub fn append_message(store: &Store, run: &str, step: i64, m: &Message) -> Resul
 
 /// The transcript, with each message's step, in order.
 pub fn messages(store: &Store, run: &str) -> Result<Vec<(i64, Message)>> {
-    let rows: Vec<(i64, String)> = store.with_db(|c| {
+    let rows: Vec<(i64, String)> = db(store, |c| {
         let mut stmt =
             c.prepare("SELECT step, body FROM run_messages WHERE run_id = ?1 ORDER BY seq")?;
         let rows = stmt
@@ -397,20 +414,23 @@ pub fn messages(store: &Store, run: &str) -> Result<Vec<(i64, Message)>> {
 pub fn put_step(store: &Store, run: &str, s: &StepRow) -> Result<()> {
     let attempts = serde_json::to_string(&s.attempts).map_err(json_err)?;
     let usage = serde_json::to_string(&s.usage).map_err(json_err)?;
-    store.with_db(|c| {
+    db(store, |c| {
         c.execute(
             "INSERT OR REPLACE INTO run_steps (run_id, step, provider, attempts, usage, cost, started_ms, ended_ms, summary)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![run, s.step, s.provider, attempts, usage, s.cost, s.started_ms, s.ended_ms, s.summary],
         )?;
-        c.execute("UPDATE runs SET updated_ms = ?2 WHERE id = ?1", params![run, now_ms()])?;
+        c.execute(
+            "UPDATE runs SET updated_ms = ?2 WHERE id = ?1",
+            params![run, now_ms()],
+        )?;
         Ok(())
     })
 }
 
 /// Every step of a run.
 pub fn steps(store: &Store, run: &str) -> Result<Vec<StepRow>> {
-    store.with_db(|c| {
+    db(store, |c| {
         let mut stmt = c.prepare(
             "SELECT step, provider, attempts, usage, cost, started_ms, ended_ms, summary
              FROM run_steps WHERE run_id = ?1 ORDER BY step",
@@ -446,7 +466,7 @@ pub fn call_started(
     name: &str,
     args: &str,
 ) -> Result<()> {
-    store.with_db(|c| {
+    db(store, |c| {
         c.execute(
             "INSERT INTO run_calls (run_id, call_id, step, idx, name, args, state, started_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'started', ?7)
@@ -459,7 +479,7 @@ pub fn call_started(
 
 /// A call waits for approval `approval`.
 pub fn call_awaiting(store: &Store, run: &str, call_id: &str, approval: i64) -> Result<()> {
-    store.with_db(|c| {
+    db(store, |c| {
         c.execute(
             "UPDATE run_calls SET state = 'awaiting_approval', approval = ?3, verdict = 'ask'
              WHERE run_id = ?1 AND call_id = ?2",
@@ -491,7 +511,7 @@ pub fn call_finished(
     let state = state.as_str();
     let body = serde_json::to_string(message).map_err(json_err)?;
     let now = now_ms();
-    store.with_conn(|c| {
+    Ok(store.with_conn(|c| {
         let tx = c.transaction()?;
         tx.execute(
             "INSERT INTO run_calls (run_id, call_id, step, idx, name, args, state, verdict, result, started_ms, ended_ms)
@@ -508,7 +528,7 @@ pub fn call_finished(
         tx.execute("UPDATE runs SET updated_ms = ?2 WHERE id = ?1", params![run, now])?;
         tx.commit()?;
         Ok(())
-    })
+    })?)
 }
 
 /// Every tool call of a run, in order.
@@ -522,7 +542,7 @@ pub fn calls_of_step(store: &Store, run: &str, step: i64) -> Result<Vec<CallRow>
 }
 
 fn calls_where(store: &Store, run: &str, step: Option<i64>) -> Result<Vec<CallRow>> {
-    store.with_db(|c| {
+    db(store, |c| {
         let mut stmt = c.prepare_cached(
             "SELECT call_id, step, idx, name, args, state, verdict, approval, result, started_ms, ended_ms
              FROM run_calls WHERE run_id = ?1 AND (?2 IS NULL OR step = ?2) ORDER BY step, idx",
@@ -572,7 +592,7 @@ pub fn put_compaction(
         ),
         None => (String::new(), String::new()),
     };
-    store.with_conn(|c0| {
+    Ok(store.with_conn(|c0| {
         let tx = c0.transaction()?;
         if let Some(s) = summary_step {
             tx.execute(
@@ -605,12 +625,12 @@ pub fn put_compaction(
         tx.execute("UPDATE runs SET updated_ms = ?2 WHERE id = ?1", params![run, now_ms()])?;
         tx.commit()?;
         Ok(())
-    })
+    })?)
 }
 
 /// Every compaction of a run, oldest first.
 pub fn compactions(store: &Store, run: &str) -> Result<Vec<Compaction>> {
-    store.with_db(|c| {
+    db(store, |c| {
         let mut stmt = c.prepare_cached(
             "SELECT step, stage, segment, masked, summarised, summary, summary_step,
                 tokens_before, tokens_after, window, note

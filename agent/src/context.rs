@@ -178,7 +178,7 @@ pub fn view(
             if i < masked && m.text.len() > 240 {
                 m.text = stub(&m.text, run_id);
             } else if let Some(cap) = result_cap {
-                m.text = super::runner::bound(&m.text, cap);
+                m.text = bound(&m.text, cap);
             }
         }
         out.push(m);
@@ -319,11 +319,34 @@ impl Compaction {
     }
 }
 
+/// `text` cut to about `limit` bytes: its head and tail, with the exact count
+/// of what was left out between them.
+pub fn bound(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let mut head = limit / 2;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - (limit - limit / 2);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}\n[berth: {} of {} bytes omitted]\n{}",
+        &text[..head],
+        tail - head,
+        text.len(),
+        &text[tail..]
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::agent::provider::ToolCall;
+    use crate::provider::ToolCall;
 
     fn turn(step: i64, out: &str) -> Vec<(i64, Message)> {
         let id = format!("c{step}");
