@@ -1,66 +1,21 @@
-//! A server-sent-events reader: bytes in, whole events out, however the
-//! network split them (an event may arrive a byte at a time, or ten at once).
+//! A provider's streamed answer as server-sent events: the body's bytes, split
+//! however the network split them, come out as whole events. The parsing is
+//! the `eventsource-stream` crate's (the WHATWG event-stream rules: `event:`,
+//! joined `data:` lines, comments, CR/LF line ends); this module turns its end
+//! and its errors into what failover acts on.
 
-use futures::StreamExt;
+use eventsource_stream::Eventsource;
+use futures::{Stream, StreamExt};
 
 use super::ProviderError;
 
-/// One event: its `event:` name (empty when absent) and its joined `data:` lines.
+/// One event: its `event:` name and its joined `data:` lines.
 #[derive(Debug, PartialEq, Eq)]
 pub struct SseEvent {
-    /// The `event:` field.
+    /// The `event:` field (`message` when the event named none).
     pub event: String,
     /// The `data:` lines, joined with `\n`.
     pub data: String,
-}
-
-/// Incremental parser.
-#[derive(Default)]
-pub struct SseParser {
-    buf: Vec<u8>,
-    event: String,
-    data: Vec<String>,
-}
-
-impl SseParser {
-    /// Feed bytes; returns the events they completed.
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut start = 0;
-        while let Some(nl) = memchr::memchr(b'\n', &self.buf[start..]) {
-            let end = start + nl;
-            let mut line = &self.buf[start..end];
-            if line.last() == Some(&b'\r') {
-                line = &line[..line.len() - 1];
-            }
-            let line = String::from_utf8_lossy(line).into_owned();
-            start = end + 1;
-            if line.is_empty() {
-                if !self.data.is_empty() || !self.event.is_empty() {
-                    out.push(SseEvent {
-                        event: std::mem::take(&mut self.event),
-                        data: std::mem::take(&mut self.data).join("\n"),
-                    });
-                }
-                continue;
-            }
-            if line.starts_with(':') {
-                continue;
-            }
-            let (field, value) = match line.split_once(':') {
-                Some((f, v)) => (f.to_string(), v.strip_prefix(' ').unwrap_or(v).to_string()),
-                None => (line.clone(), String::new()),
-            };
-            match field.as_str() {
-                "event" => self.event = value,
-                "data" => self.data.push(value),
-                _ => {}
-            }
-        }
-        self.buf.drain(..start);
-        out
-    }
 }
 
 /// Read a response body as SSE, calling `on_event` for each event until it
@@ -68,20 +23,32 @@ impl SseParser {
 /// breaks, is a cut stream.
 pub async fn each_event(
     resp: reqwest::Response,
-    mut on_event: impl FnMut(SseEvent) -> Result<bool, ProviderError>,
+    on_event: impl FnMut(SseEvent) -> Result<bool, ProviderError>,
     what_end: &str,
 ) -> Result<(), ProviderError> {
-    let mut parser = SseParser::default();
-    let mut body = resp.bytes_stream();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| ProviderError::Retryable {
+    each_event_of(resp.bytes_stream(), on_event, what_end).await
+}
+
+async fn each_event_of<B, E>(
+    body: impl Stream<Item = Result<B, E>> + Unpin,
+    mut on_event: impl FnMut(SseEvent) -> Result<bool, ProviderError>,
+    what_end: &str,
+) -> Result<(), ProviderError>
+where
+    B: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
+    let mut events = body.eventsource();
+    while let Some(ev) = events.next().await {
+        let ev = ev.map_err(|e| ProviderError::Retryable {
             message: format!("the stream broke before {what_end}: {e}"),
             retry_after: None,
         })?;
-        for ev in parser.feed(&chunk) {
-            if on_event(ev)? {
-                return Ok(());
-            }
+        if on_event(SseEvent {
+            event: ev.event,
+            data: ev.data,
+        })? {
+            return Ok(());
         }
     }
     Err(super::cut(what_end))
@@ -92,13 +59,32 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    #[test]
-    fn events_split_anywhere_come_out_whole() {
-        let text = b"event: a\ndata: {\"x\":\ndata: 1}\n\n: comment\r\ndata: two\r\n\r\n";
+    /// Every event `text` holds, fed in two chunks split at `split`.
+    async fn events(text: &'static [u8], split: usize) -> (Vec<SseEvent>, bool) {
+        let chunks: Vec<Result<&[u8], std::io::Error>> =
+            vec![Ok(&text[..split]), Ok(&text[split..])];
+        let mut seen = Vec::new();
+        let ended = each_event_of(
+            futures::stream::iter(chunks),
+            |ev| {
+                let end = ev.data == "[DONE]";
+                seen.push(ev);
+                Ok(end)
+            },
+            "the end",
+        )
+        .await
+        .is_ok();
+        (seen, ended)
+    }
+
+    #[tokio::test]
+    async fn events_split_anywhere_come_out_whole() {
+        let text =
+            b"event: a\ndata: {\"x\":\ndata: 1}\n\n: comment\r\ndata: two\r\n\r\ndata: [DONE]\n\n";
         for split in 0..text.len() {
-            let mut p = SseParser::default();
-            let mut evs = p.feed(&text[..split]);
-            evs.extend(p.feed(&text[split..]));
+            let (evs, ended) = events(text, split).await;
+            assert!(ended, "split at {split}");
             assert_eq!(
                 evs,
                 vec![
@@ -107,12 +93,23 @@ mod tests {
                         data: "{\"x\":\n1}".into()
                     },
                     SseEvent {
-                        event: "".into(),
+                        event: "message".into(),
                         data: "two".into()
+                    },
+                    SseEvent {
+                        event: "message".into(),
+                        data: "[DONE]".into()
                     }
                 ],
                 "split at {split}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_ends_before_its_marker_is_a_cut_stream() {
+        let (evs, ended) = events(b"data: half\n\ndata: never fin", 5).await;
+        assert_eq!(evs.len(), 1);
+        assert!(!ended);
     }
 }
