@@ -10,6 +10,7 @@ pub mod backend;
 pub mod error;
 pub mod events;
 pub mod gate;
+pub mod job_state;
 pub mod jobs;
 pub mod memory;
 pub mod owner;
