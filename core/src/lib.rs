@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod approvals;
 pub mod backend;
+pub mod clock;
 pub mod error;
 pub mod events;
 pub mod gate;
