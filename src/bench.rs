@@ -64,13 +64,20 @@ const FUNCTIONS: usize = 200;
 /// the one the probe exports.
 const VARIABLES: usize = 40;
 
+impl BenchArgs {
+    /// Refuse arguments no series can run with.
+    pub fn check(&self) -> Result<()> {
+        if self.count == 0 {
+            bail!("--count must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// The in-process series; `--cli` runs `bench_cli::run` instead
+/// (the caller picks, so neither module calls the other).
 pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
-    if a.count == 0 {
-        bail!("--count must be at least 1");
-    }
-    if a.cli {
-        return crate::bench_cli::run(state_dir, &a).await;
-    }
+    a.check()?;
     let rt = Arc::new(context::runtime(state_dir.clone())?);
     let mut spec = SandboxSpec::named(BENCH_SANDBOX);
     for o in &a.options {

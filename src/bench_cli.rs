@@ -217,6 +217,7 @@ fn options_for(backend: &str, options: &[String]) -> Vec<String> {
 }
 
 pub async fn run(state_dir: Option<PathBuf>, a: &BenchArgs) -> Result<u8> {
+    a.check()?;
     let list = backends(&a.backend)?;
     let mut all = Vec::new();
     for b in &list {

@@ -149,26 +149,12 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `YYYY-MM-DD HH:MM:SS` in UTC, without a date crate.
+/// `YYYY-MM-DD HH:MM:SS` in UTC; the bare number of seconds for a time
+/// outside chrono's range (no store holds one).
 fn format_utc(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
+    chrono::DateTime::from_timestamp(secs, 0).map_or_else(
+        || secs.to_string(),
+        |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
     )
 }
 
@@ -178,5 +164,9 @@ mod tests {
     fn formats_utc() {
         assert_eq!(super::format_utc(0), "1970-01-01 00:00:00");
         assert_eq!(super::format_utc(1_779_405_555), "2026-05-21 23:19:15");
+        // Before 1970, and a leap day.
+        assert_eq!(super::format_utc(-1), "1969-12-31 23:59:59");
+        assert_eq!(super::format_utc(951_782_400), "2000-02-29 00:00:00");
+        assert_eq!(super::format_utc(i64::MAX), i64::MAX.to_string());
     }
 }

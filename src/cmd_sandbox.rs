@@ -45,7 +45,9 @@ pub struct GcArgs {
     pub json: bool,
 }
 
-/// `90s`, `30m`, `2h`, `7d`, or a bare number of seconds.
+/// `90s`, `30m`, `2h`, `7d`, or a bare number of seconds. (Four units, one
+/// number: no crate in berth's tree reads this, and `humantime` is not worth
+/// adding for it.)
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));

@@ -163,6 +163,7 @@ fn main() -> ExitCode {
             },
             Command::Shell(a) => shell::run(cli.state_dir, a).await,
             Command::Attach(a) => cmd_attach::run(cli.state_dir, a).await,
+            Command::Bench(a) if a.cli => bench_cli::run(cli.state_dir, &a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),
             Command::Image(c) => cmd_image::run(c).await,

@@ -2,7 +2,7 @@
 //! here, consumers match on it, and the store keeps its text
 //! ([`EventKind::as_str`]), which is what `berth events --json` shows.
 
-use crate::jobs::JobState;
+use crate::job_state::JobState;
 
 /// What an event records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,9 +6,11 @@
 
 pub mod approvals;
 pub mod backend;
+pub mod clock;
 pub mod error;
 pub mod events;
 pub mod gate;
+pub mod job_state;
 pub mod jobs;
 pub mod owner;
 pub mod procs;

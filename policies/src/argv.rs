@@ -798,6 +798,44 @@ pub fn exec_payloads(argv: &[String]) -> Vec<Vec<String>> {
     out
 }
 
+/// The options of an `rm`/`chmod`-like command that matter to a rule: whether
+/// it recurses (a short flag among `recursive_letters`, or `--recursive`),
+/// `--no-preserve-root`, and its operands (everything after `--` too).
+pub(crate) struct Flags {
+    pub(crate) recursive: bool,
+    pub(crate) no_preserve_root: bool,
+    pub(crate) operands: Vec<String>,
+}
+
+pub(crate) fn flags(args: &[String], recursive_letters: &[char]) -> Flags {
+    let mut f = Flags {
+        recursive: false,
+        no_preserve_root: false,
+        operands: Vec::new(),
+    };
+    let mut after_dashdash = false;
+    for a in args {
+        if after_dashdash {
+            f.operands.push(a.clone());
+        } else if a == "--" {
+            after_dashdash = true;
+        } else if let Some(long) = a.strip_prefix("--") {
+            match long {
+                "recursive" => f.recursive = true,
+                "no-preserve-root" => f.no_preserve_root = true,
+                _ => {}
+            }
+        } else if a.starts_with('-') && a.len() > 1 {
+            if a[1..].chars().any(|c| recursive_letters.contains(&c)) {
+                f.recursive = true;
+            }
+        } else {
+            f.operands.push(a.clone());
+        }
+    }
+    f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

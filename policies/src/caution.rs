@@ -2,7 +2,7 @@
 //! but have legitimate uses, so a person says yes to each one. Each function
 //! looks at one command (after wrappers) and says why it matched.
 
-use crate::dangerous::flags;
+use crate::argv::flags;
 use crate::shell::{Command, Script};
 
 /// Git's options that come before the subcommand and take a value.

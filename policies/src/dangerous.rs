@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::argv;
+use crate::argv::{self, flags};
 use crate::caution;
 use crate::shell::Script;
 
@@ -216,41 +216,6 @@ pub fn is_protected_target(w: &str) -> bool {
     }
     let norm = format!("/{}", parts.join("/"));
     SYSTEM_DIRS.contains(&norm.as_str())
-}
-
-pub(crate) struct Flags {
-    pub(crate) recursive: bool,
-    pub(crate) no_preserve_root: bool,
-    pub(crate) operands: Vec<String>,
-}
-
-pub(crate) fn flags(args: &[String], recursive_letters: &[char]) -> Flags {
-    let mut f = Flags {
-        recursive: false,
-        no_preserve_root: false,
-        operands: Vec::new(),
-    };
-    let mut after_dashdash = false;
-    for a in args {
-        if after_dashdash {
-            f.operands.push(a.clone());
-        } else if a == "--" {
-            after_dashdash = true;
-        } else if let Some(long) = a.strip_prefix("--") {
-            match long {
-                "recursive" => f.recursive = true,
-                "no-preserve-root" => f.no_preserve_root = true,
-                _ => {}
-            }
-        } else if a.starts_with('-') && a.len() > 1 {
-            if a[1..].chars().any(|c| recursive_letters.contains(&c)) {
-                f.recursive = true;
-            }
-        } else {
-            f.operands.push(a.clone());
-        }
-    }
-    f
 }
 
 fn rm_root(prog: &str, args: &[String]) -> Option<String> {

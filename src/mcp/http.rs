@@ -1,21 +1,30 @@
 //! `berth mcp --listen`: the streamable HTTP transport behind a bearer token.
 //!
 //! Flow at a glance: bind (a bare port means loopback), print the address and
-//! the token on stderr, then serve each TCP connection with hyper. Every request
-//! is checked for `Authorization: Bearer <token>` (compared in constant time)
-//! before rmcp's service sees it; anything else gets 401.
+//! the token on stderr, then serve each TCP connection with tonic's server
+//! (hyper underneath). Every request is checked for `Authorization: Bearer
+//! <token>` (compared in constant time) before rmcp's service sees it;
+//! anything else gets 401.
+//!
+//! The accept loop is tonic's (`Server::serve_with_incoming`), not one of
+//! ours: tonic serves any tower service, and with `accept_http1` it speaks
+//! the HTTP/1.1 that MCP clients use. The bearer check is a `service_fn` in
+//! front of rmcp's service. This listener needs none of what `berth serve`
+//! writes around its own loop (a connection cap, an ordered drain, an idle
+//! exit): it runs until the process is stopped.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use subtle::ConstantTimeEq;
+use tonic::transport::server::TcpIncoming;
 use tower_service::Service;
 
 use super::{BerthServer, Shared};
@@ -89,14 +98,16 @@ pub(crate) fn given_token(
 
 fn new_token() -> String {
     let bytes: [u8; 24] = rand::random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
+/// The two byte strings are equal, compared in time that does not depend on
+/// where they differ (`subtle` keeps the optimiser from cutting it short).
 fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(a.ct_eq(b))
 }
 
-fn authorized(req: &Request<Incoming>, token: &str) -> bool {
+fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     req.headers()
         .get_all(hyper::header::AUTHORIZATION)
         .iter()
@@ -167,50 +178,40 @@ pub(crate) async fn serve(
         "berth mcp: client config: {{\"mcpServers\": {{\"berth\": {{\"type\": \"http\", \"url\": \"http://{local}/mcp\", \"headers\": {{\"Authorization\": \"Bearer {shown}\"}}}}}}}}"
     );
     let token = Arc::new(token);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                continue;
+    let checked = tower::service_fn(move |req: Request<tonic::body::Body>| {
+        let mut service = service.clone();
+        let ok = authorized(&req, &token);
+        async move {
+            if !ok {
+                return Ok::<_, std::convert::Infallible>(unauthorized());
             }
-        };
-        let service = service.clone();
-        let token = token.clone();
-        tokio::spawn(async move {
-            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let mut service = service.clone();
-                let ok = authorized(&req, &token);
-                async move {
-                    if !ok {
-                        let body = Full::new(Bytes::from_static(
-                            b"{\"error\":\"unauthorized: send Authorization: Bearer <token> (printed by berth mcp --listen, or BERTH_MCP_TOKEN)\"}",
-                        ))
-                        .map_err(|e| match e {})
-                        .boxed();
-                        let mut r = Response::new(body);
-                        *r.status_mut() = StatusCode::UNAUTHORIZED;
-                        r.headers_mut().insert(
-                            hyper::header::WWW_AUTHENTICATE,
-                            hyper::header::HeaderValue::from_static("Bearer"),
-                        );
-                        r.headers_mut().insert(
-                            hyper::header::CONTENT_TYPE,
-                            hyper::header::HeaderValue::from_static("application/json"),
-                        );
-                        return Ok::<_, std::convert::Infallible>(r);
-                    }
-                    service.call(req).await
-                }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), handler)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "HTTP connection ended");
-            }
-        });
-    }
+            service.call(req).await
+        }
+    });
+    tonic::transport::Server::builder()
+        .accept_http1(true)
+        .serve_with_incoming(checked, TcpIncoming::from(listener))
+        .await
+        .context("serving MCP over HTTP")
+}
+
+/// The answer to a request without the token.
+fn unauthorized() -> Response<BoxBody<Bytes, std::convert::Infallible>> {
+    let body = Full::new(Bytes::from_static(
+        b"{\"error\":\"unauthorized: send Authorization: Bearer <token> (printed by berth mcp --listen, or BERTH_MCP_TOKEN)\"}",
+    ))
+    .boxed();
+    let mut r = Response::new(body);
+    *r.status_mut() = StatusCode::UNAUTHORIZED;
+    r.headers_mut().insert(
+        hyper::header::WWW_AUTHENTICATE,
+        hyper::header::HeaderValue::from_static("Bearer"),
+    );
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 #[cfg(test)]

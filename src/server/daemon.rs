@@ -23,6 +23,24 @@
 //! ([`berth_client::server_runtime`]): a call waiting on SQLite's write lock
 //! (another berth holds it) blocks its own worker only, and hands that
 //! worker's other tasks on, so other sessions, job watchers and clients go on.
+//!
+//! Why the accept loop is written here and not left to tonic's
+//! `Server::serve_with_incoming_shutdown` (tonic 0.14): that function takes
+//! the next connection whenever its incoming stream yields one and has no cap
+//! on connections (`concurrency_limit_per_connection` limits the requests
+//! *within* one connection), so the cap would have to be written anyway, as
+//! a stream that waits for a semaphore permit plus an IO type that holds the
+//! permit and forwards `AsyncRead`, `AsyncWrite` and `Connected`: more code
+//! than the `select!` below, not less. Its shutdown is one future: once it
+//! resolves, tonic stops accepting and then waits for every connection to
+//! close, without a bound (only `max_connection_age_grace`, which would also
+//! cut a long `exec` or `attach` in normal running). Ours is ordered, and
+//! each step is bounded: give up the socket and the lock at once, wait up to
+//! [`DRAIN`] for running calls (woken by the last one), interrupt what is
+//! left, close the shells, and give clients [`CLOSE_WAIT`] to read their
+//! last reply. The idle exit and the socket check need the server's own
+//! counters at each tick. Each connection is served with hyper's HTTP/2
+//! builder, as tonic would, with the peer's uid bound into its service.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;

@@ -81,7 +81,9 @@ impl Word {
                 "compgen -f -- {} | while IFS= read -r __berth_f; do \
                  if [ -d \"$__berth_f\" ]; then printf '%s/\\n' \"$__berth_f\"; \
                  else printf '%s\\n' \"$__berth_f\"; fi; done",
-                quote(&unescape(&self.text))
+                // Undo `escape` on a typed word, so `my\ dir/` is looked up as
+                // `my dir/`.
+                quote(&rustyline::completion::unescape(&self.text, Some('\\')))
             ),
         };
         let status = last_status.clamp(0, 255);
@@ -129,6 +131,9 @@ pub fn quote(s: &str) -> String {
 }
 
 /// A word with bash's special characters escaped by `\`, as typed at a prompt.
+/// (Not rustyline's `completion::escape`: that one escapes a set of
+/// characters wherever they stand, and a leading `~` must stay unescaped so
+/// `~/src` is still a home path; a later one is escaped.)
 fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for (i, c) in s.chars().enumerate() {
@@ -160,22 +165,6 @@ fn escape(s: &str) -> String {
             out.push('\\');
         }
         out.push(c);
-    }
-    out
-}
-
-/// Undo [`escape`] on a typed word, so `my\ dir/` is looked up as `my dir/`.
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            if let Some(n) = chars.next() {
-                out.push(n);
-            }
-        } else {
-            out.push(c);
-        }
     }
     out
 }

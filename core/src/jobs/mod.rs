@@ -18,6 +18,7 @@ pub mod pty;
 pub mod script;
 mod store;
 
+pub use crate::job_state::JobState;
 pub use input::{JobInput, SCREEN_TAIL};
 
 use std::collections::BTreeMap;
@@ -33,55 +34,6 @@ use crate::error::{Error, Result};
 use crate::events::EventKind;
 use crate::runtime::{ExecRequest, Runtime};
 use crate::store::{Event, now_ms};
-
-/// How a job stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    /// Its row is written; it is being launched.
-    Starting,
-    /// It runs.
-    Running,
-    /// It ended by itself; see the exit code.
-    Exited,
-    /// berth killed it.
-    Killed,
-    /// It is gone without a recorded status (its sandbox vanished, or it was killed
-    /// from outside before its wrapper could write one).
-    Lost,
-    /// It could not be started.
-    Failed,
-}
-
-impl JobState {
-    /// The lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Starting => "starting",
-            JobState::Running => "running",
-            JobState::Exited => "exited",
-            JobState::Killed => "killed",
-            JobState::Lost => "lost",
-            JobState::Failed => "failed",
-        }
-    }
-
-    fn parse(s: &str) -> JobState {
-        match s {
-            "starting" => JobState::Starting,
-            "running" => JobState::Running,
-            "exited" => JobState::Exited,
-            "killed" => JobState::Killed,
-            "failed" => JobState::Failed,
-            _ => JobState::Lost,
-        }
-    }
-
-    /// True once the job can change no more.
-    pub fn is_final(self) -> bool {
-        !matches!(self, JobState::Starting | JobState::Running)
-    }
-}
 
 /// A job as the store knows it.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -374,45 +374,33 @@ impl Output {
     }
 }
 
-/// Remove ANSI escape sequences (CSI, OSC and two-byte escapes), for text shown to a model.
+/// Remove ANSI escape sequences, for text shown to a model: CSI (colours,
+/// cursor moves), OSC (titles, links; ended by BEL or ST), DCS, SOS/PM/APC
+/// strings and the other escapes, intermediates included (`ESC ( B`). Text
+/// and the control characters it carries (newline, CR, tab, ...) stay.
+///
+/// The parsing is `vte`'s, the state machine of the DEC parser that the
+/// screen emulator ([`vt100`]) runs on, so what this removes is what a
+/// terminal would have taken as a sequence, not the subset a hand-written
+/// scanner knows.
 pub fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '\u{1b}' {
-            out.push(c);
-            continue;
+    /// Keeps what a terminal would show or execute, drops every sequence.
+    struct Text(String);
+
+    impl vte::Perform for Text {
+        fn print(&mut self, c: char) {
+            self.0.push(c);
         }
-        match chars.peek() {
-            Some('[') => {
-                chars.next();
-                // CSI: parameters and intermediates, then one final byte in @..~
-                for c in chars.by_ref() {
-                    if ('@'..='~').contains(&c) {
-                        break;
-                    }
-                }
-            }
-            Some(']') => {
-                chars.next();
-                // OSC: ends with BEL or ST (ESC \)
-                while let Some(c) = chars.next() {
-                    if c == '\u{7}' {
-                        break;
-                    }
-                    if c == '\u{1b}' && chars.peek() == Some(&'\\') {
-                        chars.next();
-                        break;
-                    }
-                }
-            }
-            Some(_) => {
-                chars.next();
-            }
-            None => {}
+
+        fn execute(&mut self, byte: u8) {
+            // C0 controls and, from text, the C1 code points U+0080..U+009F.
+            self.0.push(char::from(byte));
         }
     }
-    out
+
+    let mut text = Text(String::with_capacity(s.len()));
+    vte::Parser::new().advance(&mut text, s.as_bytes());
+    text.0
 }
 
 #[cfg(test)]
@@ -610,5 +598,47 @@ mod tests {
     fn strips_ansi() {
         assert_eq!(strip_ansi("\u{1b}[31mred\u{1b}[0m ok"), "red ok");
         assert_eq!(strip_ansi("\u{1b}]0;title\u{7}x"), "x");
+    }
+
+    #[test]
+    fn strips_csi_with_parameters_and_private_marks() {
+        // Bold green, a cursor move, clear to the end of line, hide the cursor.
+        let s = "\u{1b}[1;32mok\u{1b}[2;10H\u{1b}[K done\u{1b}[?25l";
+        assert_eq!(strip_ansi(s), "ok done");
+    }
+
+    #[test]
+    fn strips_osc_ended_by_bel_or_by_st() {
+        // A window title ended by BEL, a hyperlink ended by ST (ESC \).
+        assert_eq!(strip_ansi("a\u{1b}]2;build\u{7}b"), "ab");
+        let link = "see \u{1b}]8;;https://example.com\u{1b}\\here\u{1b}]8;;\u{1b}\\ now";
+        assert_eq!(strip_ansi(link), "see here now");
+    }
+
+    #[test]
+    fn strips_escapes_with_intermediates_and_dcs() {
+        // `tput sgr0` on xterm: a charset designation, then a reset.
+        assert_eq!(strip_ansi("x\u{1b}(B\u{1b}[my"), "xy");
+        // Keypad mode, then a DCS string ended by ST.
+        assert_eq!(strip_ansi("\u{1b}=a\u{1b}Pq#0;2;0;0;0\u{1b}\\b"), "ab");
+    }
+
+    #[test]
+    fn a_lone_esc_goes_and_text_stays() {
+        assert_eq!(strip_ansi("end\u{1b}"), "end");
+        assert_eq!(strip_ansi("\u{1b}"), "");
+        // ESC and the one character it escapes.
+        assert_eq!(strip_ansi("a\u{1b}7b"), "ab");
+        assert_eq!(strip_ansi(""), "");
+        assert_eq!(strip_ansi("plain text"), "plain text");
+    }
+
+    #[test]
+    fn keeps_utf8_and_control_characters_around_escapes() {
+        let s = "héllo \u{1b}[31m→ wörld ✓\u{1b}[0m 日本\r\n\tnext";
+        assert_eq!(strip_ansi(s), "héllo → wörld ✓ 日本\r\n\tnext");
+        // An unfinished sequence at the end is dropped, not shown half.
+        assert_eq!(strip_ansi("ok \u{1b}[3"), "ok ");
+        assert_eq!(strip_ansi("ok \u{1b}]0;tit"), "ok ");
     }
 }

@@ -15,19 +15,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::SandboxSpec;
+pub use crate::clock::now_ms;
 use crate::error::{Error, Result};
 
 mod migrations;
 
 use migrations::MIGRATIONS;
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
 
 /// A sandbox berth knows about.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

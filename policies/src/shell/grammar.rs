@@ -280,7 +280,7 @@ impl<'a, 'd> Parser<'a, 'd> {
             && w.bytes().zip(rest).all(|(b, &c)| c == b as char)
             && match rest.get(n) {
                 None => true,
-                Some(&c) => super::words::is_meta(c),
+                Some(&c) => super::is_meta(c),
             }
     }
 

@@ -411,3 +411,9 @@ pub(crate) fn is_blank(c: char) -> bool {
 pub(crate) fn ifs_split(s: &str) -> impl Iterator<Item = &str> {
     s.split([' ', '\t', '\n']).filter(|w| !w.is_empty())
 }
+
+/// The characters that end an unquoted word: the blanks, newline and bash's
+/// metacharacters.
+pub(crate) fn is_meta(c: char) -> bool {
+    is_blank(c) || matches!(c, '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>')
+}

@@ -6,12 +6,7 @@
 
 use super::Via;
 use super::grammar::{Parser, is_name};
-use super::{ParseError, is_blank};
-
-/// The characters that end an unquoted word.
-pub(super) fn is_meta(c: char) -> bool {
-    is_blank(c) || matches!(c, '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>')
-}
+use super::{ParseError, is_meta};
 
 impl Parser<'_, '_> {
     /// One word, with quotes removed and substitutions read (and recorded), and
