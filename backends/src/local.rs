@@ -573,12 +573,12 @@ fn warn_once(name: &str, why: &str) {
 }
 
 fn gone(name: &str, reason: &str) -> Error {
-    Error::SandboxGone {
-        sandbox: name.into(),
-        backend: KIND,
-        reason: reason.into(),
-        hint: format!("run the command again to recreate it, or `berth sandbox rm {name}`"),
-    }
+    Error::sandbox_gone(
+        KIND,
+        name,
+        reason,
+        format!("run the command again to recreate it, or `berth sandbox rm {name}`"),
+    )
 }
 
 struct LocalProcess {

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::error::{Error, Result};
+use crate::error::{BackendFailure, Error, Result};
 
 /// A boxed byte source: a process's stdout or stderr.
 pub type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
@@ -118,7 +118,7 @@ impl BackendKind {
     ];
 
     /// Its name: `local`, `ssh`, `docker`, `e2b`, `modal`.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             BackendKind::Local => "local",
             BackendKind::Ssh => "ssh",
@@ -443,15 +443,16 @@ pub async fn run_to_end(
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
-        Err(_) => Err(Error::Backend {
-            backend: sandbox.kind(),
-            detail: format!(
+        Err(_) => Err(Error::backend(
+            sandbox.kind(),
+            BackendFailure::Timeout,
+            format!(
                 "helper `{}` in sandbox `{}` did not finish within {}s",
                 argv.first().map(String::as_str).unwrap_or("?"),
                 sandbox.name(),
                 timeout.as_secs()
             ),
-        }),
+        )),
     }
 }
 
@@ -497,14 +498,15 @@ pub async fn mkdir_p(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
     if c.status.code == Some(0) {
         return Ok(());
     }
-    Err(Error::Backend {
-        backend: sandbox.kind(),
-        detail: format!(
+    Err(Error::backend(
+        sandbox.kind(),
+        BackendFailure::Rejected,
+        format!(
             "sandbox `{}`: cannot create directory `{dir}`: {}",
             sandbox.name(),
             String::from_utf8_lossy(&c.stderr).trim()
         ),
-    })
+    ))
 }
 
 /// Check a sandbox name that becomes a directory name: 1-63 letters, digits,

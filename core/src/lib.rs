@@ -20,4 +20,4 @@ pub mod reaper;
 pub mod runtime;
 pub mod store;
 pub mod tools;
-pub use error::{Error, Result};
+pub use error::{BackendFailure, Error, Result};

@@ -23,14 +23,14 @@ use std::task::{Context, Poll, ready};
 
 use async_trait::async_trait;
 use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts};
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 use tonic::Code;
 
-use super::client::{MAX_RETRIES, backoff, random_id, retryable};
+use super::client::{MAX_RETRIES, backoff, grpc_failure, random_id, retryable};
 use super::proto::client::PtyInfo;
 use super::proto::task_command_router::{
     TaskExecStartRequest, TaskExecStderrConfig, TaskExecStdinWriteRequest,
@@ -449,13 +449,14 @@ impl Process for ModalProcess {
         )
         .await?;
         if c.status.code != Some(0) {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "could not resize the terminal: {}",
                     String::from_utf8_lossy(&c.stderr).trim()
                 ),
-            });
+            ));
         }
         Ok(())
     }
@@ -484,12 +485,13 @@ impl Drop for ModalProcess {
 
 /// A process's failure that is the sandbox's: its GenericResult, mapped.
 pub(crate) fn unknown_status(sandbox: &str, doing: &str, s: &tonic::Status) -> Error {
-    Error::Backend {
-        backend: KIND,
-        detail: format!(
+    Error::backend(
+        KIND,
+        grpc_failure(s.code()),
+        format!(
             "sandbox `{sandbox}`: {doing}: {:?}: {}",
             s.code(),
             s.message()
         ),
-    }
+    )
 }

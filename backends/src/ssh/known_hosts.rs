@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use data_encoding::BASE64;
 use hmac::{Hmac, KeyInit, Mac};
 use russh::keys::{HashAlg, PublicKey};
@@ -117,12 +117,13 @@ impl KnownHosts {
         }
         let mut plain = key.clone();
         plain.set_comment("");
-        let text = plain.to_openssh().map_err(|e| Error::Backend {
-            backend: "ssh",
-            detail: format!(
-                "cannot encode the host key for {}: {e}",
-                self.path.display()
-            ),
+        let text = plain.to_openssh().map_err(|e| {
+            Error::backend_call(
+                "ssh",
+                BackendFailure::Local,
+                format!("cannot encode the host key for {}", self.path.display()),
+                e,
+            )
         })?;
         let mut line = format!("{} {}\n", Self::host_field(host, port), text.trim());
         // A file not ending in a newline would glue our entry onto its last line.
