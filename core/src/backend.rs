@@ -309,12 +309,20 @@ impl Signal {
 /// A process running inside a sandbox.
 #[async_trait]
 pub trait Process: Send {
+    /// The process's pipes, which the `take_*` methods hand out.
+    fn pipes(&mut self) -> &mut Pipes;
     /// Take the stdin pipe. Returns `None` after the first call.
-    fn take_stdin(&mut self) -> Option<BoxWrite>;
+    fn take_stdin(&mut self) -> Option<BoxWrite> {
+        self.pipes().stdin.take()
+    }
     /// Take the stdout pipe. Returns `None` after the first call.
-    fn take_stdout(&mut self) -> Option<BoxRead>;
+    fn take_stdout(&mut self) -> Option<BoxRead> {
+        self.pipes().stdout.take()
+    }
     /// Take the stderr pipe. Returns `None` after the first call.
-    fn take_stderr(&mut self) -> Option<BoxRead>;
+    fn take_stderr(&mut self) -> Option<BoxRead> {
+        self.pipes().stderr.take()
+    }
     /// For a process on this machine whose stdout is a non-blocking pipe: its raw
     /// descriptor, which the session engine reads directly, without waiting, for
     /// a few microseconds after sending a command. A reply then arrives without
@@ -337,6 +345,30 @@ pub trait Process: Send {
     /// Tear the process down from outside: the transport's own kill (a signal
     /// locally, closing the exec or channel elsewhere). Used when a shell is replaced.
     async fn terminate(&mut self) -> Result<()>;
+}
+
+/// A process's three pipes, each handed out once by [`Process`]'s `take_*`.
+/// A pipe the process does not have (stderr on a terminal, stdin of a process
+/// started without one) is `None` from the start.
+#[derive(Default)]
+pub struct Pipes {
+    /// Its stdin.
+    pub stdin: Option<BoxWrite>,
+    /// Its stdout.
+    pub stdout: Option<BoxRead>,
+    /// Its stderr.
+    pub stderr: Option<BoxRead>,
+}
+
+impl Pipes {
+    /// All three pipes.
+    pub fn new(stdin: BoxWrite, stdout: BoxRead, stderr: BoxRead) -> Self {
+        Self {
+            stdin: Some(stdin),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        }
+    }
 }
 
 /// A live sandbox.

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts, TermSize};
+use berth_core::backend::{ExitStatus, Pipes, Process, SpawnOpts, TermSize};
 use berth_core::error::{BackendFailure, Error, Result, SpawnFailure};
 use bollard::Docker;
 use bollard::container::LogOutput;
@@ -138,9 +138,7 @@ pub(crate) async fn spawn(
         container: sb.container.clone(),
         exec_id: exec.id,
         tty: opts.tty,
-        stdin: Some(input),
-        stdout: Some(channel_reader(out_rx)),
-        stderr: Some(channel_reader(err_rx)),
+        pipes: Pipes::new(input, channel_reader(out_rx), channel_reader(err_rx)),
         pump,
         done,
     }))
@@ -290,9 +288,7 @@ struct DockerProcess {
     exec_id: String,
     /// Spawned on a terminal (resizable).
     tty: bool,
-    stdin: Option<BoxWrite>,
-    stdout: Option<BoxRead>,
-    stderr: Option<BoxRead>,
+    pipes: Pipes,
     pump: tokio::task::JoinHandle<()>,
     done: Arc<Done>,
 }
@@ -341,16 +337,8 @@ async fn container_stopping(docker: Docker, container: String) -> bool {
 
 #[async_trait]
 impl Process for DockerProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        self.stdin.take()
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        self.stdout.take()
-    }
-
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.stderr.take()
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     /// Wait until the daemon reports the exec finished, and return its exit code.
@@ -457,9 +445,7 @@ impl Process for DockerProcess {
     /// session engine kills the process in-band before it calls this, and a
     /// shell that is still alive reads end-of-file on its stdin and exits.
     async fn terminate(&mut self) -> Result<()> {
-        self.stdin = None;
-        self.stdout = None;
-        self.stderr = None;
+        self.pipes = Pipes::default();
         self.pump.abort();
         Ok(())
     }

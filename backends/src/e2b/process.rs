@@ -25,7 +25,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, OutputGap, Process, TermSize};
+use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, OutputGap, Pipes, Process, TermSize};
 use berth_core::error::{BackendFailure, Error, Result, SpawnFailure};
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
@@ -77,9 +77,7 @@ pub struct E2bProcess {
     envd: Envd,
     sandbox: String,
     program: String,
-    stdin: Option<BoxWrite>,
-    stdout: Option<BoxRead>,
-    stderr: Option<BoxRead>,
+    pipes: Pipes,
     exit: Option<oneshot::Receiver<Outcome>>,
     status: Option<ExitStatus>,
     /// Started on a terminal (`pty`): input goes as `pty` input, and it can
@@ -144,9 +142,11 @@ pub(crate) async fn start(
         envd: envd.clone(),
         sandbox: spec.sandbox,
         program,
-        stdin,
-        stdout: Some(reader(out_rx)),
-        stderr: Some(reader(err_rx)),
+        pipes: Pipes {
+            stdin,
+            stdout: Some(reader(out_rx)),
+            stderr: Some(reader(err_rx)),
+        },
         exit: Some(exit_rx),
         status: None,
         tty,
@@ -354,16 +354,8 @@ impl E2bProcess {
 
 #[async_trait]
 impl Process for E2bProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        self.stdin.take()
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        self.stdout.take()
-    }
-
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.stderr.take()
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     async fn wait(&mut self) -> Result<ExitStatus> {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, TermSize};
+use berth_core::backend::{ExitStatus, Pipes, Process, TermSize};
 use berth_core::error::{BackendFailure, Error, Result, SpawnFailure};
 use berth_core::session::script::quote;
 use bytes::Bytes;
@@ -189,13 +189,15 @@ async fn launch(
         return Err(fail.into_error(&program, cwd, &label, conn));
     }
     Ok(SshProcess {
-        stdin: Some(Box::pin(Stdin {
-            inner: Box::pin(write.make_writer()),
-            half: write.clone(),
-            shut: false,
-        })),
-        stdout: Some(channel_reader(out_rx)),
-        stderr: Some(channel_reader(err_rx)),
+        pipes: Pipes::new(
+            Box::pin(Stdin {
+                inner: Box::pin(write.make_writer()),
+                half: write.clone(),
+                shut: false,
+            }),
+            channel_reader(out_rx),
+            channel_reader(err_rx),
+        ),
         exit: Some(exit_rx),
         status: None,
         write,
@@ -417,9 +419,7 @@ fn signal_number(sig: &Sig) -> Option<i32> {
 
 /// A remote process.
 pub struct SshProcess {
-    stdin: Option<BoxWrite>,
-    stdout: Option<BoxRead>,
-    stderr: Option<BoxRead>,
+    pipes: Pipes,
     exit: Option<oneshot::Receiver<Exit>>,
     status: Option<ExitStatus>,
     write: Arc<ChannelWriteHalf<Msg>>,
@@ -466,8 +466,8 @@ impl SshProcess {
 
 #[async_trait]
 impl Process for SshProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        self.stdin.take()
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     async fn resize(&mut self, size: TermSize) -> Result<()> {
@@ -480,14 +480,6 @@ impl Process for SshProcess {
             .window_change(u32::from(size.cols), u32::from(size.rows), 0, 0)
             .await
             .map_err(|e| Error::stream("resizing the remote terminal", io::Error::other(e)))
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        self.stdout.take()
-    }
-
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.stderr.take()
     }
 
     async fn wait(&mut self) -> Result<ExitStatus> {
