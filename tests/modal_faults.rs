@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use berth_backends::modal::ModalBackend;
 use berth_core::backend::{Backend, RemoveOpts, SandboxSpec, SpawnOpts, run_to_end};
-use berth_core::error::Error;
+use berth_core::error::{BackendFailure, Error};
 use berth_core::session::{ExecOpts, Session, SessionConfig};
 use berth_standins::modal::ModalStandin;
 use berth_standins::modal::pb::client::generic_result::GenericStatus;
@@ -47,6 +47,7 @@ async fn a_bad_token_is_refused_naming_the_variables() -> TestResult {
         .ok_or("a wrong secret was accepted")?;
     let text = e.to_string();
     assert!(matches!(e, Error::Unreachable { .. }), "{text}");
+    assert_eq!(e.backend_kind(), Some(BackendFailure::Auth), "{text}");
     assert!(
         text.contains("MODAL_TOKEN_ID") && text.contains("MODAL_TOKEN_SECRET"),
         "{text}"
@@ -99,6 +100,7 @@ async fn a_service_that_stays_unavailable_fails_clearly() -> TestResult {
         .ok_or("an unavailable service gave a sandbox")?;
     let text = e.to_string();
     assert!(matches!(e, Error::Unreachable { .. }), "{text}");
+    assert_eq!(e.backend_kind(), Some(BackendFailure::Transport), "{text}");
     assert!(
         text.contains("did not answer") && text.contains("attempts"),
         "{text}"

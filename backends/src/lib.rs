@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use berth_core::backend::{Backend, BackendKind};
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 
 #[cfg(any(feature = "docker", feature = "ssh", feature = "modal"))]
 mod chan_reader;
@@ -34,12 +34,15 @@ pub const INSTALLATION_FILE: &str = "installation-id";
 /// attaches to another's on a shared daemon.
 pub fn installation_id(state_dir: &std::path::Path) -> Result<String> {
     let path = state_dir.join(INSTALLATION_FILE);
-    let io = |doing: &str, e: std::io::Error| Error::Backend {
-        backend: "berth",
-        detail: format!(
-            "{doing} the installation id {}: {e}; check the state dir's permissions",
-            path.display()
-        ),
+    let io = |doing: &str, e: std::io::Error| {
+        Error::backend(
+            "berth",
+            BackendFailure::Local,
+            format!(
+                "{doing} the installation id {}: {e}; check the state dir's permissions",
+                path.display()
+            ),
+        )
     };
     match std::fs::read_to_string(&path) {
         Ok(s) if valid_installation_id(s.trim()) => return Ok(s.trim().to_string()),

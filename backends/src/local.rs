@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use berth_core::backend::{
-    Backend, BoxRead, BoxWrite, ExitStatus, Layout, Process, Provisioned, RemoveOpts, Sandbox,
-    SandboxInfo, SandboxSpec, SpawnOpts, TermSize, check_sandbox_name, now_unix_secs,
+    Backend, BoxRead, BoxWrite, ExitStatus, Layout, Pipes, Process, Provisioned, RemoveOpts,
+    Sandbox, SandboxInfo, SandboxSpec, SpawnOpts, TermSize, check_sandbox_name, now_unix_secs,
 };
 use berth_core::error::{Error, Result, SpawnFailure};
 use berth_sandbox::{SpawnTarget, WrapperCommand};
@@ -478,11 +478,35 @@ impl Sandbox for LocalSandbox {
             None => None,
         };
         drop(cmd);
+        let mut child = child;
+        let (pipes, stdout_fd) = match &pty {
+            // On a terminal stderr is merged into stdout: there is no third pipe.
+            Some(m) => (
+                Pipes {
+                    stdin: Some(m.writer()),
+                    stdout: Some(m.reader()),
+                    stderr: None,
+                },
+                None,
+            ),
+            None => {
+                use std::os::fd::AsRawFd;
+                // tokio registers child pipes with its reactor and makes them non-blocking.
+                let fd = child.stdout.as_ref().map(|s| s.as_raw_fd());
+                let pipes = Pipes {
+                    stdin: child.stdin.take().map(|s| Box::pin(s) as BoxWrite),
+                    stdout: child.stdout.take().map(|s| Box::pin(s) as BoxRead),
+                    stderr: child.stderr.take().map(|s| Box::pin(s) as BoxRead),
+                };
+                (pipes, fd)
+            }
+        };
         Ok(Box::new(LocalProcess {
             child,
             cgroups: self.cgroups.clone(),
             pty,
-            pty_taken: (false, false),
+            pipes,
+            stdout_fd,
         }))
     }
 
@@ -573,12 +597,12 @@ fn warn_once(name: &str, why: &str) {
 }
 
 fn gone(name: &str, reason: &str) -> Error {
-    Error::SandboxGone {
-        sandbox: name.into(),
-        backend: KIND,
-        reason: reason.into(),
-        hint: format!("run the command again to recreate it, or `berth sandbox rm {name}`"),
-    }
+    Error::sandbox_gone(
+        KIND,
+        name,
+        reason,
+        format!("run the command again to recreate it, or `berth sandbox rm {name}`"),
+    )
 }
 
 struct LocalProcess {
@@ -588,30 +612,17 @@ struct LocalProcess {
     cgroups: Vec<PathBuf>,
     /// The terminal's master, for a process spawned with `tty`.
     pty: Option<crate::local_pty::Master>,
-    /// Whether its writer and reader were taken.
-    pty_taken: (bool, bool),
+    /// Its stdio: the child's pipes, or the terminal's writer and reader.
+    pipes: Pipes,
+    /// The stdout pipe's descriptor, which tokio has made non-blocking (none
+    /// on a terminal).
+    stdout_fd: Option<std::os::fd::RawFd>,
 }
 
 #[async_trait]
 impl Process for LocalProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        if let Some(m) = &self.pty {
-            if std::mem::replace(&mut self.pty_taken.0, true) {
-                return None;
-            }
-            return Some(m.writer());
-        }
-        self.child.stdin.take().map(|s| Box::pin(s) as BoxWrite)
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        if let Some(m) = &self.pty {
-            if std::mem::replace(&mut self.pty_taken.1, true) {
-                return None;
-            }
-            return Some(m.reader());
-        }
-        self.child.stdout.take().map(|s| Box::pin(s) as BoxRead)
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     async fn resize(&mut self, size: TermSize) -> Result<()> {
@@ -624,14 +635,9 @@ impl Process for LocalProcess {
         }
     }
 
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.child.stderr.take().map(|s| Box::pin(s) as BoxRead)
-    }
-
     fn stdout_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        // tokio registers child pipes with its reactor and makes them non-blocking.
-        self.child.stdout.as_ref().map(|s| s.as_raw_fd())
+        // Only while the reader that owns it has not been handed out.
+        self.pipes.stdout.as_ref().and(self.stdout_fd)
     }
 
     async fn wait(&mut self) -> Result<ExitStatus> {

@@ -13,7 +13,7 @@ use berth_backends::SshOptions;
 use berth_backends::ssh::SshBackend;
 use berth_backends::ssh::testing::{Sshd, SshdConfig, free_port, keygen, run};
 use berth_core::backend::{Backend, RemoveOpts, Sandbox, SandboxSpec, SpawnOpts};
-use berth_core::error::Error;
+use berth_core::error::{BackendFailure, Error};
 use berth_core::session::{ExecOpts, Session, SessionConfig};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -28,6 +28,17 @@ fn err_text<T>(r: Result<T, Error>) -> String {
     match r {
         Ok(_) => panic!("expected an error, got success"),
         Err(e) => e.to_string(),
+    }
+}
+
+/// The error's text, after checking that it is classified as `kind`.
+fn err_of_kind<T>(r: Result<T, Error>, kind: BackendFailure) -> String {
+    match r {
+        Ok(_) => panic!("expected an error, got success"),
+        Err(e) => {
+            assert_eq!(e.backend_kind(), Some(kind), "{e}");
+            e.to_string()
+        }
     }
 }
 
@@ -185,8 +196,9 @@ async fn killed_connection_fails_the_command_and_the_session_recovers() -> TestR
     let (r, killed) = tokio::join!(s.exec(&cmd, ExecOpts::default()), killer);
     assert!(killed? > 0, "no sshd connection process was found to kill");
     match r {
-        Err(Error::Unreachable { detail, .. }) => {
-            assert!(detail.contains("connection was lost"), "{detail}")
+        Err(Error::Unreachable { detail, kind, .. }) => {
+            assert!(detail.contains("connection was lost"), "{detail}");
+            assert_eq!(kind, BackendFailure::Transport, "{detail}");
         }
         Err(e) => panic!("expected a lost-connection error, got {e}"),
         Ok(r) => panic!("a command whose connection died was reported as {r:?}"),
@@ -207,7 +219,7 @@ async fn a_changed_host_key_is_refused_even_with_accept_new() -> TestResult {
     let mut opts = sshd.options();
     opts.accept_new = true;
     let before = std::fs::read_to_string(sshd.known_hosts())?;
-    let msg = err_text(provision(opts, "hk").await);
+    let msg = err_of_kind(provision(opts, "hk").await, BackendFailure::Auth);
     assert!(msg.contains("HOST KEY CHANGED"), "{msg}");
     assert!(
         msg.contains(&sshd.known_hosts().display().to_string()),
@@ -223,7 +235,7 @@ async fn a_changed_host_key_is_refused_even_with_accept_new() -> TestResult {
 async fn an_unknown_host_is_refused_then_accept_new_records_it() -> TestResult {
     let sshd = Sshd::start()?;
     std::fs::write(sshd.known_hosts(), "")?;
-    let msg = err_text(provision(sshd.options(), "new").await);
+    let msg = err_of_kind(provision(sshd.options(), "new").await, BackendFailure::Auth);
     assert!(msg.contains("SHA256:"), "{msg}");
     assert!(msg.contains("--accept-new"), "{msg}");
     assert_eq!(std::fs::read_to_string(sshd.known_hosts())?, "");
@@ -262,7 +274,7 @@ async fn wrong_credentials_list_what_was_tried() -> TestResult {
     keygen(&stranger, "")?;
     let mut opts = sshd.options();
     opts.identity_files = vec![stranger.clone(), sshd.path("absent_key")];
-    let msg = err_text(provision(opts, "creds").await);
+    let msg = err_of_kind(provision(opts, "creds").await, BackendFailure::Auth);
     assert!(msg.contains("authentication as"), "{msg}");
     assert!(
         msg.contains(&format!("key file {}", stranger.display())),
@@ -337,8 +349,9 @@ async fn a_refused_connection_is_reported_as_unreachable() -> TestResult {
     let mut opts = sshd.options();
     opts.host = Some(format!("{}@127.0.0.1:{port}", sshd.user()));
     match provision(opts, "refused").await {
-        Err(Error::Unreachable { detail, .. }) => {
-            assert!(detail.contains("connection refused"), "{detail}")
+        Err(Error::Unreachable { detail, kind, .. }) => {
+            assert!(detail.contains("connection refused"), "{detail}");
+            assert_eq!(kind, BackendFailure::Transport, "{detail}");
         }
         Err(e) => panic!("expected Unreachable, got {e}"),
         Ok(_) => panic!("connected to a closed port"),
@@ -366,8 +379,9 @@ async fn a_silent_server_fails_within_the_connect_timeout() -> TestResult {
     let took = started.elapsed();
     holder.abort();
     match r {
-        Err(Error::Unreachable { detail, .. }) => {
-            assert!(detail.contains("connect timeout"), "{detail}")
+        Err(Error::Unreachable { detail, kind, .. }) => {
+            assert!(detail.contains("connect timeout"), "{detail}");
+            assert_eq!(kind, BackendFailure::Timeout, "{detail}");
         }
         Err(e) => panic!("expected Unreachable, got {e}"),
         Ok(_) => panic!("a silent server was accepted"),

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::error::{Error, Result};
+use crate::error::{BackendFailure, Error, Result};
 
 /// A boxed byte source: a process's stdout or stderr.
 pub type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
@@ -118,7 +118,7 @@ impl BackendKind {
     ];
 
     /// Its name: `local`, `ssh`, `docker`, `e2b`, `modal`.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             BackendKind::Local => "local",
             BackendKind::Ssh => "ssh",
@@ -309,12 +309,20 @@ impl Signal {
 /// A process running inside a sandbox.
 #[async_trait]
 pub trait Process: Send {
+    /// The process's pipes, which the `take_*` methods hand out.
+    fn pipes(&mut self) -> &mut Pipes;
     /// Take the stdin pipe. Returns `None` after the first call.
-    fn take_stdin(&mut self) -> Option<BoxWrite>;
+    fn take_stdin(&mut self) -> Option<BoxWrite> {
+        self.pipes().stdin.take()
+    }
     /// Take the stdout pipe. Returns `None` after the first call.
-    fn take_stdout(&mut self) -> Option<BoxRead>;
+    fn take_stdout(&mut self) -> Option<BoxRead> {
+        self.pipes().stdout.take()
+    }
     /// Take the stderr pipe. Returns `None` after the first call.
-    fn take_stderr(&mut self) -> Option<BoxRead>;
+    fn take_stderr(&mut self) -> Option<BoxRead> {
+        self.pipes().stderr.take()
+    }
     /// For a process on this machine whose stdout is a non-blocking pipe: its raw
     /// descriptor, which the session engine reads directly, without waiting, for
     /// a few microseconds after sending a command. A reply then arrives without
@@ -337,6 +345,30 @@ pub trait Process: Send {
     /// Tear the process down from outside: the transport's own kill (a signal
     /// locally, closing the exec or channel elsewhere). Used when a shell is replaced.
     async fn terminate(&mut self) -> Result<()>;
+}
+
+/// A process's three pipes, each handed out once by [`Process`]'s `take_*`.
+/// A pipe the process does not have (stderr on a terminal, stdin of a process
+/// started without one) is `None` from the start.
+#[derive(Default)]
+pub struct Pipes {
+    /// Its stdin.
+    pub stdin: Option<BoxWrite>,
+    /// Its stdout.
+    pub stdout: Option<BoxRead>,
+    /// Its stderr.
+    pub stderr: Option<BoxRead>,
+}
+
+impl Pipes {
+    /// All three pipes.
+    pub fn new(stdin: BoxWrite, stdout: BoxRead, stderr: BoxRead) -> Self {
+        Self {
+            stdin: Some(stdin),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        }
+    }
 }
 
 /// A live sandbox.
@@ -443,15 +475,16 @@ pub async fn run_to_end(
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
-        Err(_) => Err(Error::Backend {
-            backend: sandbox.kind(),
-            detail: format!(
+        Err(_) => Err(Error::backend(
+            sandbox.kind(),
+            BackendFailure::Timeout,
+            format!(
                 "helper `{}` in sandbox `{}` did not finish within {}s",
                 argv.first().map(String::as_str).unwrap_or("?"),
                 sandbox.name(),
                 timeout.as_secs()
             ),
-        }),
+        )),
     }
 }
 
@@ -497,14 +530,15 @@ pub async fn mkdir_p(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
     if c.status.code == Some(0) {
         return Ok(());
     }
-    Err(Error::Backend {
-        backend: sandbox.kind(),
-        detail: format!(
+    Err(Error::backend(
+        sandbox.kind(),
+        BackendFailure::Rejected,
+        format!(
             "sandbox `{}`: cannot create directory `{dir}`: {}",
             sandbox.name(),
             String::from_utf8_lossy(&c.stderr).trim()
         ),
-    })
+    ))
 }
 
 /// Check a sandbox name that becomes a directory name: 1-63 letters, digits,
@@ -533,9 +567,9 @@ pub fn check_sandbox_name(name: &str) -> Result<()> {
 }
 
 /// Seconds since the Unix epoch: berth's one clock in seconds (see
-/// [`crate::store::now_ms`] for milliseconds).
+/// [`crate::clock::now_ms`] for milliseconds).
 pub fn now_unix_secs() -> i64 {
-    crate::store::now_ms() / 1000
+    crate::clock::now_ms() / 1000
 }
 
 #[cfg(test)]

@@ -16,6 +16,98 @@ pub enum SpawnFailure {
     Other,
 }
 
+/// Why a backend call failed, classified so a caller can act on it without
+/// reading the message: retry a [`Transport`](Self::Transport) or
+/// [`Timeout`](Self::Timeout), ask for credentials on [`Auth`](Self::Auth),
+/// give up on [`Rejected`](Self::Rejected). A vanished sandbox is not here:
+/// it is [`Error::SandboxGone`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendFailure {
+    /// An identity was not accepted: berth's credentials were missing or
+    /// refused (HTTP 401/403, SSH authentication, gRPC `Unauthenticated` or
+    /// `PermissionDenied`), or the server's host key was.
+    Auth,
+    /// A deadline passed before the backend answered.
+    Timeout,
+    /// The connection could not be made or broke: refused, reset, DNS, TLS, a
+    /// lost SSH channel, gRPC `Unavailable`.
+    Transport,
+    /// The backend was reached and refused or failed the request: an HTTP or
+    /// Docker API error status, a gRPC error code, a helper that failed in the
+    /// sandbox. The same request will most likely fail the same way.
+    Rejected,
+    /// A quota or resource ran out: a rate limit, a full disk, gRPC
+    /// `ResourceExhausted`. Retrying later, or with less, may work.
+    Exhausted,
+    /// The backend's answer broke the protocol berth expects: an unreadable
+    /// body or archive, a message out of order, output that is not what the
+    /// helper prints.
+    Protocol,
+    /// berth's own side failed before the request left: building a client,
+    /// encoding a request, a local file berth keeps for the backend.
+    Local,
+}
+
+impl BackendFailure {
+    /// A short name: `auth`, `timeout`, `transport`, `rejected`, `exhausted`,
+    /// `protocol`, `local`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendFailure::Auth => "auth",
+            BackendFailure::Timeout => "timeout",
+            BackendFailure::Transport => "transport",
+            BackendFailure::Rejected => "rejected",
+            BackendFailure::Exhausted => "exhausted",
+            BackendFailure::Protocol => "protocol",
+            BackendFailure::Local => "local",
+        }
+    }
+
+    /// The class of an HTTP error status: 401/403 are [`Auth`](Self::Auth),
+    /// 408/504 [`Timeout`](Self::Timeout), 429/507
+    /// [`Exhausted`](Self::Exhausted), 502/503 (a gateway or proxy that could
+    /// not reach the service) [`Transport`](Self::Transport), any other
+    /// [`Rejected`](Self::Rejected).
+    pub fn from_http_status(status: u16) -> Self {
+        match status {
+            401 | 403 => BackendFailure::Auth,
+            408 | 504 => BackendFailure::Timeout,
+            429 | 507 => BackendFailure::Exhausted,
+            502 | 503 => BackendFailure::Transport,
+            _ => BackendFailure::Rejected,
+        }
+    }
+
+    /// The class of a local I/O error met while talking to a backend: a
+    /// refused, reset or aborted connection is [`Transport`](Self::Transport),
+    /// a timed-out one [`Timeout`](Self::Timeout), anything else
+    /// [`Local`](Self::Local).
+    pub fn from_io(e: &std::io::Error) -> Self {
+        use std::io::ErrorKind as K;
+        match e.kind() {
+            K::TimedOut => BackendFailure::Timeout,
+            K::ConnectionRefused
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::NotConnected
+            | K::BrokenPipe
+            | K::UnexpectedEof
+            | K::AddrNotAvailable
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+            | K::NetworkDown => BackendFailure::Transport,
+            _ => BackendFailure::Local,
+        }
+    }
+}
+
+impl std::fmt::Display for BackendFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// berth-core's error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -47,24 +139,39 @@ pub enum Error {
         hint: String,
     },
 
-    /// The backend itself cannot be reached (daemon down, host unreachable).
+    /// The backend itself cannot be reached or will not let berth in (daemon
+    /// down, host unreachable, credentials refused). The sandbox may be fine:
+    /// the next call tries again.
     #[error("{backend}: {detail}{}", hint_suffix(.hint))]
     Unreachable {
         /// The backend's short name.
         backend: &'static str,
+        /// Why, classified: usually [`BackendFailure::Transport`],
+        /// [`BackendFailure::Timeout`] or [`BackendFailure::Auth`].
+        kind: BackendFailure,
         /// What failed.
         detail: String,
         /// What to do next.
         hint: String,
+        /// The library's error, when there was one.
+        #[source]
+        source: Option<BoxError>,
     },
 
-    /// A backend reported an error of its own.
+    /// A backend call failed: the backend answered with an error, broke its
+    /// protocol, or a helper in the sandbox failed.
     #[error("{backend}: {detail}")]
     Backend {
         /// The backend's short name.
         backend: &'static str,
-        /// What failed.
+        /// Why, classified.
+        kind: BackendFailure,
+        /// What failed, and what to do next.
         detail: String,
+        /// The library's error, when there was one (an HTTP, SSH, gRPC or
+        /// Docker API error), kept whole rather than flattened into `detail`.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// A process could not be started.
@@ -122,18 +229,6 @@ pub enum Error {
         source: rusqlite::Error,
     },
 
-    /// A backend call failed with its own library's error, kept as the cause
-    /// (an HTTP, SSH or Docker API error).
-    #[error("{backend}: {detail}")]
-    BackendCall {
-        /// The backend's short name.
-        backend: &'static str,
-        /// What failed, and what to do next.
-        detail: String,
-        /// The library's error.
-        source: BoxError,
-    },
-
     /// A policy refused the command (a deny rule, or an ask that was denied or
     /// timed out).
     #[error("policy refused `{part}`: {reason} (rule `{rule}`){}", hint_suffix(.hint))]
@@ -172,16 +267,83 @@ impl Error {
         }
     }
 
-    /// A backend error caused by `source`, which the error keeps.
+    /// The sandbox `sandbox` of `backend` is gone: `reason` says what
+    /// happened, `hint` how to get it back.
+    pub fn sandbox_gone(
+        backend: &'static str,
+        sandbox: impl Into<String>,
+        reason: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        Error::SandboxGone {
+            sandbox: sandbox.into(),
+            backend,
+            reason: reason.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// A backend error of class `kind`, with no library error behind it.
+    pub fn backend(backend: &'static str, kind: BackendFailure, detail: impl Into<String>) -> Self {
+        Error::Backend {
+            backend,
+            kind,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// A backend error of class `kind` caused by `source`, which the error
+    /// keeps: `detail` says what berth was doing, the source says what the
+    /// library met.
     pub fn backend_call(
         backend: &'static str,
+        kind: BackendFailure,
         detail: impl Into<String>,
         source: impl Into<BoxError>,
     ) -> Self {
-        Error::BackendCall {
+        Error::Backend {
             backend,
+            kind,
             detail: detail.into(),
-            source: source.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The backend cannot be reached or will not let berth in; `hint` says
+    /// what to do.
+    pub fn unreachable(
+        backend: &'static str,
+        kind: BackendFailure,
+        detail: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        Error::Unreachable {
+            backend,
+            kind,
+            detail: detail.into(),
+            hint: hint.into(),
+            source: None,
+        }
+    }
+
+    /// This error with `cause` kept as its source, where the variant keeps
+    /// one ([`Error::Backend`], [`Error::Unreachable`]); other errors are
+    /// returned as they are.
+    pub fn caused_by(mut self, cause: impl Into<BoxError>) -> Self {
+        if let Error::Backend { source, .. } | Error::Unreachable { source, .. } = &mut self {
+            *source = Some(cause.into());
+        }
+        self
+    }
+
+    /// How a backend call failed, for [`Error::Backend`] and
+    /// [`Error::Unreachable`]; `None` for every other error, a vanished
+    /// sandbox included (see [`Error::is_sandbox_gone`]).
+    pub fn backend_kind(&self) -> Option<BackendFailure> {
+        match self {
+            Error::Backend { kind, .. } | Error::Unreachable { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 
@@ -212,3 +374,93 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// berth-core's result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn http_statuses_classify() {
+        assert_eq!(BackendFailure::from_http_status(401), BackendFailure::Auth);
+        assert_eq!(BackendFailure::from_http_status(403), BackendFailure::Auth);
+        assert_eq!(
+            BackendFailure::from_http_status(504),
+            BackendFailure::Timeout
+        );
+        assert_eq!(
+            BackendFailure::from_http_status(429),
+            BackendFailure::Exhausted
+        );
+        assert_eq!(
+            BackendFailure::from_http_status(503),
+            BackendFailure::Transport
+        );
+        assert_eq!(
+            BackendFailure::from_http_status(400),
+            BackendFailure::Rejected
+        );
+        assert_eq!(
+            BackendFailure::from_http_status(500),
+            BackendFailure::Rejected
+        );
+    }
+
+    #[test]
+    fn io_errors_classify() {
+        let io = |k| std::io::Error::from(k);
+        use std::io::ErrorKind as K;
+        assert_eq!(
+            BackendFailure::from_io(&io(K::ConnectionRefused)),
+            BackendFailure::Transport
+        );
+        assert_eq!(
+            BackendFailure::from_io(&io(K::ConnectionReset)),
+            BackendFailure::Transport
+        );
+        assert_eq!(
+            BackendFailure::from_io(&io(K::TimedOut)),
+            BackendFailure::Timeout
+        );
+        assert_eq!(
+            BackendFailure::from_io(&io(K::PermissionDenied)),
+            BackendFailure::Local
+        );
+    }
+
+    #[test]
+    fn backend_errors_keep_kind_and_source() {
+        let cause = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let e = Error::backend_call("ssh", BackendFailure::Transport, "reading a file", cause);
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Transport));
+        assert_eq!(e.to_string(), "ssh: reading a file");
+        let source = e.source().map(ToString::to_string);
+        assert_eq!(
+            source,
+            Some(std::io::Error::from(std::io::ErrorKind::ConnectionReset).to_string())
+        );
+
+        let e = Error::unreachable(
+            "e2b",
+            BackendFailure::Auth,
+            "key refused",
+            "set E2B_API_KEY",
+        )
+        .caused_by(std::io::Error::other("401"));
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Auth));
+        assert!(e.source().is_some());
+        assert_eq!(e.to_string(), "e2b: key refused; set E2B_API_KEY");
+
+        let plain = Error::backend("docker", BackendFailure::Protocol, "odd answer");
+        assert!(plain.source().is_none());
+        let gone = Error::SandboxGone {
+            sandbox: "s".into(),
+            backend: "docker",
+            reason: "gone".into(),
+            hint: String::new(),
+        };
+        assert_eq!(gone.backend_kind(), None);
+        assert!(gone.is_sandbox_gone());
+    }
+}

@@ -19,4 +19,4 @@ pub mod session;
 pub mod reaper;
 pub mod runtime;
 pub mod store;
-pub use error::{Error, Result};
+pub use error::{BackendFailure, Error, Result};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "testing")]
 use berth_core::backend::{Backend, SandboxSpec};
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 #[cfg(feature = "testing")]
 use berth_core::session::{ExecOpts, Session, SessionConfig};
 use bollard::container::LogOutput;
@@ -179,8 +179,9 @@ async fn fresh_exec(docker: &bollard::Docker, container: &str, probe: &str) -> R
 }
 
 fn bench_error(detail: String) -> Error {
-    Error::Backend {
-        backend: super::KIND,
-        detail: format!("bench: {detail}"),
-    }
+    Error::backend(
+        super::KIND,
+        BackendFailure::Rejected,
+        format!("bench: {detail}"),
+    )
 }

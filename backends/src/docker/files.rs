@@ -7,12 +7,14 @@
 //! the archive: a tar entry for an existing directory would reset its owner
 //! and mode.
 
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use bollard::query_parameters::{DownloadFromContainerOptions, UploadToContainerOptions};
 use futures::StreamExt;
 use std::io::Read;
 
-use super::{DockerSandbox, is_connection_error, status_of, unreachable};
+use super::{
+    DockerSandbox, failure_of, is_connection_error, says_no_container, status_of, unreachable,
+};
 
 /// Room for tar headers (including PAX headers for long names) beyond the data.
 const HEADER_ROOM: u64 = 64 * 1024;
@@ -77,7 +79,8 @@ fn extract_first(tar: &[u8], path: &str, limit: u64) -> Result<Entry> {
     let bad = |e: std::io::Error| {
         Error::backend_call(
             super::KIND,
-            format!("reading `{path}`: the daemon sent an unreadable archive: {e}"),
+            BackendFailure::Protocol,
+            format!("reading `{path}`: the daemon sent an unreadable archive"),
             e,
         )
     };
@@ -178,10 +181,10 @@ fn build_tar(name: &str, data: &[u8], mode: u32, uid: u64, gid: u64) -> std::io:
 
 fn file_error(sb: &DockerSandbox, path: &str, doing: &str, e: bollard::errors::Error) -> Error {
     if is_connection_error(&e) {
-        return unreachable(&sb.host, &e);
+        return unreachable(&sb.host, e);
     }
     match status_of(&e) {
-        Some(404) if e.to_string().contains("No such container") => super::gone(
+        Some(404) if says_no_container(&e) => super::gone(
             &sb.name,
             &format!("its container is gone ({doing} `{path}`)"),
         ),
@@ -190,16 +193,31 @@ fn file_error(sb: &DockerSandbox, path: &str, doing: &str, e: bollard::errors::E
             name: path.into(),
             hint: String::new(),
         },
-        Some(403) | Some(500) if e.to_string().contains("ermission denied") => Error::Backend {
-            backend: super::KIND,
-            detail: format!("sandbox `{}`: {doing} `{path}`: permission denied", sb.name),
-        },
+        // The daemon reports a file the container's user may not touch as
+        // 403 or 500 with the OS's text; only the text says it was a
+        // permission (the body carries no errno). The cause is the sandbox's
+        // file modes, not berth's credentials: Rejected, not Auth.
+        Some(403) | Some(500) if says_permission_denied(&e) => Error::backend_call(
+            super::KIND,
+            BackendFailure::Rejected,
+            format!(
+                "sandbox `{}`: {doing} `{path}`: permission denied; check the file's owner and mode in the sandbox",
+                sb.name
+            ),
+            e,
+        ),
         _ => Error::backend_call(
             super::KIND,
-            format!("sandbox `{}`: {doing} `{path}`: {e}", sb.name),
+            failure_of(&e),
+            format!("sandbox `{}`: {doing} `{path}` failed", sb.name),
             e,
         ),
     }
+}
+
+/// True when the daemon's message is the OS's "permission denied".
+fn says_permission_denied(e: &bollard::errors::Error) -> bool {
+    matches!(e, bollard::errors::Error::DockerResponseServerError { message, .. } if message.contains("ermission denied"))
 }
 
 #[cfg(test)]

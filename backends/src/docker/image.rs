@@ -20,7 +20,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use bollard::Docker;
 use bollard::query_parameters::{CreateImageOptions, TagImageOptions};
 use futures::StreamExt;
@@ -29,7 +29,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 use tracing::{debug, info};
 
-use super::{KIND, is_connection_error, status_of};
+use super::{KIND, failure_of, is_connection_error, status_of};
 
 const PACKAGES: &str = include_str!("../../../images/packages.txt");
 const SETUP: &str = include_str!("../../../images/setup.sh");
@@ -188,11 +188,23 @@ fn emit(progress: Option<&ProgressFn>, p: BuildProgress) {
     }
 }
 
+/// A step of the build on this machine failed (a tool, a pipe, root).
 fn build_error(detail: impl Into<String>) -> Error {
-    Error::Backend {
-        backend: KIND,
-        detail: format!("building the sandbox image: {}", detail.into()),
-    }
+    Error::backend(
+        KIND,
+        BackendFailure::Local,
+        format!("building the sandbox image: {}", detail.into()),
+    )
+}
+
+/// A daemon call of the build failed; its error is kept as the source.
+fn daemon_error(doing: String, e: bollard::errors::Error) -> Error {
+    Error::backend_call(
+        KIND,
+        failure_of(&e),
+        format!("building the sandbox image: {doing} failed"),
+        e,
+    )
 }
 
 /// Whether an image exists.
@@ -200,13 +212,30 @@ async fn exists(docker: &Docker, reference: &str) -> Result<bool> {
     match docker.inspect_image(reference).await {
         Ok(_) => Ok(true),
         Err(e) if status_of(&e) == Some(404) => Ok(false),
-        Err(e) if is_connection_error(&e) => Err(Error::Unreachable {
-            backend: KIND,
-            detail: format!("cannot reach the Docker daemon to look for {reference}: {e}"),
-            hint: "start the daemon, or set DOCKER_HOST to where it listens".into(),
-        }),
-        Err(e) => Err(build_error(format!("inspecting {reference}: {e}"))),
+        Err(e) if is_connection_error(&e) => Err(Error::unreachable(
+            KIND,
+            failure_of(&e),
+            format!("cannot reach the Docker daemon to look for {reference}"),
+            "start the daemon, or set DOCKER_HOST to where it listens",
+        )
+        .caused_by(e)),
+        Err(e) => Err(daemon_error(format!("inspecting {reference}"), e)),
     }
+}
+
+/// Whether the image is there already; if so, say it is reused.
+async fn reuse(docker: &Docker, reference: &str, progress: Option<&ProgressFn>) -> Result<bool> {
+    if !exists(docker, reference).await? {
+        return Ok(false);
+    }
+    emit(
+        progress,
+        BuildProgress::Done {
+            reference: reference.to_string(),
+            reused: true,
+        },
+    );
+    Ok(true)
 }
 
 /// Make sure the recipe's image exists, building it if not. Returns its reference.
@@ -216,14 +245,7 @@ pub async fn ensure(
     progress: Option<&ProgressFn>,
 ) -> Result<String> {
     let reference = recipe.reference();
-    if exists(docker, &reference).await? {
-        emit(
-            progress,
-            BuildProgress::Done {
-                reference: reference.clone(),
-                reused: true,
-            },
-        );
+    if reuse(docker, &reference, progress).await? {
         return Ok(reference);
     }
     std::fs::create_dir_all(&recipe.cache_dir)
@@ -231,14 +253,7 @@ pub async fn ensure(
     // Other berth processes (parallel tests, a second CLI) may be building the
     // same image: take the cache's lock, then look again.
     let _lock = lock_file(recipe.cache_dir.join("build.lock")).await?;
-    if exists(docker, &reference).await? {
-        emit(
-            progress,
-            BuildProgress::Done {
-                reference: reference.clone(),
-                reused: true,
-            },
-        );
+    if reuse(docker, &reference, progress).await? {
         return Ok(reference);
     }
     info!(%reference, "building the sandbox image");
@@ -516,7 +531,7 @@ async fn import(
     let mut stream = docker.create_image(Some(opts), Some(bollard::body_try_stream(body)), None);
     while let Some(item) = stream.next().await {
         if let Err(e) = item {
-            return Err(build_error(format!("importing {}: {e}", tarball.display())));
+            return Err(daemon_error(format!("importing {}", tarball.display()), e));
         }
     }
     let reference = recipe.reference();
@@ -529,7 +544,7 @@ async fn import(
             }),
         )
         .await
-        .map_err(|e| build_error(format!("tagging {reference} as latest: {e}")))?;
+        .map_err(|e| daemon_error(format!("tagging {reference} as latest"), e))?;
     Ok(())
 }
 

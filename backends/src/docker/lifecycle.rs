@@ -24,7 +24,7 @@ use tracing::{debug, info};
 use super::config::{self, ContainerPlan};
 use super::{
     DockerBackend, DockerSandbox, KIND, LABEL_INSTALLATION, LABEL_SANDBOX, Names, api_error,
-    status_of, unreachable,
+    failure_of, status_of, unreachable,
 };
 
 /// What [`DockerBackend::gc`] did.
@@ -288,9 +288,9 @@ impl DockerBackend {
         };
         self.docker.list_containers(Some(opts)).await.map_err(|e| {
             if super::is_connection_error(&e) {
-                unreachable(&self.host, &e)
+                unreachable(&self.host, e)
             } else {
-                Error::backend_call(KIND, format!("listing containers: {e}"), e)
+                Error::backend_call(KIND, failure_of(&e), "listing berth's containers failed", e)
             }
         })
     }
@@ -460,8 +460,13 @@ async fn check_image(docker: &Docker, host: &str, image: &str) -> Result<()> {
             name: image.into(),
             hint: "berth does not pull images; build or load it first (`berth image build` builds the default sandbox image), or leave the image unset".into(),
         }),
-        Err(e) if super::is_connection_error(&e) => Err(unreachable(host, &e)),
-        Err(e) => Err(Error::backend_call(KIND, format!("inspecting image {image}: {e}"), e)),
+        Err(e) if super::is_connection_error(&e) => Err(unreachable(host, e)),
+        Err(e) => Err(Error::backend_call(
+            KIND,
+            failure_of(&e),
+            format!("inspecting image {image} failed"),
+            e,
+        )),
     }
 }
 

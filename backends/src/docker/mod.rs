@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use berth_core::backend::{Layout, Process, Sandbox, SpawnOpts};
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use bollard::Docker;
 
 pub use image::{BuildProgress, ImageRecipe, ProgressFn};
@@ -84,13 +84,13 @@ impl DockerBackend {
     /// Connect to the daemon at `host` (`unix://…`, `tcp://…`, `http://…`) and
     /// check that it answers.
     pub async fn connect_to(host: &str) -> Result<Self> {
-        let docker = Docker::connect_with_host(host).map_err(|e| unreachable(host, &e))?;
+        let docker = Docker::connect_with_host(host).map_err(|e| unreachable(host, e))?;
         // Our engines may be older than bollard's default API version; speak
         // theirs. This is also the first round trip, so it proves the daemon is up.
         let docker = docker
             .negotiate_version()
             .await
-            .map_err(|e| unreachable(host, &e))?;
+            .map_err(|e| unreachable(host, e))?;
         Ok(Self {
             docker,
             host: host.to_string(),
@@ -203,7 +203,8 @@ pub(crate) fn status_of(e: &bollard::errors::Error) -> Option<u16> {
     }
 }
 
-/// True when the error means the daemon could not be reached at all.
+/// True when the error means the daemon could not be reached at all: no
+/// answer came, as opposed to an answer with an error status.
 pub(crate) fn is_connection_error(e: &bollard::errors::Error) -> bool {
     use bollard::errors::Error as B;
     matches!(
@@ -217,44 +218,122 @@ pub(crate) fn is_connection_error(e: &bollard::errors::Error) -> bool {
     )
 }
 
+/// How a daemon call failed, from bollard's error variant and the HTTP
+/// status the daemon answered with.
+pub(crate) fn failure_of(e: &bollard::errors::Error) -> BackendFailure {
+    use bollard::errors::Error as B;
+    match e {
+        B::DockerResponseServerError { status_code, .. } => {
+            BackendFailure::from_http_status(*status_code)
+        }
+        B::RequestTimeoutError => BackendFailure::Timeout,
+        // The socket's own I/O error says whether it was refused, timed out
+        // or forbidden (a user outside the `docker` group).
+        B::IOError { err } => connect_failure(err),
+        B::SocketNotFoundError(_) | B::HyperResponseError { .. } | B::HttpClientError { .. } => {
+            BackendFailure::Transport
+        }
+        B::HyperLegacyError { err } => {
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+            while let Some(c) = cause {
+                if let Some(io) = c.downcast_ref::<std::io::Error>() {
+                    return connect_failure(io);
+                }
+                cause = c.source();
+            }
+            BackendFailure::Transport
+        }
+        B::JsonDataError { .. }
+        | B::JsonSerdeError { .. }
+        | B::StrParseError { .. }
+        | B::DockerStreamError { .. }
+        | B::HttpHeaderNotFoundError(_)
+        | B::HttpHeaderToStrError { .. }
+        | B::Base64DecodeError { .. }
+        | B::APIVersionParseError {} => BackendFailure::Protocol,
+        B::DockerContainerWaitError { .. } => BackendFailure::Rejected,
+        // Building the request failed on berth's side (a URI, an encoding).
+        _ => BackendFailure::Local,
+    }
+}
+
+/// The class of an I/O error on the way to the daemon.
+fn connect_failure(e: &std::io::Error) -> BackendFailure {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => BackendFailure::Auth,
+        std::io::ErrorKind::TimedOut => BackendFailure::Timeout,
+        _ => BackendFailure::Transport,
+    }
+}
+
 /// The daemon cannot be reached: say where berth looked and how to fix it.
-pub(crate) fn unreachable(host: &str, e: &bollard::errors::Error) -> Error {
+/// The daemon's error is kept as the source.
+pub(crate) fn unreachable(host: &str, e: bollard::errors::Error) -> Error {
     let source = match std::env::var("DOCKER_HOST") {
         Ok(h) if h == host => "from DOCKER_HOST".to_string(),
         Ok(h) if !h.is_empty() => format!("given explicitly; DOCKER_HOST is {h}"),
         _ => "DOCKER_HOST is unset, so the default socket".to_string(),
     };
-    Error::Unreachable {
-        backend: KIND,
-        detail: format!("cannot reach the Docker daemon at {host} ({source}): {e}"),
-        hint: "start the daemon (e.g. `systemctl start docker`), or set DOCKER_HOST to where it listens (unix:///path/docker.sock or tcp://host:2375)".into(),
-    }
+    let kind = failure_of(&e);
+    let hint = if kind == BackendFailure::Auth {
+        "add your user to the `docker` group (then log in again), or set DOCKER_HOST to a daemon you may use"
+    } else {
+        "start the daemon (e.g. `systemctl start docker`), or set DOCKER_HOST to where it listens (unix:///path/docker.sock or tcp://host:2375)"
+    };
+    Error::unreachable(
+        KIND,
+        kind,
+        format!("cannot reach the Docker daemon at {host} ({source})"),
+        hint,
+    )
+    .caused_by(e)
+}
+
+/// True when a 409 from the daemon says the container is not running (as
+/// opposed to another conflict: paused, being removed). Read from the
+/// message: the daemon's error body carries no code besides the HTTP status,
+/// and 409 covers every conflict.
+fn says_not_running(e: &bollard::errors::Error) -> bool {
+    matches!(e, bollard::errors::Error::DockerResponseServerError { message, .. } if message.contains("is not running"))
+}
+
+/// True when a 404 from the daemon is about the container, not a path in
+/// it. Read from the message: for the archive endpoints a missing container
+/// and a missing path are both 404 and the body has only its text; telling
+/// them apart by type would take a second call (inspect) that races the first.
+pub(crate) fn says_no_container(e: &bollard::errors::Error) -> bool {
+    matches!(e, bollard::errors::Error::DockerResponseServerError { message, .. } if message.contains("No such container"))
 }
 
 /// Map a daemon error about sandbox `name` to berth's error.
 pub(crate) fn api_error(host: &str, name: &str, doing: &str, e: bollard::errors::Error) -> Error {
     if is_connection_error(&e) {
-        return unreachable(host, &e);
+        return unreachable(host, e);
     }
     match status_of(&e) {
         Some(404) => gone(name, &format!("its container is gone ({doing})")),
-        Some(409) if e.to_string().contains("is not running") => {
+        Some(409) if says_not_running(&e) => {
             gone(name, &format!("its container is not running ({doing})"))
         }
-        _ => Error::backend_call(KIND, format!("sandbox `{name}`: {doing}: {e}"), e),
+        _ => Error::backend_call(
+            KIND,
+            failure_of(&e),
+            format!("sandbox `{name}`: {doing} failed"),
+            e,
+        ),
     }
 }
 
 /// The sandbox's container is gone or stopped.
 pub(crate) fn gone(name: &str, reason: &str) -> Error {
-    Error::SandboxGone {
-        sandbox: name.into(),
-        backend: KIND,
-        reason: reason.into(),
-        hint: format!(
+    Error::sandbox_gone(
+        KIND,
+        name,
+        reason,
+        format!(
             "run the command again to restart or recreate it (the workspace and session snapshot live on volumes), or `berth sandbox rm {name}`"
         ),
-    }
+    )
 }
 
 /// A live docker sandbox: a handle on the container `berth-<name>`. It names the
@@ -348,5 +427,107 @@ impl Sandbox for DockerSandbox {
     async fn destroy(&self) -> Result<()> {
         lifecycle::remove_sandbox(&self.docker, &self.host, &self.names, &self.name, true).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bollard::errors::Error as B;
+
+    use super::*;
+
+    fn answer(status_code: u16, message: &str) -> B {
+        B::DockerResponseServerError {
+            status_code,
+            message: message.into(),
+        }
+    }
+
+    fn io(kind: std::io::ErrorKind) -> B {
+        B::IOError {
+            err: std::io::Error::from(kind),
+        }
+    }
+
+    #[test]
+    fn daemon_answers_map_by_status() {
+        let e = api_error(
+            "unix:///d",
+            "s",
+            "exec",
+            answer(404, "No such container: x"),
+        );
+        assert!(e.is_sandbox_gone(), "{e}");
+        let e = api_error(
+            "unix:///d",
+            "s",
+            "exec",
+            answer(409, "Container x is not running"),
+        );
+        assert!(e.is_sandbox_gone(), "{e}");
+        // Another conflict is the daemon refusing, not a vanished sandbox.
+        let e = api_error(
+            "unix:///d",
+            "s",
+            "exec",
+            answer(409, "Container x is paused"),
+        );
+        assert!(!e.is_sandbox_gone(), "{e}");
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Rejected));
+        let e = api_error("unix:///d", "s", "exec", answer(500, "oci runtime error"));
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Rejected));
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the daemon's error is kept"
+        );
+        let e = api_error("unix:///d", "s", "exec", answer(401, "unauthorized"));
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Auth));
+    }
+
+    #[test]
+    fn no_answer_is_unreachable_and_classified() {
+        let e = api_error(
+            "unix:///d",
+            "s",
+            "exec",
+            io(std::io::ErrorKind::ConnectionRefused),
+        );
+        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Transport));
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the socket's error is kept"
+        );
+        // A socket the user may not open is a permission, not a dead daemon.
+        let e = api_error(
+            "unix:///d",
+            "s",
+            "exec",
+            io(std::io::ErrorKind::PermissionDenied),
+        );
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Auth));
+        assert!(e.to_string().contains("docker` group"), "{e}");
+        let e = api_error("unix:///d", "s", "exec", B::RequestTimeoutError);
+        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Timeout));
+        let e = api_error(
+            "unix:///d",
+            "s",
+            "exec",
+            B::SocketNotFoundError("/d".into()),
+        );
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Transport));
+    }
+
+    #[test]
+    fn unreadable_answers_are_protocol_errors() {
+        let bad = serde_json::from_str::<u32>("x").map(|_| ());
+        let Err(err) = bad else {
+            panic!("`x` parsed as a number");
+        };
+        assert_eq!(
+            failure_of(&B::JsonSerdeError { err }),
+            BackendFailure::Protocol
+        );
     }
 }

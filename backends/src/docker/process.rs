@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts, TermSize};
-use berth_core::error::{Error, Result, SpawnFailure};
+use berth_core::backend::{ExitStatus, Pipes, Process, SpawnOpts, TermSize};
+use berth_core::error::{BackendFailure, Error, Result, SpawnFailure};
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
@@ -31,7 +31,7 @@ use futures::StreamExt;
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, warn};
 
-use super::{DockerSandbox, api_error, gone, status_of};
+use super::{DockerSandbox, api_error, gone, says_no_container, status_of};
 use crate::chan_reader::channel_reader;
 
 /// Output chunks buffered per stream before the pump waits for the reader.
@@ -114,10 +114,11 @@ pub(crate) async fn spawn(
         .await
         .map_err(|e| classify_start_error(sb, program, &cwd, e))?;
     let StartExecResults::Attached { output, input } = started else {
-        return Err(Error::Backend {
-            backend: super::KIND,
-            detail: "the daemon started the exec detached although berth asked to attach".into(),
-        });
+        return Err(Error::backend(
+            super::KIND,
+            BackendFailure::Protocol,
+            "the daemon started the exec detached although berth asked to attach; report this with the output of `docker version`",
+        ));
     };
     let (out_tx, out_rx) = mpsc::channel(CHANNEL_CHUNKS);
     let (err_tx, err_rx) = mpsc::channel(CHANNEL_CHUNKS);
@@ -137,9 +138,7 @@ pub(crate) async fn spawn(
         container: sb.container.clone(),
         exec_id: exec.id,
         tty: opts.tty,
-        stdin: Some(input),
-        stdout: Some(channel_reader(out_rx)),
-        stderr: Some(channel_reader(err_rx)),
+        pipes: Pipes::new(input, channel_reader(out_rx), channel_reader(err_rx)),
         pump,
         done,
     }))
@@ -166,7 +165,7 @@ async fn check_cwd(sb: &DockerSandbox, program: &str, cwd: &str) -> Result<()> {
     {
         Ok(st) if st.file_mode & (MODE_DIR | MODE_SYMLINK) != 0 => Ok(()),
         Ok(_) => Err(bad(format!("working directory {cwd} is not a directory"))),
-        Err(e) if status_of(&e) == Some(404) && !e.to_string().contains("No such container") => {
+        Err(e) if status_of(&e) == Some(404) && !says_no_container(&e) => {
             Err(bad(format!("working directory {cwd} does not exist")))
         }
         Err(e) => Err(sb.err("checking the working directory", e)),
@@ -174,13 +173,22 @@ async fn check_cwd(sb: &DockerSandbox, program: &str, cwd: &str) -> Result<()> {
 }
 
 /// Turn a failed exec start into an error the caller can act on.
+///
+/// Why a program could not start is read from the message: the daemon relays
+/// the OCI runtime's text (`exec: "x": executable file not found in $PATH`,
+/// `chdir to cwd ...`) under a bare HTTP status, with no code or errno to
+/// match on. Only a daemon's answer is read so; a transport error is never
+/// mistaken for a missing program.
 fn classify_start_error(
     sb: &DockerSandbox,
     program: &str,
     cwd: &str,
     e: bollard::errors::Error,
 ) -> Error {
-    let msg = e.to_string();
+    let bollard::errors::Error::DockerResponseServerError { message, .. } = &e else {
+        return api_error(&sb.host, &sb.name, "starting an exec", e);
+    };
+    let msg = message.clone();
     let kind = if msg.contains("chdir") || msg.contains("working directory") {
         Some(SpawnFailure::BadCwd)
     } else if msg.contains("executable file not found") || msg.contains("no such file") {
@@ -280,9 +288,7 @@ struct DockerProcess {
     exec_id: String,
     /// Spawned on a terminal (resizable).
     tty: bool,
-    stdin: Option<BoxWrite>,
-    stdout: Option<BoxRead>,
-    stderr: Option<BoxRead>,
+    pipes: Pipes,
     pump: tokio::task::JoinHandle<()>,
     done: Arc<Done>,
 }
@@ -331,16 +337,8 @@ async fn container_stopping(docker: Docker, container: String) -> bool {
 
 #[async_trait]
 impl Process for DockerProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        self.stdin.take()
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        self.stdout.take()
-    }
-
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.stderr.take()
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     /// Wait until the daemon reports the exec finished, and return its exit code.
@@ -447,9 +445,7 @@ impl Process for DockerProcess {
     /// session engine kills the process in-band before it calls this, and a
     /// shell that is still alive reads end-of-file on its stdin and exits.
     async fn terminate(&mut self) -> Result<()> {
-        self.stdin = None;
-        self.stdout = None;
-        self.stderr = None;
+        self.pipes = Pipes::default();
         self.pump.abort();
         Ok(())
     }

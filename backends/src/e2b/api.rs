@@ -11,10 +11,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::connect::http_failure;
 use super::{E2bConfig, KIND};
 
 /// A sandbox as create and connect return it.
@@ -91,10 +92,13 @@ impl Api {
     }
 
     fn key(&self) -> Result<&str> {
-        self.cfg.api_key.as_deref().ok_or_else(|| Error::Unreachable {
-            backend: KIND,
-            detail: "no E2B API key".into(),
-            hint: "set E2B_API_KEY to a key from the E2B dashboard (https://e2b.dev/dashboard?tab=keys)".into(),
+        self.cfg.api_key.as_deref().ok_or_else(|| {
+            Error::unreachable(
+                KIND,
+                BackendFailure::Auth,
+                "no E2B API key",
+                "set E2B_API_KEY to a key from the E2B dashboard (https://e2b.dev/dashboard?tab=keys)",
+            )
         })
     }
 
@@ -103,7 +107,6 @@ impl Api {
         &self,
         method: reqwest::Method,
         path: &str,
-        query: &[(&str, String)],
         body: Option<serde_json::Value>,
         doing: &str,
     ) -> Result<Answer> {
@@ -111,16 +114,13 @@ impl Api {
         let url = format!("{}{}", self.cfg.api_url.trim_end_matches('/'), path);
         let idem = format!("berth-{:032x}", rand::random::<u128>());
         let policy = &self.cfg.retry;
-        let mut last = String::new();
+        let mut last = LastFailure::default();
         for attempt in 0..=policy.retries {
             let mut req = self
                 .http
                 .request(method.clone(), &url)
                 .header("X-API-Key", &key)
                 .timeout(policy.request_timeout);
-            if !query.is_empty() {
-                req = req.query(query);
-            }
             if method == reqwest::Method::POST && path.ends_with("/sandboxes") {
                 req = req.header("Idempotency-Key", &idem);
             }
@@ -146,21 +146,23 @@ impl Api {
                     if !(transient && should_retry != Some(false)) {
                         return Ok(Answer { status, body });
                     }
-                    last = format!("HTTP {status}: {}", message_of(&body));
+                    last = LastFailure::status(status, &body);
                     retry_after
                 }
                 // Only a failure to connect is known not to have reached the
                 // server; anything later might have, so it is not retried.
                 Err(e) if e.is_connect() => {
-                    last = format!("cannot connect to {url}: {e}");
+                    last = LastFailure::link(format!("cannot connect to {url}"), e);
                     None
                 }
                 Err(e) => {
-                    return Err(Error::Unreachable {
-                        backend: KIND,
-                        detail: format!("{doing}: the request to {url} failed: {e}"),
-                        hint: "check the network and E2B_API_URL / E2B_DOMAIN; the call was not retried because it may have reached E2B".into(),
-                    });
+                    return Err(Error::unreachable(
+                        KIND,
+                        http_failure(&e),
+                        format!("{doing}: the request to {url} failed"),
+                        "check the network and E2B_API_URL / E2B_DOMAIN; the call was not retried because it may have reached E2B",
+                    )
+                    .caused_by(e));
                 }
             };
             if attempt == policy.retries {
@@ -169,46 +171,44 @@ impl Api {
             let backoff = policy.backoff(attempt);
             tokio::time::sleep(wait.map_or(backoff, |w| w.min(policy.max_delay))).await;
         }
-        Err(Error::Unreachable {
-            backend: KIND,
-            detail: format!(
-                "{doing}: E2B kept failing after {} attempts (last: {last})",
-                policy.retries + 1
-            ),
-            hint: "E2B is rate-limiting or unavailable; wait and retry, or check https://status.e2b.dev".into(),
-        })
+        Err(last.gave_up(doing, policy.retries + 1))
     }
 
     /// Map a non-success answer.
     fn fail(&self, a: &Answer, doing: &str, sandbox: Option<&str>) -> Error {
         let msg = message_of(&a.body);
         match (a.status, sandbox) {
-            (401 | 403, _) => Error::Unreachable {
-                backend: KIND,
-                detail: format!("{doing}: E2B rejected the API key (HTTP {}: {msg})", a.status),
-                hint: "set E2B_API_KEY to a valid key from the E2B dashboard (https://e2b.dev/dashboard?tab=keys)".into(),
-            },
+            (401 | 403, _) => Error::unreachable(
+                KIND,
+                BackendFailure::Auth,
+                format!(
+                    "{doing}: E2B rejected the API key (HTTP {}: {msg})",
+                    a.status
+                ),
+                "set E2B_API_KEY to a valid key from the E2B dashboard (https://e2b.dev/dashboard?tab=keys)",
+            ),
             (404, Some(name)) => gone(name, &format!("E2B has no such sandbox ({doing}: {msg})")),
-            _ => Error::Backend {
-                backend: KIND,
-                detail: format!("{doing}: HTTP {}: {msg}", a.status),
-            },
+            _ => Error::backend(
+                KIND,
+                BackendFailure::from_http_status(a.status),
+                format!("{doing}: HTTP {}: {msg}", a.status),
+            ),
         }
     }
 
     /// `POST /v2/sandboxes`.
     pub async fn create(&self, new: &NewSandbox) -> Result<SandboxRecord> {
         let doing = "creating a sandbox";
-        let body = serde_json::to_value(new)
-            .map_err(|e| Error::backend_call(KIND, format!("{doing}: {e}"), e))?;
-        let a = self
-            .call(
-                reqwest::Method::POST,
-                "/v2/sandboxes",
-                &[],
-                Some(body),
-                doing,
+        let body = serde_json::to_value(new).map_err(|e| {
+            Error::backend_call(
+                KIND,
+                BackendFailure::Local,
+                format!("{doing}: cannot encode the request"),
+                e,
             )
+        })?;
+        let a = self
+            .call(reqwest::Method::POST, "/v2/sandboxes", Some(body), doing)
             .await?;
         if a.status == 404 || a.status == 400 {
             return Err(Error::InvalidInput(format!(
@@ -236,7 +236,6 @@ impl Api {
             .call(
                 reqwest::Method::POST,
                 &format!("/v2/sandboxes/{id}/connect"),
-                &[],
                 Some(json!({ "timeout": timeout })),
                 doing,
             )
@@ -254,7 +253,6 @@ impl Api {
             .call(
                 reqwest::Method::GET,
                 &format!("/sandboxes/{id}"),
-                &[],
                 None,
                 doing,
             )
@@ -305,7 +303,7 @@ impl Api {
         let key = self.key()?.to_string();
         let url = format!("{}/v2/sandboxes", self.cfg.api_url.trim_end_matches('/'));
         let policy = &self.cfg.retry;
-        let mut last = String::new();
+        let mut last = LastFailure::default();
         for attempt in 0..=policy.retries {
             let resp = self
                 .http
@@ -327,22 +325,15 @@ impl Api {
                     if status != 429 && !(500..=599).contains(&status) {
                         return Ok((Answer { status, body }, next));
                     }
-                    last = format!("HTTP {status}: {}", message_of(&body));
+                    last = LastFailure::status(status, &body);
                 }
-                Err(e) => last = format!("the request to {url} failed: {e}"),
+                Err(e) => last = LastFailure::link(format!("the request to {url} failed"), e),
             }
             if attempt < policy.retries {
                 tokio::time::sleep(policy.backoff(attempt)).await;
             }
         }
-        Err(Error::Unreachable {
-            backend: KIND,
-            detail: format!(
-                "{doing}: E2B kept failing after {} attempts (last: {last})",
-                policy.retries + 1
-            ),
-            hint: "E2B is rate-limiting or unavailable; wait and retry, or check https://status.e2b.dev".into(),
-        })
+        Err(last.gave_up(doing, policy.retries + 1))
     }
 
     /// `DELETE /sandboxes/{id}`: `Ok(false)` when it was already gone.
@@ -352,7 +343,6 @@ impl Api {
             .call(
                 reqwest::Method::DELETE,
                 &format!("/sandboxes/{id}"),
-                &[],
                 None,
                 doing,
             )
@@ -371,7 +361,6 @@ impl Api {
             .call(
                 reqwest::Method::POST,
                 &format!("/sandboxes/{id}/timeout"),
-                &[],
                 Some(json!({ "timeout": secs })),
                 doing,
             )
@@ -389,7 +378,6 @@ impl Api {
             .call(
                 reqwest::Method::POST,
                 &format!("/sandboxes/{id}/pause"),
-                &[],
                 None,
                 doing,
             )
@@ -424,13 +412,61 @@ fn pct(s: &str) -> String {
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &str, doing: &str) -> Result<T> {
-    serde_json::from_str(body).map_err(|e| Error::Backend {
-        backend: KIND,
-        detail: format!(
-            "{doing}: E2B answered with an unexpected body ({e}): {}",
-            body.chars().take(200).collect::<String>()
-        ),
+    serde_json::from_str(body).map_err(|e| {
+        Error::backend_call(
+            KIND,
+            BackendFailure::Protocol,
+            format!(
+                "{doing}: E2B answered with an unexpected body: {}",
+                body.chars().take(200).collect::<String>()
+            ),
+            e,
+        )
     })
+}
+
+/// The last failure of a retried call, for the error when the retries run out.
+#[derive(Default)]
+struct LastFailure {
+    kind: Option<BackendFailure>,
+    text: String,
+    source: Option<reqwest::Error>,
+}
+
+impl LastFailure {
+    /// An answer with a transient status (429, 5xx).
+    fn status(status: u16, body: &str) -> Self {
+        Self {
+            kind: Some(BackendFailure::from_http_status(status)),
+            text: format!("HTTP {status}: {}", message_of(body)),
+            source: None,
+        }
+    }
+
+    /// No answer: the request itself failed.
+    fn link(text: String, e: reqwest::Error) -> Self {
+        Self {
+            kind: Some(http_failure(&e)),
+            text,
+            source: Some(e),
+        }
+    }
+
+    fn gave_up(self, doing: &str, attempts: u32) -> Error {
+        let e = Error::unreachable(
+            KIND,
+            self.kind.unwrap_or(BackendFailure::Transport),
+            format!(
+                "{doing}: E2B kept failing after {attempts} attempts (last: {})",
+                self.text
+            ),
+            "E2B is rate-limiting or unavailable; wait and retry, or check https://status.e2b.dev",
+        );
+        match self.source {
+            Some(s) => e.caused_by(s),
+            None => e,
+        }
+    }
 }
 
 /// The `message` of an error body, or the body itself.
@@ -446,14 +482,14 @@ fn message_of(body: &str) -> String {
 
 /// The sandbox is gone: say how to get a new one.
 pub(crate) fn gone(name: &str, reason: &str) -> Error {
-    Error::SandboxGone {
-        sandbox: name.into(),
-        backend: KIND,
-        reason: reason.into(),
-        hint: format!(
+    Error::sandbox_gone(
+        KIND,
+        name,
+        reason,
+        format!(
             "it timed out or was killed; run the command again to create a new `{name}` (the old one's files are lost), or `berth sandbox rm {name}`"
         ),
-    }
+    )
 }
 
 #[cfg(test)]

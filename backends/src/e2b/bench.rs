@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use berth_core::backend::Process;
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 
 use super::{E2bBackend, E2bSandbox, KIND};
 
@@ -55,8 +55,5 @@ async fn run_once(sandbox: &E2bSandbox, argv: &[String]) -> Result<()> {
 }
 
 fn bench_error(detail: String) -> Error {
-    Error::Backend {
-        backend: KIND,
-        detail: format!("bench: {detail}"),
-    }
+    Error::backend(KIND, BackendFailure::Rejected, format!("bench: {detail}"))
 }

@@ -9,6 +9,7 @@
 //! - A body that ends without that frame was cut: [`Frame::Cut`], never a
 //!   clean end.
 
+use berth_core::error::BackendFailure;
 use bytes::{Buf, BytesMut};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -57,7 +58,50 @@ pub enum CallError {
     Protocol(String),
 }
 
+/// How an HTTP request failed before an answer came, from reqwest's own
+/// classification of the error.
+pub(crate) fn http_failure(e: &reqwest::Error) -> BackendFailure {
+    if e.is_timeout() {
+        BackendFailure::Timeout
+    } else if e.is_builder() {
+        BackendFailure::Local
+    } else if e.is_decode() {
+        BackendFailure::Protocol
+    } else if let Some(status) = e.status() {
+        BackendFailure::from_http_status(status.as_u16())
+    } else {
+        // Connecting, sending, reading the body: the link failed.
+        BackendFailure::Transport
+    }
+}
+
+/// The class of a Connect error code, where the code says more than the
+/// HTTP status.
+pub(crate) fn connect_code_failure(code: &str) -> Option<BackendFailure> {
+    Some(match code {
+        "unauthenticated" | "permission_denied" => BackendFailure::Auth,
+        "deadline_exceeded" => BackendFailure::Timeout,
+        "unavailable" => BackendFailure::Transport,
+        "resource_exhausted" => BackendFailure::Exhausted,
+        _ => return None,
+    })
+}
+
 impl CallError {
+    /// How the call failed: the Connect code where it names a class, else
+    /// the HTTP status, else what reqwest says about the link.
+    pub fn failure(&self) -> BackendFailure {
+        match self {
+            CallError::Status { status, code, .. } => connect_code_failure(code)
+                .unwrap_or_else(|| BackendFailure::from_http_status(*status)),
+            CallError::Stream(e) => {
+                connect_code_failure(&e.code).unwrap_or(BackendFailure::Rejected)
+            }
+            CallError::Transport(e) => http_failure(e),
+            CallError::Protocol(_) => BackendFailure::Protocol,
+        }
+    }
+
     /// The Connect code, when there is one.
     pub fn code(&self) -> Option<&str> {
         match self {
@@ -256,6 +300,76 @@ pub(crate) async fn error_from(resp: reqwest::Response) -> CallError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_errors_classify_by_code_then_status() {
+        let status = |status: u16, code: &str| CallError::Status {
+            status,
+            code: code.into(),
+            message: String::new(),
+        };
+        assert_eq!(
+            status(401, "unauthenticated").failure(),
+            BackendFailure::Auth
+        );
+        // The Connect code wins over a generic status.
+        assert_eq!(
+            status(400, "deadline_exceeded").failure(),
+            BackendFailure::Timeout
+        );
+        assert_eq!(status(403, "").failure(), BackendFailure::Auth);
+        assert_eq!(status(429, "").failure(), BackendFailure::Exhausted);
+        assert_eq!(status(500, "internal").failure(), BackendFailure::Rejected);
+        assert_eq!(
+            CallError::Protocol("odd frame".into()).failure(),
+            BackendFailure::Protocol
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_transport_and_a_silent_server_timeout() {
+        // A port with nothing listening: bind one, learn it, close it.
+        let port = match std::net::TcpListener::bind("127.0.0.1:0") {
+            Ok(l) => match l.local_addr() {
+                Ok(a) => a.port(),
+                Err(e) => panic!("{e}"),
+            },
+            Err(e) => panic!("{e}"),
+        };
+        let http = reqwest::Client::new();
+        let e = match http.get(format!("http://127.0.0.1:{port}/")).send().await {
+            Ok(r) => panic!("nothing listens, yet {}", r.status()),
+            Err(e) => e,
+        };
+        assert!(e.is_connect(), "{e}");
+        assert_eq!(CallError::Transport(e).failure(), BackendFailure::Transport);
+
+        // A server that accepts and never answers.
+        let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+            Ok(l) => l,
+            Err(e) => panic!("{e}"),
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        };
+        let held = tokio::spawn(async move {
+            let conn = listener.accept().await;
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            drop(conn);
+        });
+        let e = match http
+            .get(format!("http://{addr}/"))
+            .timeout(std::time::Duration::from_millis(200))
+            .send()
+            .await
+        {
+            Ok(r) => panic!("the server never answers, yet {}", r.status()),
+            Err(e) => e,
+        };
+        held.abort();
+        assert_eq!(http_failure(&e), BackendFailure::Timeout, "{e}");
+    }
 
     #[test]
     fn an_envelope_is_flags_then_a_big_endian_length() {

@@ -37,7 +37,7 @@ use berth_core::backend::{
     Backend, Layout, Process, Provisioned, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec,
     SpawnOpts, check_sandbox_name,
 };
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use tracing::{debug, warn};
 
 use api::{Api, ListedSandbox, NewSandbox, SandboxRecord, gone};
@@ -196,7 +196,12 @@ impl E2bBackend {
             .user_agent(concat!("berth/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| {
-                Error::backend_call(KIND, format!("cannot build the HTTP client: {e}"), e)
+                Error::backend_call(
+                    KIND,
+                    BackendFailure::Local,
+                    "cannot build the HTTP client (is the system's TLS set up?)",
+                    e,
+                )
             })?;
         let api = Api::new(http.clone(), cfg.clone());
         Ok(Self {
@@ -332,12 +337,13 @@ fn check_envd_version(v: &str) -> Result<()> {
         parts.next().unwrap_or(0),
     );
     if got < MIN_ENVD {
-        return Err(Error::Backend {
-            backend: KIND,
-            detail: format!(
+        return Err(Error::backend(
+            KIND,
+            BackendFailure::Rejected,
+            format!(
                 "the sandbox's envd is version {v:?}, older than the 0.1.0 berth needs; rebuild the template with a current E2B base image"
             ),
-        });
+        ));
     }
     Ok(())
 }

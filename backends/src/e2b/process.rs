@@ -25,15 +25,15 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, OutputGap, Process, TermSize};
-use berth_core::error::{Error, Result, SpawnFailure};
+use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, OutputGap, Pipes, Process, TermSize};
+use berth_core::error::{BackendFailure, Error, Result, SpawnFailure};
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::PollSender;
 
 use super::KIND;
-use super::connect::{CallError, ConnectError, ServerStream, Step};
+use super::connect::{CallError, ConnectError, ServerStream, Step, connect_code_failure};
 use super::envd::Envd;
 use super::proto::{
     Empty, EndEvent, EventResponse, ProcessInput, Pty, PtySize, SelectRequest, Selector,
@@ -77,9 +77,7 @@ pub struct E2bProcess {
     envd: Envd,
     sandbox: String,
     program: String,
-    stdin: Option<BoxWrite>,
-    stdout: Option<BoxRead>,
-    stderr: Option<BoxRead>,
+    pipes: Pipes,
     exit: Option<oneshot::Receiver<Outcome>>,
     status: Option<ExitStatus>,
     /// Started on a terminal (`pty`): input goes as `pty` input, and it can
@@ -144,9 +142,11 @@ pub(crate) async fn start(
         envd: envd.clone(),
         sandbox: spec.sandbox,
         program,
-        stdin,
-        stdout: Some(reader(out_rx)),
-        stderr: Some(reader(err_rx)),
+        pipes: Pipes {
+            stdin,
+            stdout: Some(reader(out_rx)),
+            stderr: Some(reader(err_rx)),
+        },
         exit: Some(exit_rx),
         status: None,
         tty,
@@ -354,16 +354,8 @@ impl E2bProcess {
 
 #[async_trait]
 impl Process for E2bProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        self.stdin.take()
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        self.stdout.take()
-    }
-
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.stderr.take()
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     async fn wait(&mut self) -> Result<ExitStatus> {
@@ -377,17 +369,19 @@ impl Process for E2bProcess {
                 self.status = Some(s);
                 Ok(s)
             }
-            Outcome::TimedOut => Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            Outcome::TimedOut => Err(Error::backend(
+                KIND,
+                BackendFailure::Timeout,
+                format!(
                     "sandbox `{sandbox}`: `{program}` hit its deadline and envd killed it (timed out)"
                 ),
-            }),
+            )),
             // Re-attached after a break: the status is known, but not all of
             // the output, so it is no success.
-            Outcome::Gapped(why, s) => Err(Error::Unreachable {
-                backend: KIND,
-                detail: format!(
+            Outcome::Gapped(why, s) => Err(Error::unreachable(
+                KIND,
+                BackendFailure::Transport,
+                format!(
                     "sandbox `{sandbox}`: the stream of `{program}` broke ({why}); berth re-attached and it then ended with {}, but the output written in between is lost",
                     match (s.code, s.signal) {
                         (Some(c), _) => format!("exit code {c}"),
@@ -395,23 +389,25 @@ impl Process for E2bProcess {
                         _ => "an unknown status".into(),
                     }
                 ),
-                hint: "check the network; check the command's effects before running it again".into(),
-            }),
+                "check the network; check the command's effects before running it again",
+            )),
             // A lost link, as the engine expects it: the outcome is unknown.
-            Outcome::Lost(why) => Err(Error::Unreachable {
-                backend: KIND,
-                detail: format!(
+            Outcome::Lost(why) => Err(Error::unreachable(
+                KIND,
+                BackendFailure::Transport,
+                format!(
                     "sandbox `{sandbox}`: the stream of `{program}` broke before it ended ({why}); the command is lost and its exit status is unknown"
                 ),
-                hint: "check the network; the command may or may not have finished inside the sandbox, so check its effects before running it again".into(),
-            }),
-            Outcome::Failed(e) => Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+                "check the network; the command may or may not have finished inside the sandbox, so check its effects before running it again",
+            )),
+            Outcome::Failed(e) => Err(Error::backend(
+                KIND,
+                connect_code_failure(&e.code).unwrap_or(BackendFailure::Rejected),
+                format!(
                     "sandbox `{sandbox}`: envd failed `{program}`: {}: {}",
                     e.code, e.message
                 ),
-            }),
+            )),
         }
     }
 
@@ -431,12 +427,16 @@ impl Process for E2bProcess {
                 },
             )
             .await
-            .map_err(|e| Error::Backend {
-                backend: KIND,
-                detail: format!(
-                    "sandbox `{}`: resizing the terminal of pid {}: {e}",
-                    self.sandbox, self.pid
-                ),
+            .map_err(|e| {
+                Error::backend_call(
+                    KIND,
+                    e.failure(),
+                    format!(
+                        "sandbox `{}`: resizing the terminal of pid {} failed",
+                        self.sandbox, self.pid
+                    ),
+                    e,
+                )
             })?;
         Ok(())
     }
@@ -449,7 +449,11 @@ impl Process for E2bProcess {
             Err(CallError::Status { status: 502, .. }) => Ok(()),
             Err(e) => Err(Error::backend_call(
                 KIND,
-                format!("sandbox `{}`: killing pid {}: {e}", self.sandbox, self.pid),
+                e.failure(),
+                format!(
+                    "sandbox `{}`: killing pid {} failed",
+                    self.sandbox, self.pid
+                ),
                 e,
             )),
         }

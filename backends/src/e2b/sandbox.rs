@@ -61,18 +61,20 @@ impl Inner {
                 }
                 Err(StartError::Cut(why)) => {
                     return Err(self
-                        .dead_or(Error::Unreachable {
-                            backend: KIND,
-                            detail: format!("sandbox `{}`: the stream starting `{program}` broke: {why}", self.name),
-                            hint: "check the network; if the sandbox timed out, run the command again to recreate it".into(),
-                        })
+                        .dead_or(Error::unreachable(
+                            KIND,
+                            BackendFailure::Transport,
+                            format!("sandbox `{}`: the stream starting `{program}` broke: {why}", self.name),
+                            "check the network; if the sandbox timed out, run the command again to recreate it",
+                        ))
                         .await);
                 }
                 Err(StartError::Protocol(m)) => {
-                    return Err(Error::Backend {
-                        backend: KIND,
-                        detail: format!("sandbox `{}`: starting `{program}`: {m}", self.name),
-                    });
+                    return Err(Error::backend(
+                        KIND,
+                        BackendFailure::Protocol,
+                        format!("sandbox `{}`: starting `{program}`: {m}", self.name),
+                    ));
                 }
             }
         }
@@ -105,23 +107,44 @@ impl Inner {
     /// Map an envd call's failure.
     pub(super) async fn envd_error(&self, doing: &str, e: CallError) -> Error {
         match &e {
-            CallError::Status { status: 502, .. } => {
-                gone(&self.name, &format!("E2B sandbox {} is not running ({doing})", self.id))
-            }
-            CallError::Status { status: 401, .. } => Error::Unreachable {
-                backend: KIND,
-                detail: format!("sandbox `{}`: envd refused the access token ({doing}): {e}", self.name),
-                hint: "run the command again: berth reconnects and fetches the sandbox's current token".into(),
-            },
+            CallError::Status { status: 502, .. } => gone(
+                &self.name,
+                &format!("E2B sandbox {} is not running ({doing})", self.id),
+            ),
+            CallError::Status { status: 401, .. } => Error::unreachable(
+                KIND,
+                BackendFailure::Auth,
+                format!(
+                    "sandbox `{}`: envd refused the access token ({doing})",
+                    self.name
+                ),
+                "run the command again: berth reconnects and fetches the sandbox's current token",
+            )
+            .caused_by(e),
             CallError::Transport(t) if t.is_connect() || t.is_timeout() => {
-                self.dead_or(Error::Unreachable {
-                    backend: KIND,
-                    detail: format!("sandbox `{}`: cannot reach envd at {} ({doing}): {e}", self.name, self.envd.base()),
-                    hint: "check the network, E2B_DOMAIN and E2B_SANDBOX_URL".into(),
-                })
+                let kind = e.failure();
+                let detail = format!(
+                    "sandbox `{}`: cannot reach envd at {} ({doing})",
+                    self.name,
+                    self.envd.base()
+                );
+                self.dead_or(
+                    Error::unreachable(
+                        KIND,
+                        kind,
+                        detail,
+                        "check the network, E2B_DOMAIN and E2B_SANDBOX_URL",
+                    )
+                    .caused_by(e),
+                )
                 .await
             }
-            _ => Error::backend_call(KIND, format!("sandbox `{}`: {doing}: {e}", self.name), e),
+            _ => Error::backend_call(
+                KIND,
+                e.failure(),
+                format!("sandbox `{}`: {doing} failed", self.name),
+                e,
+            ),
         }
     }
 
@@ -197,7 +220,8 @@ impl Inner {
             .map_err(|e| {
                 Error::backend_call(
                     KIND,
-                    format!("sandbox `{}`: listing processes: {e}", self.name),
+                    e.failure(),
+                    format!("sandbox `{}`: listing processes failed", self.name),
                     e,
                 )
             })?;
@@ -218,15 +242,16 @@ impl Inner {
         let status = p.wait().await?;
         let (out, err) = collected?;
         if status.code != Some(0) {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "sandbox `{}`: helper failed ({}): {}",
                     self.name,
                     status.shell_code(),
                     String::from_utf8_lossy(&err).trim()
                 ),
-            });
+            ));
         }
         Ok(out)
     }
@@ -238,13 +263,14 @@ impl Inner {
             .await?;
         let home = String::from_utf8_lossy(&out).trim().to_string();
         if !home.starts_with('/') {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Protocol,
+                format!(
                     "sandbox `{}`: $HOME is {home:?}, not an absolute path",
                     self.name
                 ),
-            });
+            ));
         }
         Ok(home)
     }
@@ -399,14 +425,15 @@ impl Sandbox for E2bSandbox {
         }
         let download = self.inner.envd.download(&full, limit);
         let Ok(downloaded) = tokio::time::timeout(FILE_TIMEOUT, download).await else {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Timeout,
+                format!(
                     "sandbox `{}`: reading `{full}` took longer than {}s; it may have become a FIFO or device",
                     self.inner.name,
                     FILE_TIMEOUT.as_secs()
                 ),
-            });
+            ));
         };
         match downloaded {
             Ok(b) => Ok(b),
@@ -445,13 +472,15 @@ impl Sandbox for E2bSandbox {
         }
         if let Err(e) = self.inner.envd.upload(&full, data.to_vec()).await {
             return Err(match e {
-                CallError::Status { status: 507, .. } => Error::Backend {
-                    backend: KIND,
-                    detail: format!(
-                        "sandbox `{}`: the disk is full writing `{full}`",
+                CallError::Status { status: 507, .. } => Error::backend_call(
+                    KIND,
+                    BackendFailure::Exhausted,
+                    format!(
+                        "sandbox `{}`: the disk is full writing `{full}`; free space in the sandbox, or write less",
                         self.inner.name
                     ),
-                },
+                    e,
+                ),
                 e => self.inner.envd_error(&format!("writing `{full}`"), e).await,
             });
         }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 
 use super::KIND;
 use crate::ModalSettings;
@@ -110,11 +110,12 @@ impl Resolved {
             (None, None) => match (prof.token_id.clone(), prof.token_secret.clone()) {
                 (Some(id), Some(secret)) => (id, secret, from_file("token")),
                 _ => {
-                    return Err(Error::Unreachable {
-                        backend: KIND,
-                        detail: "no Modal credentials: MODAL_TOKEN_ID and MODAL_TOKEN_SECRET are unset and ~/.modal.toml has no token".into(),
-                        hint: CREDENTIALS_HINT.into(),
-                    });
+                    return Err(Error::unreachable(
+                        KIND,
+                        BackendFailure::Auth,
+                        "no Modal credentials: MODAL_TOKEN_ID and MODAL_TOKEN_SECRET are unset and ~/.modal.toml has no token",
+                        CREDENTIALS_HINT,
+                    ));
                 }
             },
         };

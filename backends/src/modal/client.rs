@@ -14,16 +14,20 @@
 use std::future::Future;
 use std::time::Duration;
 
-use berth_core::error::{Error, Result};
+use berth_core::backend::BackendKind;
+use berth_core::error::{BackendFailure, Error, Result};
 use tokio::sync::Mutex;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
-use super::KIND;
 use super::auth::{CLIENT_TYPE, CLIENT_VERSION, CREDENTIALS_HINT, CachedToken, Resolved};
 use super::proto::client::AuthTokenGetRequest;
 use super::proto::client::modal_client_client::ModalClientClient;
+
+/// The backend's short name, for this module's errors. Spelled from
+/// [`BackendKind`] rather than taken from the parent module, which uses this one.
+const KIND: &str = BackendKind::Modal.as_str();
 
 /// How many times a retryable failure is tried again.
 pub(crate) const MAX_RETRIES: u32 = 8;
@@ -270,35 +274,50 @@ fn stamp(m: &mut MetadataMap, key: &str, attempt: u32) {
     }
 }
 
-/// berth's error for a failed control-plane call.
+/// How a gRPC call failed, from its status code.
+pub(crate) fn grpc_failure(code: Code) -> BackendFailure {
+    match code {
+        Code::Unauthenticated | Code::PermissionDenied => BackendFailure::Auth,
+        Code::DeadlineExceeded => BackendFailure::Timeout,
+        // tonic reports a failed or dropped connection as `Unavailable`.
+        Code::Unavailable => BackendFailure::Transport,
+        Code::ResourceExhausted => BackendFailure::Exhausted,
+        _ => BackendFailure::Rejected,
+    }
+}
+
+/// berth's error for a failed control-plane call. The status is classified
+/// by its code, and its message goes into the text; the status itself is not
+/// kept as the source, since its `Display` is a dump of code, message, details
+/// and metadata that would repeat the text and show the call's headers.
 pub(crate) fn status_error(cfg: &Resolved, rpc: &str, s: Status) -> Error {
+    let kind = grpc_failure(s.code());
     match s.code() {
-        Code::Unauthenticated | Code::PermissionDenied => Error::Unreachable {
-            backend: KIND,
-            detail: format!(
+        Code::Unauthenticated | Code::PermissionDenied => Error::unreachable(
+            KIND,
+            kind,
+            format!(
                 "Modal at {} rejected token `{}` ({}) on {rpc}: {}",
                 cfg.server_url,
                 cfg.token_id,
                 cfg.source,
                 s.message()
             ),
-            hint: CREDENTIALS_HINT.into(),
-        },
-        c if retryable(c) => Error::Unreachable {
-            backend: KIND,
-            detail: format!(
+            CREDENTIALS_HINT,
+        ),
+        c if retryable(c) => Error::unreachable(
+            KIND,
+            kind,
+            format!(
                 "Modal at {} did not answer {rpc} after {} attempts: {:?}: {}",
                 cfg.server_url,
                 MAX_RETRIES + 1,
                 c,
                 s.message()
             ),
-            hint: "check the network and MODAL_SERVER_URL, or retry when https://status.modal.com says Modal is up".into(),
-        },
-        c => Error::Backend {
-            backend: KIND,
-            detail: format!("{rpc}: {c:?}: {}", s.message()),
-        },
+            "check the network and MODAL_SERVER_URL, or retry when https://status.modal.com says Modal is up",
+        ),
+        c => Error::backend(KIND, kind, format!("{rpc}: {c:?}: {}", s.message())),
     }
 }
 
@@ -312,6 +331,34 @@ mod tests {
         assert_eq!(a.len(), 36);
         assert_eq!(a.as_bytes()[14], b'4');
         assert_ne!(a, random_id());
+    }
+
+    #[test]
+    fn statuses_classify_by_code() {
+        let cfg = Resolved {
+            server_url: "https://api.modal.com".into(),
+            token_id: "ak-1".into(),
+            token_secret: "as-1".into(),
+            source: "test".into(),
+            environment: String::new(),
+            app: "berth".into(),
+        };
+        let e = status_error(&cfg, "SandboxCreate", Status::unauthenticated("bad token"));
+        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Auth));
+        let e = status_error(&cfg, "SandboxCreate", Status::permission_denied("no"));
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Auth));
+        let e = status_error(&cfg, "SandboxCreate", Status::unavailable("down"));
+        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Transport));
+        let e = status_error(&cfg, "SandboxCreate", Status::deadline_exceeded("slow"));
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Timeout));
+        let e = status_error(&cfg, "SandboxCreate", Status::resource_exhausted("quota"));
+        assert!(matches!(e, Error::Backend { .. }), "{e}");
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Exhausted));
+        let e = status_error(&cfg, "SandboxCreate", Status::invalid_argument("bad image"));
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Rejected));
+        assert!(e.to_string().contains("bad image"), "{e}");
     }
 
     #[test]

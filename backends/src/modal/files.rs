@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use berth_core::backend::{Sandbox, run_to_end};
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 
 use super::{KIND, ModalSandbox};
 
@@ -75,15 +75,16 @@ pub(crate) async fn read_file(sb: &ModalSandbox, path: &str, limit: u64) -> Resu
             "`{path}` in sandbox `{}` is not a regular file (a FIFO, device or socket); berth reads only regular files",
             sb.name
         ))),
-        _ => Err(Error::Backend {
-            backend: KIND,
-            detail: format!(
+        _ => Err(Error::backend(
+            KIND,
+            BackendFailure::Rejected,
+            format!(
                 "sandbox `{}`: reading `{path}` failed ({}): {}",
                 sb.name,
                 c.status.shell_code(),
                 String::from_utf8_lossy(&c.stderr).trim()
             ),
-        }),
+        )),
     }
 }
 
@@ -105,13 +106,14 @@ pub(crate) async fn write_file(
     if c.status.code == Some(0) {
         return Ok(());
     }
-    Err(Error::Backend {
-        backend: KIND,
-        detail: format!(
+    Err(Error::backend(
+        KIND,
+        BackendFailure::Rejected,
+        format!(
             "sandbox `{}`: writing `{path}` failed ({}): {}",
             sb.name,
             c.status.shell_code(),
             String::from_utf8_lossy(&c.stderr).trim()
         ),
-    })
+    ))
 }

@@ -17,7 +17,7 @@ use berth_core::backend::{
     Backend, Layout, Provisioned, RemoveOpts, SandboxInfo, SandboxSpec, check_sandbox_name,
     run_to_end,
 };
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use futures::StreamExt;
 use tokio::sync::OnceCell;
 use tonic::Code;
@@ -161,13 +161,14 @@ impl ModalBackend {
         let mut breaks = 0u32;
         while result.is_none() {
             if Instant::now() > deadline {
-                return Err(Error::Backend {
-                    backend: KIND,
-                    detail: format!(
+                return Err(Error::backend(
+                    KIND,
+                    BackendFailure::Timeout,
+                    format!(
                         "image `{image}` ({image_id}) did not finish building within {} minutes",
                         BUILD_DEADLINE.as_secs() / 60
                     ),
-                });
+                ));
             }
             let req = ImageJoinStreamingRequest {
                 image_id: image_id.clone(),
@@ -220,18 +221,20 @@ impl ModalBackend {
         }
         match result {
             Some(r) if r.status == GenericStatus::Success as i32 => Ok(image_id),
-            Some(r) => Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            Some(r) => Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "building image `{image}` failed ({}): {}",
                     status_name(r.status),
                     r.exception
                 ),
-            }),
-            None => Err(Error::Backend {
-                backend: KIND,
-                detail: format!("building image `{image}` ended without a result"),
-            }),
+            )),
+            None => Err(Error::backend(
+                KIND,
+                BackendFailure::Protocol,
+                format!("building image `{image}` ended without a result"),
+            )),
         }
     }
 
@@ -332,13 +335,14 @@ impl ModalBackend {
                 Err(s) => return Err(status_error(&cp.cfg, "SandboxGetTaskId", s)),
             }
             if Instant::now() > deadline {
-                return Err(Error::Backend {
-                    backend: KIND,
-                    detail: format!(
+                return Err(Error::backend(
+                    KIND,
+                    BackendFailure::Timeout,
+                    format!(
                         "sandbox `{name}` ({id}) was not scheduled within {} minutes",
                         START_DEADLINE.as_secs() / 60
                     ),
-                });
+                ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -397,13 +401,10 @@ impl ModalBackend {
             Err(s) if s.code() == Code::AlreadyExists => self
                 .lookup(cp, &spec.name)
                 .await?
-                .ok_or_else(|| Error::Backend {
-                    backend: KIND,
-                    detail: format!(
+                .ok_or_else(|| Error::backend(KIND, BackendFailure::Rejected, format!(
                         "sandbox `{}`: Modal says the name is taken, but no running sandbox has it",
                         spec.name
-                    ),
-                }),
+                    ))),
             Err(s) => Err(status_error(&cp.cfg, "SandboxCreate", s)),
         }
     }
@@ -432,14 +433,15 @@ impl ModalBackend {
         let c = run_to_end(&sb, &probe, None, 4096, Duration::from_secs(60)).await?;
         let home = String::from_utf8_lossy(&c.stdout).trim().to_string();
         if c.status.code != Some(0) || !home.starts_with('/') {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "sandbox `{name}`: cannot prepare berth's directories under the home directory ({}): {}",
                     c.status.shell_code(),
                     String::from_utf8_lossy(&c.stderr).trim()
                 ),
-            });
+            ));
         }
         let home = home.trim_end_matches('/');
         Ok(ModalSandbox::new(

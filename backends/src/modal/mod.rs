@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use berth_core::backend::{Layout, Process, Sandbox, SpawnOpts};
+use berth_core::backend::{BackendKind, Layout, Process, Sandbox, SpawnOpts};
 use berth_core::error::{Error, Result};
 use tonic::{Code, Status};
 
@@ -37,7 +37,7 @@ use self::proto::client::{GenericResult, SandboxWaitRequest};
 use self::router::Router;
 
 /// The backend's short name.
-pub const KIND: &str = "modal";
+pub const KIND: &str = BackendKind::Modal.as_str();
 /// The tag every berth sandbox carries.
 pub const TAG_MANAGED: &str = "berth.managed";
 /// The tag naming the berth sandbox a Modal sandbox is.
@@ -170,14 +170,14 @@ pub(crate) fn ended(name: &str, r: &GenericResult) -> Error {
 
 /// The sandbox is gone: the next provision creates a new one under the name.
 pub(crate) fn gone(name: &str, reason: &str) -> Error {
-    Error::SandboxGone {
-        sandbox: name.into(),
-        backend: KIND,
-        reason: reason.into(),
-        hint: format!(
+    Error::sandbox_gone(
+        KIND,
+        name,
+        reason,
+        format!(
             "run the command again to create a fresh Modal sandbox named `{name}` (files of the old one are gone), or `berth sandbox rm {name}`"
         ),
-    }
+    )
 }
 
 /// A live Modal sandbox.

@@ -22,15 +22,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, SpawnOpts};
-use berth_core::error::{Error, Result};
+use berth_core::backend::{ExitStatus, Pipes, Process, SpawnOpts};
+use berth_core::error::{BackendFailure, Error, Result};
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 use tonic::Code;
 
-use super::client::{MAX_RETRIES, backoff, random_id, retryable};
+use super::client::{MAX_RETRIES, backoff, grpc_failure, random_id, retryable};
 use super::proto::client::PtyInfo;
 use super::proto::task_command_router::{
     TaskExecStartRequest, TaskExecStderrConfig, TaskExecStdinWriteRequest,
@@ -123,12 +123,14 @@ pub(crate) async fn spawn(
     pumps_push_writer(&exec, in_rx, failed.clone());
     Ok(Box::new(ModalProcess {
         exec,
-        stdin: Some(Box::pin(StdinWriter {
-            tx: PollSender::new(in_tx),
-            failed,
-        })),
-        stdout: Some(channel_reader(out_rx)),
-        stderr: Some(channel_reader(err_rx)),
+        pipes: Pipes::new(
+            Box::pin(StdinWriter {
+                tx: PollSender::new(in_tx),
+                failed,
+            }),
+            channel_reader(out_rx),
+            channel_reader(err_rx),
+        ),
         pumps,
         status: None,
         tty: tty_file.map(|f| {
@@ -349,9 +351,7 @@ impl AsyncWrite for StdinWriter {
 /// A process in a Modal sandbox: one exec.
 struct ModalProcess {
     exec: Arc<Exec>,
-    stdin: Option<BoxWrite>,
-    stdout: Option<BoxRead>,
-    stderr: Option<BoxRead>,
+    pipes: Pipes,
     pumps: Vec<tokio::task::JoinHandle<()>>,
     status: Option<ExitStatus>,
     /// On a terminal: the sandbox, for resizes, and where the terminal's name is.
@@ -360,16 +360,8 @@ struct ModalProcess {
 
 #[async_trait]
 impl Process for ModalProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        self.stdin.take()
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        self.stdout.take()
-    }
-
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.stderr.take()
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     async fn wait(&mut self) -> Result<ExitStatus> {
@@ -449,13 +441,14 @@ impl Process for ModalProcess {
         )
         .await?;
         if c.status.code != Some(0) {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "could not resize the terminal: {}",
                     String::from_utf8_lossy(&c.stderr).trim()
                 ),
-            });
+            ));
         }
         Ok(())
     }
@@ -464,9 +457,7 @@ impl Process for ModalProcess {
     /// engine kills the process in-band first, and a shell that still lives
     /// reads end-of-file on its stdin and exits.
     async fn terminate(&mut self) -> Result<()> {
-        self.stdin = None;
-        self.stdout = None;
-        self.stderr = None;
+        self.pipes = Pipes::default();
         for p in &self.pumps {
             p.abort();
         }
@@ -484,12 +475,13 @@ impl Drop for ModalProcess {
 
 /// A process's failure that is the sandbox's: its GenericResult, mapped.
 pub(crate) fn unknown_status(sandbox: &str, doing: &str, s: &tonic::Status) -> Error {
-    Error::Backend {
-        backend: KIND,
-        detail: format!(
+    Error::backend(
+        KIND,
+        grpc_failure(s.code()),
+        format!(
             "sandbox `{sandbox}`: {doing}: {:?}: {}",
             s.code(),
             s.message()
         ),
-    }
+    )
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use russh::client::AuthResult;
 use russh::keys::agent::AgentIdentity;
 use russh::keys::agent::client::AgentClient;
@@ -11,13 +11,13 @@ use russh::keys::{PrivateKey, PrivateKeyWithHashAlg};
 use tracing::debug;
 
 use super::KIND;
-use super::connection::{SshHandle, Target, show_path};
 use super::known_hosts::fingerprint;
+use super::target::{Target, show_path};
 use crate::SshOptions;
 
 /// Authenticate `handle` as `target.user`, or fail naming everything tried.
-pub async fn authenticate(
-    handle: &mut SshHandle,
+pub async fn authenticate<H: russh::client::Handler>(
+    handle: &mut russh::client::Handle<H>,
     target: &Target,
     opts: &SshOptions,
 ) -> Result<()> {
@@ -59,23 +59,12 @@ pub async fn authenticate(
                                     format!(" ({comment})")
                                 }
                             );
-                            match handle
+                            let r = handle
                                 .authenticate_publickey_with(user.clone(), key, hash, &mut agent)
                                 .await
-                            {
-                                Ok(AuthResult::Success) => {
-                                    debug!(host = %target.label(), key = %what, "authenticated");
-                                    return Ok(());
-                                }
-                                Ok(AuthResult::Failure {
-                                    remaining_methods, ..
-                                }) => {
-                                    server_accepts = Some(methods(&remaining_methods));
-                                    tried.push(format!("{what}: refused by the server"));
-                                }
-                                Err(e) => {
-                                    tried.push(format!("{what}: the agent failed to sign: {e}"))
-                                }
+                                .map_err(|e| format!("the agent failed to sign: {e}"));
+                            if settle(target, what, r, &mut tried, &mut server_accepts) {
+                                return Ok(());
                             }
                         }
                     }
@@ -119,36 +108,34 @@ pub async fn authenticate(
             public.algorithm(),
             fingerprint(&public)
         );
-        match handle
+        let r = handle
             .authenticate_publickey(
                 user.clone(),
                 PrivateKeyWithHashAlg::new(Arc::new(key), hash),
             )
             .await
-        {
-            Ok(AuthResult::Success) => {
-                debug!(host = %target.label(), key = %what, "authenticated");
-                return Ok(());
-            }
-            Ok(AuthResult::Failure {
-                remaining_methods, ..
-            }) => {
-                server_accepts = Some(methods(&remaining_methods));
-                tried.push(format!("{what}: refused by the server"));
-            }
-            Err(e) => tried.push(format!("{what}: {e}")),
+            .map_err(|e| e.to_string());
+        if settle(target, what, r, &mut tried, &mut server_accepts) {
+            return Ok(());
         }
     }
 
+    Err(refused(target, tried, server_accepts))
+}
+
+/// Authentication failed after trying everything in `tried`: an
+/// [`BackendFailure::Auth`] error that lists the attempts and what to do.
+fn refused(target: &Target, mut tried: Vec<String>, server_accepts: Option<String>) -> Error {
     if tried.is_empty() {
         tried.push("nothing: no agent keys and no identity files were found".into());
     }
     let accepts = server_accepts
         .map(|m| format!(" The server accepts: {m}."))
         .unwrap_or_default();
-    Err(Error::Backend {
-        backend: KIND,
-        detail: format!(
+    Error::backend(
+        KIND,
+        BackendFailure::Auth,
+        format!(
             "{}: authentication as `{}` failed. Tried: {}.{accepts} \
              Add one of these public keys to ~{}/.ssh/authorized_keys on the server, pass another key with -i, \
              load it into ssh-agent, or set BERTH_SSH_PASSPHRASE for an encrypted key",
@@ -157,7 +144,36 @@ pub async fn authenticate(
             tried.join("; "),
             target.user,
         ),
-    })
+    )
+}
+
+/// Note one key's attempt: true when it authenticated; otherwise what
+/// happened goes into `tried`, and a refusal's list of methods the server
+/// still accepts into `server_accepts`.
+fn settle(
+    target: &Target,
+    what: String,
+    r: std::result::Result<AuthResult, String>,
+    tried: &mut Vec<String>,
+    server_accepts: &mut Option<String>,
+) -> bool {
+    match r {
+        Ok(AuthResult::Success) => {
+            debug!(host = %target.label(), key = %what, "authenticated");
+            true
+        }
+        Ok(AuthResult::Failure {
+            remaining_methods, ..
+        }) => {
+            *server_accepts = Some(methods(&remaining_methods));
+            tried.push(format!("{what}: refused by the server"));
+            false
+        }
+        Err(e) => {
+            tried.push(format!("{what}: {e}"));
+            false
+        }
+    }
 }
 
 fn methods(set: &russh::MethodSet) -> String {
@@ -184,5 +200,29 @@ fn load_key(
             }),
         },
         Err(e) => Err(format!("not a private key berth can read ({e})")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_an_auth_failure_naming_what_was_tried() -> Result<()> {
+        let target = Target::resolve(&SshOptions::default(), "bob@127.0.0.1:2222")?;
+        let e = refused(
+            &target,
+            vec!["key file /k: refused by the server".into()],
+            Some("publickey".into()),
+        );
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Auth));
+        let text = e.to_string();
+        assert!(text.contains("authentication as `bob`"), "{text}");
+        assert!(text.contains("key file /k: refused"), "{text}");
+        assert!(text.contains("The server accepts: publickey."), "{text}");
+        let e = refused(&target, Vec::new(), None);
+        assert_eq!(e.backend_kind(), Some(BackendFailure::Auth));
+        assert!(e.to_string().contains("no agent keys"), "{e}");
+        Ok(())
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "testing")]
 use berth_core::backend::{Backend, SandboxSpec};
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 #[cfg(feature = "testing")]
 use berth_core::session::{ExecOpts, Session, SessionConfig};
 #[cfg(feature = "testing")]
@@ -92,10 +92,7 @@ pub async fn run(opts: SshOptions, host: &str, n: usize) -> Result<BenchReport> 
 }
 
 fn bench_error(detail: String) -> Error {
-    Error::Backend {
-        backend: KIND,
-        detail: format!("bench: {detail}"),
-    }
+    Error::backend(KIND, BackendFailure::Rejected, format!("bench: {detail}"))
 }
 
 /// The floor for `berth bench --backend ssh`: the mean time of one fresh

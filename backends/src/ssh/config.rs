@@ -5,6 +5,17 @@
 //! value of each keyword (OpenSSH's rule), except `IdentityFile`, which adds up.
 //! `Match` blocks are skipped: berth cannot evaluate them faithfully, and applying
 //! them blindly would be worse than ignoring them.
+//!
+//! Why not a crate: the `ssh2-config` crate (checked at 0.7/0.8) parses the
+//! file, but its `HostParams` is cut to what libssh2 uses. Four of the eleven
+//! keywords berth honours have no field there: `IdentitiesOnly`,
+//! `UserKnownHostsFile`, `ServerAliveCountMax` and `HostKeyAlias`. They land
+//! in its untyped `ignored_fields`/`unsupported_fields` maps, which berth would
+//! still have to parse and merge by OpenSSH's first-value-wins rule itself.
+//! Its strict mode also fails on keywords it does not know. `russh` has no
+//! config reader.
+//! What is left here is small: a tokenizer, `Host` patterns (the same glob
+//! that [`super::known_hosts`] uses) and eleven keywords.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use russh_sftp::client::SftpSession;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -249,22 +249,66 @@ fn sftp_error(
     path: &str,
     e: russh_sftp::client::error::Error,
 ) -> Error {
-    Error::Backend {
-        backend: super::KIND,
-        detail: format!(
-            "{}: {doing} {path} over SFTP failed: {e}",
-            conn.target().label()
-        ),
+    let detail = format!("{}: {doing} {path} over SFTP failed", conn.target().label());
+    Error::backend_call(super::KIND, sftp_failure(&e), detail, e)
+}
+
+/// How an SFTP call failed, from the client's error and the server's status code.
+fn sftp_failure(e: &russh_sftp::client::error::Error) -> BackendFailure {
+    use russh_sftp::client::error::Error as E;
+    use russh_sftp::protocol::StatusCode as C;
+    match e {
+        E::Timeout => BackendFailure::Timeout,
+        E::IO(_) => BackendFailure::Transport,
+        E::Limited(_) => BackendFailure::Exhausted,
+        E::UnexpectedPacket | E::UnexpectedBehavior(_) => BackendFailure::Protocol,
+        E::Status(s) => match s.status_code {
+            C::NoConnection | C::ConnectionLost => BackendFailure::Transport,
+            C::BadMessage => BackendFailure::Protocol,
+            _ => BackendFailure::Rejected,
+        },
     }
 }
 
 fn exec_error(conn: &Connection, doing: &str, path: &str, stderr: &[u8]) -> Error {
-    Error::Backend {
-        backend: super::KIND,
-        detail: format!(
+    Error::backend(
+        super::KIND,
+        BackendFailure::Rejected,
+        format!(
             "{}: {doing} {path} failed: {}",
             conn.target().label(),
             String::from_utf8_lossy(stderr).trim()
         ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use russh_sftp::client::error::Error as E;
+    use russh_sftp::protocol::{Status, StatusCode};
+
+    use super::*;
+
+    fn status(status_code: StatusCode) -> E {
+        E::Status(Status {
+            id: 1,
+            status_code,
+            error_message: String::new(),
+            language_tag: String::new(),
+        })
+    }
+
+    #[test]
+    fn sftp_errors_classify() {
+        assert_eq!(sftp_failure(&E::Timeout), BackendFailure::Timeout);
+        assert_eq!(
+            sftp_failure(&status(StatusCode::ConnectionLost)),
+            BackendFailure::Transport
+        );
+        assert_eq!(
+            sftp_failure(&status(StatusCode::PermissionDenied)),
+            BackendFailure::Rejected
+        );
+        assert_eq!(sftp_failure(&E::UnexpectedPacket), BackendFailure::Protocol);
     }
 }

@@ -5,13 +5,29 @@
 //! hashed `|1|salt|hash`), and decides: the key is known, it changed, it was
 //! revoked, or the host is unknown. Only an unknown host may be recorded, and only
 //! when the caller asked for trust on first use.
+//!
+//! What crates do here and why the rest is berth's:
+//! - Each line is parsed by `ssh-key`'s `known_hosts::Entry` (through
+//!   `russh::keys::ssh_key`): the marker, the host patterns, a hashed name's
+//!   salt and hash, and the key. `hmac` and `sha1` check a hashed name.
+//! - `russh::keys::known_hosts` (`check_known_hosts_path`, `learn_known_hosts_path`)
+//!   does not fit. It matches host fields only literally: no `*`/`?` globs and
+//!   no `!` negation. It has no markers: it takes `@revoked` for the host
+//!   field, so a revoked key is never seen. An unparsable key on a line that
+//!   names the host fails the whole check, where OpenSSH skips the line. It
+//!   answers only yes or no (or a changed key of the same type), so berth
+//!   could not say "known only with other key types" or name the lines. It
+//!   writes the file without the 0600 mode.
+//! - `ssh-key` parses lines but does not match a host against them. The
+//!   matching below (globs, `!` negation, `[host]:port`, hashed names) and the
+//!   verdict are the part neither crate has.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use berth_core::error::{Error, Result};
-use data_encoding::BASE64;
+use berth_core::error::{BackendFailure, Error, Result};
 use hmac::{Hmac, KeyInit, Mac};
+use russh::keys::ssh_key::known_hosts::{Entry as Line, HostPatterns, Marker};
 use russh::keys::{HashAlg, PublicKey};
 
 use super::config::glob;
@@ -117,12 +133,13 @@ impl KnownHosts {
         }
         let mut plain = key.clone();
         plain.set_comment("");
-        let text = plain.to_openssh().map_err(|e| Error::Backend {
-            backend: "ssh",
-            detail: format!(
-                "cannot encode the host key for {}: {e}",
-                self.path.display()
-            ),
+        let text = plain.to_openssh().map_err(|e| {
+            Error::backend_call(
+                "ssh",
+                BackendFailure::Local,
+                format!("cannot encode the host key for {}", self.path.display()),
+                e,
+            )
         })?;
         let mut line = format!("{} {}\n", Self::host_field(host, port), text.trim());
         // A file not ending in a newline would glue our entry onto its last line.
@@ -158,36 +175,34 @@ impl KnownHosts {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let mut fields = line.split_whitespace();
-            let mut first = fields.next().unwrap_or_default();
-            let mut revoked = false;
-            if let Some(marker) = first.strip_prefix('@') {
-                match marker {
-                    "revoked" => revoked = true,
-                    // Host certificates are not used by berth; their CA lines do not
-                    // vouch for a plain key.
-                    _ => continue,
-                }
-                first = fields.next().unwrap_or_default();
-            }
-            let (Some(_alg), Some(b64)) = (fields.next(), fields.next()) else {
-                continue;
-            };
-            if !hosts_match(first, &wanted, host, port) {
-                continue;
-            }
+            // ssh-key splits the fields at single spaces; OpenSSH takes any
+            // run of blanks.
+            let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
             // A line we cannot parse is skipped, as OpenSSH does, rather than
             // letting one odd entry lock the user out of every host.
-            match russh::keys::parse_public_key_base64(b64) {
-                Ok(key) => out.push(Entry {
+            let parsed = match line.parse::<Line>() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::debug!(
+                        file = %self.path.display(), line = i + 1, error = %e,
+                        "skipping unparsable known_hosts line"
+                    );
+                    continue;
+                }
+            };
+            let revoked = match parsed.marker() {
+                None => false,
+                Some(Marker::Revoked) => true,
+                // Host certificates are not used by berth; their CA lines do not
+                // vouch for a plain key.
+                Some(_) => continue,
+            };
+            if hosts_match(parsed.host_patterns(), &wanted, host, port) {
+                out.push(Entry {
                     line: i + 1,
                     revoked,
-                    key,
-                }),
-                Err(e) => tracing::debug!(
-                    file = %self.path.display(), line = i + 1, error = %e,
-                    "skipping unparsable known_hosts key"
-                ),
+                    key: parsed.public_key().clone(),
+                });
             }
         }
         Ok(out)
@@ -200,15 +215,16 @@ pub fn fingerprint(key: &PublicKey) -> String {
 }
 
 /// Whether a known_hosts host field names `wanted` (`host` or `[host]:port`).
-fn hosts_match(field: &str, wanted: &str, host: &str, port: u16) -> bool {
-    if field.starts_with("|1|") {
-        return hashed_match(field, wanted);
-    }
+fn hosts_match(field: &HostPatterns, wanted: &str, host: &str, port: u16) -> bool {
+    let patterns = match field {
+        HostPatterns::HashedName { salt, hash } => return hashed_match(salt, hash, wanted),
+        HostPatterns::Patterns(p) => p,
+    };
     let mut matched = false;
-    for pat in field.split(',') {
+    for pat in patterns {
         let (neg, pat) = match pat.strip_prefix('!') {
             Some(p) => (true, p),
-            None => (false, pat),
+            None => (false, pat.as_str()),
         };
         let hit = if port == 22 {
             glob(pat, host) || glob(pat, wanted)
@@ -225,23 +241,13 @@ fn hosts_match(field: &str, wanted: &str, host: &str, port: u16) -> bool {
     matched
 }
 
-/// `|1|base64(salt)|base64(HMAC-SHA1(salt, name))`.
-fn hashed_match(field: &str, wanted: &str) -> bool {
-    let mut parts = field.split('|').skip(2);
-    let (Some(salt), Some(hash)) = (parts.next(), parts.next()) else {
-        return false;
-    };
-    let (Ok(salt), Ok(hash)) = (
-        BASE64.decode(salt.as_bytes()),
-        BASE64.decode(hash.as_bytes()),
-    ) else {
-        return false;
-    };
-    let Ok(mac) = <Hmac<sha1::Sha1> as KeyInit>::new_from_slice(&salt) else {
+/// Whether a hashed name, `HMAC-SHA1(salt, name)`, is that of `wanted`.
+fn hashed_match(salt: &[u8], hash: &[u8], wanted: &str) -> bool {
+    let Ok(mac) = <Hmac<sha1::Sha1> as KeyInit>::new_from_slice(salt) else {
         return false;
     };
     mac.chain_update(wanted.as_bytes())
-        .verify_slice(&hash)
+        .verify_slice(hash)
         .is_ok()
 }
 
@@ -265,8 +271,13 @@ mod tests {
             Ok(m) => m,
             Err(e) => panic!("{e}"),
         };
-        let hash = mac.chain_update(name.as_bytes()).finalize().into_bytes();
-        format!("|1|{}|{}", BASE64.encode(salt), BASE64.encode(&hash))
+        let mut hash = [0u8; 20];
+        hash.copy_from_slice(&mac.chain_update(name.as_bytes()).finalize().into_bytes());
+        HostPatterns::HashedName {
+            salt: salt.to_vec(),
+            hash,
+        }
+        .to_string()
     }
 
     #[test]
@@ -311,6 +322,24 @@ mod tests {
             HostKeyStatus::Revoked { line: 6 }
         );
         assert_eq!(kh.check("nowhere", 22, &a)?, HostKeyStatus::Unknown);
+        Ok(())
+    }
+
+    #[test]
+    fn blanks_odd_lines_and_ca_lines() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
+        let path = dir.path().join("known_hosts");
+        let text = format!(
+            "garbage\nbroken ssh-ed25519 AAAAnotakey\n@cert-authority *.ca ssh-ed25519 {KEY_B}\ntabbed\tssh-ed25519  {KEY_A} a comment\n"
+        );
+        std::fs::write(&path, text).map_err(|e| Error::io("write", &path, e))?;
+        let kh = KnownHosts::new(&path);
+        assert_eq!(kh.check("broken", 22, &key(KEY_A))?, HostKeyStatus::Unknown);
+        assert_eq!(kh.check("x.ca", 22, &key(KEY_B))?, HostKeyStatus::Unknown);
+        assert_eq!(
+            kh.check("tabbed", 22, &key(KEY_A))?,
+            HostKeyStatus::Known { line: 4 }
+        );
         Ok(())
     }
 

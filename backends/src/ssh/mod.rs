@@ -45,6 +45,7 @@ pub mod connection;
 pub mod files;
 pub mod known_hosts;
 pub mod process;
+pub mod target;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -56,10 +57,11 @@ use berth_core::backend::{
     Backend, Layout, Process, Provisioned, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec,
     SpawnOpts, check_sandbox_name, now_unix_secs,
 };
-use berth_core::error::{Error, Result};
+use berth_core::error::{BackendFailure, Error, Result};
 use serde::{Deserialize, Serialize};
 
-pub use connection::{Connection, Target};
+pub use connection::Connection;
+pub use target::Target;
 
 use crate::SshOptions;
 use files::{Files, helper};
@@ -197,14 +199,15 @@ impl Backend for SshBackend {
             run_script(&link, PROVISION_SCRIPT, &[&root, &spec.name, &marker]).await?;
         let mut lines = out.lines();
         let (Some(state), Some(workdir), 0) = (lines.next(), lines.next(), code) else {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "{}: could not create the sandbox directory {root}/{} (exit {code}): {err}",
                     link.conn.target().label(),
                     spec.name
                 ),
-            });
+            ));
         };
         let mut env: Vec<(String, String)> = vec![("BERTH_SANDBOX".into(), spec.name.clone())];
         env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -231,13 +234,14 @@ impl Backend for SshBackend {
         let link = self.link(&host)?;
         let (code, out, err) = run_script(&link, LIST_SCRIPT, &[&self.root()]).await?;
         if code != 0 {
-            return Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "{}: listing sandboxes failed: {err}",
                     link.conn.target().label()
                 ),
-            });
+            ));
         }
         let label = link.conn.target().label();
         let mut v: Vec<SandboxInfo> = out
@@ -269,13 +273,14 @@ impl Backend for SshBackend {
                 name: name.into(),
                 hint: format!("list sandboxes with `berth sandbox ls --backend ssh --host {host}`"),
             }),
-            _ => Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            _ => Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "{}: removing sandbox {name} failed: {err}",
                     link.conn.target().label()
                 ),
-            }),
+            )),
         }
     }
 }
@@ -369,29 +374,30 @@ impl Sandbox for SshSandbox {
         let (st, _, err) = p.collect(b"").await?;
         match st.code {
             Some(0) | Some(44) => Ok(()),
-            _ => Err(Error::Backend {
-                backend: KIND,
-                detail: format!(
+            _ => Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
                     "{}: removing {} failed: {}",
                     self.link.conn.target().label(),
                     self.layout.workdir,
                     String::from_utf8_lossy(&err).trim()
                 ),
-            }),
+            )),
         }
     }
 }
 
 impl SshSandbox {
     fn gone(&self, reason: &str) -> Error {
-        Error::SandboxGone {
-            sandbox: self.name.clone(),
-            backend: KIND,
-            reason: format!("{} ({})", reason, self.layout.workdir),
-            hint: format!(
+        Error::sandbox_gone(
+            KIND,
+            &self.name,
+            format!("{} ({})", reason, self.layout.workdir),
+            format!(
                 "run the command again to recreate it, or `berth sandbox rm {}`",
                 self.name
             ),
-        }
+        )
     }
 }

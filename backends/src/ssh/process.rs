@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use async_trait::async_trait;
-use berth_core::backend::{BoxRead, BoxWrite, ExitStatus, Process, TermSize};
-use berth_core::error::{Error, Result, SpawnFailure};
+use berth_core::backend::{ExitStatus, Pipes, Process, TermSize};
+use berth_core::error::{BackendFailure, Error, Result, SpawnFailure};
 use berth_core::session::script::quote;
 use bytes::Bytes;
 use russh::client::Msg;
@@ -32,7 +32,7 @@ use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
-use super::connection::Connection;
+use super::connection::{Connection, russh_failure};
 use crate::chan_reader::channel_reader;
 
 /// The token the launcher prints once the program is about to start.
@@ -138,9 +138,11 @@ async fn launch(
     let (channel, generation) = conn.open_session().await?;
     let label = conn.target().label();
     let lost = |e: russh::Error| {
-        conn.unreachable(format!(
-            "the connection failed while starting `{program}`: {e}"
-        ))
+        conn.unreachable(
+            russh_failure(&e),
+            format!("the connection failed while starting `{program}`"),
+        )
+        .caused_by(e)
     };
     if let Some(size) = tty {
         // No reply asked: a refusal would read as the exec's own failure.
@@ -174,7 +176,10 @@ async fn launch(
         Ok(Err(_)) => Err(Launch::Lost),
         Err(_) => {
             let _ = write.close().await;
-            return Err(conn.unreachable(format!("`{program}` did not start within {timeout:?}")));
+            return Err(conn.unreachable(
+                BackendFailure::Timeout,
+                format!("`{program}` did not start within {timeout:?}"),
+            ));
         }
     };
     if let Err(fail) = ready {
@@ -184,13 +189,15 @@ async fn launch(
         return Err(fail.into_error(&program, cwd, &label, conn));
     }
     Ok(SshProcess {
-        stdin: Some(Box::pin(Stdin {
-            inner: Box::pin(write.make_writer()),
-            half: write.clone(),
-            shut: false,
-        })),
-        stdout: Some(channel_reader(out_rx)),
-        stderr: Some(channel_reader(err_rx)),
+        pipes: Pipes::new(
+            Box::pin(Stdin {
+                inner: Box::pin(write.make_writer()),
+                half: write.clone(),
+                shut: false,
+            }),
+            channel_reader(out_rx),
+            channel_reader(err_rx),
+        ),
         exit: Some(exit_rx),
         status: None,
         write,
@@ -246,9 +253,10 @@ impl Launch {
                     "{label} refused to run a command on this connection (a forced command or `no-exec` restriction?)"
                 ),
             },
-            Launch::Lost => conn.unreachable(format!(
-                "the connection was lost while starting `{program}`"
-            )),
+            Launch::Lost => conn.unreachable(
+                BackendFailure::Transport,
+                format!("the connection was lost while starting `{program}`"),
+            ),
         }
     }
 }
@@ -411,9 +419,7 @@ fn signal_number(sig: &Sig) -> Option<i32> {
 
 /// A remote process.
 pub struct SshProcess {
-    stdin: Option<BoxWrite>,
-    stdout: Option<BoxRead>,
-    stderr: Option<BoxRead>,
+    pipes: Pipes,
     exit: Option<oneshot::Receiver<Exit>>,
     status: Option<ExitStatus>,
     write: Arc<ChannelWriteHalf<Msg>>,
@@ -460,8 +466,8 @@ impl SshProcess {
 
 #[async_trait]
 impl Process for SshProcess {
-    fn take_stdin(&mut self) -> Option<BoxWrite> {
-        self.stdin.take()
+    fn pipes(&mut self) -> &mut Pipes {
+        &mut self.pipes
     }
 
     async fn resize(&mut self, size: TermSize) -> Result<()> {
@@ -474,14 +480,6 @@ impl Process for SshProcess {
             .window_change(u32::from(size.cols), u32::from(size.rows), 0, 0)
             .await
             .map_err(|e| Error::stream("resizing the remote terminal", io::Error::other(e)))
-    }
-
-    fn take_stdout(&mut self) -> Option<BoxRead> {
-        self.stdout.take()
-    }
-
-    fn take_stderr(&mut self) -> Option<BoxRead> {
-        self.stderr.take()
     }
 
     async fn wait(&mut self) -> Result<ExitStatus> {
@@ -497,14 +495,15 @@ impl Process for SshProcess {
                 self.status = Some(s);
                 Ok(s)
             }
-            Err(()) => Err(Error::Unreachable {
-                backend: super::KIND,
-                detail: format!(
+            Err(()) => Err(Error::unreachable(
+                super::KIND,
+                BackendFailure::Transport,
+                format!(
                     "{}: the connection was lost while `{}` was running; its outcome is unknown",
                     self.label, self.program
                 ),
-                hint: "berth redials on the next command and restores the session from its last snapshot".into(),
-            }),
+                "berth redials on the next command and restores the session from its last snapshot",
+            )),
         }
     }
 

@@ -33,13 +33,14 @@ impl Runtime {
             )
             .await?;
             if c.status.code != Some(0) {
-                return Err(Error::Backend {
-                    backend: sb.kind(),
-                    detail: format!(
+                return Err(Error::backend(
+                    sb.kind(),
+                    BackendFailure::Rejected,
+                    format!(
                         "could not write to job {}'s stdin (is it still reading?)",
                         job.id
                     ),
-                });
+                ));
             }
         }
         if eof && sb.host_processes() {
@@ -54,19 +55,21 @@ impl Runtime {
                 nix::sys::signal::Signal::SIGTERM,
             );
             if !stopped {
-                return Err(Error::Backend {
-                    backend: sb.kind(),
-                    detail: format!("could not close job {}'s stdin (already closed?)", job.id),
-                });
+                return Err(Error::backend(
+                    sb.kind(),
+                    BackendFailure::Rejected,
+                    format!("could not close job {}'s stdin (already closed?)", job.id),
+                ));
             }
         } else if eof {
             let args = argv(&["bash", "-c", script::EOF, "berth-eof", &dir]);
             let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
             if c.status.code != Some(0) {
-                return Err(Error::Backend {
-                    backend: sb.kind(),
-                    detail: format!("could not close job {}'s stdin (already closed?)", job.id),
-                });
+                return Err(Error::backend(
+                    sb.kind(),
+                    BackendFailure::Rejected,
+                    format!("could not close job {}'s stdin (already closed?)", job.id),
+                ));
             }
         }
         Ok(())
@@ -120,14 +123,15 @@ impl Runtime {
         ]);
         let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
         if c.status.code != Some(0) {
-            return Err(Error::Backend {
-                backend: sb.kind(),
-                detail: format!(
+            return Err(Error::backend(
+                sb.kind(),
+                BackendFailure::Rejected,
+                format!(
                     "could not resize job {}'s terminal: {}",
                     job.id,
                     String::from_utf8_lossy(&c.stderr).trim()
                 ),
-            });
+            ));
         }
         self.store().note_pty(&job.id, size)?;
         Ok(())
@@ -160,12 +164,15 @@ impl Runtime {
         let line = format!("{seq} {} {}\n", size.cols, size.rows);
         sb.write_file(&format!("{dir}/winsize"), line.as_bytes(), 0o600)
             .await?;
-        let gone = || Error::Backend {
-            backend: sb.kind(),
-            detail: format!(
-                "could not resize job {}'s terminal: the job's terminal is gone",
-                job.id
-            ),
+        let gone = || {
+            Error::backend(
+                sb.kind(),
+                BackendFailure::Rejected,
+                format!(
+                    "could not resize job {}'s terminal: the job's terminal is gone",
+                    job.id
+                ),
+            )
         };
         if !here::signal_one(
             base,
@@ -183,13 +190,14 @@ impl Runtime {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Err(Error::Backend {
-            backend: sb.kind(),
-            detail: format!(
+        Err(Error::backend(
+            sb.kind(),
+            BackendFailure::Timeout,
+            format!(
                 "could not resize job {}'s terminal: it did not take the new size within 5s",
                 job.id
             ),
-        })
+        ))
     }
 
     /// A terminal emulator fed with a terminal job's output so far (its last
@@ -240,9 +248,12 @@ impl Runtime {
             ..SpawnOpts::default()
         };
         let mut process = sb.spawn(&argv(&["bash", "-c", &cmd]), opts).await?;
-        let stdin = process.take_stdin().ok_or_else(|| Error::Backend {
-            backend: sb.kind(),
-            detail: "the input helper has no stdin".into(),
+        let stdin = process.take_stdin().ok_or_else(|| {
+            Error::backend(
+                sb.kind(),
+                BackendFailure::Protocol,
+                "the input helper has no stdin",
+            )
         })?;
         Ok(JobInput {
             stdin,

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
 use crate::backend::{Sandbox, SpawnOpts, TermSize, run_to_end};
-use crate::error::{Error, Result};
+use crate::error::{BackendFailure, Error, Result};
 use crate::events::EventKind;
 use crate::runtime::{ExecRequest, Runtime};
 use crate::store::{Event, now_ms};
@@ -232,14 +232,15 @@ impl Runtime {
         self.store().save_job(&job)?;
         self.job_event(&job, EventKind::JobStarted, None)?;
         if job.state == JobState::Failed {
-            return Err(Error::Backend {
-                backend: "job",
-                detail: format!(
+            return Err(Error::backend(
+                "job",
+                BackendFailure::Rejected,
+                format!(
                     "job {} could not start: {}",
                     job.id,
                     job.reason.clone().unwrap_or_default()
                 ),
-            });
+            ));
         }
         Ok(job)
     }
@@ -285,14 +286,18 @@ impl Runtime {
             .await?;
         let out = report.result.output.text();
         if report.result.exit_code != 0 {
-            return Err(Error::Backend {
-                backend: sb.kind(),
-                detail: format!("launching the job failed: {}", out.trim()),
-            });
+            return Err(Error::backend(
+                sb.kind(),
+                BackendFailure::Rejected,
+                format!("launching the job failed: {}", out.trim()),
+            ));
         }
-        let pid = launcher_pid(&out).ok_or_else(|| Error::Backend {
-            backend: sb.kind(),
-            detail: format!("the job launcher printed {out:?} instead of a pid"),
+        let pid = launcher_pid(&out).ok_or_else(|| {
+            Error::backend(
+                sb.kind(),
+                BackendFailure::Protocol,
+                format!("the job launcher printed {out:?} instead of a pid"),
+            )
         })?;
         if out.trim().contains('\n') {
             tracing::warn!(job = %job.id, output = %out.trim(), "the job launcher printed more than its pid");
@@ -638,10 +643,11 @@ else exec tail -n "$n" -- "$d/out"; fi"#;
             if now.state.is_final() && c.code != 5 {
                 return Ok(KillOutcome::AlreadyEnded(now.state, now.exit_code));
             }
-            return Err(Error::Backend {
-                backend: sb.kind(),
-                detail: format!("could not end job {}: {}", job.id, c.stderr.trim()),
-            });
+            return Err(Error::backend(
+                sb.kind(),
+                BackendFailure::Rejected,
+                format!("could not end job {}: {}", job.id, c.stderr.trim()),
+            ));
         }
         let escalated = c.stdout.trim() == "escalated";
         let mut detail = serde_json::json!({ "signal": signal.name() });

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::backend::{OutputGap, Sandbox};
-use crate::error::{Error, Result};
+use crate::error::{BackendFailure, Error, Result};
 pub use capture::{Capture, CaptureLimits, Output, Tee};
 use framing::{Ending, Plan, is_lost_framing, new_nonce};
 use script::SnapshotMode;
@@ -397,16 +397,15 @@ impl Session {
                 if let Some(sh) = self.shell.as_mut() {
                     sh.resync = true;
                 }
-                return Err(Error::Unreachable {
-                    backend: self.sandbox.kind(),
-                    detail: format!(
+                return Err(Error::unreachable(
+                    self.sandbox.kind(),
+                    BackendFailure::Transport,
+                    format!(
                         "sandbox `{}`: the link to the shell broke while the command ran ({why}); berth re-attached to the same shell, which keeps its state, but the command's output and exit status are lost",
                         self.sandbox.name()
                     ),
-                    hint:
-                        "check the network, and check the command's effects before running it again"
-                            .into(),
-                });
+                    "check the network, and check the command's effects before running it again",
+                ));
             }
             Some(Ending::Eof) => {
                 // A transport that lost its link reports that as an error: the
