@@ -85,7 +85,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
             return Ok(EXIT_DENIED);
         }
         Err(e) if a.json => {
-            context::print_json(&json!({ "error": e.to_string() }));
+            context::print_json(&json!({ "error": e.full_text() }));
             return Err(e.into());
         }
         Err(e) => return Err(e.into()),

@@ -406,7 +406,11 @@ impl Agent {
             .await;
         let (reason, detail, answer) = match result {
             Ok(x) => x,
-            Err(e) => (RunState::Error, Some(e.to_string()), None),
+            Err(e) => (
+                RunState::Error,
+                Some(berth_core::error::chain_text(&e)),
+                None,
+            ),
         };
         let detail = detail.map(|d| (self.redact)(&d));
         journal::set_state(&self.store, id, reason, detail.as_deref())?;

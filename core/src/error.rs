@@ -253,6 +253,14 @@ fn hint_suffix(hint: &str) -> String {
 }
 
 impl Error {
+    /// The message with its causes after it (`msg: cause: cause`), each cause
+    /// once: what a person or a model is shown, where `to_string` gives only
+    /// the top line (a backend's library error is kept as the source, not
+    /// written into the message).
+    pub fn full_text(&self) -> String {
+        chain_text(self)
+    }
+
     /// A stream I/O error with context.
     pub fn stream(context: &'static str, source: std::io::Error) -> Self {
         Error::Stream { context, source }
@@ -375,6 +383,21 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// berth-core's result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `e`'s message followed by each source's that it does not already hold.
+pub fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let c = cause.to_string();
+        if !c.is_empty() && !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+        next = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;
@@ -462,5 +485,20 @@ mod tests {
         };
         assert_eq!(gone.backend_kind(), None);
         assert!(gone.is_sandbox_gone());
+    }
+
+    #[test]
+    fn full_text_names_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "peer reset");
+        let e = Error::backend_call("ssh", BackendFailure::Transport, "the link dropped", io);
+        assert_eq!(e.to_string(), "ssh: the link dropped");
+        assert_eq!(e.full_text(), "ssh: the link dropped: peer reset");
+        let said = Error::backend_call(
+            "ssh",
+            BackendFailure::Transport,
+            "the link dropped (peer reset)",
+            std::io::Error::other("peer reset"),
+        );
+        assert_eq!(said.full_text(), "ssh: the link dropped (peer reset)");
     }
 }

@@ -66,7 +66,7 @@ pub async fn reap_idle(rt: &Runtime, dry_run: bool) -> Result<Vec<Idle>> {
                         ..Default::default()
                     })?;
                 }
-                Err(e) => idle.error = Some(e.to_string()),
+                Err(e) => idle.error = Some(e.full_text()),
             }
         }
         out.push(idle);

@@ -449,7 +449,7 @@ impl Runtime {
             },
             Err(e) => Event {
                 kind: EventKind::ExecFailed.into(),
-                detail: Some(serde_json::json!({ "error": e.to_string() }).to_string()),
+                detail: Some(serde_json::json!({ "error": e.full_text() }).to_string()),
                 ..Default::default()
             },
         };

@@ -427,7 +427,7 @@ impl Berth for Conn {
                 )),
                 Err(e) => exec_event::Event::Failure(Failure {
                     denied: matches!(e, berth_core::Error::Denied { .. }),
-                    message: e.to_string(),
+                    message: e.full_text(),
                 }),
             };
             tee.finish();

@@ -275,7 +275,7 @@ impl From<berth_core::Error> for ToolOutcome {
                 ToolOutcome::new(OutcomeKind::Denied { rule: rule.clone() }, e.to_string())
             }
             berth_core::Error::InvalidInput(m) => ToolOutcome::invalid(m),
-            other => ToolOutcome::error(other.to_string()),
+            other => ToolOutcome::error(other.full_text()),
         }
     }
 }

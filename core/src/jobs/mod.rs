@@ -225,7 +225,7 @@ impl Runtime {
             }
             Err(e) => {
                 job.state = JobState::Failed;
-                job.reason = Some(e.to_string());
+                job.reason = Some(e.full_text());
                 job.ended_at = Some(now_ms());
             }
         }

@@ -264,7 +264,7 @@ impl Session {
             // now rather than fail a command that never reached it.
             let status = match self.reap_dead_shell().await {
                 Ok(s) => s,
-                Err(e) => e.to_string(),
+                Err(e) => e.full_text(),
             };
             self.notices.push(format!(
                 "the shell ended while idle ({status}); a new shell was started from the last snapshot"
@@ -376,7 +376,7 @@ impl Session {
                     let status = self
                         .reap_dead_shell()
                         .await
-                        .unwrap_or_else(|e| e.to_string());
+                        .unwrap_or_else(|e| e.full_text());
                     // An exiting report on the cut nonce (which a command can
                     // read) is the shell's only if the shell then exits.
                     if cut && status == DID_NOT_EXIT {
