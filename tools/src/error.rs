@@ -1,21 +1,21 @@
 //! berth-tools' error: what the memory's functions refuse, by name, and what
 //! failed below them, kept whole as the source.
 
-use crate::memory::NOTE_MAX_CHARS;
-
 /// berth-tools' error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A note with no text.
     #[error("a note needs text: say what is worth remembering")]
     EmptyNote,
-    /// A note over [`NOTE_MAX_CHARS`].
+    /// A note over the longest a note may be.
     #[error(
-        "a note is at most {NOTE_MAX_CHARS} characters and this one has {chars}: keep the fact, and point to a file for the rest"
+        "a note is at most {max} characters and this one has {chars}: keep the fact, and point to a file for the rest"
     )]
     NoteTooLong {
         /// Its length in characters.
         chars: usize,
+        /// The most a note may have ([`crate::memory::NOTE_MAX_CHARS`]).
+        max: usize,
     },
     /// No such note in what the caller sees.
     #[error(

@@ -140,7 +140,10 @@ pub fn add(store: &Store, scope: &Scope, text: &str, author: &str, redact: Redac
     }
     let chars = text.chars().count();
     if chars > NOTE_MAX_CHARS {
-        return Err(Error::NoteTooLong { chars });
+        return Err(Error::NoteTooLong {
+            chars,
+            max: NOTE_MAX_CHARS,
+        });
     }
     let text = redact(text);
     let (backend, sandbox) = scope.parts();
