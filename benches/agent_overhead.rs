@@ -71,7 +71,7 @@ fn parts(store: &Store, gate: &Gate, tools: &[ToolSpec], n: usize) -> Result<Dur
         "local",
         "default",
         &json!({}),
-        None,
+        journal::Link::None,
     )?;
     let t0 = Instant::now();
     for i in 0..n {

@@ -102,7 +102,15 @@ fn main() -> Result<(), BoxError> {
     let all = context::estimate_all(&context::view(&msgs, None, "bench", cap));
     for i in 0..n {
         let run = format!("bench-{i}");
-        journal::create(&store, &run, "t", "local", "default", &json!({}), None)?;
+        journal::create(
+            &store,
+            &run,
+            "t",
+            "local",
+            "default",
+            &json!({}),
+            journal::Link::None,
+        )?;
     }
     let t0 = Instant::now();
     for i in 0..n {

@@ -16,8 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use berth_agent::journal::{self, RunState};
 use berth_agent::provider::{Api, Failover, ProviderConfig};
+use berth_agent::runner::delegate::{Children, Delegation, Place};
 use berth_agent::runner::{Agent, AgentEvent, Budget, EventSink, Setup};
 use berth_agent::{RegistryTools, ToolHost};
+use berth_core::backend::SandboxSpec;
+use berth_core::runtime::Runtime;
 use berth_core::store::Store;
 use berth_tools::memory;
 use clap::{Args, Subcommand};
@@ -289,6 +292,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
     };
     let providers = providers(&a, &stored)?;
     let mut tools = RegistryTools::new(rt.clone(), &backend, &sandbox);
+    let mut server = None;
     if a.server {
         let mode = match crate::server::Mode::from_env()? {
             crate::server::Mode::Off => anyhow::bail!(
@@ -296,9 +300,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
             ),
             m => m,
         };
-        let remote = crate::server::tools::ServerTools::new(dir, mode);
+        let remote = crate::server::tools::ServerTools::new(dir.clone(), mode);
         remote.check().await?;
         tools = tools.dispatched_by(Arc::new(remote));
+        server = Some((dir, mode));
     } else {
         // Fail early, with the runtime's own hint, if the sandbox cannot be had.
         rt.attach(&backend, &sandbox)
@@ -328,7 +333,17 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         redact,
     )
     .wait_for_approvals(a.wait)
-    .with_memory_tokens(a.memory_tokens);
+    .with_memory_tokens(a.memory_tokens)
+    .with_delegation(Delegation {
+        children: Arc::new(CliChildren {
+            rt: rt.clone(),
+            server,
+        }),
+        policy: rt
+            .gate()
+            .map(|g| g.policy().agent.clone())
+            .unwrap_or_default(),
+    });
     let chat = a.task.is_none() && run_id.is_none() && std::io::stdin().is_terminal();
     let run_id = match run_id {
         Some(id) => id,
@@ -365,6 +380,70 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         RunState::Interrupted => 130,
         RunState::Error => crate::EXIT_BERTH_ERROR,
     })
+}
+
+/// Sub-agents' tools, made the way the run's own are: in this process, or
+/// dispatched to the berth server with `--server`.
+struct CliChildren {
+    rt: Arc<Runtime>,
+    server: Option<(PathBuf, crate::server::Mode)>,
+}
+
+#[async_trait::async_trait(?Send)]
+impl Children for CliChildren {
+    async fn host(&self, place: &Place) -> std::result::Result<Arc<dyn ToolHost>, String> {
+        let text = |e: berth_core::Error| e.full_text();
+        if let Some((b, s)) = &place.like {
+            // Made like the parent's (image, limits, network, host) where
+            // the backend is the same; with the backend's defaults elsewhere.
+            let mut spec = if *b == place.backend {
+                self.rt
+                    .store()
+                    .sandbox(b, s)
+                    .map_err(text)?
+                    .map(|r| r.spec)
+                    .unwrap_or_default()
+            } else {
+                SandboxSpec::default()
+            };
+            spec.name = place.sandbox.clone();
+            self.rt
+                .create_sandbox(&place.backend, spec)
+                .await
+                .map_err(text)?;
+        } else if self.server.is_none() {
+            self.rt
+                .attach(&place.backend, &place.sandbox)
+                .await
+                .map_err(text)?;
+        }
+        let mut tools = RegistryTools::new(self.rt.clone(), &place.backend, &place.sandbox)
+            .in_session(place.session.clone());
+        if let Some((dir, mode)) = &self.server {
+            tools = tools.dispatched_by(Arc::new(crate::server::tools::ServerTools::new(
+                dir.clone(),
+                *mode,
+            )));
+        }
+        Ok(Arc::new(tools))
+    }
+
+    async fn release(&self, place: &Place) {
+        if let Err(e) = self
+            .rt
+            .remove_sandbox(&place.backend, &place.sandbox, true)
+            .await
+        {
+            eprintln!(
+                "berth: could not remove the sub-agent's sandbox {}/{}: {}; remove it with `berth sandbox rm {} --backend {}`",
+                place.backend,
+                place.sandbox,
+                e.full_text(),
+                place.sandbox,
+                place.backend
+            );
+        }
+    }
 }
 
 /// First Ctrl-C: interrupt (the tool's process tree is killed, the run is
@@ -449,6 +528,7 @@ impl Printer {
                 eprintln!("berth: step {step}: budget spent, asking for a summary (tools off)")
             }
             AgentEvent::Step { .. } => {}
+            AgentEvent::Child { run_id, event, .. } => self.child(run_id, event),
             AgentEvent::Text { delta } => {
                 print!("{delta}");
                 let _ = std::io::stdout().flush();
@@ -565,6 +645,53 @@ impl Printer {
     }
 }
 
+impl Printer {
+    /// A sub-agent's event, one line for the ones a person follows: its
+    /// commands, verdicts and end (its streamed text would interleave).
+    fn child(&self, run_id: &str, e: &AgentEvent) {
+        match e {
+            AgentEvent::Child { run_id, event, .. } => self.child(run_id, event),
+            AgentEvent::Run {
+                backend,
+                sandbox,
+                resumed,
+                ..
+            } => {
+                self.newline();
+                eprintln!(
+                    "  ↳ {run_id}: {} in {backend}/{sandbox}",
+                    if *resumed { "resumed" } else { "started" }
+                );
+            }
+            AgentEvent::ToolCall { describe, .. } => {
+                self.newline();
+                eprintln!("  ↳ {run_id}: ▸ {describe}");
+            }
+            AgentEvent::Verdict {
+                verdict, detail, ..
+            } => {
+                eprintln!("  ↳ {run_id}: {verdict}: {detail}")
+            }
+            AgentEvent::Exit {
+                reason,
+                steps,
+                detail,
+                ..
+            } => {
+                self.newline();
+                eprintln!(
+                    "  ↳ {run_id}: {reason} after {steps} step(s){}",
+                    detail
+                        .as_ref()
+                        .map(|d| format!(": {d}"))
+                        .unwrap_or_default()
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
 /// `berth runs search`: matches in past transcripts, best first.
 fn search(
     store: &Store,
@@ -616,7 +743,36 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
         } => search(&store, &text, sandbox.map(|s| (backend, s)), limit, json),
         RunsCmd::Ls { json, limit } => {
             let rows = journal::runs(&store, limit)?;
+            // A tree: each sub-agent under the run that delegated to it.
+            let listed =
+                |id: &Option<String>| id.as_ref().is_some_and(|p| rows.iter().any(|r| &r.id == p));
+            let mut order: Vec<(&journal::RunRow, usize)> = Vec::new();
+            fn below<'a>(
+                rows: &'a [journal::RunRow],
+                parent: &str,
+                depth: usize,
+                out: &mut Vec<(&'a journal::RunRow, usize)>,
+            ) {
+                let mut kids: Vec<&journal::RunRow> = rows
+                    .iter()
+                    .filter(|r| {
+                        r.kind.as_deref() == Some("child") && r.parent.as_deref() == Some(parent)
+                    })
+                    .collect();
+                kids.sort_by_key(|r| (r.created_ms, r.child_idx));
+                for k in kids {
+                    out.push((k, depth));
+                    below(rows, &k.id, depth + 1, out);
+                }
+            }
             for r in &rows {
+                if r.kind.as_deref() == Some("child") && listed(&r.parent) {
+                    continue;
+                }
+                order.push((r, 0));
+                below(&rows, &r.id, 1, &mut order);
+            }
+            for (r, level) in order {
                 let steps = journal::steps(&store, &r.id)?;
                 let tokens: u64 = steps.iter().map(|s| s.usage.total()).sum();
                 if json {
@@ -626,14 +782,20 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                             "id": r.id, "state": r.state, "reason": r.reason, "task": r.task,
                             "backend": r.backend, "sandbox": r.sandbox, "steps": steps.len(),
                             "tokens": tokens, "created_ms": r.created_ms, "updated_ms": r.updated_ms,
-                            "parent": r.parent, "parent_step": r.parent_step,
+                            "parent": r.parent, "parent_step": r.parent_step, "kind": r.kind,
+                            "parent_call": r.parent_call, "child_idx": r.child_idx, "depth": r.depth,
                         })
                     );
                 } else {
                     let task: String = r.task.chars().take(50).collect();
+                    let id = if level == 0 {
+                        r.id.clone()
+                    } else {
+                        format!("{}└ {}", "  ".repeat(level - 1), r.id)
+                    };
                     println!(
-                        "{:<20} {:<18} {:>5} {:>8}  {}",
-                        r.id,
+                        "{:<24} {:<18} {:>5} {:>8}  {}",
+                        id,
                         r.state.as_str(),
                         steps.len(),
                         tokens,
@@ -672,9 +834,30 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                 println!("  reason: {r}");
             }
             if let Some(p) = &row.parent {
+                if row.kind.as_deref() == Some("child") {
+                    println!(
+                        "  sub-agent of {p} (its call {} at step {})",
+                        row.parent_call.clone().unwrap_or_default(),
+                        row.parent_step.unwrap_or(0)
+                    );
+                } else {
+                    println!(
+                        "  forked from {p} after step {}",
+                        row.parent_step.unwrap_or(0)
+                    );
+                }
+            }
+            for c in journal::descendants(&store, &id)?
+                .iter()
+                .filter(|c| c.parent.as_deref() == Some(id.as_str()))
+            {
                 println!(
-                    "  forked from {p} after step {}",
-                    row.parent_step.unwrap_or(0)
+                    "  sub-agent {} ({}/{}, call {}): {}",
+                    c.id,
+                    c.backend,
+                    c.sandbox,
+                    c.parent_call.clone().unwrap_or_default(),
+                    c.state
                 );
             }
             let last = msgs

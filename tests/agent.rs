@@ -234,9 +234,9 @@ fn multi_step_task_on_local_openai_streaming() -> TestResult {
 }
 
 /// Removes a docker sandbox when dropped, also when the test fails.
-struct DockerSandbox<'a> {
-    state: &'a Path,
-    name: String,
+pub(crate) struct DockerSandbox<'a> {
+    pub(crate) state: &'a Path,
+    pub(crate) name: String,
 }
 
 impl Drop for DockerSandbox<'_> {

@@ -19,6 +19,7 @@ mod support;
 mod agent;
 mod cli;
 mod context;
+mod delegate;
 mod e2b_backend;
 mod mcp;
 mod memory;

@@ -84,6 +84,7 @@ pub struct RegistryTools {
     dispatch: Arc<dyn Dispatch>,
     backend: String,
     sandbox: String,
+    session: Option<String>,
 }
 
 impl RegistryTools {
@@ -96,7 +97,15 @@ impl RegistryTools {
             rt,
             backend: backend.into(),
             sandbox: sandbox.into(),
+            session: None,
         }
+    }
+
+    /// The same tools, running commands in this session of the sandbox
+    /// (a sub-agent's own).
+    pub fn in_session(mut self, session: Option<String>) -> Self {
+        self.session = session;
+        self
     }
 
     /// The same tools, run by `dispatch` (a `berth serve` the front end is
@@ -123,9 +132,12 @@ impl ToolHost for RegistryTools {
 
     async fn call(&self, name: &str, args: &Value, cancel: CancellationToken) -> ToolOutcome {
         // An ask pauses the run durably instead of holding berth open.
-        let ctx = ToolContext::new(self.rt.clone(), &self.backend, &self.sandbox)
+        let mut ctx = ToolContext::new(self.rt.clone(), &self.backend, &self.sandbox)
             .with_cancel(cancel)
             .with_approval(ApprovalMode::Defer);
+        if let Some(s) = &self.session {
+            ctx = ctx.with_session(s);
+        }
         let o = self.dispatch.dispatch(&ctx, name, args.clone()).await;
         if let OutcomeKind::AwaitingApproval { id } = o.kind {
             return ToolOutcome::NeedsApproval {

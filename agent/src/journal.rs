@@ -44,6 +44,16 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// It ended: `done`, `budget_spent`, `provider_failed` or `error`. A
+    /// person may carry such a run on; its parent's resume never reruns a
+    /// sub-agent that ended so.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            RunState::Done | RunState::BudgetSpent | RunState::ProviderFailed | RunState::Error
+        )
+    }
+
     /// Its name in the store and in `--json`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -103,10 +113,45 @@ pub struct RunRow {
     pub reason: Option<String>,
     /// The frozen setup (JSON).
     pub setup: Value,
-    /// The run this was forked from.
+    /// The run this was forked from, or the run that delegated it.
     pub parent: Option<String>,
     /// And at which step.
     pub parent_step: Option<i64>,
+    /// How it is tied to `parent`: `fork` or `child`.
+    pub kind: Option<String>,
+    /// A child's parent call (`delegate`).
+    pub parent_call: Option<String>,
+    /// A child's place in that call's fan-out, from 0.
+    pub child_idx: Option<i64>,
+    /// Levels of delegation above it: 0 for a run a person started.
+    pub depth: i64,
+}
+
+/// How a new run is tied to another.
+#[derive(Clone, Copy, Debug)]
+pub enum Link<'a> {
+    /// Not at all.
+    None,
+    /// A fork of run `from`'s transcript through step `at`.
+    Fork {
+        /// The run forked.
+        from: &'a str,
+        /// The last step kept.
+        at: i64,
+    },
+    /// A sub-agent started by a parent's `delegate` call.
+    Child {
+        /// The parent run.
+        parent: &'a str,
+        /// The parent's step that made the call.
+        step: i64,
+        /// The call's id.
+        call: &'a str,
+        /// Its place in the call's fan-out.
+        idx: i64,
+        /// Its depth (the parent's plus one).
+        depth: i64,
+    },
 }
 
 /// One step: one model call.
@@ -249,17 +294,88 @@ pub fn create(
     backend: &str,
     sandbox: &str,
     setup: &Value,
-    parent: Option<(&str, i64)>,
+    link: Link<'_>,
 ) -> Result<()> {
     let now = now_ms();
+    let (kind, parent, step, call, idx, depth) = match link {
+        Link::None => (None, None, None, None, None, 0),
+        Link::Fork { from, at } => (Some("fork"), Some(from), Some(at), None, None, 0),
+        Link::Child {
+            parent,
+            step,
+            call,
+            idx,
+            depth,
+        } => (
+            Some("child"),
+            Some(parent),
+            Some(step),
+            Some(call),
+            Some(idx),
+            depth,
+        ),
+    };
     db(store, |c| {
         c.execute(
-            "INSERT INTO runs (id, created_ms, updated_ms, task, backend, sandbox, state, setup, parent, parent_step)
-             VALUES (?1, ?2, ?2, ?3, ?4, ?5, 'running', ?6, ?7, ?8)",
-            params![id, now, task, backend, sandbox, setup.to_string(), parent.map(|p| p.0), parent.map(|p| p.1)],
+            "INSERT INTO runs (id, created_ms, updated_ms, task, backend, sandbox, state, setup,
+                               parent, parent_step, kind, parent_call, child_idx, depth)
+             VALUES (?1, ?2, ?2, ?3, ?4, ?5, 'running', ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                id,
+                now,
+                task,
+                backend,
+                sandbox,
+                setup.to_string(),
+                parent,
+                step,
+                kind,
+                call,
+                idx,
+                depth
+            ],
         )?;
         Ok(())
     })
+}
+
+/// The children a parent's call started, in fan-out order.
+pub fn children(store: &Store, parent: &str, call: &str) -> Result<Vec<RunRow>> {
+    select_runs(
+        store,
+        "WHERE kind = 'child' AND parent = ?1 AND parent_call = ?2 ORDER BY child_idx",
+        params![parent, call],
+    )
+}
+
+/// Every run below `id` (children, their children...), each once.
+pub fn descendants(store: &Store, id: &str) -> Result<Vec<RunRow>> {
+    select_runs(
+        store,
+        "WHERE id IN (
+            WITH RECURSIVE below(id) AS (
+                SELECT id FROM runs WHERE kind = 'child' AND parent = ?1
+                UNION SELECT r.id FROM runs r JOIN below b ON r.kind = 'child' AND r.parent = b.id
+            ) SELECT id FROM below)
+         ORDER BY created_ms, id",
+        params![id],
+    )
+}
+
+fn select_runs(store: &Store, tail: &str, args: impl rusqlite::Params) -> Result<Vec<RunRow>> {
+    let rows = db(store, |c| {
+        let mut stmt = c.prepare(&format!("SELECT {RUN_COLUMNS} FROM runs {tail}"))?;
+        let rows = stmt
+            .query_map(args, row_to_run)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })?;
+    rows.into_iter()
+        .map(|(mut row, state)| {
+            row.state = RunState::parse(&state)?;
+            Ok(row)
+        })
+        .collect()
 }
 
 /// Set where a run stands; a stopped run has no owner.
@@ -337,13 +453,17 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<(RunRow, String)> {
             setup: serde_json::from_str(&setup).unwrap_or(Value::Null),
             parent: r.get(9)?,
             parent_step: r.get(10)?,
+            kind: r.get(11)?,
+            parent_call: r.get(12)?,
+            child_idx: r.get(13)?,
+            depth: r.get(14)?,
         },
         state,
     ))
 }
 
-const RUN_COLUMNS: &str =
-    "id, created_ms, updated_ms, task, backend, sandbox, state, reason, setup, parent, parent_step";
+const RUN_COLUMNS: &str = "id, created_ms, updated_ms, task, backend, sandbox, state, reason, setup, \
+     parent, parent_step, kind, parent_call, child_idx, depth";
 
 /// One run.
 pub fn run(store: &Store, id: &str) -> Result<Option<RunRow>> {
@@ -365,21 +485,11 @@ pub fn run(store: &Store, id: &str) -> Result<Option<RunRow>> {
 
 /// The latest runs, newest first.
 pub fn runs(store: &Store, limit: usize) -> Result<Vec<RunRow>> {
-    let rows = db(store, |c| {
-        let mut stmt = c.prepare(&format!(
-            "SELECT {RUN_COLUMNS} FROM runs ORDER BY created_ms DESC, id DESC LIMIT ?1"
-        ))?;
-        let rows = stmt
-            .query_map(params![limit as i64], row_to_run)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
-    })?;
-    rows.into_iter()
-        .map(|(mut row, state)| {
-            row.state = RunState::parse(&state)?;
-            Ok(row)
-        })
-        .collect()
+    select_runs(
+        store,
+        "ORDER BY created_ms DESC, id DESC LIMIT ?1",
+        params![limit as i64],
+    )
 }
 
 /// Append a message to the transcript.
@@ -667,7 +777,16 @@ mod tests {
     fn a_compaction_and_its_summary_step_are_written_together() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        create(&store, "r1", "t", "local", "default", &Value::Null, None).unwrap();
+        create(
+            &store,
+            "r1",
+            "t",
+            "local",
+            "default",
+            &Value::Null,
+            Link::None,
+        )
+        .unwrap();
         assert!(compactions(&store, "r1").unwrap().is_empty());
         let c = Compaction {
             step: 5,
@@ -703,7 +822,16 @@ mod tests {
     fn one_live_berth_owns_a_run_and_a_dead_one_lets_go() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        create(&store, "r1", "t", "local", "default", &Value::Null, None).unwrap();
+        create(
+            &store,
+            "r1",
+            "t",
+            "local",
+            "default",
+            &Value::Null,
+            Link::None,
+        )
+        .unwrap();
         claim(&store, "r1").unwrap();
         // Owned by a live process (init): refused.
         let set_owner = |pid: i64| {

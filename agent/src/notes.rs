@@ -93,7 +93,7 @@ mod tests {
             "docker",
             "web",
             &Value::Null,
-            None,
+            journal::Link::None,
         )
         .unwrap();
         journal::append_message(&store, "r1", 0, &Message::user("fix the flaky build")).unwrap();
@@ -104,7 +104,7 @@ mod tests {
             "ssh",
             "prod",
             &Value::Null,
-            None,
+            journal::Link::None,
         )
         .unwrap();
         journal::append_message(

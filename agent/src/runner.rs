@@ -18,6 +18,7 @@
 //! `interrupted`, `awaiting_approval`, `provider_failed` or `error`.
 
 mod compact;
+pub mod delegate;
 mod settle;
 
 use std::collections::HashSet;
@@ -70,6 +71,26 @@ pub struct Setup {
     /// with no provider flags uses these, refreshed from the config file).
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
+    /// A sub-agent's own settings (`delegate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<ChildSetup>,
+}
+
+/// What a sub-agent keeps of how its parent started it, so a resume carries
+/// it on the same way.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ChildSetup {
+    /// Its budget, carved out of its parent's.
+    pub budget: Budget,
+    /// Its own shell session in its parent's sandbox.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// The sandbox its new one was made like (backend, sandbox).
+    #[serde(default)]
+    pub like: Option<(String, String)>,
+    /// Keep its new sandbox when it ends.
+    #[serde(default)]
+    pub keep_sandbox: bool,
 }
 
 /// The system prompt of a new run.
@@ -192,6 +213,15 @@ pub enum AgentEvent {
         #[serde(skip_serializing_if = "Option::is_none")]
         note: Option<String>,
     },
+    /// Something a sub-agent did (`delegate`): its own event, wrapped.
+    Child {
+        /// The run that delegated.
+        parent: String,
+        /// The sub-agent's run.
+        run_id: String,
+        /// What it did.
+        event: Box<AgentEvent>,
+    },
     /// The run stopped.
     Exit {
         /// Its id.
@@ -237,6 +267,7 @@ pub struct Agent {
     events: EventSink,
     redact: Redact,
     memory_tokens: u64,
+    delegation: Option<delegate::Delegation>,
 }
 
 /// How many tokens of memory notes a new run's system prompt carries unless
@@ -268,6 +299,7 @@ impl Agent {
             events,
             redact,
             memory_tokens: MEMORY_TOKENS,
+            delegation: None,
         }
     }
 
@@ -287,8 +319,12 @@ impl Agent {
     /// Its system prompt ends with the newest memory notes the sandbox sees,
     /// frozen with the rest of the setup: notes added later reach later runs.
     pub fn start(&self, task: &str, backend: &str, sandbox: &str) -> Result<String> {
-        let tools = self.host.specs();
+        let mut tools = self.host.specs();
         let mut system = default_system(backend, sandbox);
+        if self.may_delegate(0) {
+            tools.push(delegate::spec());
+            system.push_str(delegate::DELEGATE_HINT);
+        }
         if tools.iter().any(|t| t.name == "memory") {
             system.push_str(MEMORY_HINT);
             if let Some(notes) =
@@ -311,10 +347,19 @@ impl Agent {
                     ..p.clone()
                 })
                 .collect(),
+            child: None,
         };
         let id = journal::new_run_id();
         let setup = serde_json::to_value(&setup).map_err(|e| Error::journal("a run's setup", e))?;
-        journal::create(&self.store, &id, task, backend, sandbox, &setup, None)?;
+        journal::create(
+            &self.store,
+            &id,
+            task,
+            backend,
+            sandbox,
+            &setup,
+            journal::Link::None,
+        )?;
         journal::append_message(&self.store, &id, 0, &Message::user(task))?;
         Ok(id)
     }
@@ -342,7 +387,7 @@ impl Agent {
             &parent.backend,
             &parent.sandbox,
             &parent.setup,
-            Some((from, at)),
+            journal::Link::Fork { from, at },
         )?;
         for (s, m) in msgs.iter().filter(|(s, _)| *s <= at) {
             journal::append_message(store, &id, *s, m)?;
@@ -386,15 +431,8 @@ impl Agent {
             msgs.push((*s, m));
         }
         let steps = journal::steps(&self.store, id)?;
-        let mut totals = Totals {
-            steps: steps.iter().filter(|s| !s.summary).count() as i64,
-            usage: Usage::default(),
-            cost: 0.0,
-        };
-        for s in &steps {
-            add(&mut totals.usage, &s.usage);
-            totals.cost += s.cost.unwrap_or(0.0);
-        }
+        // What it spent, its sub-agents' spend included.
+        let mut totals = delegate::totals_of(&self.store, id)?;
         let mut step = steps
             .iter()
             .map(|s| s.step)
@@ -444,6 +482,8 @@ impl Agent {
             if let Some(stop) = self.settle(id, setup, msgs, cancel).await? {
                 return Ok(stop);
             }
+            // Sub-agents may have spent in the meantime.
+            *totals = delegate::totals_of(&self.store, id)?;
             if let Some((_, m)) = msgs.last()
                 && m.role == Role::Assistant
             {

@@ -55,6 +55,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::dangerous::Pattern;
+use crate::delegation::AgentPolicy;
 use crate::env::EnvFilter;
 use crate::files::{FileRules, RawFiles, ToolSwitches};
 use crate::limits::{Limits, LimitsTable};
@@ -99,6 +100,7 @@ struct RawFile {
     approvals: Option<Approvals>,
     files: Option<RawFiles>,
     tools: Option<ToolSwitches>,
+    agent: Option<AgentPolicy>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,6 +171,8 @@ pub struct Policy {
     pub files: FileRules,
     /// Tools that are off unless turned on.
     pub tools: ToolSwitches,
+    /// How far sub-agents reach.
+    pub agent: AgentPolicy,
 }
 
 impl Policy {
@@ -270,6 +274,7 @@ impl Policy {
             approvals: raw.approvals.unwrap_or_default(),
             files: raw.files.unwrap_or_default().build().map_err(invalid)?,
             tools: raw.tools.unwrap_or_default(),
+            agent: raw.agent.unwrap_or_default(),
         })
     }
 }

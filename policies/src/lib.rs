@@ -17,6 +17,7 @@
 pub mod argv;
 pub mod caution;
 pub mod dangerous;
+pub mod delegation;
 pub mod embedded;
 pub mod env;
 pub mod file;
@@ -29,6 +30,7 @@ pub mod rules;
 pub mod shell;
 
 pub use dangerous::Pattern;
+pub use delegation::AgentPolicy;
 pub use env::EnvFilter;
 pub use file::{Approvals, Policy, PolicyError, append_allow_rule};
 pub use files::{FileOp, FileRule, FileRules, FileVerdict, MemoryAccess, ToolSwitches};

@@ -41,6 +41,7 @@ pub struct Answer {
 }
 
 /// Providers in the order to try them.
+#[derive(Clone)]
 pub struct Failover {
     providers: Vec<ProviderConfig>,
     client: reqwest::Client,

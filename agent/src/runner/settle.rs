@@ -3,6 +3,9 @@
 //! finished, so that a run killed at any point resumes without running a call
 //! twice.
 
+use std::collections::HashMap;
+
+use super::delegate::{DELEGATE, Pending};
 use super::*;
 use crate::context::bound;
 use crate::journal::{CallKey, CallState};
@@ -50,6 +53,25 @@ impl Agent {
             setup.max_calls_per_turn,
         );
         let journaled = journal::calls_of_step(&self.store, id, step)?;
+        // The turn's `delegate` calls run together, at the first of them:
+        // their sub-agents work at the same time.
+        let batch: Vec<Pending> = turn
+            .tool_calls
+            .iter()
+            .zip(&checked)
+            .enumerate()
+            .filter(|(_, (c, _))| c.name == DELEGATE && !answered.contains(&c.id))
+            .filter_map(|(idx, (c, check))| {
+                let args = check.as_ref().ok()?.clone();
+                Some(Pending {
+                    idx: idx as i64,
+                    call_id: c.id.clone(),
+                    args,
+                    args_text: journal_args(&self.redact, &c.arguments),
+                })
+            })
+            .collect();
+        let mut delegated: Option<HashMap<String, ToolOutcome>> = None;
         for (idx, (call, check)) in turn.tool_calls.iter().zip(checked).enumerate() {
             if answered.contains(&call.id) {
                 continue;
@@ -65,7 +87,9 @@ impl Agent {
                 .iter()
                 .find(|c| c.call_id == call.id && c.step == step);
             match prior.map(|p| (p.state, p.approval)) {
-                Some((CallState::Started, _)) => {
+                // A `delegate` cut off carries on: its sub-agents journal
+                // their own calls, and the ones that ended are not rerun.
+                Some((CallState::Started, _)) if call.name != DELEGATE => {
                     let text = "[berth: this call was cut off: berth stopped while it was running, so its outcome is unknown. It was not run again. Check the sandbox's state (files, processes) before you repeat it.]";
                     self.verdict(&call.id, "cut_off", text, None);
                     self.finish(
@@ -113,6 +137,48 @@ impl Agent {
                     continue;
                 }
             };
+            if call.name == DELEGATE {
+                let t0 = Instant::now();
+                if delegated.is_none() {
+                    match self.delegate_turn(id, setup, step, &batch, cancel).await? {
+                        Ok(map) => delegated = Some(map),
+                        Err(stop) => return Ok(stop),
+                    }
+                }
+                let outcome = delegated
+                    .as_mut()
+                    .and_then(|m| m.remove(&call.id))
+                    .unwrap_or_else(|| {
+                        ToolOutcome::error("[berth: this delegate call was not carried out]")
+                    });
+                if let ToolOutcome::Done {
+                    text,
+                    is_error,
+                    detail,
+                } = outcome
+                {
+                    let sent = bound(&text, RESULT_LIMIT);
+                    (self.events)(&AgentEvent::Result {
+                        call_id: call.id.clone(),
+                        is_error,
+                        bytes: sent.len(),
+                        detail: detail.clone(),
+                        duration_ms: t0.elapsed().as_millis() as u64,
+                    });
+                    self.finish(
+                        id,
+                        step,
+                        key,
+                        CallState::Finished,
+                        None,
+                        json!({ "is_error": is_error, "detail": detail }),
+                        &sent,
+                        is_error,
+                        msgs,
+                    )?;
+                }
+                continue;
+            }
             loop {
                 journal::call_started(
                     &self.store,

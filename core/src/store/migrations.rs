@@ -182,4 +182,16 @@ pub(super) const MIGRATIONS: &[&str] = &[
         last_seq INTEGER NOT NULL
     );
     "#,
+    // 7: sub-agents (`delegate`): a run's link to its parent is a fork or a
+    // child; a child names the parent's call that started it and its place
+    // in that call's fan-out, so a resume finds it instead of starting it
+    // again; its depth below the run a person started.
+    r#"
+    ALTER TABLE runs ADD COLUMN kind TEXT;
+    ALTER TABLE runs ADD COLUMN parent_call TEXT;
+    ALTER TABLE runs ADD COLUMN child_idx INTEGER;
+    ALTER TABLE runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+    UPDATE runs SET kind = 'fork' WHERE parent IS NOT NULL;
+    CREATE UNIQUE INDEX runs_child ON runs(parent, parent_call, child_idx) WHERE kind = 'child';
+    "#,
 ];

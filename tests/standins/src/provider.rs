@@ -21,6 +21,10 @@
 //! /props`, `n_ctx`); those requests are kept apart ([`ProviderStandin::probes`]).
 //! A request with tools off (the summary call of a compaction) can be given
 //! a reply of its own ([`ProviderStandin::on_tools_off`]).
+//!
+//! Conversations that run at once (sub-agents) each get a script of their
+//! own ([`ProviderStandin::route`]): a request whose first user message (the
+//! task) contains a route's marker is answered from that route's replies.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -164,6 +168,7 @@ struct State {
     advertise: Advertise,
     usage: bool,
     tools_off: Option<Reply>,
+    routes: Vec<(String, VecDeque<Reply>)>,
 }
 
 /// The running stand-in; stopped when dropped.
@@ -195,6 +200,7 @@ impl ProviderStandin {
             advertise: Advertise::Nothing,
             usage: true,
             tools_off: None,
+            routes: vec![],
         }));
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
         let st = state.clone();
@@ -262,6 +268,14 @@ impl ProviderStandin {
         }
     }
 
+    /// Answer the conversation whose task contains `marker` from `replies`,
+    /// apart from the main script.
+    pub fn route(&self, marker: &str, replies: Vec<Reply>) {
+        if let Ok(mut s) = self.state.lock() {
+            s.routes.push((marker.into(), replies.into()));
+        }
+    }
+
     /// Answer every request with tools off with `reply`, leaving the script alone.
     pub fn on_tools_off(&self, reply: Reply) {
         if let Ok(mut s) = self.state.lock() {
@@ -294,6 +308,25 @@ impl Drop for ProviderStandin {
     }
 }
 
+/// The text of a request's first user message, in either wire format.
+fn first_user_text(body: &Value) -> String {
+    let Some(m) = body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "user"))
+    else {
+        return String::new();
+    };
+    match &m["content"] {
+        Value::String(t) => t.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
 async fn serve(mut sock: TcpStream, state: Arc<Mutex<State>>) {
     let Some(req) = read_request(&mut sock).await else {
         return;
@@ -316,7 +349,13 @@ async fn serve(mut sock: TcpStream, state: Arc<Mutex<State>>) {
             match s.window {
                 Some(w) if req.tokens > w => (Some(too_long(anthropic, w, req.tokens)), usage),
                 _ if tools_off && s.tools_off.is_some() => (s.tools_off.clone(), usage),
-                _ => (s.script.pop_front(), usage),
+                _ => {
+                    let task = first_user_text(&req.body);
+                    match s.routes.iter_mut().find(|(m, _)| task.contains(m.as_str())) {
+                        Some((_, replies)) => (replies.pop_front(), usage),
+                        None => (s.script.pop_front(), usage),
+                    }
+                }
             }
         }
         Err(_) => (None, Usage::Fixed),
