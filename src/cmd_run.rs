@@ -24,10 +24,10 @@ use berth_core::runtime::Runtime;
 use berth_core::store::Store;
 use berth_tools::memory;
 use clap::{Args, Subcommand};
-use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::load_config;
 use crate::context;
 
 #[derive(Args, Debug)]
@@ -149,45 +149,6 @@ pub enum RunsCmd {
     },
 }
 
-/// berth's config file (TOML).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Config {
-    /// Providers by name.
-    #[serde(default)]
-    providers: Vec<ProviderConfig>,
-    /// The provider(s) used when none is named.
-    #[serde(default)]
-    default_provider: Option<String>,
-}
-
-/// The config file: BERTH_CONFIG, else $XDG_CONFIG_HOME/berth/config.toml,
-/// else ~/.config/berth/config.toml. It need not exist.
-fn config_path() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BERTH_CONFIG").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(x).join("berth/config.toml"));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .context("neither BERTH_CONFIG, XDG_CONFIG_HOME nor HOME is set; set BERTH_CONFIG=FILE")?;
-    Ok(PathBuf::from(home).join(".config/berth/config.toml"))
-}
-
-fn load_config() -> Result<(Config, PathBuf)> {
-    let path = config_path()?;
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Config::default(), path)),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    let cfg: Config = toml::from_str(&text)
-        .with_context(|| format!("{} is not a valid berth config", path.display()))?;
-    Ok((cfg, path))
-}
-
 /// The providers to use, in order.
 fn providers(a: &RunArgs, stored: &[ProviderConfig]) -> Result<Vec<ProviderConfig>> {
     let (cfg, path) = load_config()?;
@@ -303,7 +264,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         let remote = crate::server::tools::ServerTools::new(dir.clone(), mode);
         remote.check().await?;
         tools = tools.dispatched_by(Arc::new(remote));
-        server = Some((dir, mode));
+        server = Some((dir.clone(), mode));
     } else {
         // Fail early, with the runtime's own hint, if the sandbox cannot be had.
         rt.attach(&backend, &sandbox)
@@ -361,6 +322,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
             agent.start(&task, &backend, &sandbox)?
         }
     };
+    let hooks = nudge_webhooks(&dir).await;
     let cancel = CancellationToken::new();
     let watcher = tokio::spawn(ctrl_c(cancel.clone()));
     let mut exit = agent.run(&run_id, &cancel).await?;
@@ -372,6 +334,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
     }
     watcher.abort();
     rt.shutdown().await;
+    if hooks {
+        // The server that delivers the end message may have idled out.
+        nudge_webhooks(&dir).await;
+    }
     Ok(match exit.reason {
         RunState::Done | RunState::Running => 0,
         RunState::BudgetSpent => 2,
@@ -444,6 +410,31 @@ impl Children for CliChildren {
             );
         }
     }
+}
+
+/// With webhooks in the config, make sure a berth server runs: it delivers
+/// them from the event log (this run's end included). True when there are some.
+async fn nudge_webhooks(dir: &std::path::Path) -> bool {
+    let hooks = load_config().is_ok_and(|(c, _)| !c.webhooks.is_empty());
+    if !hooks {
+        return false;
+    }
+    match crate::server::Mode::from_env() {
+        Ok(crate::server::Mode::Off) | Err(_) => {
+            eprintln!(
+                "berth: webhooks are configured, but BERTH_SERVER=off: they are sent when a berth server next runs"
+            );
+        }
+        Ok(mode) => {
+            if let Err(e) = crate::server::client::connect(dir, mode).await {
+                eprintln!(
+                    "berth: no berth server to send webhooks: {}",
+                    berth_client::error_text(&e)
+                );
+            }
+        }
+    }
+    true
 }
 
 /// First Ctrl-C: interrupt (the tool's process tree is killed, the run is

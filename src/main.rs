@@ -18,6 +18,7 @@ mod cmd_reap;
 mod cmd_run;
 mod cmd_sandbox;
 mod cmd_server;
+mod config;
 mod context;
 mod exec_report;
 mod io;

@@ -452,6 +452,25 @@ impl Agent {
         };
         let detail = detail.map(|d| (self.redact)(&d));
         journal::set_state(&self.store, id, reason, detail.as_deref())?;
+        // In the event log: `berth events`, and the server's webhooks.
+        self.store.append(&berth_core::store::Event {
+            kind: berth_core::events::EventKind::RunEnded.into(),
+            backend: Some(row.backend.clone()),
+            sandbox: Some(row.sandbox.clone()),
+            detail: Some(
+                json!({
+                    "run": id,
+                    "state": reason,
+                    "reason": detail,
+                    "steps": totals.steps,
+                    "tokens": totals.usage.total(),
+                    "parent": if row.kind.as_deref() == Some("child") { row.parent.clone() } else { None },
+                    "task": (self.redact)(&row.task.chars().take(200).collect::<String>()),
+                })
+                .to_string(),
+            ),
+            ..Default::default()
+        })?;
         (self.events)(&AgentEvent::Exit {
             run_id: id.into(),
             reason,

@@ -49,6 +49,8 @@ pub enum EventKind {
     ToolStarted,
     /// A tool call ended.
     ToolFinished,
+    /// An agent run stopped (done, paused on an approval, failed...).
+    RunEnded,
 }
 
 impl EventKind {
@@ -81,11 +83,12 @@ impl EventKind {
             EventKind::ApprovalAnswered => "approval.answered",
             EventKind::ToolStarted => "tool.started",
             EventKind::ToolFinished => "tool.finished",
+            EventKind::RunEnded => "run.ended",
         }
     }
 
     /// Every kind, for parsing and for tests.
-    pub const ALL: [EventKind; 26] = [
+    pub const ALL: [EventKind; 27] = [
         EventKind::ExecStarted,
         EventKind::ExecFinished,
         EventKind::ExecFailed,
@@ -112,6 +115,7 @@ impl EventKind {
         EventKind::ApprovalAnswered,
         EventKind::ToolStarted,
         EventKind::ToolFinished,
+        EventKind::RunEnded,
     ];
 
     /// The kind a stored text names; `None` for one this berth does not know

@@ -704,6 +704,9 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
             }
         })
     };
+    // Webhooks deliver from the event log, each at its own pace.
+    let hooks_stop = CancellationToken::new();
+    let hooks = super::webhooks::spawn(shared.rt.clone(), state_dir.clone(), hooks_stop.clone());
     loop {
         // Backpressure: no accept while every slot is taken.
         let slot = tokio::select! {
@@ -757,6 +760,10 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     }
     drop(listener);
     watcher.abort();
+    // Each webhook's cursor is on disk; a message cut short is sent again
+    // by the next server.
+    hooks_stop.cancel();
+    let _ = tokio::time::timeout(CLOSE_WAIT, hooks).await;
     shared.release();
     // Woken when the last running call ends, not polled.
     let mut running = shared.active_now.subscribe();

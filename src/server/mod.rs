@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod tools;
+pub mod webhooks;
 
 pub use berth_client::{
     Mode, PROTOCOL, client, config_key, exe_id, idle_from_env, lock_path, proto, socket_path,

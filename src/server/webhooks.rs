@@ -1,0 +1,380 @@
+//! Webhooks: `berth serve` tells people when a run ends, a command waits for
+//! an approval, or a job's watch pattern matches, by POSTing a small JSON
+//! message to the URLs in the config file (`[[webhooks]]`), in Slack's,
+//! Discord's or berth's own format.
+//!
+//! Flow at a glance: a supervisor looks at the config file every second and,
+//! when it changed, restarts one delivery task per webhook. Each task reads
+//! the event log after its own cursor (a file per webhook under the state
+//! dir, replaced by rename), POSTs each event it wants, retrying with backoff,
+//! and moves its cursor on once the message is delivered or given up. So a
+//! server restart loses nothing: a task starts where its cursor is. A dead
+//! webhook holds up only its own queue: never a run, a command, or another
+//! webhook, because nothing waits on delivery but the task itself.
+//!
+//! No secret goes out: a message carries kinds, ids, names and texts the
+//! event log already keeps masked, and the whole message is masked once more
+//! with the gate's redactor before it leaves.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_core::events::EventKind;
+use berth_core::runtime::Runtime;
+use berth_core::store::Event;
+use serde_json::{Value, json};
+use sha2::Digest;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::{HookFormat, Webhook, config_path, load_config};
+
+/// The events a webhook is told about unless it lists its own.
+pub const KINDS: [EventKind; 3] = [
+    EventKind::RunEnded,
+    EventKind::ApprovalRequested,
+    EventKind::JobWatch,
+];
+/// Tries per message.
+const ATTEMPTS: u32 = 5;
+/// The wait before the second try; doubled each time after.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// One POST's limit.
+const POST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an idle task looks for new events.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Start the supervisor; it stops with `shutdown`.
+pub fn spawn(rt: Arc<Runtime>, state_dir: PathBuf, shutdown: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(supervise(rt, state_dir, shutdown))
+}
+
+/// What identifies a version of the config file.
+fn stamp(path: &Path) -> Option<(u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
+}
+
+async fn supervise(rt: Arc<Runtime>, state_dir: PathBuf, shutdown: CancellationToken) {
+    let mut seen: Option<Option<(u64, u64, i64, i64)>> = None;
+    let mut tasks: Vec<(JoinHandle<()>, CancellationToken)> = Vec::new();
+    let client = match reqwest::Client::builder().timeout(POST_TIMEOUT).build() {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(error = %e, "webhooks: no HTTP client; no notifications will be sent");
+            return;
+        }
+    };
+    loop {
+        let now = config_path().ok().map(|p| stamp(&p)).unwrap_or(None);
+        if seen.as_ref() != Some(&now) {
+            seen = Some(now);
+            for (t, stop) in tasks.drain(..) {
+                stop.cancel();
+                let _ = t.await;
+            }
+            match load_config() {
+                Ok((cfg, path)) => {
+                    for hook in cfg.webhooks {
+                        let url = match hook.resolve_url() {
+                            Ok(u) => u,
+                            Err(e) => {
+                                warn!(config = %path.display(), error = %e, "webhooks: skipping one");
+                                continue;
+                            }
+                        };
+                        let stop = shutdown.child_token();
+                        let task = Hook {
+                            rt: rt.clone(),
+                            client: client.clone(),
+                            cursor: cursor_path(&state_dir, &url, hook.format),
+                            url,
+                            hook,
+                            stop: stop.clone(),
+                        };
+                        tasks.push((tokio::spawn(task.run()), stop));
+                    }
+                    if !tasks.is_empty() {
+                        info!(webhooks = tasks.len(), "webhooks: delivering");
+                    }
+                }
+                Err(e) => warn!(error = %format!("{e:#}"), "webhooks: the config does not read"),
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+    for (t, stop) in tasks {
+        stop.cancel();
+        let _ = t.await;
+    }
+}
+
+/// A webhook's cursor file: named by a digest of its URL (which may be a
+/// credential, so it is not written out) and format.
+fn cursor_path(state_dir: &Path, url: &str, format: HookFormat) -> PathBuf {
+    let mut h = sha2::Sha256::new();
+    h.update(url.as_bytes());
+    h.update(format!("{format:?}").as_bytes());
+    let digest = hex::encode(&h.finalize()[..12]);
+    state_dir.join("webhooks").join(format!("{digest}.cursor"))
+}
+
+/// One webhook's delivery task.
+struct Hook {
+    rt: Arc<Runtime>,
+    client: reqwest::Client,
+    url: String,
+    hook: Webhook,
+    cursor: PathBuf,
+    stop: CancellationToken,
+}
+
+impl Hook {
+    fn wants(&self, kind: &str) -> bool {
+        match &self.hook.events {
+            Some(list) => list.iter().any(|k| k == kind),
+            None => KINDS.iter().any(|k| k.as_str() == kind),
+        }
+    }
+
+    async fn run(self) {
+        let store = self.rt.store().clone();
+        let mut cursor = match read_cursor(&self.cursor) {
+            Some(c) => c,
+            // A new webhook starts at the newest event: it is not sent history.
+            None => {
+                let s = store.clone();
+                let newest = tokio::task::spawn_blocking(move || s.events(0, 1, None)).await;
+                let c = match newest {
+                    Ok(Ok(e)) => e.last().map_or(0, |e| e.id),
+                    _ => 0,
+                };
+                if let Err(e) = write_cursor(&self.cursor, c) {
+                    warn!(error = %e, "webhooks: cannot keep a cursor; messages may repeat after a restart");
+                }
+                c
+            }
+        };
+        while !self.stop.is_cancelled() {
+            let s = store.clone();
+            let events =
+                match tokio::task::spawn_blocking(move || s.events_after(cursor, 100)).await {
+                    Ok(Ok(e)) => e,
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "webhooks: cannot read the event log");
+                        Vec::new()
+                    }
+                    Err(_) => Vec::new(),
+                };
+            if events.is_empty() {
+                tokio::select! {
+                    _ = self.stop.cancelled() => break,
+                    _ = tokio::time::sleep(POLL) => {}
+                }
+                continue;
+            }
+            for e in events {
+                if self.wants(&e.kind) {
+                    let body = message(self.hook.format, &e, &|t| self.rt.redact(t));
+                    if !self.post(&e, &body).await {
+                        // Stopped mid-retry: the cursor stays, the message is
+                        // sent again by the next server.
+                        return;
+                    }
+                }
+                cursor = e.id;
+                if let Err(err) = write_cursor(&self.cursor, cursor) {
+                    warn!(error = %err, "webhooks: cannot keep a cursor");
+                }
+            }
+        }
+    }
+
+    /// POST `body`, retrying with backoff. False when stopped before the
+    /// message was delivered or given up.
+    async fn post(&self, e: &Event, body: &Value) -> bool {
+        let mut wait = FIRST_BACKOFF;
+        for attempt in 1..=ATTEMPTS {
+            let sent = tokio::select! {
+                _ = self.stop.cancelled() => return false,
+                r = self.client.post(&self.url).json(body).send() => r,
+            };
+            let why = match sent {
+                Ok(r) if r.status().is_success() => return true,
+                Ok(r) => format!("HTTP {}", r.status()),
+                Err(err) => berth_core::error::chain_text(&err),
+            };
+            if attempt == ATTEMPTS {
+                warn!(event = e.id, kind = %e.kind, attempts = ATTEMPTS, why = %mask_url(&why, &self.url), "webhooks: giving up on a message");
+                return true;
+            }
+            tokio::select! {
+                _ = self.stop.cancelled() => return false,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            wait *= 2;
+        }
+        true
+    }
+}
+
+/// An error's text without the URL, which may be a credential.
+fn mask_url(text: &str, url: &str) -> String {
+    text.replace(url, "<webhook url>")
+}
+
+fn read_cursor(path: &Path) -> Option<i64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Write the cursor whole or not at all (a `kill -9` leaves the old one).
+fn write_cursor(path: &Path, id: i64) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{id}\n"))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// An event as a webhook's message, masked.
+pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -> Value {
+    let d: Value = e
+        .detail
+        .as_deref()
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or(Value::Null);
+    let place = format!(
+        "{}/{}",
+        e.backend.as_deref().unwrap_or("?"),
+        e.sandbox.as_deref().unwrap_or("?")
+    );
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let mut facts = json!({
+        "event": e.kind, "id": e.id, "ts_ms": e.ts_ms,
+        "backend": e.backend, "sandbox": e.sandbox,
+    });
+    let text = match EventKind::parse(&e.kind) {
+        Some(EventKind::RunEnded) => {
+            facts["run"] = d["run"].clone();
+            facts["state"] = d["state"].clone();
+            facts["steps"] = d["steps"].clone();
+            let reason = d["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            format!(
+                "berth: run {} in {place} ended {} after {} step(s){reason}. Task: {}",
+                s(&d["run"]),
+                s(&d["state"]),
+                d["steps"],
+                s(&d["task"])
+            )
+        }
+        Some(EventKind::ApprovalRequested) => {
+            let id = &d["approval"];
+            facts["approval"] = id.clone();
+            facts["command"] = json!(e.command);
+            format!(
+                "berth: approval #{id} is needed in {place} for `{}`{}. Answer with `berth approve {id}` or `berth deny {id}`.",
+                e.command.as_deref().unwrap_or(""),
+                d["reason"]
+                    .as_str()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            )
+        }
+        Some(EventKind::JobWatch) => {
+            let job = e.call_id.clone().unwrap_or_default();
+            let inner = &d["detail"];
+            facts["job"] = json!(job);
+            facts["pattern"] = inner["pattern"].clone();
+            facts["line"] = inner["line"].clone();
+            format!(
+                "berth: job {job} in {place} matched `{}`: {}",
+                s(&inner["pattern"]),
+                s(&inner["line"])
+            )
+        }
+        _ => format!("berth: {} in {place}", e.kind),
+    };
+    let body = match format {
+        HookFormat::Slack => json!({ "text": text }),
+        HookFormat::Discord => json!({ "content": text }),
+        HookFormat::Json => {
+            facts["text"] = json!(text);
+            facts
+        }
+    };
+    berth_core::gate::redact_json(&body, &|t| redact(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: EventKind, detail: Value) -> Event {
+        Event {
+            id: 7,
+            kind: kind.into(),
+            backend: Some("docker".into()),
+            sandbox: Some("web".into()),
+            command: Some("make deploy TOKEN=hunter2".into()),
+            call_id: Some("j1".into()),
+            detail: Some(detail.to_string()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_format_carries_the_text_and_no_secret() {
+        let mask = |t: &str| t.replace("hunter2", "[REDACTED:TOKEN]");
+        let e = event(
+            EventKind::ApprovalRequested,
+            json!({ "approval": 3, "reason": "deploys" }),
+        );
+        let slack = message(HookFormat::Slack, &e, &mask);
+        let text = slack["text"].as_str().unwrap_or("");
+        assert!(
+            text.contains("approval #3") && text.contains("berth approve 3"),
+            "{text}"
+        );
+        assert!(!slack.to_string().contains("hunter2"), "{slack}");
+        let discord = message(HookFormat::Discord, &e, &mask);
+        assert_eq!(discord["content"], slack["text"]);
+        let j = message(HookFormat::Json, &e, &mask);
+        assert_eq!(j["event"], "approval.requested");
+        assert_eq!(j["approval"], 3);
+        assert!(!j.to_string().contains("hunter2"), "{j}");
+        let w = event(
+            EventKind::JobWatch,
+            json!({ "detail": { "pattern": "FAILED", "line": "3 FAILED" } }),
+        );
+        let j = message(HookFormat::Json, &w, &mask);
+        assert_eq!(
+            (j["job"].as_str(), j["pattern"].as_str()),
+            (Some("j1"), Some("FAILED"))
+        );
+    }
+
+    #[test]
+    fn a_cursor_is_whole_or_absent() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let p = cursor_path(
+            dir.path(),
+            "https://hooks.example/T0/secret",
+            HookFormat::Slack,
+        );
+        assert!(!p.to_string_lossy().contains("secret"));
+        assert_eq!(read_cursor(&p), None);
+        write_cursor(&p, 42)?;
+        assert_eq!(read_cursor(&p), Some(42));
+        Ok(())
+    }
+}
