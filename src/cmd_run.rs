@@ -36,7 +36,9 @@ berth run --base-url http://127.0.0.1:8080/v1 --model qwen 'count the files in /
 berth run --provider claude,local --max-steps 20 'make the tests pass'\n  \
 berth run --resume r18f3c2a9b1   # after Ctrl-C, a crash, or `berth approve N`\n  \
 berth run --fork r18f3c2a9b1 --at 2 --provider other\n\n\
-Exit codes: 0 done, 2 budget spent, 3 awaiting approval, 4 provider failed, 130 interrupted, 125 error.")]
+berth run --resume r18f3c2a9b1 --on job:build   # sleep until the job ends; the server wakes the run
+
+Exit codes: 0 done, 2 budget spent, 3 awaiting approval, 4 provider failed, 5 waiting, 130 interrupted, 125 error.")]
 pub struct RunArgs {
     /// The task. Without one on a terminal, berth asks for it and then chats.
     pub task: Option<String>,
@@ -100,6 +102,12 @@ pub struct RunArgs {
     /// Carry on a run after Ctrl-C, a crash or an approval.
     #[arg(long, value_name = "RUN", conflicts_with_all = ["task", "fork"])]
     pub resume: Option<String>,
+    /// With --resume: do not carry on now; wait for an event, and let the
+    /// berth server carry the run on when it comes: `job:ID` (its end),
+    /// `job:ID:REGEX` (a line of its output), `approval:N` (its answer),
+    /// `after:SECS`.
+    #[arg(long, value_name = "EVENT", requires = "resume")]
+    pub on: Option<String>,
     /// Start a new run from a past run's transcript (with --at).
     #[arg(long, value_name = "RUN", requires = "at", conflicts_with = "task")]
     pub fork: Option<String>,
@@ -251,6 +259,9 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         }
         (None, None) => (None, a.backend.clone(), a.sandbox.clone(), vec![]),
     };
+    if let (Some(id), Some(on)) = (&run_id, &a.on) {
+        return wait_on(&store, &dir, id, on).await;
+    }
     let providers = providers(&a, &stored)?;
     let mut tools = RegistryTools::new(rt.clone(), &backend, &sandbox);
     let mut server = None;
@@ -323,6 +334,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         }
     };
     let hooks = nudge_webhooks(&dir).await;
+    let server_dir = dir.clone();
     let cancel = CancellationToken::new();
     let watcher = tokio::spawn(ctrl_c(cancel.clone()));
     let mut exit = agent.run(&run_id, &cancel).await?;
@@ -334,15 +346,19 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
     }
     watcher.abort();
     rt.shutdown().await;
-    if hooks {
+    if exit.reason == RunState::Waiting {
+        // The server holds the wait.
+        ensure_server(&server_dir).await;
+    } else if hooks {
         // The server that delivers the end message may have idled out.
-        nudge_webhooks(&dir).await;
+        nudge_webhooks(&server_dir).await;
     }
     Ok(match exit.reason {
         RunState::Done | RunState::Running => 0,
         RunState::BudgetSpent => 2,
         RunState::AwaitingApproval => 3,
         RunState::ProviderFailed => 4,
+        RunState::Waiting => 5,
         RunState::Interrupted => 130,
         RunState::Error => crate::EXIT_BERTH_ERROR,
     })
@@ -408,6 +424,81 @@ impl Children for CliChildren {
                 place.sandbox,
                 place.backend
             );
+        }
+    }
+}
+
+/// `--resume ID --on EVENT`: the run waits for the event; the server resumes it.
+async fn wait_on(store: &Store, dir: &std::path::Path, id: &str, on: &str) -> Result<u8> {
+    use berth_agent::waits::{self, Wait};
+    let mut w = Wait {
+        run_id: id.into(),
+        ..Default::default()
+    };
+    let bad = || {
+        anyhow::anyhow!(
+            "--on {on:?}: use job:ID (its end), job:ID:REGEX (a line of its output), approval:N or after:SECS"
+        )
+    };
+    let (kind, rest) = on.split_once(':').ok_or_else(bad)?;
+    match kind {
+        "job" => {
+            let (job, pattern) = match rest.split_once(':') {
+                Some((j, p)) => (j, Some(p)),
+                None => (rest, None),
+            };
+            let j = store.job(job).map_err(|e| anyhow::anyhow!(e.full_text()))?;
+            if let Some(p) = pattern {
+                regex::Regex::new(p)
+                    .with_context(|| format!("--on: {p:?} is not a regular expression"))?;
+            }
+            w.job = Some(j.id);
+            w.pattern = pattern.map(str::to_string);
+        }
+        "approval" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            store
+                .approval(n)
+                .map_err(|e| anyhow::anyhow!(e.full_text()))?;
+            w.approval = Some(n);
+        }
+        "after" => {
+            let secs: f64 = rest.parse().map_err(|_| bad())?;
+            w.deadline_ms = Some(berth_core::store::now_ms() + (secs * 1000.0) as i64);
+        }
+        _ => return Err(bad()),
+    }
+    let row = journal::run(store, id)?.with_context(|| format!("no run `{id}`"))?;
+    if row.state == RunState::Running && journal::claim(store, id).is_err() {
+        bail!("run {id} is running in another berth; stop it (Ctrl-C) before it waits");
+    }
+    waits::put(store, &w)?;
+    journal::set_state(
+        store,
+        id,
+        RunState::Waiting,
+        Some(&format!("waits for {on}")),
+    )?;
+    ensure_server(dir).await;
+    eprintln!(
+        "berth: run {id} waits for {on}; the berth server carries it on when it comes (`berth runs ls` shows it)"
+    );
+    Ok(5)
+}
+
+/// Make sure a berth server runs (it holds waits and sends webhooks).
+async fn ensure_server(dir: &std::path::Path) {
+    match crate::server::Mode::from_env() {
+        Ok(crate::server::Mode::Off) | Err(_) => eprintln!(
+            "berth: BERTH_SERVER=off: the run waits until a berth server runs (`berth serve`)"
+        ),
+        Ok(mode) => {
+            if let Err(e) = crate::server::client::connect(dir, mode).await {
+                eprintln!(
+                    "berth: no berth server to hold the wait: {}; start one with `berth serve`",
+                    berth_client::error_text(&e)
+                );
+            }
         }
     }
 }

@@ -36,6 +36,7 @@ mod shell;
 mod terminal;
 mod sandbox_escape;
 mod serve;
+mod waits;
 mod webhooks;
 
 conformance_suite!(local, crate::support::local_harness);

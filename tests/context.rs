@@ -20,7 +20,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const TASK: &str = "TASK-7f3a: print about 3 KB, forty times over";
 const STEPS: usize = 40;
-const WINDOW: u64 = 8000;
+const WINDOW: u64 = 9000;
 const LINES: usize = 45;
 const SUMMARY: &str = "## Task\nprint 3 KB forty times\n## Decisions\nnone\n## State of the sandbox\nunchanged\n## Open questions\nnone\n## Next step\nthe next print";
 
@@ -166,7 +166,7 @@ fn adhoc(d: &Path, s: &ProviderStandin, api: &str, extra: &[&str]) -> std::io::R
 }
 
 #[test]
-fn forty_steps_of_3kb_finish_in_an_8k_window_openai_streaming() -> TestResult {
+fn forty_steps_of_3kb_finish_in_a_9k_window_openai_streaming() -> TestResult {
     let dir = tempfile::tempdir()?;
     let d = dir.path();
     // vLLM's way: the window is in `/v1/models`, so nothing is ever refused.
@@ -217,7 +217,7 @@ fn forty_steps_of_3kb_finish_in_an_8k_window_openai_streaming() -> TestResult {
 }
 
 #[test]
-fn forty_steps_in_an_8k_window_openai_not_streaming_with_llama_cpp_props() -> TestResult {
+fn forty_steps_in_a_9k_window_openai_not_streaming_with_llama_cpp_props() -> TestResult {
     let dir = tempfile::tempdir()?;
     let s = standin(WINDOW, Advertise::Props)?;
     let o = adhoc(dir.path(), &s, "openai", &["--no-stream"])?;
@@ -232,7 +232,7 @@ fn forty_steps_in_an_8k_window_openai_not_streaming_with_llama_cpp_props() -> Te
 /// teaches it, is not a provider failure, and the step is retried once after
 /// a harder compaction.
 #[test]
-fn forty_steps_in_an_8k_window_anthropic_learns_the_window_from_its_refusal() -> TestResult {
+fn forty_steps_in_a_9k_window_anthropic_learns_the_window_from_its_refusal() -> TestResult {
     for stream in [true, false] {
         let dir = tempfile::tempdir()?;
         let s = standin(WINDOW, Advertise::Nothing)?;
@@ -326,7 +326,7 @@ fn kill_9_during_a_compaction_then_resume_finishes_it() -> TestResult {
     let d = dir.path();
     let _strays = Strays(d.canonicalize()?);
     // A window small enough that masking alone soon stops being enough.
-    let window = 5000;
+    let window = 6000;
     let s = ProviderStandin::start(script(1..=STEPS, true))?;
     s.set_window(window, Advertise::Models);
     s.on_tools_off(Reply::Slow(
@@ -390,10 +390,10 @@ fn a_summary_call_that_fails_or_overflows_falls_back_to_berths_own() -> TestResu
     ] {
         let dir = tempfile::tempdir()?;
         let s = ProviderStandin::start(script(1..=STEPS, true))?;
-        s.set_window(5000, Advertise::Models);
+        s.set_window(6000, Advertise::Models);
         s.on_tools_off(reply);
         let o = adhoc(dir.path(), &s, "openai", &[])?;
-        let run = check_run(dir.path(), &s, &o, 5000)?;
+        let run = check_run(dir.path(), &s, &o, 6000)?;
         let notes: Vec<Value> = run["compactions"]
             .as_array()
             .cloned()

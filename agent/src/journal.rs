@@ -37,6 +37,8 @@ pub enum RunState {
     Interrupted,
     /// A tool call waits for `berth approve`.
     AwaitingApproval,
+    /// It waits for an event (`wait_for`, `--on`); the server resumes it.
+    Waiting,
     /// No provider answered.
     ProviderFailed,
     /// Anything else.
@@ -62,6 +64,7 @@ impl RunState {
             RunState::BudgetSpent => "budget_spent",
             RunState::Interrupted => "interrupted",
             RunState::AwaitingApproval => "awaiting_approval",
+            RunState::Waiting => "waiting",
             RunState::ProviderFailed => "provider_failed",
             RunState::Error => "error",
         }
@@ -74,6 +77,7 @@ impl RunState {
             "budget_spent" => RunState::BudgetSpent,
             "interrupted" => RunState::Interrupted,
             "awaiting_approval" => RunState::AwaitingApproval,
+            "waiting" => RunState::Waiting,
             "provider_failed" => RunState::ProviderFailed,
             "error" => RunState::Error,
             other => {

@@ -15,6 +15,7 @@ pub mod notes;
 pub mod provider;
 pub mod runner;
 pub mod validate;
+pub mod waits;
 
 pub use host::{RegistryTools, ToolHost, ToolOutcome, ToolSpec};
 pub use journal::RunState;

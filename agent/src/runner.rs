@@ -20,6 +20,7 @@
 mod compact;
 pub mod delegate;
 mod settle;
+pub mod wait;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -325,6 +326,7 @@ impl Agent {
             tools.push(delegate::spec());
             system.push_str(delegate::DELEGATE_HINT);
         }
+        tools.push(wait::spec());
         if tools.iter().any(|t| t.name == "memory") {
             system.push_str(MEMORY_HINT);
             if let Some(notes) =
@@ -413,6 +415,21 @@ impl Agent {
             .map_err(|e| Error::journal(format!("run {id}: its setup"), e))?;
         journal::claim(&self.store, id)?;
         let mut msgs = journal::messages(&self.store, id)?;
+        // A person's wait (`--on`): what happened is the next thing said.
+        if let Some(w) = crate::waits::of_run(&self.store, id)?
+            && w.call_id.is_none()
+        {
+            if let Some(o) = &w.outcome {
+                let step = msgs.last().map(|(s, _)| *s).unwrap_or(0);
+                let m = Message::user(format!(
+                    "[berth: the run waited as asked, and {}. Carry on with the task.]",
+                    crate::waits::describe(o)
+                ));
+                journal::append_message(&self.store, id, step, &m)?;
+                msgs.push((step, m));
+            }
+            crate::waits::done(&self.store, id)?;
+        }
         let resumed = msgs.iter().any(|(_, m)| m.role != Role::User);
         (self.events)(&AgentEvent::Run {
             run_id: id.into(),

@@ -707,6 +707,14 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     // Webhooks deliver from the event log, each at its own pace.
     let hooks_stop = CancellationToken::new();
     let hooks = super::webhooks::spawn(shared.rt.clone(), state_dir.clone(), hooks_stop.clone());
+    // Runs that wait for an event: held here, resumed when it comes.
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let waits = super::waits::spawn(
+        shared.rt.clone(),
+        state_dir.clone(),
+        waiting.clone(),
+        hooks_stop.clone(),
+    );
     loop {
         // Backpressure: no accept while every slot is taken.
         let slot = tokio::select! {
@@ -751,7 +759,8 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
                 }
                 let since = shared.last_active.lock().map(|t| t.elapsed()).unwrap_or_default();
                 let watched = shared.watching.lock().map(|w| w.len()).unwrap_or(0);
-                if shared.active.load(Ordering::SeqCst) == 0 && watched == 0 && since >= idle {
+                let held = waiting.load(Ordering::SeqCst);
+                if shared.active.load(Ordering::SeqCst) == 0 && watched == 0 && held == 0 && since >= idle {
                     info!(idle_secs = idle.as_secs(), "idle; exiting");
                     break;
                 }
@@ -764,6 +773,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     // by the next server.
     hooks_stop.cancel();
     let _ = tokio::time::timeout(CLOSE_WAIT, hooks).await;
+    let _ = tokio::time::timeout(CLOSE_WAIT, waits).await;
     shared.release();
     // Woken when the last running call ends, not polled.
     let mut running = shared.active_now.subscribe();

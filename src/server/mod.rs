@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod tools;
+pub mod waits;
 pub mod webhooks;
 
 pub use berth_client::{

@@ -75,37 +75,19 @@ pub struct Delegation {
 pub fn spec() -> ToolSpec {
     ToolSpec {
         name: DELEGATE.into(),
-        description: "Hand tasks to sub-agents that work at the same time and report back. Each task becomes a child agent with a fresh context: it sees nothing of this conversation, so say everything it needs (paths, goals, what to report). Its final answer comes back as this call's result. Several delegate calls in one turn also run at the same time. A child gets a shell session of its own in your sandbox (`sandbox: same`), or a new sandbox of its own (`sandbox: new`, removed when it ends unless `keep_sandbox`).".into(),
+        description: "Hand self-contained tasks to sub-agents that work at the same time; each one's final answer comes back as this call's result. Calls in one turn run together too.".into(),
         input_schema: json!({
             "type": "object",
             "properties": {
-                "tasks": {
-                    "type": "array",
-                    "items": { "type": "string" },
-                    "minItems": 1,
-                    "description": "One child per task, each self-contained."
-                },
-                "tools": {
-                    "type": "array",
-                    "items": { "type": "string" },
-                    "description": "The tools the children may use, from yours (default: all of yours)."
-                },
-                "sandbox": {
-                    "type": "string",
-                    "enum": ["same", "new"],
-                    "description": "`same` (default): your sandbox; `new`: a new sandbox per child."
-                },
-                "backend": {
-                    "type": "string",
-                    "description": "With `sandbox: new`: the backend of the new sandboxes (default yours)."
-                },
-                "keep_sandbox": {
-                    "type": "boolean",
-                    "description": "With `sandbox: new`: keep the new sandboxes after the children end."
-                },
-                "max_steps": { "type": "integer", "minimum": 1, "description": "Model calls each child may make." },
-                "max_tokens": { "type": "integer", "minimum": 1, "description": "Tokens each child may use." },
-                "max_cost": { "type": "number", "minimum": 0, "description": "Money each child may spend." }
+                "tasks": { "type": "array", "items": { "type": "string" }, "minItems": 1,
+                           "description": "One sub-agent per task; it sees nothing of this conversation." },
+                "tools": { "type": "array", "items": { "type": "string" }, "description": "Some of your tools (default all)." },
+                "sandbox": { "type": "string", "enum": ["same", "new"], "description": "same: a session of its own in your sandbox; new: a sandbox of its own, removed after." },
+                "backend": { "type": "string" },
+                "keep_sandbox": { "type": "boolean" },
+                "max_steps": { "type": "integer", "minimum": 1 },
+                "max_tokens": { "type": "integer", "minimum": 1 },
+                "max_cost": { "type": "number", "minimum": 0 }
             },
             "required": ["tasks"]
         }),

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use super::delegate::{DELEGATE, Pending};
+use super::wait::{WAIT_FOR, Waited};
 use super::*;
 use crate::context::bound;
 use crate::journal::{CallKey, CallState};
@@ -89,7 +90,7 @@ impl Agent {
             match prior.map(|p| (p.state, p.approval)) {
                 // A `delegate` cut off carries on: its sub-agents journal
                 // their own calls, and the ones that ended are not rerun.
-                Some((CallState::Started, _)) if call.name != DELEGATE => {
+                Some((CallState::Started, _)) if call.name != DELEGATE && call.name != WAIT_FOR => {
                     let text = "[berth: this call was cut off: berth stopped while it was running, so its outcome is unknown. It was not run again. Check the sandbox's state (files, processes) before you repeat it.]";
                     self.verdict(&call.id, "cut_off", text, None);
                     self.finish(
@@ -137,6 +138,14 @@ impl Agent {
                     continue;
                 }
             };
+            if call.name == WAIT_FOR {
+                let started = prior.is_some_and(|p| p.state == CallState::Started);
+                match self.wait_call(id, step, idx as i64, &call.id, &args, &args_text, started)? {
+                    Waited::Result(outcome) => self.finish_wait(id, step, key, outcome, msgs)?,
+                    Waited::Pause(why) => return Ok(Some((RunState::Waiting, Some(why), None))),
+                }
+                continue;
+            }
             if call.name == DELEGATE {
                 let t0 = Instant::now();
                 if delegated.is_none() {

@@ -194,4 +194,22 @@ pub(super) const MIGRATIONS: &[&str] = &[
     UPDATE runs SET kind = 'fork' WHERE parent IS NOT NULL;
     CREATE UNIQUE INDEX runs_child ON runs(parent, parent_call, child_idx) WHERE kind = 'child';
     "#,
+    // 8: triggers: a run that waits (`wait_for`, `berth run --on`) for a
+    // job's end or output, an approval's answer or a deadline. The server
+    // holds the wait: it fills `outcome` when it fires, then resumes the run.
+    r#"
+    CREATE TABLE run_waits (
+        run_id      TEXT PRIMARY KEY REFERENCES runs(id),
+        call_id     TEXT,
+        job         TEXT,
+        pattern     TEXT,
+        approval    INTEGER,
+        deadline_ms INTEGER,
+        log_offset  INTEGER NOT NULL DEFAULT 0,
+        created_ms  INTEGER NOT NULL,
+        woke_ms     INTEGER,
+        outcome     TEXT,
+        resumed_ms  INTEGER
+    );
+    "#,
 ];
