@@ -66,10 +66,14 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
     match cmd {
         ServerCmd::Status(a) => match client::running(&dir).await? {
             None => {
+                let waits = waiting(&dir);
                 if a.json {
-                    context::print_json(&json!({ "running": false, "state_dir": dir }));
+                    context::print_json(
+                        &json!({ "running": false, "state_dir": dir, "waits": waits }),
+                    );
                 } else {
                     println!("no berth server runs for {}", dir.display());
+                    print_waits(&waits, false);
                 }
                 Ok(EXIT_NOT_RUNNING)
             }
@@ -83,6 +87,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
                         "idle_secs": h.idle_secs, "state_dir": h.state_dir,
                         "watched_jobs": h.watched_jobs, "served_calls": h.served_calls,
                         "socket": server::socket_path(&dir),
+                        "waits": waiting(&dir),
                     }));
                 } else {
                     println!(
@@ -96,6 +101,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
                         h.idle_secs,
                         server::socket_path(&dir).display()
                     );
+                    print_waits(&waiting(&dir), true);
                 }
                 Ok(0)
             }
@@ -137,4 +143,49 @@ async fn wait_gone(pid: u32, deadline: Duration) -> bool {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     false
+}
+
+/// The runs that wait for an event (`wait_for`, `berth run --on`), from the store.
+fn waiting(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let Ok(store) = berth_core::store::Store::open(dir) else {
+        return Vec::new();
+    };
+    berth_agent::waits::open(&store)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|w| {
+            json!({
+                "run": w.run_id, "job": w.job, "pattern": w.pattern, "approval": w.approval,
+                "deadline_ms": w.deadline_ms, "since_ms": w.created_ms,
+                "fired": w.outcome.is_some(),
+            })
+        })
+        .collect()
+}
+
+fn print_waits(waits: &[serde_json::Value], running: bool) {
+    if waits.is_empty() {
+        return;
+    }
+    println!("{} run(s) waiting:", waits.len());
+    for w in waits {
+        let mut on = Vec::new();
+        if let Some(j) = w["job"].as_str() {
+            on.push(match w["pattern"].as_str() {
+                Some(p) => format!("job {j} to end or match `{p}`"),
+                None => format!("job {j} to end"),
+            });
+        }
+        if let Some(a) = w["approval"].as_i64() {
+            on.push(format!("approval #{a}"));
+        }
+        if let Some(d) = w["deadline_ms"].as_i64() {
+            let left = (d - berth_core::store::now_ms()).max(0) / 1000;
+            on.push(format!("at most {left} s more"));
+        }
+        println!("  {}  {}", w["run"].as_str().unwrap_or("?"), on.join(", "));
+    }
+    if !running {
+        println!("start a server to carry them on: berth serve (or any berth command)");
+    }
 }

@@ -82,6 +82,11 @@ fn a_run_waits_on_a_job_with_no_model_call_and_wakes_when_it_ends() -> TestResul
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(state_of(d, &id), "waiting");
     assert_eq!(s.requests().len(), 1, "a model call while waiting");
+    // The server says what it holds.
+    let o = berth(d, &["server", "status", "--json"])?;
+    let st: Value = serde_json::from_slice(&o.stdout)?;
+    let held = st["waits"].as_array().cloned().unwrap_or_default();
+    assert!(held.iter().any(|w| w["run"] == id.as_str()), "{st}");
     wait_for(
         "the run to finish after the job",
         Duration::from_secs(60),
