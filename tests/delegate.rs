@@ -417,3 +417,51 @@ fn kill_9_mid_fan_out_then_resume_runs_no_tool_call_twice() -> TestResult {
     }
     Ok(())
 }
+
+/// A sub-agent whose model fails is its parent's tool result, not a crash:
+/// the parent hears which child failed and why, and finishes.
+#[test]
+fn a_child_that_fails_is_a_result_not_a_crash() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let _strays = Strays(d.canonicalize()?);
+    let s = ProviderStandin::start(vec![
+        Reply::call(
+            "d1",
+            "delegate",
+            &delegate_args(&["TASK-fine", "TASK-broken"], json!({})),
+        ),
+        Reply::text("one of two failed"),
+    ])?;
+    s.route("TASK-fine", vec![Reply::text("fine")]);
+    // Its script is empty: the stand-in answers every request with a 500.
+    s.route("TASK-broken", vec![]);
+    let o = run_cmd(d, &s.url(), &["one fails"]).output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(exit_event(&o)["reason"], "done");
+    let parent = only_parent(d).ok_or("no parent run")?;
+    let states: Vec<String> = children_of(d, &parent)
+        .iter()
+        .map(|k| k["state"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(states.len(), 2);
+    assert!(states.contains(&"done".to_string()), "{states:?}");
+    assert!(
+        states.contains(&"provider_failed".to_string()),
+        "{states:?}"
+    );
+    let run = show(d, &parent)?;
+    let call = &run["calls"][0];
+    assert_eq!(call["state"], "finished", "{call}");
+    let result = run["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["message"]["tool_call_id"] == "d1"))
+        .map(|m| m["message"]["text"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default();
+    assert!(result.contains("fine"), "{result}");
+    assert!(
+        result.contains("provider_failed") && result.contains("without an answer"),
+        "{result}"
+    );
+    Ok(())
+}

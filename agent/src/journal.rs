@@ -275,9 +275,9 @@ fn json_err(e: serde_json::Error) -> Error {
     Error::journal("a message or a step's record", e)
 }
 
-/// [`Store::with_db`] for the journal's functions: the store's error is kept
-/// whole as this crate's [`Error::Core`].
-fn db<T>(
+/// [`Store::with_db`] for this crate's functions (the journal's, the
+/// waits'): the store's error is kept whole as this crate's [`Error::Core`].
+pub(crate) fn db<T>(
     store: &Store,
     f: impl FnOnce(&rusqlite::Connection) -> berth_core::Result<T>,
 ) -> Result<T> {

@@ -9,6 +9,7 @@ use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 
 use crate::error::Result;
+use crate::journal::db;
 use berth_core::store::{Store, now_ms};
 
 /// What a run waits for.
@@ -55,13 +56,6 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Wait> {
         outcome: outcome.and_then(|o| serde_json::from_str(&o).ok()),
         resumed_ms: r.get(10)?,
     })
-}
-
-fn db<T>(
-    store: &Store,
-    f: impl FnOnce(&rusqlite::Connection) -> berth_core::Result<T>,
-) -> Result<T> {
-    Ok(store.with_db(f)?)
 }
 
 /// Start waiting (replacing a wait the run had before).
