@@ -242,6 +242,9 @@ pub enum AgentEvent {
     },
 }
 
+/// Where the loop stops, when it must: the reason, words on why, the answer.
+type Stopped = Option<(RunState, Option<String>, Option<String>)>;
+
 /// Receives the loop's events.
 pub type EventSink = Arc<dyn Fn(&AgentEvent) + Send + Sync>;
 /// Masks secrets in text bound for the journal and the front end.

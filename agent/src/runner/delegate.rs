@@ -24,7 +24,6 @@ use async_trait::async_trait;
 use berth_policies::AgentPolicy;
 use futures::future::LocalBoxFuture;
 
-use super::settle::Stopped;
 use super::*;
 use crate::context::bound;
 use crate::journal::{CallState, Link, RunRow};

@@ -19,8 +19,6 @@ pub(super) enum Decision {
     Cancelled,
 }
 
-pub(super) type Stopped = Option<(RunState, Option<String>, Option<String>)>;
-
 impl Agent {
     /// Give every tool call of the last model turn a result, in order.
     /// Returns `Some` when the run must stop here.
