@@ -459,6 +459,24 @@ pub(crate) fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bo
     Err(format!("timed out waiting for {what}").into())
 }
 
+/// Press Ctrl-C on a `berth run` (SIGINT), and wait for it to exit.
+pub(crate) fn ctrl_c(
+    child: &mut Child,
+) -> Result<std::process::ExitStatus, Box<dyn std::error::Error + Send + Sync>> {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st);
+        }
+        if Instant::now() > end {
+            return Err("berth did not stop after Ctrl-C".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub(crate) struct KillOnDrop(pub(crate) Child);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -740,18 +758,7 @@ fn ctrl_c_mid_tool_call_kills_the_command_and_saves_the_run_interrupted() -> Tes
         id = r;
         show(d, &id).is_ok_and(|v| v["calls"][0]["state"] == "started")
     })?;
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) };
-    let end = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.0.try_wait()? {
-            break st;
-        }
-        if Instant::now() > end {
-            return Err("berth did not stop after Ctrl-C".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = ctrl_c(&mut child.0)?;
     assert_eq!(status.code(), Some(130));
     let run = show(d, &id)?;
     assert_eq!(run["run"]["state"], "interrupted");

@@ -297,18 +297,7 @@ fn cancelling_the_parent_stops_every_childs_command() -> TestResult {
     wait_for("both children's sleeps", Duration::from_secs(60), || {
         procs_running(&["sleep", "6171"]) == 1 && procs_running(&["sleep", "6172"]) == 1
     })?;
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) };
-    let end = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.0.try_wait()? {
-            break st;
-        }
-        if Instant::now() > end {
-            return Err("berth did not stop after Ctrl-C".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = crate::agent::ctrl_c(&mut child.0)?;
     assert_eq!(status.code(), Some(130));
     assert_eq!(procs_running(&["sleep", "6171"]), 0);
     assert_eq!(procs_running(&["sleep", "6172"]), 0);

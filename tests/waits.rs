@@ -10,7 +10,7 @@ use std::time::Duration;
 use berth_standins::provider::{ProviderStandin, Reply};
 use serde_json::Value;
 
-use crate::agent::{KEY, Strays, cmd, exit_event, show, text, tool_results, wait_for};
+use crate::agent::{KEY, Strays, cmd, exit_event, run_cmd, show, text, tool_results, wait_for};
 use crate::support::TestResult;
 
 fn berth(state: &Path, args: &[&str]) -> std::io::Result<Output> {
@@ -21,18 +21,10 @@ fn berth(state: &Path, args: &[&str]) -> std::io::Result<Output> {
 }
 
 fn run(state: &Path, url: &str, extra: &[&str]) -> std::io::Result<Output> {
-    let mut args = vec![
-        "run",
-        "--json",
-        "--base-url",
-        url,
-        "--model",
-        "m",
-        "--api-key-env",
-        "STANDIN_KEY",
-    ];
-    args.extend_from_slice(extra);
-    berth(state, &args)
+    run_cmd(state, url, extra)
+        .env("BERTH_SERVER", "auto")
+        .env_remove("BERTH_SERVER_IDLE")
+        .output()
 }
 
 fn job_ended_ms(state: &Path, name: &str) -> Option<i64> {

@@ -139,7 +139,15 @@ impl Agent {
             if call.name == WAIT_FOR {
                 let started = prior.is_some_and(|p| p.state == CallState::Started);
                 match self.wait_call(id, step, idx as i64, &call.id, &args, &args_text, started)? {
-                    Waited::Result(outcome) => self.finish_wait(id, step, key, outcome, msgs)?,
+                    Waited::Result(outcome) => {
+                        let state = match &outcome {
+                            ToolOutcome::Done { detail, .. } if detail.is_null() => {
+                                CallState::Rejected
+                            }
+                            _ => CallState::Finished,
+                        };
+                        self.ran(id, step, key, state, outcome, Instant::now(), msgs)?
+                    }
                     Waited::Pause(why) => return Ok(Some((RunState::Waiting, Some(why), None))),
                 }
                 continue;
@@ -158,32 +166,7 @@ impl Agent {
                     .unwrap_or_else(|| {
                         ToolOutcome::error("[berth: this delegate call was not carried out]")
                     });
-                if let ToolOutcome::Done {
-                    text,
-                    is_error,
-                    detail,
-                } = outcome
-                {
-                    let sent = bound(&text, RESULT_LIMIT);
-                    (self.events)(&AgentEvent::Result {
-                        call_id: call.id.clone(),
-                        is_error,
-                        bytes: sent.len(),
-                        detail: detail.clone(),
-                        duration_ms: t0.elapsed().as_millis() as u64,
-                    });
-                    self.finish(
-                        id,
-                        step,
-                        key,
-                        CallState::Finished,
-                        None,
-                        json!({ "is_error": is_error, "detail": detail }),
-                        &sent,
-                        is_error,
-                        msgs,
-                    )?;
-                }
+                self.ran(id, step, key, CallState::Finished, outcome, t0, msgs)?;
                 continue;
             }
             loop {
@@ -225,30 +208,8 @@ impl Agent {
                             Decision::Cancelled => return Ok(Some(interrupted())),
                         }
                     }
-                    ToolOutcome::Done {
-                        text,
-                        is_error,
-                        detail,
-                    } => {
-                        let sent = bound(&text, RESULT_LIMIT);
-                        (self.events)(&AgentEvent::Result {
-                            call_id: call.id.clone(),
-                            is_error,
-                            bytes: sent.len(),
-                            detail: detail.clone(),
-                            duration_ms: t0.elapsed().as_millis() as u64,
-                        });
-                        self.finish(
-                            id,
-                            step,
-                            key,
-                            CallState::Finished,
-                            None,
-                            json!({ "is_error": is_error, "detail": detail }),
-                            &sent,
-                            is_error,
-                            msgs,
-                        )?;
+                    done @ ToolOutcome::Done { .. } => {
+                        self.ran(id, step, key, CallState::Finished, done, t0, msgs)?;
                         if cancel.is_cancelled() {
                             return Ok(Some(interrupted()));
                         }
@@ -258,6 +219,48 @@ impl Agent {
             }
         }
         Ok(None)
+    }
+
+    /// A call that ran (or was answered without running): its result,
+    /// bounded, told to the front end and journaled with `state`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ran(
+        &self,
+        id: &str,
+        step: i64,
+        key: CallKey<'_>,
+        state: CallState,
+        outcome: ToolOutcome,
+        t0: Instant,
+        msgs: &mut Vec<(i64, Message)>,
+    ) -> Result<()> {
+        let ToolOutcome::Done {
+            text,
+            is_error,
+            detail,
+        } = outcome
+        else {
+            return Ok(());
+        };
+        let sent = bound(&text, RESULT_LIMIT);
+        (self.events)(&AgentEvent::Result {
+            call_id: key.call_id.into(),
+            is_error,
+            bytes: sent.len(),
+            detail: detail.clone(),
+            duration_ms: t0.elapsed().as_millis() as u64,
+        });
+        self.finish(
+            id,
+            step,
+            key,
+            state,
+            None,
+            json!({ "is_error": is_error, "detail": detail }),
+            &sent,
+            is_error,
+            msgs,
+        )
     }
 
     pub(super) fn verdict(

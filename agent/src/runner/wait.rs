@@ -11,7 +11,6 @@
 //! again and, if nothing happened yet, leaves it waiting.
 
 use super::*;
-use crate::journal::CallState;
 use crate::waits::{self, Wait};
 
 /// The tool's name.
@@ -171,47 +170,6 @@ impl Agent {
             "{}; the berth server resumes the run when it comes (`berth runs show {id}`); `berth run --resume {id}` checks again now",
             describe(&a)
         )))
-    }
-
-    /// A `wait_for` call's result, journaled.
-    pub(super) fn finish_wait(
-        &self,
-        id: &str,
-        step: i64,
-        key: crate::journal::CallKey<'_>,
-        outcome: ToolOutcome,
-        msgs: &mut Vec<(i64, Message)>,
-    ) -> Result<()> {
-        if let ToolOutcome::Done {
-            text,
-            is_error,
-            detail,
-        } = outcome
-        {
-            (self.events)(&AgentEvent::Result {
-                call_id: key.call_id.into(),
-                is_error,
-                bytes: text.len(),
-                detail: detail.clone(),
-                duration_ms: 0,
-            });
-            self.finish(
-                id,
-                step,
-                key,
-                if is_error && detail.is_null() {
-                    CallState::Rejected
-                } else {
-                    CallState::Finished
-                },
-                None,
-                json!({ "is_error": is_error, "detail": detail }),
-                &text,
-                is_error,
-                msgs,
-            )?;
-        }
-        Ok(())
     }
 }
 
