@@ -108,6 +108,9 @@ pub struct RunArgs {
     /// `after:SECS`.
     #[arg(long, value_name = "EVENT", requires = "resume")]
     pub on: Option<String>,
+    /// The schedule that starts this run (set by `berth serve`).
+    #[arg(long, hide = true, value_name = "NAME")]
+    pub schedule: Option<String>,
     /// Start a new run from a past run's transcript (with --at).
     #[arg(long, value_name = "RUN", requires = "at", conflicts_with = "task")]
     pub fork: Option<String>,
@@ -330,7 +333,11 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
                     "give the task as an argument: berth run \"TASK\" (or run on a terminal to be asked)"
                 ),
             };
-            agent.start(&task, &backend, &sandbox)?
+            let id = agent.start(&task, &backend, &sandbox)?;
+            if let Some(name) = &a.schedule {
+                crate::schedules::tag_run(&store, &id, name)?;
+            }
+            id
         }
     };
     let hooks = nudge_webhooks(&dir).await;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
@@ -21,7 +21,8 @@ connections, the policy gate and approvals. CLI calls reach it over <state dir>/
 BERTH_SERVER=off runs every command in-process."
 )]
 pub struct ServeArgs {
-    /// Exit after SECS seconds with no call running [default: BERTH_SERVER_IDLE, else 300].
+    /// Exit after SECS seconds with no call running; 0: never (a systemd
+    /// unit) [default: BERTH_SERVER_IDLE, else 300].
     #[arg(long, value_name = "SECS")]
     pub idle: Option<u64>,
     /// Report this version in the handshake (tests of a version mismatch).
@@ -51,9 +52,8 @@ pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<u8> {
         Some(s) => s,
         None => server::idle_from_env()?,
     };
-    if idle == 0 {
-        bail!("--idle must be at least 1 second");
-    }
+    // 0: never idle out (run unattended, stopped by SIGTERM).
+    let idle = if idle == 0 { u64::MAX } else { idle };
     let rt = context::runtime(Some(dir.clone()))?;
     let version = a
         .pretend_version
@@ -68,12 +68,14 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
             None => {
                 let waits = waiting(&dir);
                 if a.json {
-                    context::print_json(
-                        &json!({ "running": false, "state_dir": dir, "waits": waits }),
-                    );
+                    context::print_json(&json!({
+                        "running": false, "state_dir": dir, "waits": waits,
+                        "schedules": scheduled(&dir),
+                    }));
                 } else {
                     println!("no berth server runs for {}", dir.display());
                     print_waits(&waits, false);
+                    print_schedules(&scheduled(&dir));
                 }
                 Ok(EXIT_NOT_RUNNING)
             }
@@ -88,20 +90,26 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
                         "watched_jobs": h.watched_jobs, "served_calls": h.served_calls,
                         "socket": server::socket_path(&dir),
                         "waits": waiting(&dir),
+                        "schedules": scheduled(&dir),
                     }));
                 } else {
                     println!(
-                        "berth server pid {} (version {}), up {}s, {} call(s) running, {} open session(s), {} job(s) watched, exits after {}s idle\nsocket: {}",
+                        "berth server pid {} (version {}), up {}s, {} call(s) running, {} open session(s), {} job(s) watched, {}\nsocket: {}",
                         h.pid,
                         h.version,
                         h.uptime_ms / 1000,
                         h.active_calls,
                         h.sessions,
                         h.watched_jobs,
-                        h.idle_secs,
+                        if h.idle_secs == u64::MAX {
+                            "never exits when idle".to_string()
+                        } else {
+                            format!("exits after {}s idle", h.idle_secs)
+                        },
                         server::socket_path(&dir).display()
                     );
                     print_waits(&waiting(&dir), true);
+                    print_schedules(&scheduled(&dir));
                 }
                 Ok(0)
             }
@@ -187,5 +195,39 @@ fn print_waits(waits: &[serde_json::Value], running: bool) {
     }
     if !running {
         println!("start a server to carry them on: berth serve (or any berth command)");
+    }
+}
+
+/// The schedules the server starts runs for (`berth schedule`).
+fn scheduled(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let Ok(store) = berth_core::store::Store::open(dir) else {
+        return Vec::new();
+    };
+    crate::schedules::list(&store)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            json!({ "name": s.name, "cron": s.cron, "tz": s.tz, "paused": s.paused, "next_ms": s.next_ms })
+        })
+        .collect()
+}
+
+fn print_schedules(list: &[serde_json::Value]) {
+    if list.is_empty() {
+        return;
+    }
+    println!("{} schedule(s) (`berth schedule ls`):", list.len());
+    for s in list {
+        let next = s["next_ms"]
+            .as_i64()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "  {:<16} {:<18} next {next}{}",
+            s["name"].as_str().unwrap_or("?"),
+            s["cron"].as_str().unwrap_or("?"),
+            if s["paused"] == true { " (paused)" } else { "" }
+        );
     }
 }

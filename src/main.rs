@@ -17,12 +17,14 @@ mod cmd_policy;
 mod cmd_reap;
 mod cmd_run;
 mod cmd_sandbox;
+mod cmd_schedule;
 mod cmd_server;
 mod config;
 mod context;
 mod exec_report;
 mod io;
 mod mcp;
+mod schedules;
 mod server;
 mod shell;
 mod ssh_flags;
@@ -115,6 +117,10 @@ pub(crate) enum Command {
     /// The background server: `status`, `stop`.
     #[command(subcommand)]
     Server(cmd_server::ServerCmd),
+    /// Agent runs the server starts on a cron expression: add, ls, rm,
+    /// pause, resume, run-now.
+    #[command(subcommand)]
+    Schedule(cmd_schedule::ScheduleCmd),
 }
 
 fn main() -> ExitCode {
@@ -174,6 +180,7 @@ fn main() -> ExitCode {
             Command::Memory(c) => cmd_memory::run(cli.state_dir, c),
             Command::Serve(a) => cmd_server::serve(cli.state_dir, a).await,
             Command::Server(c) => cmd_server::run(cli.state_dir, c).await,
+            Command::Schedule(c) => cmd_schedule::run(cli.state_dir, c),
             c => in_process(cli.state_dir, c).await,
         }
     });

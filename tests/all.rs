@@ -31,6 +31,7 @@ mod modal_faults;
 mod modal_sdk;
 mod policy_cli;
 mod restricted_session;
+mod schedules;
 mod shell;
 #[macro_use]
 mod terminal;

@@ -715,6 +715,14 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         waiting.clone(),
         hooks_stop.clone(),
     );
+    // Schedules: due slots start runs.
+    let scheduled = Arc::new(AtomicUsize::new(0));
+    let cron = super::schedules::spawn(
+        shared.rt.clone(),
+        state_dir.clone(),
+        scheduled.clone(),
+        hooks_stop.clone(),
+    );
     loop {
         // Backpressure: no accept while every slot is taken.
         let slot = tokio::select! {
@@ -759,7 +767,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
                 }
                 let since = shared.last_active.lock().map(|t| t.elapsed()).unwrap_or_default();
                 let watched = shared.watching.lock().map(|w| w.len()).unwrap_or(0);
-                let held = waiting.load(Ordering::SeqCst);
+                let held = waiting.load(Ordering::SeqCst) + scheduled.load(Ordering::SeqCst);
                 if shared.active.load(Ordering::SeqCst) == 0 && watched == 0 && held == 0 && since >= idle {
                     info!(idle_secs = idle.as_secs(), "idle; exiting");
                     break;
@@ -774,6 +782,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     hooks_stop.cancel();
     let _ = tokio::time::timeout(CLOSE_WAIT, hooks).await;
     let _ = tokio::time::timeout(CLOSE_WAIT, waits).await;
+    let _ = tokio::time::timeout(CLOSE_WAIT, cron).await;
     shared.release();
     // Woken when the last running call ends, not polled.
     let mut running = shared.active_now.subscribe();

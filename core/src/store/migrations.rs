@@ -212,4 +212,29 @@ pub(super) const MIGRATIONS: &[&str] = &[
         resumed_ms  INTEGER
     );
     "#,
+    // 9: schedules (`berth schedule`): runs `berth serve` starts on a cron
+    // expression; each slot's fate (started, skipped, missed) is kept; a run
+    // started by one names it.
+    r#"
+    CREATE TABLE schedules (
+        name        TEXT PRIMARY KEY,
+        cron        TEXT NOT NULL,
+        tz          TEXT NOT NULL,
+        task        TEXT NOT NULL,
+        args        TEXT NOT NULL,
+        missed      TEXT NOT NULL,
+        paused      INTEGER NOT NULL DEFAULT 0,
+        next_ms     INTEGER,
+        created_ms  INTEGER NOT NULL
+    );
+    CREATE TABLE schedule_fires (
+        name     TEXT NOT NULL,
+        slot_ms  INTEGER NOT NULL,
+        fired_ms INTEGER NOT NULL,
+        outcome  TEXT NOT NULL,
+        note     TEXT,
+        PRIMARY KEY (name, slot_ms)
+    );
+    ALTER TABLE runs ADD COLUMN schedule TEXT;
+    "#,
 ];

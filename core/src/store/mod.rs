@@ -168,6 +168,12 @@ impl Store {
 
     fn migrate(&self) -> Result<()> {
         let mut conn = self.conn()?;
+        // Up to date (the common case): no write lock is taken, so opening
+        // the store does not wait behind another process's write.
+        let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if current as usize == MIGRATIONS.len() {
+            return Ok(());
+        }
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if version as usize > MIGRATIONS.len() {

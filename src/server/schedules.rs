@@ -1,0 +1,128 @@
+//! Schedules in the server: every second, each due slot of each schedule
+//! (see [`crate::schedules`]) either starts a run, or is recorded as
+//! `overlap` (a run of the schedule is still going: it is reported, not
+//! doubled) or `missed` (it passed while no server ran, and the schedule
+//! skips such slots). The slot's fate and the next slot are written in one
+//! transaction, so a restart neither loses a slot nor fires one twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use berth_core::runtime::Runtime;
+use berth_core::store::now_ms;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::schedules::{self, Missed, Schedule};
+
+/// A run started this recently counts as going while it writes its journal.
+pub const GRACE_MS: i64 = 30_000;
+/// A slot this late passed while no server ran.
+const LATE_MS: i64 = 60_000;
+/// How often the schedules are looked at.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Start the loop; `active` counts the schedules not paused (a server with
+/// one is not idle).
+pub fn spawn(
+    rt: Arc<Runtime>,
+    state_dir: PathBuf,
+    active: Arc<AtomicUsize>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(TICK) => {}
+            }
+            let store = rt.store().clone();
+            let dir = state_dir.clone();
+            let n = tokio::task::spawn_blocking(move || tick(&store, &dir)).await;
+            match n {
+                Ok(Ok(n)) => active.store(n, Ordering::SeqCst),
+                Ok(Err(e)) => warn!(error = %format!("{e:#}"), "schedules"),
+                Err(_) => {}
+            }
+        }
+    })
+}
+
+/// Deal with every due slot; returns how many schedules are live.
+fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<usize> {
+    let list = schedules::list(store)?;
+    let now = now_ms();
+    for s in list.iter().filter(|s| !s.paused) {
+        let Some(slot) = s.next_ms.filter(|n| *n <= now) else {
+            continue;
+        };
+        let next = schedules::next_slot(&s.cron, &s.tz, now)?;
+        let late = now - slot > LATE_MS;
+        if late && s.missed == Missed::Skip {
+            schedules::fired(
+                store,
+                &s.name,
+                slot,
+                "missed",
+                Some("no berth server ran at the time; skipped (--missed skip)"),
+                next,
+            )?;
+            info!(schedule = %s.name, slot, "missed slot skipped");
+            continue;
+        }
+        if let Some(run) = schedules::going(store, &s.name, GRACE_MS)? {
+            let note = format!("run {run} was still going, so none was started");
+            schedules::fired(store, &s.name, slot, "overlap", Some(&note), next)?;
+            warn!(schedule = %s.name, %run, "a slot came while the last run still went");
+            continue;
+        }
+        // Recorded first: a crash after it loses at most this one start,
+        // never fires the slot twice.
+        let note = if late {
+            "started late, once for the slots missed while no server ran (--missed once)"
+        } else {
+            "started"
+        };
+        schedules::fired(store, &s.name, slot, "started", Some(note), next)?;
+        match start(dir, s) {
+            Ok(pid) => info!(schedule = %s.name, pid, "started a scheduled run"),
+            Err(e) => {
+                let why = format!("could not start: {e:#}");
+                schedules::fired(store, &s.name, slot, "failed", Some(&why), next)?;
+            }
+        }
+    }
+    Ok(list.iter().filter(|s| !s.paused).count())
+}
+
+/// Start schedule `s`'s run as a process of its own; returns its pid.
+pub fn start(dir: &Path, s: &Schedule) -> Result<u32> {
+    let logs = dir.join("runs");
+    std::fs::create_dir_all(&logs)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs.join(format!("schedule-{}.log", s.name)))?;
+    let exe = std::env::current_exe().context("cannot find berth's own executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["run", "--json", "--schedule", &s.name])
+        .args(&s.args)
+        .arg("--")
+        .arg(&s.task)
+        .env("BERTH_STATE_DIR", dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("cannot start `berth run`")?;
+    let pid = child.id();
+    // Reaped when it ends.
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(pid)
+}
