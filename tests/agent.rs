@@ -73,6 +73,7 @@ fn run_adhoc(
     berth(state, &args)
 }
 
+/// Each line of stdout that is JSON, as a value (`--json` output).
 pub(crate) fn events(o: &Output) -> Vec<Value> {
     text(&o.stdout)
         .lines()

@@ -17,12 +17,7 @@ use crate::support::TestResult;
 /// Every run, as `berth runs ls --json` lists them.
 fn runs(state: &Path) -> Vec<Value> {
     berth(state, &["runs", "ls", "--json"])
-        .map(|o| {
-            text(&o.stdout)
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect()
-        })
+        .map(|o| crate::agent::events(&o))
         .unwrap_or_default()
 }
 

@@ -34,12 +34,7 @@ fn config(state: &Path, s: &ProviderStandin) -> std::io::Result<()> {
 /// `berth schedule ls --json`: each schedule and its recent slots.
 fn schedules(state: &Path) -> Vec<Value> {
     berth(state, &["schedule", "ls", "--json"])
-        .map(|o| {
-            text(&o.stdout)
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect()
-        })
+        .map(|o| crate::agent::events(&o))
         .unwrap_or_default()
 }
 
@@ -55,15 +50,10 @@ fn outcomes(state: &Path, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The runs a schedule started: (created, updated, state).
+/// Every run, as `berth runs ls --json` lists them.
 fn runs_of(state: &Path) -> Vec<Value> {
     berth(state, &["runs", "ls", "--json"])
-        .map(|o| {
-            text(&o.stdout)
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect()
-        })
+        .map(|o| crate::agent::events(&o))
         .unwrap_or_default()
 }
 
