@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use berth_agent::journal::{self, RunState};
 use berth_agent::provider::{Api, Failover, ProviderConfig};
+use berth_agent::runner::checkpoint::SandboxCheckpoints;
 use berth_agent::runner::delegate::{Children, Delegation, Place};
 use berth_agent::runner::{Agent, AgentEvent, Budget, EventSink, Setup};
 use berth_agent::{RegistryTools, ToolHost};
 use berth_core::backend::SandboxSpec;
+use berth_core::checkpoint::record;
 use berth_core::runtime::Runtime;
 use berth_core::store::Store;
 use berth_tools::memory;
@@ -121,6 +123,24 @@ pub struct RunArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum RunsCmd {
+    /// Restore a run's sandbox to its checkpoint at a step and carry the run
+    /// on from there. The steps after it stay in the journal, marked.
+    #[command(
+        after_help = "Examples:\n  berth runs rollback r18f3c2a9b1 --to 2\n  berth runs rollback r18f3c2a9b1 --to 0 --no-resume"
+    )]
+    Rollback {
+        /// The run's id.
+        id: String,
+        /// The last step to keep (0: back to before the first).
+        #[arg(long, value_name = "STEP")]
+        to: i64,
+        /// Restore and rewind only; carry on later with `berth run --resume ID`.
+        #[arg(long)]
+        no_resume: bool,
+        /// Print JSON events (as `berth run --json`).
+        #[arg(long)]
+        json: bool,
+    },
     /// List runs, newest first.
     Ls {
         /// One JSON object per line.
@@ -255,10 +275,8 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
             let id = Agent::fork(&store, from, at)?;
             let row = journal::run(&store, &id)?.context("the forked run vanished")?;
             let setup: Setup = serde_json::from_value(row.setup.clone())?;
-            eprintln!(
-                "berth: run {id} forked from {from} after step {at}; its commands see the sandbox as it is now, not as it was then"
-            );
-            (Some(id), row.backend, row.sandbox, setup.providers)
+            let sandbox = fork_sandbox(&rt, &row, from, at).await?;
+            (Some(id), row.backend, sandbox, setup.providers)
         }
         (None, None) => (None, a.backend.clone(), a.sandbox.clone(), vec![]),
     };
@@ -319,6 +337,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
             .map(|g| g.policy().agent.clone())
             .unwrap_or_default(),
     });
+    if rt.checkpoint_policy().runs {
+        agent = agent.with_checkpoints(Arc::new(SandboxCheckpoints::new(
+            rt.clone(),
+            &backend,
+            &sandbox,
+        )));
+    }
     let chat = a.task.is_none() && run_id.is_none() && std::io::stdin().is_terminal();
     let run_id = match run_id {
         Some(id) => id,
@@ -634,6 +659,15 @@ impl Printer {
                 );
             }
             AgentEvent::StepEnd { .. } => self.newline(),
+            AgentEvent::Checkpoint {
+                step,
+                error: Some(e),
+                ..
+            } => {
+                self.newline();
+                eprintln!("berth: no checkpoint after step {step} (the run goes on): {e}");
+            }
+            AgentEvent::Checkpoint { .. } => {}
             AgentEvent::Compaction {
                 step,
                 stage,
@@ -819,10 +853,16 @@ fn search(
     Ok(0)
 }
 
-pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
+pub async fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
     let dir = context::state_dir(state_dir)?;
     let store = Store::open(&dir)?;
     match cmd {
+        RunsCmd::Rollback {
+            id,
+            to,
+            no_resume,
+            json,
+        } => rollback(dir, &id, to, no_resume, json).await,
         RunsCmd::Search {
             text,
             sandbox,
@@ -901,17 +941,23 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
             let row = journal::run(&store, &id)?
                 .with_context(|| format!("no run `{id}`; list runs with `berth runs ls`"))?;
             let steps = journal::steps(&store, &id)?;
-            let msgs = journal::messages(&store, &id)?;
+            let msgs = journal::all_messages(&store, &id)?;
             let calls = journal::calls(&store, &id)?;
             let compactions = journal::compactions(&store, &id)?;
+            let checkpoints = record::of_run(&store, &id)?;
+            let rollbacks = journal::rollbacks(&store, &id)?;
+            let rolled_back = |n: i64| rollbacks.iter().any(|r| n > r.to_step && n <= r.from_step);
             if json {
                 let messages: Vec<_> = msgs
                     .iter()
-                    .map(|(s, m)| json!({ "step": s, "message": m }))
+                    .map(
+                        |(s, m)| json!({ "step": s, "message": m, "rolled_back": rolled_back(*s) }),
+                    )
                     .collect();
                 println!(
                     "{}",
-                    json!({ "run": row, "steps": steps, "messages": messages, "calls": calls, "compactions": compactions })
+                    json!({ "run": row, "steps": steps, "messages": messages, "calls": calls,
+                            "compactions": compactions, "checkpoints": checkpoints, "rollbacks": rollbacks })
                 );
                 return Ok(0);
             }
@@ -1007,6 +1053,29 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
                             format!(" · before it: {}", skipped.join("; "))
                         }
                     );
+                    if rolled_back(n) {
+                        println!("   (rolled back: not in the run's transcript any more)");
+                    }
+                }
+                for c in checkpoints.iter().filter(|c| c.step == Some(n)) {
+                    println!(
+                        "   ◆ checkpoint {} {} the sandbox: {} changed, {} bytes stored, {} ms",
+                        c.id,
+                        if n == 0 {
+                            "before step 1 of"
+                        } else {
+                            "after this step of"
+                        },
+                        c.changed,
+                        c.new_bytes,
+                        c.took_ms
+                    );
+                }
+                for r in rollbacks.iter().filter(|r| r.from_step == n) {
+                    println!(
+                        "   ↺ rolled back to step {} (sandbox restored to checkpoint {})",
+                        r.to_step, r.checkpoint
+                    );
                 }
                 for (_, m) in msgs.iter().filter(|(s, _)| *s == n) {
                     match m.role {
@@ -1045,4 +1114,140 @@ pub fn runs(state_dir: Option<PathBuf>, cmd: RunsCmd) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+/// `berth runs rollback ID --to STEP`: restore the run's sandbox to the
+/// checkpoint that holds it as step STEP left it, rewind the transcript to
+/// that step (the journal keeps the rest, marked), and carry on.
+async fn rollback(dir: PathBuf, id: &str, to: i64, no_resume: bool, json: bool) -> Result<u8> {
+    let rt = Arc::new(context::runtime(Some(dir.clone()))?);
+    let store = rt.store().clone();
+    let row = journal::run(&store, id)?
+        .with_context(|| format!("no run `{id}`; list runs with `berth runs ls`"))?;
+    if row.kind.as_deref() == Some("child") {
+        anyhow::bail!(
+            "run {id} is a sub-agent; roll back the run that delegated to it ({})",
+            row.parent.clone().unwrap_or_default()
+        );
+    }
+    // This process takes the run: one that another berth carries on now is refused.
+    journal::claim(&store, id)?;
+    let last = journal::messages(&store, id)?
+        .iter()
+        .map(|(s, _)| *s)
+        .chain(journal::steps(&store, id)?.iter().map(|s| s.step))
+        .max()
+        .unwrap_or(0);
+    let free = |why: &str| journal::set_state(&store, id, RunState::Interrupted, Some(why));
+    if to < 0 || to >= last {
+        free("a rollback was refused")?;
+        anyhow::bail!(
+            "run {id} is at step {last}; --to takes a step from 0 to {}",
+            last - 1
+        );
+    }
+    let cks = record::of_run(&store, id)?;
+    let Some(ck) = cks
+        .iter()
+        .filter(|c| c.step.is_some_and(|s| s <= to) && c.sandbox == row.sandbox)
+        .max_by_key(|c| (c.step, c.created_ms))
+    else {
+        free("a rollback was refused")?;
+        anyhow::bail!(
+            "run {id} has no checkpoint at or before step {to} (checkpoints: {}); runs take them unless `[checkpoints] runs = false` in the policy",
+            if cks.is_empty() {
+                "none".to_string()
+            } else {
+                cks.iter()
+                    .map(|c| format!("step {}", c.step.unwrap_or(0)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+    };
+    // A server may hold the sandbox's shells: they would write their state
+    // over the restored one.
+    crate::server::client::forget(&dir, &row.backend, &row.sandbox).await;
+    let restored = rt
+        .restore_checkpoint(&row.backend, &row.sandbox, &ck.id, false)
+        .await;
+    let restored = match restored {
+        Ok(r) => r,
+        Err(e) => {
+            free("a rollback failed")?;
+            return Err(e.into());
+        }
+    };
+    journal::roll_back(&store, id, to, last, &ck.id)?;
+    free(&format!("rolled back to step {to}"))?;
+    eprintln!(
+        "berth: rolled run {id} back to step {to}: sandbox {} restored to checkpoint {} (taken after step {}; {} written back, {} removed); steps {}..{last} stay in the journal, marked in `berth runs show`",
+        row.sandbox,
+        ck.id,
+        ck.step.unwrap_or(0),
+        restored.written,
+        restored.removed,
+        to + 1
+    );
+    rt.shutdown().await;
+    if no_resume {
+        eprintln!("berth: carry on with `berth run --resume {id}`");
+        return Ok(0);
+    }
+    #[derive(clap::Parser)]
+    struct Resume {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+    let mut argv = vec!["run", "--resume", id];
+    if json {
+        argv.push("--json");
+    }
+    let r = <Resume as clap::Parser>::try_parse_from(argv)?;
+    run(Some(dir), r.run).await
+}
+
+/// The sandbox a fork runs in: a clone of its parent's, at the checkpoint
+/// that holds it as step `at` left it, so the parent's sandbox is untouched
+/// and both can run side by side. Without such a checkpoint, the parent's
+/// sandbox as it is now (said so).
+async fn fork_sandbox(
+    rt: &berth_core::runtime::Runtime,
+    row: &journal::RunRow,
+    from: &str,
+    at: i64,
+) -> Result<String> {
+    let id = &row.id;
+    let ck = record::of_run(rt.store(), from)?
+        .into_iter()
+        .filter(|c| c.step.is_some_and(|s| s <= at) && c.sandbox == row.sandbox)
+        .max_by_key(|c| (c.step, c.created_ms));
+    let Some(ck) = ck else {
+        eprintln!(
+            "berth: run {id} forked from {from} after step {at}; {from} has no checkpoint at or before that step, so its commands see sandbox {} as it is now",
+            row.sandbox
+        );
+        return Ok(row.sandbox.clone());
+    };
+    let clone = format!("fork-{id}");
+    let c = rt
+        .clone_sandbox(
+            &row.backend,
+            &row.sandbox,
+            &row.backend,
+            &clone,
+            Some(&ck.id),
+        )
+        .await
+        .with_context(|| format!("cloning sandbox {} for the fork", row.sandbox))?;
+    journal::set_sandbox(rt.store(), id, &clone)?;
+    eprintln!(
+        "berth: run {id} forked from {from} after step {at}, in sandbox {clone}: a clone of {} at checkpoint {} (after step {}), made in {} ms; {} is untouched",
+        row.sandbox,
+        ck.id,
+        ck.step.unwrap_or(0),
+        c.took_ms,
+        row.sandbox
+    );
+    Ok(clone)
 }

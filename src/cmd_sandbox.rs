@@ -1,4 +1,5 @@
-//! `berth sandbox create|ls|rm`.
+//! `berth sandbox create|ls|rm|gc`, and the checkpoint subcommands
+//! (`crate::cmd_checkpoint`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,10 +23,24 @@ pub enum SandboxCmd {
     Rm(RmArgs),
     /// Remove sandboxes idle longer than the policy's idle lifetime.
     Reap(crate::cmd_reap::ReapArgs),
-    /// Remove this installation's exited or never-started containers (docker);
-    /// their volumes stay, so `sandbox create` brings the sandbox back. Also
-    /// removes orphaned state volumes (of sandboxes no longer on record).
+    /// Prune checkpoints past the policy's retention (`[checkpoints] keep`,
+    /// `budget_mb`) and the packs no kept one needs. On docker, also remove
+    /// this installation's exited or never-started containers (their volumes
+    /// stay, so `sandbox create` brings the sandbox back) and orphaned state
+    /// volumes.
     Gc(GcArgs),
+    /// Save the sandbox's workspace files and session state (cwd,
+    /// environment, functions, aliases). Only what changed since the last
+    /// checkpoint is stored.
+    Checkpoint(crate::cmd_checkpoint::CheckpointArgs),
+    /// List a sandbox's checkpoints.
+    Checkpoints(crate::cmd_checkpoint::CheckpointsArgs),
+    /// Bring a sandbox's files and session back to a checkpoint. Refused
+    /// while a command or job runs in it, unless --force.
+    Restore(crate::cmd_checkpoint::RestoreArgs),
+    /// Make a new sandbox with another's files and session, as they are now
+    /// or at a checkpoint.
+    Clone(crate::cmd_checkpoint::CloneArgs),
 }
 
 #[derive(Args, Debug)]
@@ -214,6 +229,10 @@ pub async fn run_on(rt: &Runtime, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
         }
         SandboxCmd::Reap(a) => return crate::cmd_reap::run(rt, a).await,
         SandboxCmd::Gc(a) => return gc(rt, dir, a).await,
+        SandboxCmd::Checkpoint(a) => return crate::cmd_checkpoint::checkpoint(rt, a).await,
+        SandboxCmd::Checkpoints(a) => return crate::cmd_checkpoint::list(rt, a),
+        SandboxCmd::Restore(a) => return crate::cmd_checkpoint::restore(rt, dir, a).await,
+        SandboxCmd::Clone(a) => return crate::cmd_checkpoint::clone(rt, a).await,
         SandboxCmd::Rm(a) => {
             // In-process, a server may hold the sandbox's shell: tell it. In
             // the server, its own runtime lets go in `remove_sandbox`.
@@ -232,18 +251,52 @@ pub async fn run_on(rt: &Runtime, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
     Ok(0)
 }
 
-#[cfg(feature = "docker")]
-async fn gc(
-    rt: &berth_core::runtime::Runtime,
-    state_dir: &std::path::Path,
-    a: GcArgs,
-) -> Result<u8> {
-    if a.backend != "docker" {
-        bail!(
-            "`sandbox gc` collects docker containers; backend `{}` keeps nothing to collect",
-            a.backend
-        );
+/// `sandbox gc`: checkpoints on every backend, then docker's containers.
+async fn gc(rt: &Runtime, state_dir: &Path, a: GcArgs) -> Result<u8> {
+    let mut pruned = Vec::new();
+    for row in rt.store().sandboxes(Some(&a.backend))? {
+        if rt.checkpoints(&a.backend, &row.name)?.is_empty() {
+            continue;
+        }
+        match rt.gc_checkpoints(&a.backend, &row.name).await {
+            Ok((checkpoints, packs)) => pruned.push(json!({
+                "sandbox": row.name, "checkpoints": checkpoints, "packs": packs,
+            })),
+            Err(e) => pruned.push(json!({ "sandbox": row.name, "error": e.full_text() })),
+        }
     }
+    if a.backend == "docker" {
+        return gc_docker(rt, state_dir, a, pruned).await;
+    }
+    if a.json {
+        context::print_json(&json!({ "backend": a.backend, "checkpoints": pruned }));
+    } else {
+        print_pruned(&pruned);
+    }
+    Ok(0)
+}
+
+fn print_pruned(pruned: &[serde_json::Value]) {
+    for p in pruned {
+        match p["error"].as_str() {
+            Some(e) => outln!("sandbox {}: checkpoints not pruned: {e}", p["sandbox"]),
+            None => outln!(
+                "sandbox {}: {} checkpoints and {} packs past retention removed",
+                p["sandbox"].as_str().unwrap_or("?"),
+                p["checkpoints"],
+                p["packs"]
+            ),
+        }
+    }
+}
+
+#[cfg(feature = "docker")]
+async fn gc_docker(
+    rt: &Runtime,
+    state_dir: &Path,
+    a: GcArgs,
+    pruned: Vec<serde_json::Value>,
+) -> Result<u8> {
     let backend = berth_backends::docker::DockerBackend::connect()
         .await?
         .with_installation(&berth_backends::installation_id(state_dir)?);
@@ -261,9 +314,10 @@ async fn gc(
     if a.json {
         context::print_json(&json!({
             "removed": report.removed, "kept": report.kept, "backend": a.backend,
-            "removed_volumes": volumes,
+            "removed_volumes": volumes, "checkpoints": pruned,
         }));
     } else {
+        print_pruned(&pruned);
         for name in &report.removed {
             outln!("removed the container of sandbox {name} (its volumes are kept)");
         }
@@ -280,7 +334,12 @@ async fn gc(
 }
 
 #[cfg(not(feature = "docker"))]
-async fn gc(_rt: &berth_core::runtime::Runtime, _dir: &std::path::Path, _a: GcArgs) -> Result<u8> {
+async fn gc_docker(
+    _rt: &Runtime,
+    _dir: &Path,
+    _a: GcArgs,
+    _pruned: Vec<serde_json::Value>,
+) -> Result<u8> {
     bail!("this berth was built without the docker backend (cargo feature `docker`)")
 }
 

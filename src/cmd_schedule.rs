@@ -195,7 +195,7 @@ pub fn run(state_dir: Option<PathBuf>, cmd: ScheduleCmd) -> Result<u8> {
 }
 
 /// A time for people, in UTC.
-fn when(ms: Option<i64>) -> String {
+pub(crate) fn when(ms: Option<i64>) -> String {
     ms.and_then(chrono::DateTime::from_timestamp_millis)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .unwrap_or_else(|| "-".into())

@@ -8,6 +8,7 @@ mod bench_cli;
 mod bench_jobs;
 mod cmd_approvals;
 mod cmd_attach;
+mod cmd_checkpoint;
 mod cmd_events;
 mod cmd_exec;
 mod cmd_image;
@@ -176,7 +177,7 @@ fn main() -> ExitCode {
             Command::Image(c) => cmd_image::run(c).await,
             Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
             Command::Run(a) => cmd_run::run(cli.state_dir, *a).await,
-            Command::Runs(c) => cmd_run::runs(cli.state_dir, c),
+            Command::Runs(c) => cmd_run::runs(cli.state_dir, c).await,
             Command::Memory(c) => cmd_memory::run(cli.state_dir, c),
             Command::Serve(a) => cmd_server::serve(cli.state_dir, a).await,
             Command::Server(c) => cmd_server::run(cli.state_dir, c).await,

@@ -61,6 +61,7 @@ macro_rules! conformance_suite {
             case!(functions_are_saved_apart_and_follow_every_change);
             case!(state_changes_are_journaled_and_survive_a_kill);
             case!(nounset_with_pwd_or_path_unset_keeps_the_shell);
+            case!(checkpoint_restore_and_clone_bring_back_files_git_and_session);
         }
     };
 }
@@ -1606,4 +1607,170 @@ fn the_report_knows_the_survivors_notice() {
         berth_client::report::SURVIVED,
         berth_core::session::SURVIVED
     );
+}
+
+/// What the workspace's own repository says of itself, and a digest of every
+/// byte under `.git` (taken first: `git status` may refresh the index).
+async fn git_state(s: &mut Session) -> Result<(String, String), BoxError> {
+    let bytes = ok(
+        s,
+        "(cd \"$CK_W/proj\" && find .git -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)",
+    )
+    .await?;
+    let said = ok(
+        s,
+        "(cd \"$CK_W/proj\" && git fsck --full 2>&1 && git status --porcelain=v2 --branch && git log --format='%H %an %s')",
+    )
+    .await?;
+    Ok((bytes, said))
+}
+
+/// The same assertions on every backend: files created, changed and deleted
+/// since a checkpoint come back as they were, and so do the cwd, an exported
+/// variable and a function; the workspace's `.git` is byte-identical; links
+/// stay links; special files are left out and named. A clone into a second
+/// sandbox gets the same files and session.
+pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
+    h: &Harness,
+) -> TestResult {
+    use berth_core::checkpoint;
+    let policy = berth_policies::CheckpointPolicy::default();
+    let f = h.sandbox("ckpt").await?;
+    let w = f.sandbox.layout().workdir.clone();
+    let mut s = open(&f).await?;
+    ok(&mut s, &format!("export CK_W='{w}'")).await?;
+    let git = "git -c user.email=t@example.com -c user.name=tester";
+    ok(
+        &mut s,
+        &format!(
+            "mkdir -p \"$CK_W/proj/sub\" && cd \"$CK_W/proj\" && printf 'one\\n' > a.txt && printf 'keep\\n' > sub/keep.txt \
+             && printf 'bye\\n' > gone.txt && printf 'odd\\n' > 'name with\nnewline' && ln -s /etc/hostname outside-link \
+             && mkfifo pipe && mkdir -p ../lib/__pycache__ && echo cache > ../lib/__pycache__/x.pyc && chmod 700 sub \
+             && git init -q && {git} add a.txt sub && {git} commit -qm first && printf 'x' > untracked"
+        ),
+    )
+    .await?;
+    ok(
+        &mut s,
+        "export CKPT_VAR='before value'; ckfn() { echo \"fn:$1\"; }; cd \"$CK_W/proj/sub\"",
+    )
+    .await?;
+    let (git_bytes, git_said) = git_state(&mut s).await?;
+    s.close().await;
+
+    let taken = checkpoint::take(&*f.sandbox, None, &policy, "kconf1").await?;
+    assert!(taken.changed >= 5, "only {} changed", taken.changed);
+    assert!(
+        taken
+            .skipped
+            .iter()
+            .any(|k| k.path == "proj/pipe" && k.what == "fifo"),
+        "{:?}",
+        taken.skipped
+    );
+    assert!(
+        !taken
+            .manifest
+            .entries
+            .keys()
+            .any(|p| p.starts_with(b"lib/__pycache__")),
+        "an excluded cache went in"
+    );
+
+    // Change everything a checkpoint must bring back.
+    let mut s = open(&f).await?;
+    ok(
+        &mut s,
+        &format!(
+            "cd \"$CK_W/proj\" && printf 'two\\n' > a.txt && rm gone.txt && echo new > new.txt && mkdir -p newdir/deep \
+             && echo z > newdir/deep/z && rm outside-link && mkdir outside-link && chmod 755 sub && {git} add a.txt \
+             && {git} commit -qm second && export CKPT_VAR=after && ckfn() {{ echo changed; }} && cd /"
+        ),
+    )
+    .await?;
+    s.close().await;
+
+    let back =
+        checkpoint::restore(&*f.sandbox, &taken.manifest, &taken.session, None, &policy).await?;
+    assert!(
+        back.written >= 3 && back.removed >= 2,
+        "written {} removed {}",
+        back.written,
+        back.removed
+    );
+    // Nothing changed since: the next checkpoint stores nothing.
+    let again = checkpoint::take(&*f.sandbox, Some(&back.base), &policy, "kconf2").await?;
+    assert_eq!(
+        (again.changed, again.pack.as_deref()),
+        (0, None),
+        "a checkpoint right after a restore stored files again"
+    );
+    let mut s = open(&f).await?;
+    let pwd = ok(&mut s, "pwd").await?;
+    assert!(
+        pwd.trim_end().ends_with("/proj/sub"),
+        "cwd came back as {pwd}"
+    );
+    assert_eq!(ok(&mut s, "echo \"$CKPT_VAR\"").await?, "before value\n");
+    assert_eq!(ok(&mut s, "ckfn x").await?, "fn:x\n");
+    assert_eq!(
+        ok(
+            &mut s,
+            "cd \"$CK_W/proj\" && cat a.txt gone.txt sub/keep.txt 'name with\nnewline' && readlink outside-link \
+             && stat -c %a sub && { [ -e new.txt ] || [ -e newdir ] && echo LEFTOVER || true; } && [ -p pipe ] && echo fifo-untouched; cd sub"
+        )
+        .await?,
+        "one\nbye\nkeep\nodd\n/etc/hostname\n700\nfifo-untouched\n"
+    );
+    let (bytes_after, said_after) = git_state(&mut s).await?;
+    assert_eq!(bytes_after, git_bytes, "the workspace's .git changed");
+    assert_eq!(
+        said_after, git_said,
+        "git tells another story after the restore"
+    );
+
+    // A damaged pack is reported and nothing is restored.
+    ok(&mut s, "cd \"$CK_W/proj\" && echo three > a.txt").await?;
+    let packs = format!("{}/packs", f.sandbox.layout().berth_dir);
+    ok(
+        &mut s,
+        &format!(
+            "cp '{packs}/kconf1.tar' /tmp/kconf1.keep && truncate -s 2048 '{packs}/kconf1.tar'"
+        ),
+    )
+    .await?;
+    s.close().await;
+    let err = checkpoint::restore(&*f.sandbox, &taken.manifest, &taken.session, None, &policy)
+        .await
+        .err()
+        .ok_or("a restore from a damaged pack succeeded")?;
+    assert!(err.to_string().contains("cannot be read back"), "{err}");
+    let mut s = open(&f).await?;
+    assert_eq!(ok(&mut s, "cat \"$CK_W/proj/a.txt\"").await?, "three\n");
+    ok(&mut s, &format!("mv /tmp/kconf1.keep '{packs}/kconf1.tar'")).await?;
+    s.close().await;
+
+    // A clone: a second sandbox gets the files and the session.
+    let g = h.sandbox("ckpt-clone").await?;
+    checkpoint::copy_packs(&*f.sandbox, &*g.sandbox, &taken.manifest.packs()).await?;
+    checkpoint::restore(&*g.sandbox, &taken.manifest, &taken.session, None, &policy).await?;
+    let gw = g.sandbox.layout().workdir.clone();
+    let mut c = open(&g).await?;
+    assert_eq!(ok(&mut c, "echo \"$CKPT_VAR\"").await?, "before value\n");
+    assert_eq!(ok(&mut c, "ckfn y").await?, "fn:y\n");
+    ok(&mut c, &format!("export CK_W='{gw}'")).await?;
+    assert_eq!(
+        ok(
+            &mut c,
+            "cd \"$CK_W/proj\" && cat a.txt gone.txt && [ ! -e new.txt ] && readlink outside-link"
+        )
+        .await?,
+        "one\nbye\n/etc/hostname\n"
+    );
+    let (clone_bytes, clone_said) = git_state(&mut c).await?;
+    assert_eq!(clone_bytes, git_bytes, "the clone's .git differs");
+    assert_eq!(clone_said, git_said);
+    c.close().await;
+    g.remove().await?;
+    f.remove().await
 }

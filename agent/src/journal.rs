@@ -510,7 +510,8 @@ pub fn append_message(store: &Store, run: &str, step: i64, m: &Message) -> Resul
 }
 
 /// The transcript, with each message's step, in order.
-pub fn messages(store: &Store, run: &str) -> Result<Vec<(i64, Message)>> {
+/// Every message of a run, rolled-back steps too (`berth runs show`).
+pub fn all_messages(store: &Store, run: &str) -> Result<Vec<(i64, Message)>> {
     let rows: Vec<(i64, String)> = db(store, |c| {
         let mut stmt =
             c.prepare("SELECT step, body FROM run_messages WHERE run_id = ?1 ORDER BY seq")?;
@@ -519,9 +520,30 @@ pub fn messages(store: &Store, run: &str) -> Result<Vec<(i64, Message)>> {
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     })?;
+    decode_messages(rows)
+}
+
+fn decode_messages(rows: Vec<(i64, String)>) -> Result<Vec<(i64, Message)>> {
     rows.into_iter()
         .map(|(s, b)| Ok((s, serde_json::from_str(&b).map_err(json_err)?)))
         .collect()
+}
+
+/// A run's transcript: its messages, less the steps a rollback took out.
+pub fn messages(store: &Store, run: &str) -> Result<Vec<(i64, Message)>> {
+    let rows: Vec<(i64, String)> = db(store, |c| {
+        let mut stmt = c.prepare(
+            "SELECT step, body FROM run_messages m WHERE run_id = ?1 AND NOT EXISTS (
+                 SELECT 1 FROM run_rollbacks r WHERE r.run_id = m.run_id
+                 AND m.step > r.to_step AND m.step <= r.from_step)
+             ORDER BY seq",
+        )?;
+        let rows = stmt
+            .query_map(params![run], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })?;
+    decode_messages(rows)
 }
 
 /// Record a model call.
@@ -864,4 +886,61 @@ mod tests {
         set_state(&store, "r1", RunState::Interrupted, None).unwrap();
         claim(&store, "r1").unwrap();
     }
+}
+
+/// A rollback of a run (`berth runs rollback`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Rollback {
+    /// When.
+    pub at_ms: i64,
+    /// The step the run went back to.
+    pub to_step: i64,
+    /// The last step before it: steps after `to_step` through this one left
+    /// the transcript.
+    pub from_step: i64,
+    /// The checkpoint the sandbox was restored to.
+    pub checkpoint: String,
+}
+
+/// Record a rollback: the run's transcript goes back to step `to`, and the
+/// steps after it stay in the journal, marked.
+pub fn roll_back(store: &Store, run: &str, to: i64, from: i64, checkpoint: &str) -> Result<()> {
+    db(store, |c| {
+        c.execute(
+            "INSERT INTO run_rollbacks (run_id, at_ms, to_step, from_step, checkpoint) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![run, now_ms(), to, from, checkpoint],
+        )?;
+        Ok(())
+    })
+}
+
+/// A run's rollbacks, oldest first.
+pub fn rollbacks(store: &Store, run: &str) -> Result<Vec<Rollback>> {
+    db(store, |c| {
+        let mut stmt = c.prepare(
+            "SELECT at_ms, to_step, from_step, checkpoint FROM run_rollbacks WHERE run_id = ?1 ORDER BY rowid",
+        )?;
+        let rows = stmt
+            .query_map(params![run], |r| {
+                Ok(Rollback {
+                    at_ms: r.get(0)?,
+                    to_step: r.get(1)?,
+                    from_step: r.get(2)?,
+                    checkpoint: r.get(3)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    })
+}
+
+/// Move a run to another sandbox (a fork runs in a clone of its parent's).
+pub fn set_sandbox(store: &Store, run: &str, sandbox: &str) -> Result<()> {
+    db(store, |c| {
+        c.execute(
+            "UPDATE runs SET sandbox = ?2 WHERE id = ?1",
+            params![run, sandbox],
+        )?;
+        Ok(())
+    })
 }

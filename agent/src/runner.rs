@@ -17,6 +17,7 @@
 //! Every exit writes its reason to the run: `done`, `budget_spent`,
 //! `interrupted`, `awaiting_approval`, `provider_failed` or `error`.
 
+pub mod checkpoint;
 mod compact;
 pub mod delegate;
 mod settle;
@@ -214,6 +215,24 @@ pub enum AgentEvent {
         #[serde(skip_serializing_if = "Option::is_none")]
         note: Option<String>,
     },
+    /// The sandbox was checkpointed after a step (0: before the first), or
+    /// could not be.
+    Checkpoint {
+        /// The step.
+        step: i64,
+        /// The checkpoint's id.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<String>,
+        /// Files and links stored anew.
+        changed: i64,
+        /// Their bytes.
+        new_bytes: i64,
+        /// How long it took.
+        took_ms: i64,
+        /// Why there is none.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// Something a sub-agent did (`delegate`): its own event, wrapped.
     Child {
         /// The run that delegated.
@@ -272,6 +291,7 @@ pub struct Agent {
     redact: Redact,
     memory_tokens: u64,
     delegation: Option<delegate::Delegation>,
+    checkpoints: Option<Arc<dyn checkpoint::StepCheckpoints>>,
 }
 
 /// How many tokens of memory notes a new run's system prompt carries unless
@@ -304,6 +324,7 @@ impl Agent {
             redact,
             memory_tokens: MEMORY_TOKENS,
             delegation: None,
+            checkpoints: None,
         }
     }
 
@@ -521,6 +542,7 @@ impl Agent {
             if let Some(stop) = self.settle(id, setup, msgs, cancel).await? {
                 return Ok(stop);
             }
+            self.checkpoint_step(id, msgs).await;
             // Sub-agents may have spent in the meantime.
             *totals = delegate::totals_of(&self.store, id)?;
             if let Some((_, m)) = msgs.last()

@@ -25,6 +25,10 @@ pub enum EventKind {
     SandboxRemoved,
     /// An idle sandbox was removed by the reaper.
     SandboxReaped,
+    /// A checkpoint of a sandbox was taken.
+    CheckpointTaken,
+    /// A sandbox was restored to a checkpoint.
+    CheckpointRestored,
     /// A background job started.
     JobStarted,
     /// A job reached this state (`job.exited`, `job.killed`, ...).
@@ -66,6 +70,8 @@ impl EventKind {
             EventKind::SandboxAttached => "sandbox.attached",
             EventKind::SandboxRemoved => "sandbox.removed",
             EventKind::SandboxReaped => "sandbox.reaped",
+            EventKind::CheckpointTaken => "checkpoint.taken",
+            EventKind::CheckpointRestored => "checkpoint.restored",
             EventKind::JobStarted => "job.started",
             EventKind::Job(JobState::Starting) => "job.starting",
             EventKind::Job(JobState::Running) => "job.running",
@@ -88,7 +94,7 @@ impl EventKind {
     }
 
     /// Every kind, for parsing and for tests.
-    pub const ALL: [EventKind; 27] = [
+    pub const ALL: [EventKind; 29] = [
         EventKind::ExecStarted,
         EventKind::ExecFinished,
         EventKind::ExecFailed,
@@ -98,6 +104,8 @@ impl EventKind {
         EventKind::SandboxAttached,
         EventKind::SandboxRemoved,
         EventKind::SandboxReaped,
+        EventKind::CheckpointTaken,
+        EventKind::CheckpointRestored,
         EventKind::JobStarted,
         EventKind::Job(JobState::Starting),
         EventKind::Job(JobState::Running),

@@ -6,6 +6,7 @@
 
 pub mod approvals;
 pub mod backend;
+pub mod checkpoint;
 pub mod clock;
 pub mod error;
 pub mod events;

@@ -15,9 +15,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod checkpoints;
 mod sandboxes;
 mod spool;
 
+pub use checkpoints::RestoreReport;
 pub use sandboxes::SandboxStatus;
 
 use async_trait::async_trait;
@@ -145,6 +147,14 @@ pub struct ExecReport {
 /// Backend, sandbox, session name.
 type SessionKey = (String, String, String);
 
+/// A command running now.
+#[derive(Clone)]
+struct Inflight {
+    key: SessionKey,
+    command: String,
+    stop: CancellationToken,
+}
+
 /// One sandbox's place in the session map. Its own lock is held while the
 /// sandbox is provisioned and its shell opened, so a slow docker create
 /// blocks only calls for that sandbox; the map's lock is held only to find
@@ -158,6 +168,9 @@ pub struct Runtime {
     cfg: RuntimeConfig,
     backends: Mutex<HashMap<String, Arc<dyn Backend>>>,
     sessions: Mutex<HashMap<SessionKey, SessionSlot>>,
+    /// The commands running now, by call id: where, what, and the token that
+    /// interrupts them (a forced restore stops them first).
+    inflight: std::sync::Mutex<HashMap<String, Inflight>>,
     gate: Option<Arc<Gate>>,
     approval_notice: Option<ApprovalNotice>,
     spool_index: std::sync::Mutex<spool::SpoolIndex>,
@@ -172,6 +185,7 @@ impl Runtime {
             cfg,
             backends: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
+            inflight: std::sync::Mutex::new(HashMap::new()),
             gate: None,
             approval_notice: None,
             spool_index: Default::default(),
@@ -428,7 +442,24 @@ impl Runtime {
         })?;
         // Output is redacted as it streams (ExecOpts::filter), before the
         // tee, the result or the spool file sees it.
+        let stop = req
+            .cancel
+            .get_or_insert_with(CancellationToken::new)
+            .clone();
+        self.inflight_set(
+            &call_id,
+            Some(Inflight {
+                key: (
+                    req.backend.clone(),
+                    req.sandbox.clone(),
+                    req.session_name().to_string(),
+                ),
+                command: command_text.clone(),
+                stop,
+            }),
+        );
         let outcome = self.exec_inner(&req, &call_id, admitted_as).await;
+        self.inflight_set(&call_id, None);
         let finished = match &outcome {
             Ok(r) => Event {
                 kind: EventKind::ExecFinished.into(),

@@ -54,6 +54,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoints::CheckpointPolicy;
 use crate::dangerous::Pattern;
 use crate::delegation::AgentPolicy;
 use crate::env::EnvFilter;
@@ -101,6 +102,7 @@ struct RawFile {
     files: Option<RawFiles>,
     tools: Option<ToolSwitches>,
     agent: Option<AgentPolicy>,
+    checkpoints: Option<CheckpointPolicy>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,6 +175,8 @@ pub struct Policy {
     pub tools: ToolSwitches,
     /// How far sub-agents reach.
     pub agent: AgentPolicy,
+    /// What sandbox checkpoints hold and how many are kept.
+    pub checkpoints: CheckpointPolicy,
 }
 
 impl Policy {
@@ -275,6 +279,7 @@ impl Policy {
             files: raw.files.unwrap_or_default().build().map_err(invalid)?,
             tools: raw.tools.unwrap_or_default(),
             agent: raw.agent.unwrap_or_default(),
+            checkpoints: raw.checkpoints.unwrap_or_default(),
         })
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod argv;
 pub mod caution;
+pub mod checkpoints;
 pub mod dangerous;
 pub mod delegation;
 pub mod embedded;
@@ -29,6 +30,7 @@ pub mod redact;
 pub mod rules;
 pub mod shell;
 
+pub use checkpoints::CheckpointPolicy;
 pub use dangerous::Pattern;
 pub use delegation::AgentPolicy;
 pub use env::EnvFilter;

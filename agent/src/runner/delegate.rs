@@ -524,6 +524,9 @@ impl Agent {
                         redact: self.redact.clone(),
                         memory_tokens: self.memory_tokens,
                         delegation: self.delegation.clone(),
+                        // A child's steps are its parent's call: the parent's
+                        // checkpoint after that step holds what they did.
+                        checkpoints: None,
                     };
                     // Boxed: a child's run may delegate in turn.
                     let run: LocalBoxFuture<'_, Result<Exit>> =

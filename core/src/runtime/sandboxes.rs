@@ -77,6 +77,7 @@ impl Runtime {
             Err(e) => return Err(e),
         };
         self.store.delete_sandbox(backend, name)?;
+        crate::checkpoint::record::forget_sandbox(&self.store, backend, name)?;
         if !known && !removed {
             return Err(Error::NotFound {
                 what: "sandbox",

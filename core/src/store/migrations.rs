@@ -237,4 +237,46 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     ALTER TABLE runs ADD COLUMN schedule TEXT;
     "#,
+    // 10: checkpoints (`berth sandbox checkpoint`, and `berth run` after each
+    // step that may have written): a workspace's manifest and its sessions'
+    // state, whose file contents live in packs in the sandbox. A sandbox's
+    // base is the manifest of its last checkpoint or restore: the stat
+    // cache the next checkpoint compares with.
+    r#"
+    CREATE TABLE checkpoints (
+        id          TEXT PRIMARY KEY,
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        label       TEXT,
+        run_id      TEXT,
+        step        INTEGER,
+        files       INTEGER NOT NULL,
+        bytes       INTEGER NOT NULL,
+        changed     INTEGER NOT NULL,
+        new_bytes   INTEGER NOT NULL,
+        took_ms     INTEGER NOT NULL,
+        skipped     TEXT,
+        origin      TEXT,
+        manifest    BLOB NOT NULL,
+        session     BLOB NOT NULL
+    );
+    CREATE INDEX checkpoints_sandbox ON checkpoints(backend, sandbox, created_ms);
+    CREATE INDEX checkpoints_run ON checkpoints(run_id, step);
+    CREATE TABLE checkpoint_bases (
+        backend   TEXT NOT NULL,
+        sandbox   TEXT NOT NULL,
+        manifest  BLOB NOT NULL,
+        PRIMARY KEY (backend, sandbox)
+    );
+    -- `berth runs rollback`: the steps after `to_step`, through `from_step`,
+    -- leave the run's transcript; the journal keeps them.
+    CREATE TABLE run_rollbacks (
+        run_id      TEXT NOT NULL REFERENCES runs(id),
+        at_ms       INTEGER NOT NULL,
+        to_step     INTEGER NOT NULL,
+        from_step   INTEGER NOT NULL,
+        checkpoint  TEXT NOT NULL
+    );
+    "#,
 ];
