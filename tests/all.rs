@@ -17,6 +17,7 @@
 mod support;
 
 mod agent;
+mod checkpoints;
 mod cli;
 mod context;
 mod delegate;

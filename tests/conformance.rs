@@ -1690,8 +1690,15 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     .await?;
     s.close().await;
 
-    let back =
-        checkpoint::restore(&*f.sandbox, &taken.manifest, &taken.session, None, &policy).await?;
+    let back = checkpoint::restore(
+        &*f.sandbox,
+        &taken.manifest,
+        &taken.session,
+        None,
+        &policy,
+        None,
+    )
+    .await?;
     assert!(
         back.written >= 3 && back.removed >= 2,
         "written {} removed {}",
@@ -1740,10 +1747,17 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     )
     .await?;
     s.close().await;
-    let err = checkpoint::restore(&*f.sandbox, &taken.manifest, &taken.session, None, &policy)
-        .await
-        .err()
-        .ok_or("a restore from a damaged pack succeeded")?;
+    let err = checkpoint::restore(
+        &*f.sandbox,
+        &taken.manifest,
+        &taken.session,
+        None,
+        &policy,
+        None,
+    )
+    .await
+    .err()
+    .ok_or("a restore from a damaged pack succeeded")?;
     assert!(err.to_string().contains("cannot be read back"), "{err}");
     let mut s = open(&f).await?;
     assert_eq!(ok(&mut s, "cat \"$CK_W/proj/a.txt\"").await?, "three\n");
@@ -1753,9 +1767,20 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     // A clone: a second sandbox gets the files and the session.
     let g = h.sandbox("ckpt-clone").await?;
     checkpoint::copy_packs(&*f.sandbox, &*g.sandbox, &taken.manifest.packs()).await?;
-    checkpoint::restore(&*g.sandbox, &taken.manifest, &taken.session, None, &policy).await?;
+    checkpoint::restore(
+        &*g.sandbox,
+        &taken.manifest,
+        &taken.session,
+        None,
+        &policy,
+        Some(&w),
+    )
+    .await?;
     let gw = g.sandbox.layout().workdir.clone();
     let mut c = open(&g).await?;
+    // The session's cwd moved with the files, into the clone's workspace.
+    let pwd = ok(&mut c, "pwd").await?;
+    assert_eq!(pwd.trim_end(), format!("{gw}/proj/sub"), "the clone's cwd");
     assert_eq!(ok(&mut c, "echo \"$CKPT_VAR\"").await?, "before value\n");
     assert_eq!(ok(&mut c, "ckfn y").await?, "fn:y\n");
     ok(&mut c, &format!("export CK_W='{gw}'")).await?;

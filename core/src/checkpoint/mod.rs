@@ -367,13 +367,16 @@ async fn store_pack(
 /// Bring the workspace back to `target` and its sessions' state to
 /// `session`. `base` is the sandbox's last known manifest: a file it shows
 /// untouched with the target's digest is not written again. Nothing changes
-/// unless every stored copy needed reads back with its digest.
+/// unless every stored copy needed reads back with its digest. `moved_from`
+/// is the workspace the checkpoint was taken in, when it was another
+/// sandbox's (a clone): the session's paths under it move to this one's.
 pub async fn restore(
     sb: &dyn Sandbox,
     target: &Manifest,
     session: &[u8],
     base: Option<&Manifest>,
     policy: &CheckpointPolicy,
+    moved_from: Option<&str>,
 ) -> Result<Restored> {
     let now = scan(sb, policy).await?;
     let missing: Vec<String> = target.packs().difference(&now.packs).cloned().collect();
@@ -401,7 +404,11 @@ pub async fn restore(
         _ => return Err(failed(sb, "restoring the workspace", err)),
     }
     if !session.is_empty() {
-        let args = [layout.berth_dir.clone()];
+        let mut args = vec![layout.berth_dir.clone()];
+        if let Some(from) = moved_from.filter(|f| *f != layout.workdir) {
+            args.push(sed_pattern(from));
+            args.push(sed_replacement(&layout.workdir));
+        }
         let (code, _, err) = script(
             sb,
             scripts::SESSION,
@@ -432,6 +439,30 @@ pub async fn restore(
         written: plan.written,
         removed: plan.removed,
     })
+}
+
+/// `s` as a basic regular expression for sed with `|` as its delimiter.
+fn sed_pattern(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if matches!(c, '\\' | '|' | '.' | '*' | '[' | ']' | '^' | '$') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `s` as sed's replacement text with `|` as the delimiter.
+fn sed_replacement(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if matches!(c, '\\' | '|' | '&') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn unreadable(sb: &dyn Sandbox, why: String) -> Error {

@@ -99,13 +99,16 @@ tidy
     scan_workspace!()
 );
 
-/// Args: BERTH_DIR. Stdin: a tar of the sessions' state files, which replace
-/// the ones there (unpacked aside first, so a bad tar changes nothing).
+/// Args: BERTH_DIR [FROM TO]. Stdin: a tar of the sessions' state files,
+/// which replace the ones there (unpacked aside first, so a bad tar changes
+/// nothing). FROM and TO, a sed pattern and its replacement, move the paths
+/// the state names from another sandbox's workspace to this one's (a clone).
 pub(super) const SESSION: &str = concat!(
     r#"mkdir -p -- "$1" && cd -- "$1" || exit 3
 n=.session.$$
 rm -rf -- "$n"; mkdir -- "$n" || exit 4
 tar -xf - -C "$n" || { rm -rf -- "$n"; exit 5; }
+if [ -n "${2:-}" ]; then find "$n" -type f -exec sed -i -e "s|$2|$3|g" {} + || { rm -rf -- "$n"; exit 7; }; fi
 "#,
     state_files!(),
     r#" -delete

@@ -214,7 +214,8 @@ impl Runtime {
         let sb = self.attach(backend, sandbox).await?;
         let policy = self.checkpoint_policy();
         let base = record::base(&self.store, backend, sandbox)?;
-        let done = checkpoint::restore(&*sb, &target, &session, base.as_ref(), &policy).await?;
+        let done =
+            checkpoint::restore(&*sb, &target, &session, base.as_ref(), &policy, None).await?;
         record::set_base(&self.store, backend, sandbox, &done.base)?;
         let report = RestoreReport {
             checkpoint: row,
@@ -301,7 +302,10 @@ impl Runtime {
             };
             record::insert(&self.store, &copy, &manifest, &session, false)?;
             let policy = self.checkpoint_policy();
-            let done = checkpoint::restore(&*dst_sb, &manifest, &session, None, &policy).await?;
+            let from = src_sb.layout().workdir.clone();
+            let done =
+                checkpoint::restore(&*dst_sb, &manifest, &session, None, &policy, Some(&from))
+                    .await?;
             record::set_base(&self.store, dst_backend, dst, &done.base)?;
             Ok::<CheckpointRow, Error>(CheckpointRow {
                 took_ms: t0.elapsed().as_millis() as i64,
