@@ -42,6 +42,14 @@ pub struct BenchArgs {
     /// 100 runs each).
     #[arg(long)]
     pub cli: bool,
+    /// Measure checkpoints instead: the first, one after 10 small changes,
+    /// one after none, and a restore, against `cp -a` and `tar` of the same
+    /// workspace (and a shadow git repository, where the sandbox has git).
+    #[arg(long, conflicts_with_all = ["cli", "mcp"])]
+    pub checkpoint: bool,
+    /// With --checkpoint: the workspace's size in MiB.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub size_mb: u64,
 }
 
 /// One measured series.

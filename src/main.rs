@@ -4,6 +4,7 @@
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
 mod bench;
+mod bench_checkpoint;
 mod bench_cli;
 mod bench_jobs;
 mod cmd_approvals;
@@ -172,6 +173,7 @@ fn main() -> ExitCode {
             Command::Shell(a) => shell::run(cli.state_dir, a).await,
             Command::Attach(a) => cmd_attach::run(cli.state_dir, a).await,
             Command::Bench(a) if a.cli => bench_cli::run(cli.state_dir, &a).await,
+            Command::Bench(a) if a.checkpoint => bench_checkpoint::run(cli.state_dir, a).await,
             Command::Bench(a) => bench::run(cli.state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),
             Command::Image(c) => cmd_image::run(c).await,

@@ -154,6 +154,32 @@ fn a_busy_sandbox_is_refused_unless_forced_and_a_killed_checkpoint_leaves_nothin
     let first = c["id"].as_str().unwrap_or("").to_string();
     ok(d, &["exec", "--sandbox", "ck", "--", "echo two > a.txt"])?;
 
+    // A command runs in the sandbox's session (in the server): a restore
+    // names it and is refused; --force interrupts it.
+    let mut long = cmd(d, &["exec", "--sandbox", "ck", "--", "sleep 120"]).spawn()?;
+    crate::agent::wait_for("the command to start", Duration::from_secs(30), || {
+        ok(d, &["events", "--json", "--limit", "5"])
+            .is_ok_and(|e| e.contains("exec.started") && e.contains("sleep 120"))
+    })?;
+    let o = berth(d, &["sandbox", "restore", "ck", &first])?;
+    let err = text(&o.stderr);
+    assert!(
+        o.status.code() != Some(0) && err.contains("session `main` runs `sleep 120`"),
+        "{err}"
+    );
+    ok(d, &["sandbox", "restore", "ck", &first, "--force"])?;
+    let ended = long.wait()?;
+    assert_eq!(
+        ended.code(),
+        Some(130),
+        "the forced restore did not interrupt it"
+    );
+    assert_eq!(
+        ok(d, &["exec", "--sandbox", "ck", "--", "cat a.txt"])?,
+        "one\n"
+    );
+    ok(d, &["exec", "--sandbox", "ck", "--", "echo two > a.txt"])?;
+
     // A job runs: a restore names it and is refused; --force stops it.
     let job = ok(
         d,
@@ -300,5 +326,52 @@ fn a_busy_sandbox_is_refused_unless_forced_and_a_killed_checkpoint_leaves_nothin
     ok(d, &["sandbox", "rm", "ck"])?;
     let left = json(d, &["sandbox", "checkpoints", "ck", "--json"])?;
     assert_eq!(left, Value::Array(vec![]));
+    Ok(())
+}
+
+#[test]
+fn a_clone_moves_files_and_session_to_another_backend() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    ok(d, &["sandbox", "create", "src"])?;
+    ok(
+        d,
+        &[
+            "exec",
+            "--sandbox",
+            "src",
+            "--",
+            "mkdir -p app && echo hi > app/x && cd app && export CLONED=yes",
+        ],
+    )?;
+    // No --at: a checkpoint of the sandbox as it is now.
+    let c = json(
+        d,
+        &["sandbox", "clone", "src", "dst", "--to", "docker", "--json"],
+    )?;
+    assert_eq!(c["backend"], "docker", "{c}");
+    let out = ok(
+        d,
+        &[
+            "exec",
+            "--backend",
+            "docker",
+            "--sandbox",
+            "dst",
+            "--",
+            "pwd; cat x; echo $CLONED",
+        ],
+    );
+    let cleanup = ok(d, &["sandbox", "rm", "dst", "--backend", "docker"]);
+    assert_eq!(out?, "/workspace/app\nhi\nyes\n");
+    cleanup?;
+    // A clone onto a name in use is refused before anything is made.
+    ok(d, &["sandbox", "create", "taken"])?;
+    let o = berth(d, &["sandbox", "clone", "src", "taken"])?;
+    assert!(
+        text(&o.stderr).contains("already exists"),
+        "{}",
+        text(&o.stderr)
+    );
     Ok(())
 }

@@ -4,9 +4,10 @@
 //! and one set of semantics.
 //!
 //! Flow at a glance:
-//! - [`scan`] lists the workspace with `find -printf` (kind, bits, size,
-//!   times, inode, path, link target; NUL-separated, so any name survives)
-//!   and tars the sessions' state files (snapshots, functions, journal).
+//! - A scan lists the workspace with `find -printf` (kind, bits, size,
+//!   times, inode, path, link target; NUL-separated, so any name survives).
+//!   Taking and restoring are each one process in the sandbox that scans,
+//!   hears back from berth what to do, and does it.
 //! - [`take`] compares the scan with the sandbox's base manifest (the last
 //!   checkpoint or restore): an entry whose stat is unchanged keeps its
 //!   stored copy; the rest go into one new pack (a tar in the sandbox's berth
@@ -49,19 +50,6 @@ const OUTPUT_LIMIT: usize = 512 << 20;
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 /// How often a checkpoint tries again when files change while it reads them.
 const ATTEMPTS: usize = 3;
-
-/// A workspace as a scan found it.
-#[derive(Debug)]
-pub struct Scan {
-    /// Files, directories and links.
-    pub entries: Vec<Entry>,
-    /// Special files, left out.
-    pub skipped: Vec<Skipped>,
-    /// The packs the sandbox holds.
-    pub packs: BTreeSet<String>,
-    /// The sessions' state files, as a tar.
-    pub session: Vec<u8>,
-}
 
 /// What [`take`] made.
 #[derive(Debug)]
@@ -142,49 +130,10 @@ fn prune_args(sb: &dyn Sandbox, policy: &CheckpointPolicy) -> Vec<String> {
     args
 }
 
-/// List the workspace and read the sessions' state.
-pub async fn scan(sb: &dyn Sandbox, policy: &CheckpointPolicy) -> Result<Scan> {
-    let layout = sb.layout();
-    let mut args = vec![layout.workdir.clone(), layout.berth_dir.clone()];
-    args.extend(prune_args(sb, policy));
-    let (code, out, err) = script(sb, scripts::SCAN, &args, None, "scanning the workspace").await?;
-    if code != 0 {
-        return Err(failed(sb, "scanning the workspace", err));
-    }
-    let (entries, skipped, rest) = manifest::parse_scan(&out, false)?;
-    // Then the packs present, each ended by a NUL, an empty one, the tar.
-    let mut packs = BTreeSet::new();
-    let mut rest = rest;
-    loop {
-        let end = rest.iter().position(|&b| b == 0).ok_or_else(|| {
-            failed(
-                sb,
-                "scanning the workspace",
-                "its output was cut short".into(),
-            )
-        })?;
-        let name = &rest[..end];
-        rest = &rest[end + 1..];
-        if name.is_empty() {
-            break;
-        }
-        if let Some(id) = std::str::from_utf8(name)
-            .ok()
-            .and_then(|n| n.strip_suffix(".tar"))
-        {
-            packs.insert(id.to_string());
-        }
-    }
-    Ok(Scan {
-        entries,
-        skipped,
-        packs,
-        session: rest.to_vec(),
-    })
-}
-
 /// Take a checkpoint: the workspace against `base`, new and changed paths
-/// stored in a pack named `id`.
+/// stored in a pack named `id`. One process in the sandbox per attempt
+/// (see [`scripts::TAKE`]); a file that changed while it was read makes
+/// the attempt start over.
 pub async fn take(
     sb: &dyn Sandbox,
     base: Option<&Manifest>,
@@ -193,55 +142,9 @@ pub async fn take(
 ) -> Result<Taken> {
     let mut last_moved = Vec::new();
     for _ in 0..ATTEMPTS {
-        let scan = scan(sb, policy).await?;
-        let mut manifest = Manifest::default();
-        let mut changed: Vec<Vec<u8>> = Vec::new();
-        for mut e in scan.entries {
-            let kept = base
-                .and_then(|b| b.entries.get(&e.path))
-                .filter(|b| b.same_stat(&e) && b.stored())
-                .filter(|b| b.pack.is_empty() || scan.packs.contains(&b.pack));
-            match kept {
-                Some(b) => {
-                    e.hash = b.hash.clone();
-                    e.pack = b.pack.clone();
-                }
-                None if e.kind != Kind::Dir => changed.push(e.path.clone()),
-                None => {}
-            }
-            manifest.entries.insert(e.path.clone(), e);
-        }
-        let new_bytes: u64 = changed
-            .iter()
-            .filter_map(|p| manifest.entries.get(p))
-            .filter(|e| e.kind == Kind::File)
-            .map(|e| e.size)
-            .sum();
-        if new_bytes > policy.max_bytes() {
-            return Err(too_large(sb, &manifest, &changed, new_bytes, policy));
-        }
-        if changed.is_empty() {
-            return Ok(Taken {
-                manifest,
-                session: scan.session,
-                pack: None,
-                changed: 0,
-                new_bytes: 0,
-                skipped: scan.skipped,
-            });
-        }
-        match store_pack(sb, &mut manifest, &changed, id).await? {
-            Packed::Whole => {
-                return Ok(Taken {
-                    manifest,
-                    session: scan.session,
-                    pack: Some(id.to_string()),
-                    changed: changed.len(),
-                    new_bytes,
-                    skipped: scan.skipped,
-                });
-            }
-            Packed::Moved(paths) => last_moved = paths,
+        match take_once(sb, base, policy, id).await? {
+            Attempt::Taken(t) => return Ok(t),
+            Attempt::Moved(paths) => last_moved = paths,
         }
     }
     let shown: Vec<String> = last_moved
@@ -257,6 +160,297 @@ pub async fn take(
             shown.join(", ")
         ),
     ))
+}
+
+enum Attempt {
+    Taken(Taken),
+    /// These changed while they were read.
+    Moved(Vec<Vec<u8>>),
+}
+
+/// Where the scan's part of [`scripts::TAKE`]'s output ends: after the
+/// listing (pairs of NUL-ended fields up to an empty one) and the packs
+/// (NUL-ended names up to an empty one). Kept across reads.
+#[derive(Default)]
+struct ScanEnd {
+    pos: usize,
+    field: usize,
+    /// 0: a header is next, 1: a link field, 2: in the packs.
+    phase: u8,
+}
+
+impl ScanEnd {
+    fn advance(&mut self, buf: &[u8]) -> Option<usize> {
+        while self.pos < buf.len() {
+            let i = self.pos;
+            self.pos += 1;
+            if buf[i] != 0 {
+                continue;
+            }
+            let empty = i == self.field;
+            self.field = i + 1;
+            match self.phase {
+                0 if empty => self.phase = 2,
+                0 => self.phase = 1,
+                1 => self.phase = 0,
+                _ if empty => return Some(i + 1),
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+/// What a conversation script (see [`scripts::TAKE`]) came to: `reply`'s
+/// value (when its scan part arrived whole), what it printed after, its
+/// exit code and stderr.
+struct Conversed<T> {
+    replied: Option<Result<T>>,
+    rest: Vec<u8>,
+    code: i32,
+    stderr: String,
+}
+
+/// Run a conversation script in the sandbox: read its scan part (the
+/// workspace's entries and the packs present), let `reply` answer it with
+/// bytes for the script's stdin (EOF ends them; an error sends nothing, and
+/// the script changes nothing), then read the rest of its output.
+async fn converse<T>(
+    sb: &dyn Sandbox,
+    body: &str,
+    args: Vec<String>,
+    what: &str,
+    reply: impl FnOnce(&[u8]) -> Result<(Vec<u8>, T)>,
+) -> Result<Conversed<T>> {
+    use tokio::io::AsyncReadExt;
+    let mut argv = vec![
+        "bash".to_string(),
+        "-c".into(),
+        body.into(),
+        "berth-checkpoint".into(),
+    ];
+    argv.extend(args);
+    let opts = SpawnOpts {
+        helper: true,
+        ..SpawnOpts::default()
+    };
+    let mut p = sb.spawn(&argv, opts).await?;
+    let mut input = p.take_stdin();
+    let mut out = p
+        .take_stdout()
+        .ok_or_else(|| failed(sb, what, "the helper has no stdout".into()))?;
+    let err = p.take_stderr();
+    let err = tokio::spawn(async move {
+        let mut b = Vec::new();
+        if let Some(e) = err {
+            let _ = e.take(64 << 10).read_to_end(&mut b).await;
+        }
+        b
+    });
+    let work = async {
+        let mut buf = Vec::new();
+        let mut chunk = vec![0u8; 256 << 10];
+        let mut end = ScanEnd::default();
+        let cut = loop {
+            let n = out
+                .read(&mut chunk)
+                .await
+                .map_err(|e| Error::stream("reading a workspace scan", e))?;
+            if n == 0 {
+                break None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(c) = end.advance(&buf) {
+                break Some(c);
+            }
+        };
+        let mut replied = None;
+        if let Some(c) = cut {
+            match reply(&buf[..c]) {
+                Ok((bytes, value)) => {
+                    if let Some(mut i) = input.take() {
+                        i.write_all(&bytes)
+                            .await
+                            .map_err(|e| Error::stream("answering a checkpoint helper", e))?;
+                        let _ = i.shutdown().await;
+                    }
+                    replied = Some(Ok(value));
+                }
+                Err(e) => replied = Some(Err(e)),
+            }
+        }
+        drop(input.take());
+        let mut rest = buf.split_off(cut.unwrap_or(buf.len()));
+        out.read_to_end(&mut rest)
+            .await
+            .map_err(|e| Error::stream("reading a checkpoint helper's output", e))?;
+        let status = p.wait().await?;
+        Ok::<_, Error>((replied, rest, status.shell_code()))
+    };
+    let (replied, rest, code) = tokio::time::timeout(STEP_TIMEOUT, work)
+        .await
+        .map_err(|_| failed(sb, what, "it did not finish within an hour".into()))??;
+    let stderr = String::from_utf8_lossy(&err.await.unwrap_or_default())
+        .trim()
+        .to_string();
+    Ok(Conversed {
+        replied,
+        rest,
+        code,
+        stderr,
+    })
+}
+
+/// The entries and the packs present, from a conversation's scan part.
+fn read_scan(scanned: &[u8]) -> Result<(Vec<Entry>, Vec<Skipped>, BTreeSet<String>)> {
+    let (entries, skipped, rest) = manifest::parse_scan(scanned, false)?;
+    let packs = rest
+        .split(|&b| b == 0)
+        .filter_map(|n| std::str::from_utf8(n).ok()?.strip_suffix(".tar"))
+        .map(String::from)
+        .collect();
+    Ok((entries, skipped, packs))
+}
+
+async fn take_once(
+    sb: &dyn Sandbox,
+    base: Option<&Manifest>,
+    policy: &CheckpointPolicy,
+    id: &str,
+) -> Result<Attempt> {
+    let layout = sb.layout();
+    let mut args = vec![
+        layout.workdir.clone(),
+        layout.berth_dir.clone(),
+        id.to_string(),
+    ];
+    args.extend(prune_args(sb, policy));
+    let c = converse(sb, scripts::TAKE, args, "checkpoint", |scanned| {
+        let d = decide(sb, scanned, base, policy)?;
+        Ok((d.stdin.clone(), d))
+    })
+    .await?;
+    let mut d = match c.replied {
+        Some(d) => d?,
+        None => return Err(failed(sb, "scanning the workspace", c.stderr)),
+    };
+    if c.code == scripts::MOVED {
+        return Ok(Attempt::Moved(d.changed));
+    }
+    if c.code != 0 {
+        return Err(failed(sb, "storing changed files", c.stderr));
+    }
+    let rest = c.rest;
+    let split = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    let files: Vec<Vec<u8>> = d
+        .changed
+        .iter()
+        .filter(|p| {
+            d.manifest
+                .entries
+                .get(*p)
+                .is_some_and(|e| e.kind == Kind::File)
+        })
+        .cloned()
+        .collect();
+    let sums = manifest::parse_sums(&rest[..split], files.len())?;
+    let (after, _, session) =
+        manifest::parse_scan(rest.get(split + 1..).unwrap_or_default(), true)?;
+    if !d.changed.is_empty() {
+        let seen: std::collections::HashMap<&[u8], &Entry> =
+            after.iter().map(|e| (e.path.as_slice(), e)).collect();
+        let moved: Vec<Vec<u8>> = d
+            .changed
+            .iter()
+            .filter(|p| {
+                !matches!((d.manifest.entries.get(*p), seen.get(p.as_slice())),
+                    (Some(a), Some(b)) if a.same_stat(b))
+            })
+            .cloned()
+            .collect();
+        if !moved.is_empty() {
+            drop_packs_named(sb, &[id.to_string()]).await?;
+            return Ok(Attempt::Moved(moved));
+        }
+    }
+    for (p, h) in files.iter().zip(sums) {
+        if let Some(e) = d.manifest.entries.get_mut(p) {
+            e.hash = h;
+        }
+    }
+    for p in &d.changed {
+        if let Some(e) = d.manifest.entries.get_mut(p) {
+            e.pack = id.to_string();
+        }
+    }
+    Ok(Attempt::Taken(Taken {
+        pack: (!d.changed.is_empty()).then(|| id.to_string()),
+        changed: d.changed.len(),
+        new_bytes: d.new_bytes,
+        manifest: d.manifest,
+        session: session.to_vec(),
+        skipped: d.skipped,
+    }))
+}
+
+/// What a scan and the base say: the manifest so far and what changed.
+struct Decided {
+    manifest: Manifest,
+    changed: Vec<Vec<u8>>,
+    new_bytes: u64,
+    skipped: Vec<Skipped>,
+    /// The changed paths as records for the helper's stdin.
+    stdin: Vec<u8>,
+}
+
+fn decide(
+    sb: &dyn Sandbox,
+    scanned: &[u8],
+    base: Option<&Manifest>,
+    policy: &CheckpointPolicy,
+) -> Result<Decided> {
+    let (entries, skipped, packs) = read_scan(scanned)?;
+    let mut manifest = Manifest::default();
+    let mut changed: Vec<Vec<u8>> = Vec::new();
+    for mut e in entries {
+        let kept = base
+            .and_then(|b| b.entries.get(&e.path))
+            .filter(|b| b.same_stat(&e) && b.stored())
+            .filter(|b| b.pack.is_empty() || packs.contains(&b.pack));
+        match kept {
+            Some(b) => {
+                e.hash = b.hash.clone();
+                e.pack = b.pack.clone();
+            }
+            None if e.kind != Kind::Dir => changed.push(e.path.clone()),
+            None => {}
+        }
+        manifest.entries.insert(e.path.clone(), e);
+    }
+    let new_bytes: u64 = changed
+        .iter()
+        .filter_map(|p| manifest.entries.get(p))
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| e.size)
+        .sum();
+    if new_bytes > policy.max_bytes() {
+        return Err(too_large(sb, &manifest, &changed, new_bytes, policy));
+    }
+    let mut stdin = Vec::new();
+    for p in &changed {
+        if let Some(e) = manifest.entries.get(p) {
+            stdin.push(if e.kind == Kind::File { b'F' } else { b'L' });
+            stdin.extend_from_slice(&e.dotted());
+            stdin.push(0);
+        }
+    }
+    Ok(Decided {
+        manifest,
+        changed,
+        new_bytes,
+        skipped,
+        stdin,
+    })
 }
 
 fn too_large(
@@ -285,85 +479,6 @@ fn too_large(
     ))
 }
 
-enum Packed {
-    /// Every path went in as the scan saw it.
-    Whole,
-    /// These changed while they were read; the pack was dropped.
-    Moved(Vec<Vec<u8>>),
-}
-
-/// Store `changed` in pack `id`, filling their digests and pack.
-async fn store_pack(
-    sb: &dyn Sandbox,
-    manifest: &mut Manifest,
-    changed: &[Vec<u8>],
-    id: &str,
-) -> Result<Packed> {
-    let mut stdin = Vec::new();
-    let mut files = Vec::new();
-    for p in changed {
-        let Some(e) = manifest.entries.get(p) else {
-            continue;
-        };
-        stdin.push(if e.kind == Kind::File { b'F' } else { b'L' });
-        stdin.extend_from_slice(&e.dotted());
-        stdin.push(0);
-        if e.kind == Kind::File {
-            files.push(p.clone());
-        }
-    }
-    let layout = sb.layout();
-    let args = [
-        layout.workdir.clone(),
-        layout.berth_dir.clone(),
-        id.to_string(),
-    ];
-    let (code, out, err) = script(
-        sb,
-        scripts::PACK,
-        &args,
-        Some(&stdin),
-        "storing changed files",
-    )
-    .await?;
-    if code == scripts::MOVED {
-        return Ok(Packed::Moved(changed.to_vec()));
-    }
-    if code != 0 {
-        return Err(failed(sb, "storing changed files", err));
-    }
-    let split = out.iter().position(|&b| b == 0).unwrap_or(out.len());
-    let sums = manifest::parse_sums(&out[..split], files.len())?;
-    let (after, _, _) = manifest::parse_scan(out.get(split + 1..).unwrap_or_default(), true)?;
-    let mut moved = Vec::new();
-    let seen: std::collections::HashMap<&[u8], &Entry> =
-        after.iter().map(|e| (e.path.as_slice(), e)).collect();
-    for p in changed {
-        let same = match (manifest.entries.get(p), seen.get(p.as_slice())) {
-            (Some(a), Some(b)) => a.same_stat(b),
-            _ => false,
-        };
-        if !same {
-            moved.push(p.clone());
-        }
-    }
-    if !moved.is_empty() {
-        drop_packs_named(sb, &[id.to_string()]).await?;
-        return Ok(Packed::Moved(moved));
-    }
-    for (p, h) in files.iter().zip(sums) {
-        if let Some(e) = manifest.entries.get_mut(p) {
-            e.hash = h;
-        }
-    }
-    for p in changed {
-        if let Some(e) = manifest.entries.get_mut(p) {
-            e.pack = id.to_string();
-        }
-    }
-    Ok(Packed::Whole)
-}
-
 /// Bring the workspace back to `target` and its sessions' state to
 /// `session`. `base` is the sandbox's last known manifest: a file it shows
 /// untouched with the target's digest is not written again. Nothing changes
@@ -378,49 +493,61 @@ pub async fn restore(
     policy: &CheckpointPolicy,
     moved_from: Option<&str>,
 ) -> Result<Restored> {
-    let now = scan(sb, policy).await?;
-    let missing: Vec<String> = target.packs().difference(&now.packs).cloned().collect();
-    if !missing.is_empty() {
-        return Err(unreadable(
-            sb,
-            format!("its packs {} are missing", missing.join(", ")),
-        ));
-    }
-    let plan = plan::plan(target, &now.entries, base);
     let layout = sb.layout();
     let mut args = vec![layout.workdir.clone(), layout.berth_dir.clone()];
     args.extend(prune_args(sb, policy));
-    let (code, out, err) = script(
+    let remap = moved_from
+        .filter(|f| *f != layout.workdir)
+        .map(|f| (sed_pattern(f), sed_replacement(&layout.workdir)));
+    let c = converse(
         sb,
         scripts::RESTORE,
-        &args,
-        Some(&plan.records),
+        args,
         "restoring the workspace",
+        |scanned| {
+            let (now, _, packs) = read_scan(scanned)?;
+            let missing: Vec<String> = target.packs().difference(&packs).cloned().collect();
+            if !missing.is_empty() {
+                return Err(unreadable(
+                    sb,
+                    format!("its packs {} are missing", missing.join(", ")),
+                ));
+            }
+            let mut plan = plan::plan(target, &now, base);
+            // `N` first: a plan with nothing to do is still a plan.
+            let mut records = b"N\0".to_vec();
+            if !session.is_empty() {
+                use base64::Engine;
+                records.push(b'Z');
+                records.extend_from_slice(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(session)
+                        .as_bytes(),
+                );
+                records.push(0);
+                if let Some((from, to)) = &remap {
+                    for (tag, v) in [(b'X', from), (b'Y', to)] {
+                        records.push(tag);
+                        records.extend_from_slice(v.as_bytes());
+                        records.push(0);
+                    }
+                }
+            }
+            records.append(&mut plan.records);
+            Ok((records, (plan.written, plan.removed)))
+        },
     )
     .await?;
-    match code {
+    let (written, removed) = match c.replied {
+        Some(r) => r?,
+        None => return Err(failed(sb, "scanning the workspace", c.stderr)),
+    };
+    match c.code {
         0 => {}
-        scripts::UNREADABLE => return Err(unreadable(sb, err)),
-        _ => return Err(failed(sb, "restoring the workspace", err)),
+        scripts::UNREADABLE => return Err(unreadable(sb, c.stderr)),
+        _ => return Err(failed(sb, "restoring the workspace", c.stderr)),
     }
-    if !session.is_empty() {
-        let mut args = vec![layout.berth_dir.clone()];
-        if let Some(from) = moved_from.filter(|f| *f != layout.workdir) {
-            args.push(sed_pattern(from));
-            args.push(sed_replacement(&layout.workdir));
-        }
-        let (code, _, err) = script(
-            sb,
-            scripts::SESSION,
-            &args,
-            Some(session),
-            "restoring the session state",
-        )
-        .await?;
-        if code != 0 {
-            return Err(failed(sb, "restoring the session state", err));
-        }
-    }
+    let out = c.rest;
     let (after, _, _) = manifest::parse_scan(&out, false)?;
     let mut base = Manifest::default();
     for mut e in after {
@@ -436,8 +563,8 @@ pub async fn restore(
     }
     Ok(Restored {
         base,
-        written: plan.written,
-        removed: plan.removed,
+        written,
+        removed,
     })
 }
 
@@ -552,4 +679,28 @@ async fn drop_packs_named(sb: &dyn Sandbox, ids: &[String]) -> Result<()> {
     argv.extend_from_slice(ids);
     run_to_end(sb, &argv, None, 4096, Duration::from_secs(60)).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScanEnd;
+
+    #[test]
+    fn the_scan_part_ends_after_the_packs_whatever_the_reads() {
+        let out = b"f 644 1 1 1 1 a\0\0l 777 1 1 1 2 b\0target\0\0k1.tar\0k2.tar\0\0DIGESTS";
+        let whole = out.len() - b"DIGESTS".len();
+        for step in [1, 3, 7, out.len()] {
+            let mut end = ScanEnd::default();
+            let mut got = None;
+            let mut n = 0;
+            while got.is_none() && n < out.len() {
+                n = (n + step).min(out.len());
+                got = end.advance(&out[..n]);
+            }
+            assert_eq!(got, Some(whole), "reads of {step}");
+        }
+        // An empty workspace and no packs.
+        assert_eq!(ScanEnd::default().advance(b"\0\0rest"), Some(2));
+        assert_eq!(ScanEnd::default().advance(b"f 644 1 1 1 1 a\0\0"), None);
+    }
 }

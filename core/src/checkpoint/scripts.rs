@@ -3,7 +3,7 @@
 //! ever part of a script's text. They need bash, GNU find, tar, sed and
 //! coreutils: what berth's image and Debian-like hosts have.
 
-/// [`PACK`]'s exit when a file changed or vanished while it was read.
+/// [`TAKE`]'s exit when a file changed or vanished while it was read.
 pub(super) const MOVED: i32 = 10;
 /// [`RESTORE`]'s exit when a stored copy is missing or does not match its digest.
 pub(super) const UNREADABLE: i32 = 7;
@@ -17,74 +17,117 @@ macro_rules! scan_workspace {
     };
 }
 
-/// Which of berth's files hold a session's state (see `session::script`).
-macro_rules! state_files {
+/// The part of a conversation berth reads before it answers: the
+/// workspace's entries, an empty record, the packs present (each NUL-ended)
+/// and an empty record.
+macro_rules! scan_part {
     () => {
-        r#"find . -maxdepth 3 -type f \( -path ./snap.0 -o -path ./snap.1 -o -path ./defs.0 -o -path ./defs.1 -o -path ./journal -o -path './sessions/*/snap.[01]' -o -path './sessions/*/defs.[01]' -o -path './sessions/*/journal' \)"#
+        concat!(
+            scan_workspace!(),
+            r#"printf '\0'
+for f in "$B"/packs/*.tar; do [ -f "$f" ] && printf '%s\0' "${f##*/}"; done
+printf '\0'
+"#
+        )
     };
 }
 
-/// Args: WORKDIR BERTH_DIR PRUNE-EXPR... Prints the workspace's entries, an
-/// empty record, the packs present (each NUL-ended), an empty record, then
-/// the sessions' state files as a tar.
-pub(super) const SCAN: &str = concat!(
-    r#"W=$1 B=$2; shift 2
+/// The sessions' state files under the berth dir (see `session::script`),
+/// into the array `st`, by glob: no process spawned.
+macro_rules! state_files {
+    () => {
+        r#"shopt -s nullglob
+st=(snap.[01] defs.[01] journa[l] sessions/*/snap.[01] sessions/*/defs.[01] sessions/*/journal)
+shopt -u nullglob
+"#
+    };
+}
+
+/// Args: WORKDIR BERTH_DIR ID PRUNE-EXPR... One process for a whole
+/// checkpoint, a conversation: it prints its scan part (`scan_part!`), then
+/// reads the paths berth found changed (`F./path` a file, `L./path` a link;
+/// EOF ends them) and packs them into pack ID.
+/// Then it prints their digests, a NUL, their stat records as they are
+/// after packing, an empty record, and the sessions' state files as a tar.
+/// The lists stay in bash's memory: find, tar, sha256sum and mv are its only
+/// processes, and a checkpoint of an untouched workspace spawns one find.
+pub(super) const TAKE: &str = concat!(
+    r#"W=$1 B=$2 id=$3; shift 3
 cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
 "#,
-    scan_workspace!(),
-    r#"printf '\0'
-if [ -d "$B/packs" ]; then (cd -- "$B/packs" && find . -maxdepth 1 -type f -name '*.tar' -printf '%P\0'); fi
+    scan_part!(),
+    r#"all=() files=()
+while IFS= read -r -d '' r; do
+  all+=("${r#?}")
+  [ "${r:0:1}" = F ] && files+=("${r#?}")
+done
+if [ ${#all[@]} -gt 0 ]; then
+  D=$B/packs
+  [ -d "$D" ] || mkdir -p -- "$D" || exit 4
+  t=$D/.$id.tmp e=$D/.$id.err
+  clean() { rm -f -- "$t" "$e"; }
+  if ! printf '%s\0' "${all[@]}" | tar -cf "$t" --no-recursion --null --verbatim-files-from -T - 2> "$e"; then
+    if grep -q 'No such file\|file changed\|File shrank' "$e"; then clean; exit 10; fi
+    cat "$e" >&2; clean; exit 5
+  fi
+  if [ ${#files[@]} -gt 0 ]; then
+    if [ ${#files[@]} -lt 2000 ]; then sha256sum -- "${files[@]}" || { clean; exit 10; }
+    else printf '%s\0' "${files[@]}" | xargs -0 sha256sum -- || { clean; exit 10; }; fi
+  fi
+  printf '\0'
+  if [ ${#all[@]} -lt 2000 ]; then find "${all[@]}" -maxdepth 0 -printf '%y %m %s %T@ %C@ %i %p\0%l\0' 2>/dev/null
+  else printf '%s\0' "${all[@]}" | xargs -0 sh -c 'find "$@" -maxdepth 0 -printf "%y %m %s %T@ %C@ %i %p\0%l\0"' find-stat 2>/dev/null; fi
+  mv -f -- "$t" "$D/$id.tar" || { clean; exit 4; }
+  rm -f -- "$e"
+else
+  printf '\0'
+fi
 printf '\0'
 if cd -- "$B" 2>/dev/null; then
-  "#,
+"#,
     state_files!(),
-    r#" -print0 | tar -cf - --null --verbatim-files-from -T - || exit 5
+    r#"  if [ ${#st[@]} -gt 0 ]; then tar -cf - -- "${st[@]}" || exit 5; fi
 fi
+exit 0
 "#
 );
 
-/// Args: WORKDIR BERTH_DIR ID. Stdin: `F./path` (a file) or `L./path` (a
-/// link) records. Writes pack ID; prints the files' digests, a NUL, then the
-/// paths' stat records as they are after packing.
-pub(super) const PACK: &str = r#"W=$1 D=$2/packs id=$3
-cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
-mkdir -p -- "$D" || exit 4
-l=$D/.$id.list t=$D/.$id.tmp
-clean() { rm -f -- "$t" "$l" "$l.all" "$l.err"; }
-cat > "$l" || exit 4
-sed -z 's/^.//' "$l" > "$l.all" || { clean; exit 4; }
-if ! tar -cf "$t" --no-recursion --null --verbatim-files-from -T "$l.all" 2> "$l.err"; then
-  if grep -q 'No such file\|file changed\|File shrank' "$l.err"; then clean; exit 10; fi
-  cat "$l.err" >&2; clean; exit 5
-fi
-sed -z -n 's/^F//p' "$l" | xargs -0 -r sha256sum -- || { clean; exit 10; }
-printf '\0'
-xargs -0 -r sh -c 'find "$@" -maxdepth 0 -printf "%y %m %s %T@ %C@ %i %p\0%l\0"' find-stat < "$l.all" 2>/dev/null
-mv -f -- "$t" "$D/$id.tar" || { clean; exit 4; }
-clean
-"#;
-
-/// Args: WORKDIR BERTH_DIR PRUNE-EXPR... Stdin: the plan's records (see
-/// `plan`). Extracts and checks first, then changes the workspace; prints
-/// the workspace's entries as they are after.
+/// Args: WORKDIR BERTH_DIR PRUNE-EXPR... A conversation like [`TAKE`]: it
+/// prints its scan part, then reads the plan's
+/// records (see `plan`) to EOF; no plan, no change. It extracts the files
+/// and the session state (`Z`, base64) aside and checks every digest first,
+/// then changes the workspace and the state files, and prints the
+/// workspace's entries as they are after.
 pub(super) const RESTORE: &str = concat!(
     r#"W=$1 B=$2; shift 2
 cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
-S=$B/restore.$$ p=$B/restore.$$.plan
-tidy() { rm -rf -- "$S" "$p" "$S.list" "$S.sums" "$S.err"; }
+"#,
+    scan_part!(),
+    r#"S=$B/restore.$$ p=$B/restore.$$.plan n=
+tidy() { rm -rf -- "$S" "$p" "$S.list" "$S.sums" "$S.err" ${n:+"$n"}; }
 bad() { echo "$*" >&2; tidy; exit 7; }
 fail() { echo "$*" >&2; tidy; exit 8; }
-rm -rf -- "$S"; mkdir -p -- "$S" || exit 4
-cat > "$p" || { tidy; exit 4; }
+cat > "$p" || { rm -f -- "$p"; exit 4; }
+[ -s "$p" ] || { rm -f -- "$p"; exit 0; }
+rm -rf -- "$S"; mkdir -p -- "$S" || { tidy; exit 4; }
 for id in $(sed -z -n 's/^Q//p' "$p" | tr '\0' ' '); do
   f=$B/packs/$id.tar
   [ -f "$f" ] || bad "pack $id is missing"
   sed -z -n "s/^P$id://p" "$p" > "$S.list"
   tar -xf "$f" -C "$S" --null --verbatim-files-from -T "$S.list" 2> "$S.err" || bad "pack $id cannot be read: $(head -c 400 "$S.err")"
 done
-sed -z -n 's/^V//p' "$p" | tr '\0' '\n' > "$S.sums"
-if [ -s "$S.sums" ]; then
+if grep -qz '^V' "$p"; then
+  sed -z -n 's/^V//p' "$p" | tr '\0' '\n' > "$S.sums"
   (cd -- "$S" && sha256sum -c --quiet --strict "$S.sums") > "$S.err" 2>&1 || bad "a stored file does not match its digest: $(head -c 400 "$S.err")"
+fi
+if grep -qz '^Z' "$p"; then
+  n=$B/.session.$$
+  rm -rf -- "$n"; mkdir -- "$n" || fail "cannot stage the session state"
+  sed -z -n 's/^Z//p' "$p" | base64 -d | tar -xf - -C "$n" 2> "$S.err" || bad "the session state cannot be read: $(head -c 400 "$S.err")"
+  if grep -qz '^X' "$p"; then
+    from=$(sed -z -n 's/^X//p' "$p" | tr -d '\0') to=$(sed -z -n 's/^Y//p' "$p" | tr -d '\0')
+    find "$n" -type f -exec sed -i -e "s|$from|$to|g" {} + || fail "cannot move the session's paths"
+  fi
 fi
 m=$(stat -c %a .)
 sed -z -n 's/^R//p' "$p" | xargs -0 -r rm -rf -- || fail "removing paths failed"
@@ -94,27 +137,17 @@ chmod -- "$m" . 2>/dev/null
 for mode in $(sed -z -n 's/^O//p' "$p" | tr '\0' ' '); do
   sed -z -n "s/^M$mode://p" "$p" | xargs -0 -r chmod -- "$mode" || fail "setting modes failed"
 done
+if [ -n "$n" ]; then
+  cd -- "$B" || fail "cannot enter $B"
+"#,
+    state_files!(),
+    r#"  if [ ${#st[@]} -gt 0 ]; then rm -f -- "${st[@]}"; fi
+  cp -a -- "$n/." . || fail "cannot put the session state back"
+  cd -- "$W" || exit 3
+fi
 tidy
 "#,
     scan_workspace!()
-);
-
-/// Args: BERTH_DIR [FROM TO]. Stdin: a tar of the sessions' state files,
-/// which replace the ones there (unpacked aside first, so a bad tar changes
-/// nothing). FROM and TO, a sed pattern and its replacement, move the paths
-/// the state names from another sandbox's workspace to this one's (a clone).
-pub(super) const SESSION: &str = concat!(
-    r#"mkdir -p -- "$1" && cd -- "$1" || exit 3
-n=.session.$$
-rm -rf -- "$n"; mkdir -- "$n" || exit 4
-tar -xf - -C "$n" || { rm -rf -- "$n"; exit 5; }
-if [ -n "${2:-}" ]; then find "$n" -type f -exec sed -i -e "s|$2|$3|g" {} + || { rm -rf -- "$n"; exit 7; }; fi
-"#,
-    state_files!(),
-    r#" -delete
-cp -a -- "$n/." . || { rm -rf -- "$n"; exit 6; }
-rm -rf -- "$n"
-"#
 );
 
 /// Args: BERTH_DIR. Stdin: the pack ids to keep, a line each. Removes the

@@ -182,12 +182,16 @@ impl Runtime {
         let (row, target, session) = self.checkpoint_of(backend, sandbox, id)?;
         let t0 = Instant::now();
         let running = self.inflight_in(backend, sandbox);
-        let jobs: Vec<crate::jobs::Job> = self
-            .list_jobs()
-            .await?
-            .into_iter()
-            .filter(|j| j.backend == backend && j.sandbox == sandbox && !j.state.is_final())
-            .collect();
+        // This sandbox's unfinished jobs, brought up to date.
+        let mut jobs: Vec<crate::jobs::Job> = Vec::new();
+        for j in self.store.jobs()? {
+            if j.backend == backend && j.sandbox == sandbox && !j.state.is_final() {
+                let j = self.job(&j.id).await?;
+                if !j.state.is_final() {
+                    jobs.push(j);
+                }
+            }
+        }
         let mut busy: Vec<String> = running
             .iter()
             .map(|i| format!("session `{}` runs `{}`", i.key.2, i.command))
