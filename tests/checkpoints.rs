@@ -375,3 +375,31 @@ fn a_clone_moves_files_and_session_to_another_backend() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn bench_checkpoint_measures_each_kind_against_cp_and_tar() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let v = json(
+        dir.path(),
+        &["bench", "--checkpoint", "--size-mb", "8", "--json"],
+    )?;
+    let num = |k: &str| v[k].as_f64().ok_or(format!("{k} missing in {v}"));
+    for k in [
+        "cp_a_ms",
+        "tar_ms",
+        "full_ms",
+        "incremental_ms",
+        "unchanged_ms",
+        "restore_ms",
+    ] {
+        assert!(num(k)? >= 0.0, "{k}: {v}");
+    }
+    assert!(num("full_bytes")? >= 8.0 * 1024.0 * 1024.0, "{v}");
+    assert_eq!(v["incremental_changed"], 10, "{v}");
+    assert_eq!(v["unchanged_bytes"], 0, "{v}");
+    assert_eq!(v["restore_written"], 10, "{v}");
+    // The bench sandbox is removed.
+    let left = ok(dir.path(), &["sandbox", "ls"])?;
+    assert!(!left.contains("berth-bench-checkpoint"), "{left}");
+    Ok(())
+}
