@@ -1,7 +1,8 @@
 //! `berth bench --checkpoint`: what a checkpoint costs against copying the
 //! workspace, measured side by side in one run and in the same sandbox.
 //!
-//! A workspace of `--size-mb` of random data in 512 KiB files is made, then:
+//! A workspace of `--size-mb` of random data in 512 KiB files, beside 1000
+//! small source files, is made, then:
 //! `cp -a` and `tar -cf` of it (the floors), the first (full) checkpoint, one
 //! after 10 small changes, one after none, and a restore of 10 changed files.
 //! Where the sandbox has git, a shadow git repository (the peers' way: its
@@ -23,6 +24,8 @@ use crate::io::outln;
 const SANDBOX: &str = "berth-bench-checkpoint";
 /// Bytes per file of the generated workspace.
 const FILE: u64 = 512 * 1024;
+/// Small files beside the data: a project's sources, 4 KiB each.
+const SOURCES: u64 = 1000;
 
 /// Run `script` in the sandbox's workspace with bash; how long it took.
 async fn timed(sb: &dyn Sandbox, script: &str) -> Result<Duration> {
@@ -114,10 +117,12 @@ async fn measure(rt: &Runtime, sb: &dyn Sandbox, a: &BenchArgs) -> Result<serde_
         "berth: bench: writing {} MiB of random data in {files} files…",
         a.size_mb
     );
+    // Data in 512 KiB files, and a source tree of small files beside it.
     timed(
         sb,
         &format!(
-            "mkdir -p tree && cd tree && n=0; for d in $(seq {dirs}); do mkdir -p d$d; for f in $(seq 64); do [ $n -ge {files} ] && break 2; head -c {FILE} /dev/urandom > d$d/f$f; n=$((n+1)); done; done"
+            "mkdir -p tree && cd tree && n=0; for d in $(seq {dirs}); do mkdir -p d$d; for f in $(seq 64); do [ $n -ge {files} ] && break 2; head -c {FILE} /dev/urandom > d$d/f$f; n=$((n+1)); done; done; \
+             mkdir -p src && for i in $(seq {SOURCES}); do head -c 3000 /dev/urandom | base64 > src/m$i.py; done"
         ),
     )
     .await?;
@@ -131,7 +136,8 @@ async fn measure(rt: &Runtime, sb: &dyn Sandbox, a: &BenchArgs) -> Result<serde_
     timed(sb, &format!("rm -rf '{scratch}/copy'")).await?;
     let tar = timed(sb, &format!("tar -cf '{scratch}/copy.tar' tree")).await?;
     timed(sb, &format!("rm -rf '{scratch}'")).await?;
-    let change = "for i in $(seq 10); do echo change-$RANDOM >> tree/d1/f$i; done";
+    // Ten small changes: a line added to ten source files.
+    let change = "for i in $(seq 10); do echo \"x = $RANDOM\" >> tree/src/m$i.py; done";
 
     eprintln!("berth: bench: checkpoints…");
     let full = rt.checkpoint(&a.backend, SANDBOX, None, None).await?;
@@ -163,7 +169,7 @@ async fn measure(rt: &Runtime, sb: &dyn Sandbox, a: &BenchArgs) -> Result<serde_
     Ok(json!({
         "backend": a.backend,
         "size_mb": a.size_mb,
-        "files": files,
+        "files": files + SOURCES,
         "spawn_ms": ms(spawn),
         "cp_a_ms": ms(cp_a),
         "tar_ms": ms(tar),

@@ -234,12 +234,17 @@ fn a_busy_sandbox_is_refused_unless_forced_and_a_killed_checkpoint_leaves_nothin
     let t0 = Instant::now();
     let mut caught = false;
     while t0.elapsed() < Duration::from_secs(60) {
-        let tmp = std::fs::read_dir(&packs)
+        // A new pack appears when packing starts; the checkpoint is recorded
+        // only after it is whole, hashed and checked.
+        let packing = std::fs::read_dir(&packs)
             .into_iter()
             .flatten()
             .flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"));
-        if tmp {
+            .any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.ends_with(".tar") && n != format!("{first}.tar")
+            });
+        if packing {
             child.kill()?;
             caught = true;
             break;
@@ -297,6 +302,15 @@ fn a_busy_sandbox_is_refused_unless_forced_and_a_killed_checkpoint_leaves_nothin
     );
     // Retention: keep = 1 leaves the newest unlabelled and the labelled one.
     ok(d, &["exec", "--sandbox", "ck", "--", "rm mid.bin big.bin"])?;
+    let ids = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["id"].as_str().map(String::from))
+            .collect()
+    };
+    let before = ids(&json(d, &["sandbox", "checkpoints", "ck", "--json"])?);
+    // keep = 1: the next checkpoint lets the big one go, and gc finds the rest.
     ok(d, &["sandbox", "checkpoint", "ck"])?;
     let g = json(d, &["sandbox", "gc", "-b", "local", "--json"])?;
     assert!(g["checkpoints"].is_array(), "{g}");
@@ -309,11 +323,16 @@ fn a_busy_sandbox_is_refused_unless_forced_and_a_killed_checkpoint_leaves_nothin
         .collect();
     assert_eq!(labels.len(), 2, "{left}");
     assert_eq!(labels[0], "first");
-    let tars = std::fs::read_dir(&packs)?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".tar"))
-        .count();
-    assert!(tars <= 2, "{tars} packs left after gc");
+    // The packs of the checkpoints retention let go are gone with them.
+    let after = ids(&left);
+    let went: Vec<&String> = before.iter().filter(|i| !after.contains(i)).collect();
+    assert!(!went.is_empty(), "gc let no checkpoint go: {before:?}");
+    for id in went {
+        assert!(
+            !packs.join(format!("{id}.tar")).exists(),
+            "pack {id} outlived its checkpoint"
+        );
+    }
 
     // Bad input, and removal takes the checkpoints with it.
     let o = berth(d, &["sandbox", "restore", "ck", "knothere"])?;

@@ -1658,7 +1658,9 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     let (git_bytes, git_said) = git_state(&mut s).await?;
     s.close().await;
 
-    let taken = checkpoint::take(&*f.sandbox, None, &policy, "kconf1").await?;
+    // berth's own shell for checkpoint helpers, beside the session.
+    let mut k = checkpoint::helper_shell(f.sandbox.clone()).await?;
+    let taken = checkpoint::take(&mut k, None, &policy, "kconf1").await?;
     assert!(taken.changed >= 5, "only {} changed", taken.changed);
     assert!(
         taken
@@ -1690,15 +1692,8 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     .await?;
     s.close().await;
 
-    let back = checkpoint::restore(
-        &*f.sandbox,
-        &taken.manifest,
-        &taken.session,
-        None,
-        &policy,
-        None,
-    )
-    .await?;
+    let back =
+        checkpoint::restore(&mut k, &taken.manifest, &taken.session, None, &policy, None).await?;
     assert!(
         back.written >= 3 && back.removed >= 2,
         "written {} removed {}",
@@ -1706,7 +1701,7 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
         back.removed
     );
     // Nothing changed since: the next checkpoint stores nothing.
-    let again = checkpoint::take(&*f.sandbox, Some(&back.base), &policy, "kconf2").await?;
+    let again = checkpoint::take(&mut k, Some(&back.base), &policy, "kconf2").await?;
     assert_eq!(
         (again.changed, again.pack.as_deref()),
         (0, None),
@@ -1747,17 +1742,10 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     )
     .await?;
     s.close().await;
-    let err = checkpoint::restore(
-        &*f.sandbox,
-        &taken.manifest,
-        &taken.session,
-        None,
-        &policy,
-        None,
-    )
-    .await
-    .err()
-    .ok_or("a restore from a damaged pack succeeded")?;
+    let err = checkpoint::restore(&mut k, &taken.manifest, &taken.session, None, &policy, None)
+        .await
+        .err()
+        .ok_or("a restore from a damaged pack succeeded")?;
     assert!(err.to_string().contains("cannot be read back"), "{err}");
     let mut s = open(&f).await?;
     assert_eq!(ok(&mut s, "cat \"$CK_W/proj/a.txt\"").await?, "three\n");
@@ -1767,8 +1755,9 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     // A clone: a second sandbox gets the files and the session.
     let g = h.sandbox("ckpt-clone").await?;
     checkpoint::copy_packs(&*f.sandbox, &*g.sandbox, &taken.manifest.packs()).await?;
+    let mut kg = checkpoint::helper_shell(g.sandbox.clone()).await?;
     checkpoint::restore(
-        &*g.sandbox,
+        &mut kg,
         &taken.manifest,
         &taken.session,
         None,
@@ -1796,6 +1785,8 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     assert_eq!(clone_bytes, git_bytes, "the clone's .git differs");
     assert_eq!(clone_said, git_said);
     c.close().await;
+    kg.close().await;
+    k.close().await;
     g.remove().await?;
     f.remove().await
 }

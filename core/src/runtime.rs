@@ -147,6 +147,9 @@ pub struct ExecReport {
 /// Backend, sandbox, session name.
 type SessionKey = (String, String, String);
 
+/// A sandbox's warm shell for checkpoint helpers.
+type HelperShell = Arc<Mutex<Session>>;
+
 /// A command running now.
 #[derive(Clone)]
 struct Inflight {
@@ -171,6 +174,9 @@ pub struct Runtime {
     /// The commands running now, by call id: where, what, and the token that
     /// interrupts them (a forced restore stops them first).
     inflight: std::sync::Mutex<HashMap<String, Inflight>>,
+    /// Each sandbox's warm shell for checkpoint helpers (see
+    /// `checkpoint::helper_shell`), by backend and sandbox.
+    checkpoint_shells: Mutex<HashMap<(String, String), HelperShell>>,
     gate: Option<Arc<Gate>>,
     approval_notice: Option<ApprovalNotice>,
     spool_index: std::sync::Mutex<spool::SpoolIndex>,
@@ -186,6 +192,7 @@ impl Runtime {
             backends: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             inflight: std::sync::Mutex::new(HashMap::new()),
+            checkpoint_shells: Mutex::new(HashMap::new()),
             gate: None,
             approval_notice: None,
             spool_index: Default::default(),
@@ -632,6 +639,12 @@ impl Runtime {
 
     /// Close every session's shell.
     pub async fn shutdown(&self) {
+        let helpers: Vec<_> = self.checkpoint_shells.lock().await.drain().collect();
+        for (_, s) in helpers {
+            if let Ok(s) = Arc::try_unwrap(s) {
+                s.into_inner().close().await;
+            }
+        }
         let slots: Vec<_> = self.sessions.lock().await.drain().collect();
         for (_, slot) in slots {
             let Some(s) = slot.lock().await.take() else {

@@ -42,6 +42,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::backend::{Sandbox, SpawnOpts, run_to_end};
 use crate::error::{BackendFailure, Error, Result};
+use crate::session::{CaptureLimits, ExecOpts, Session, SessionConfig};
 pub use manifest::{Entry, Kind, Manifest, Skipped};
 
 /// The most a scan or a pack's digests may print.
@@ -135,14 +136,16 @@ fn prune_args(sb: &dyn Sandbox, policy: &CheckpointPolicy) -> Vec<String> {
 /// (see [`scripts::TAKE`]); a file that changed while it was read makes
 /// the attempt start over.
 pub async fn take(
-    sb: &dyn Sandbox,
+    shell: &mut Session,
     base: Option<&Manifest>,
     policy: &CheckpointPolicy,
     id: &str,
 ) -> Result<Taken> {
+    let sb = shell.sandbox().clone();
+    let sb = sb.as_ref();
     let mut last_moved = Vec::new();
     for _ in 0..ATTEMPTS {
-        match take_once(sb, base, policy, id).await? {
+        match take_once(shell, base, policy, id).await? {
             Attempt::Taken(t) => return Ok(t),
             Attempt::Moved(paths) => last_moved = paths,
         }
@@ -201,9 +204,9 @@ impl ScanEnd {
     }
 }
 
-/// What a conversation script (see [`scripts::TAKE`]) came to: `reply`'s
-/// value (when its scan part arrived whole), what it printed after, its
-/// exit code and stderr.
+/// What a checkpoint's or a restore's two halves came to: `reply`'s value
+/// (when the scan arrived whole), what the second half printed, and its
+/// exit code. On failure the output's end says why.
 struct Conversed<T> {
     replied: Option<Result<T>>,
     rest: Vec<u8>,
@@ -211,90 +214,111 @@ struct Conversed<T> {
     stderr: String,
 }
 
-/// Run a conversation script in the sandbox: read its scan part (the
-/// workspace's entries and the packs present), let `reply` answer it with
-/// bytes for the script's stdin (EOF ends them; an error sends nothing, and
-/// the script changes nothing), then read the rest of its output.
-async fn converse<T>(
-    sb: &dyn Sandbox,
+/// The shell berth runs its checkpoint helpers in, one per sandbox, kept
+/// warm by the runtime: a checkpoint then costs a round trip to it, not a
+/// process spawned through the backend (a confined spawn on the local
+/// backend, a `docker exec`, an SSH channel, an HTTP call). Its own state
+/// lives apart from the sessions' (`checkpoint-shell` in the berth dir), so
+/// no checkpoint holds it and no restore touches it.
+pub async fn helper_shell(sb: std::sync::Arc<dyn Sandbox>) -> Result<Session> {
+    let mut cfg = SessionConfig::named(format!("{}/{}/checkpoint", sb.kind(), sb.name()));
+    cfg.dir = Some(format!("{}/checkpoint-shell", sb.layout().berth_dir));
+    Session::open(sb, cfg).await
+}
+
+/// `body` run in a subshell of the helper shell with `args` as its
+/// positional parameters, fed `stdin`: its exit code and output.
+async fn half(
+    shell: &mut Session,
     body: &str,
-    args: Vec<String>,
+    args: &[String],
+    stdin: Option<Vec<u8>>,
+    what: &str,
+) -> Result<(i32, Vec<u8>)> {
+    let quoted: Vec<String> = args
+        .iter()
+        .map(|a| crate::session::script::quote(a))
+        .collect();
+    let command = format!("( set -- {}\n{body}\n) 2>&1", quoted.join(" "));
+    let opts = ExecOpts {
+        timeout: Some(STEP_TIMEOUT),
+        stdin,
+        limits: CaptureLimits {
+            head: OUTPUT_LIMIT,
+            tail: 0,
+        },
+        ..ExecOpts::default()
+    };
+    let r = shell.exec(&command, opts).await?;
+    if r.output.truncated() {
+        return Err(failed(
+            shell.sandbox().as_ref(),
+            what,
+            format!(
+                "it printed {} bytes, more than berth reads",
+                r.output.total_bytes
+            ),
+        ));
+    }
+    if r.timed_out {
+        return Err(failed(
+            shell.sandbox().as_ref(),
+            what,
+            format!("it did not finish within {}s", STEP_TIMEOUT.as_secs()),
+        ));
+    }
+    Ok((r.exit_code, r.output.head))
+}
+
+/// The last words of a failed half's output.
+fn said(out: &[u8]) -> String {
+    let from = out.len().saturating_sub(600);
+    String::from_utf8_lossy(&out[from..]).trim().to_string()
+}
+
+/// Run a checkpoint's or a restore's two halves in the helper shell: the
+/// scan, then `act` fed what `reply` answers to the scan. An error from
+/// `reply` runs no second half, so nothing changes.
+async fn converse<T>(
+    shell: &mut Session,
+    act: &str,
+    act_args: Vec<String>,
+    scan_args: Vec<String>,
     what: &str,
     reply: impl FnOnce(&[u8]) -> Result<(Vec<u8>, T)>,
 ) -> Result<Conversed<T>> {
-    use tokio::io::AsyncReadExt;
-    let mut argv = vec![
-        "bash".to_string(),
-        "-c".into(),
-        body.into(),
-        "berth-checkpoint".into(),
-    ];
-    argv.extend(args);
-    let opts = SpawnOpts {
-        helper: true,
-        ..SpawnOpts::default()
-    };
-    let mut p = sb.spawn(&argv, opts).await?;
-    let mut input = p.take_stdin();
-    let mut out = p
-        .take_stdout()
-        .ok_or_else(|| failed(sb, what, "the helper has no stdout".into()))?;
-    let err = p.take_stderr();
-    let err = tokio::spawn(async move {
-        let mut b = Vec::new();
-        if let Some(e) = err {
-            let _ = e.take(64 << 10).read_to_end(&mut b).await;
+    let (code, scanned) = half(shell, scripts::SCAN, &scan_args, None, what).await?;
+    let mut end = ScanEnd::default();
+    let cut = match (code, end.advance(&scanned)) {
+        (0, Some(c)) => c,
+        _ => {
+            return Ok(Conversed {
+                replied: None,
+                rest: Vec::new(),
+                code,
+                stderr: said(&scanned),
+            });
         }
-        b
-    });
-    let work = async {
-        let mut buf = Vec::new();
-        let mut chunk = vec![0u8; 256 << 10];
-        let mut end = ScanEnd::default();
-        let cut = loop {
-            let n = out
-                .read(&mut chunk)
-                .await
-                .map_err(|e| Error::stream("reading a workspace scan", e))?;
-            if n == 0 {
-                break None;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            if let Some(c) = end.advance(&buf) {
-                break Some(c);
-            }
-        };
-        let mut replied = None;
-        if let Some(c) = cut {
-            match reply(&buf[..c]) {
-                Ok((bytes, value)) => {
-                    if let Some(mut i) = input.take() {
-                        i.write_all(&bytes)
-                            .await
-                            .map_err(|e| Error::stream("answering a checkpoint helper", e))?;
-                        let _ = i.shutdown().await;
-                    }
-                    replied = Some(Ok(value));
-                }
-                Err(e) => replied = Some(Err(e)),
-            }
-        }
-        drop(input.take());
-        let mut rest = buf.split_off(cut.unwrap_or(buf.len()));
-        out.read_to_end(&mut rest)
-            .await
-            .map_err(|e| Error::stream("reading a checkpoint helper's output", e))?;
-        let status = p.wait().await?;
-        Ok::<_, Error>((replied, rest, status.shell_code()))
     };
-    let (replied, rest, code) = tokio::time::timeout(STEP_TIMEOUT, work)
-        .await
-        .map_err(|_| failed(sb, what, "it did not finish within an hour".into()))??;
-    let stderr = String::from_utf8_lossy(&err.await.unwrap_or_default())
-        .trim()
-        .to_string();
+    let (bytes, value) = match reply(&scanned[..cut]) {
+        Ok(x) => x,
+        Err(e) => {
+            return Ok(Conversed {
+                replied: Some(Err(e)),
+                rest: Vec::new(),
+                code: 0,
+                stderr: String::new(),
+            });
+        }
+    };
+    let (code, rest) = half(shell, act, &act_args, Some(bytes), what).await?;
+    let stderr = if code == 0 {
+        String::new()
+    } else {
+        said(&rest)
+    };
     Ok(Conversed {
-        replied,
+        replied: Some(Ok(value)),
         rest,
         code,
         stderr,
@@ -313,22 +337,32 @@ fn read_scan(scanned: &[u8]) -> Result<(Vec<Entry>, Vec<Skipped>, BTreeSet<Strin
 }
 
 async fn take_once(
-    sb: &dyn Sandbox,
+    shell: &mut Session,
     base: Option<&Manifest>,
     policy: &CheckpointPolicy,
     id: &str,
 ) -> Result<Attempt> {
+    let sb = shell.sandbox().clone();
+    let sb = sb.as_ref();
     let layout = sb.layout();
-    let mut args = vec![
+    let mut scan_args = vec![layout.workdir.clone(), layout.berth_dir.clone()];
+    scan_args.extend(prune_args(sb, policy));
+    let act_args = vec![
         layout.workdir.clone(),
         layout.berth_dir.clone(),
         id.to_string(),
     ];
-    args.extend(prune_args(sb, policy));
-    let c = converse(sb, scripts::TAKE, args, "checkpoint", |scanned| {
-        let d = decide(sb, scanned, base, policy)?;
-        Ok((d.stdin.clone(), d))
-    })
+    let c = converse(
+        shell,
+        scripts::TAKE,
+        act_args,
+        scan_args,
+        "checkpoint",
+        |scanned| {
+            let d = decide(sb, scanned, base, policy)?;
+            Ok((d.stdin.clone(), d))
+        },
+    )
     .await?;
     let mut d = match c.replied {
         Some(d) => d?,
@@ -486,13 +520,15 @@ fn too_large(
 /// is the workspace the checkpoint was taken in, when it was another
 /// sandbox's (a clone): the session's paths under it move to this one's.
 pub async fn restore(
-    sb: &dyn Sandbox,
+    shell: &mut Session,
     target: &Manifest,
     session: &[u8],
     base: Option<&Manifest>,
     policy: &CheckpointPolicy,
     moved_from: Option<&str>,
 ) -> Result<Restored> {
+    let sb = shell.sandbox().clone();
+    let sb = sb.as_ref();
     let layout = sb.layout();
     let mut args = vec![layout.workdir.clone(), layout.berth_dir.clone()];
     args.extend(prune_args(sb, policy));
@@ -500,8 +536,9 @@ pub async fn restore(
         .filter(|f| *f != layout.workdir)
         .map(|f| (sed_pattern(f), sed_replacement(&layout.workdir)));
     let c = converse(
-        sb,
+        shell,
         scripts::RESTORE,
+        args.clone(),
         args,
         "restoring the workspace",
         |scanned| {
@@ -652,13 +689,20 @@ pub async fn copy_packs(
     Ok(())
 }
 
-/// Remove every pack of the sandbox but `keep`, and leftovers of
-/// checkpoints that never finished (older than ten minutes).
-pub async fn drop_packs_except(sb: &dyn Sandbox, keep: &BTreeSet<String>) -> Result<usize> {
+/// Remove the sandbox's packs in `gone` (unless `keep` names them), and
+/// every other pack but `keep` older than ten minutes: leftovers of
+/// checkpoints that never finished.
+pub async fn drop_packs_except(
+    sb: &dyn Sandbox,
+    keep: &BTreeSet<String>,
+    gone: &BTreeSet<String>,
+) -> Result<usize> {
     let mut stdin = Vec::new();
     for k in keep {
-        stdin.extend_from_slice(k.as_bytes());
-        stdin.push(b'\n');
+        stdin.extend_from_slice(format!("+{k}\n").as_bytes());
+    }
+    for g in gone.difference(keep) {
+        stdin.extend_from_slice(format!("-{g}\n").as_bytes());
     }
     let args = [sb.layout().berth_dir.clone()];
     let (code, out, err) = script(sb, scripts::PRUNE, &args, Some(&stdin), "pruning packs").await?;

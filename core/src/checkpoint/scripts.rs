@@ -17,20 +17,20 @@ macro_rules! scan_workspace {
     };
 }
 
-/// The part of a conversation berth reads before it answers: the
-/// workspace's entries, an empty record, the packs present (each NUL-ended)
-/// and an empty record.
-macro_rules! scan_part {
-    () => {
-        concat!(
-            scan_workspace!(),
-            r#"printf '\0'
+/// Args: WORKDIR BERTH_DIR PRUNE-EXPR... The first half of a checkpoint or
+/// a restore: the workspace's entries, an empty record, the packs present
+/// (each NUL-ended) and an empty record. berth answers with the second half
+/// ([`TAKE`] or [`RESTORE`]) and its input.
+pub(super) const SCAN: &str = concat!(
+    r#"W=$1 B=$2; shift 2
+cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
+"#,
+    scan_workspace!(),
+    r#"printf '\0'
 for f in "$B"/packs/*.tar; do [ -f "$f" ] && printf '%s\0' "${f##*/}"; done
 printf '\0'
 "#
-        )
-    };
-}
+);
 
 /// The sessions' state files under the berth dir (see `session::script`),
 /// into the array `st`, by glob: no process spawned.
@@ -43,20 +43,19 @@ shopt -u nullglob
     };
 }
 
-/// Args: WORKDIR BERTH_DIR ID PRUNE-EXPR... One process for a whole
-/// checkpoint, a conversation: it prints its scan part (`scan_part!`), then
-/// reads the paths berth found changed (`F./path` a file, `L./path` a link;
-/// EOF ends them) and packs them into pack ID.
+/// Args: WORKDIR BERTH_DIR ID. The second half of a checkpoint, after
+/// [`SCAN`]: it reads the paths berth found changed (`F./path` a file,
+/// `L./path` a link) from stdin and packs them into pack ID.
 /// Then it prints their digests, a NUL, their stat records as they are
 /// after packing, an empty record, and the sessions' state files as a tar.
-/// The lists stay in bash's memory: find, tar, sha256sum and mv are its only
-/// processes, and a checkpoint of an untouched workspace spawns one find.
+/// The lists stay in bash's memory: tar, sha256sum and find are its only
+/// processes. The pack is written under its final name: until berth records
+/// the checkpoint in the store no checkpoint names it, and a pack no
+/// checkpoint names is removed by `sandbox gc`.
 pub(super) const TAKE: &str = concat!(
-    r#"W=$1 B=$2 id=$3; shift 3
+    r#"W=$1 B=$2 id=$3
 cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
-"#,
-    scan_part!(),
-    r#"all=() files=()
+all=() files=()
 while IFS= read -r -d '' r; do
   all+=("${r#?}")
   [ "${r:0:1}" = F ] && files+=("${r#?}")
@@ -64,8 +63,8 @@ done
 if [ ${#all[@]} -gt 0 ]; then
   D=$B/packs
   [ -d "$D" ] || mkdir -p -- "$D" || exit 4
-  t=$D/.$id.tmp e=$D/.$id.err
-  clean() { rm -f -- "$t" "$e"; }
+  t=$D/$id.tar e=$D/.err
+  clean() { rm -f -- "$t"; }
   if ! printf '%s\0' "${all[@]}" | tar -cf "$t" --no-recursion --null --verbatim-files-from -T - 2> "$e"; then
     if grep -q 'No such file\|file changed\|File shrank' "$e"; then clean; exit 10; fi
     cat "$e" >&2; clean; exit 5
@@ -77,8 +76,6 @@ if [ ${#all[@]} -gt 0 ]; then
   printf '\0'
   if [ ${#all[@]} -lt 2000 ]; then find "${all[@]}" -maxdepth 0 -printf '%y %m %s %T@ %C@ %i %p\0%l\0' 2>/dev/null
   else printf '%s\0' "${all[@]}" | xargs -0 sh -c 'find "$@" -maxdepth 0 -printf "%y %m %s %T@ %C@ %i %p\0%l\0"' find-stat 2>/dev/null; fi
-  mv -f -- "$t" "$D/$id.tar" || { clean; exit 4; }
-  rm -f -- "$e"
 else
   printf '\0'
 fi
@@ -92,8 +89,8 @@ exit 0
 "#
 );
 
-/// Args: WORKDIR BERTH_DIR PRUNE-EXPR... A conversation like [`TAKE`]: it
-/// prints its scan part, then reads the plan's
+/// Args: WORKDIR BERTH_DIR PRUNE-EXPR... The second half of a restore,
+/// after [`SCAN`]: it reads the plan's
 /// records (see `plan`) to EOF; no plan, no change. It extracts the files
 /// and the session state (`Z`, base64) aside and checks every digest first,
 /// then changes the workspace and the state files, and prints the
@@ -101,9 +98,7 @@ exit 0
 pub(super) const RESTORE: &str = concat!(
     r#"W=$1 B=$2; shift 2
 cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
-"#,
-    scan_part!(),
-    r#"S=$B/restore.$$ p=$B/restore.$$.plan n=
+S=$B/restore.$$ p=$B/restore.$$.plan n=
 tidy() { rm -rf -- "$S" "$p" "$S.list" "$S.sums" "$S.err" ${n:+"$n"}; }
 bad() { echo "$*" >&2; tidy; exit 7; }
 fail() { echo "$*" >&2; tidy; exit 8; }
@@ -150,16 +145,21 @@ tidy
     scan_workspace!()
 );
 
-/// Args: BERTH_DIR. Stdin: the pack ids to keep, a line each. Removes the
-/// other packs and what unfinished checkpoints and restores left behind;
-/// prints how many packs went.
+/// Args: BERTH_DIR. Stdin: `+ID` a pack to keep, `-ID` one to remove (its
+/// checkpoints are gone), a line each. Removes those, every other pack older
+/// than ten minutes (a younger one may be a checkpoint's being written), and
+/// what unfinished restores left behind; prints how many packs went.
 pub(super) const PRUNE: &str = r#"B=$1
 declare -A keep
-while IFS= read -r k; do [ -n "$k" ] && keep[$k]=1; done
+gone=()
+while IFS= read -r k; do
+  case $k in +?*) keep[${k#+}]=1;; -?*) gone+=("${k#-}.tar");; esac
+done
 n=0
 if cd -- "$B/packs" 2>/dev/null; then
-  shopt -s nullglob
-  for f in *.tar; do id=${f%.tar}; [ -n "${keep[$id]:-}" ] || { rm -f -- "$f" && n=$((n+1)); }; done
+  for f in "${gone[@]}"; do [ -f "$f" ] && rm -f -- "$f" && n=$((n+1)); done
+  # Packs younger than ten minutes may belong to a checkpoint being taken.
+  while IFS= read -r -d '' f; do f=${f#./}; id=${f%.tar}; [ -n "${keep[$id]:-}" ] || { rm -f -- "$f" && n=$((n+1)); }; done < <(find . -maxdepth 1 -type f -name '*.tar' -mmin +10 -print0)
   find . -maxdepth 1 -type f -name '.*' -mmin +10 -delete 2>/dev/null
 fi
 find "$B" -maxdepth 1 -name 'restore.*' -mmin +10 -exec rm -rf -- {} + 2>/dev/null

@@ -68,13 +68,17 @@ impl Runtime {
         if label.is_some_and(|l| l.trim().is_empty()) {
             return Err(Error::InvalidInput("a label cannot be empty".into()));
         }
-        let sb = self.attach(backend, sandbox).await?;
         let policy = self.checkpoint_policy();
         let base = record::base(&self.store, backend, sandbox)?;
         let id = record::new_id();
         let t0 = Instant::now();
         let created_ms = now_ms();
-        let taken = checkpoint::take(&*sb, base.as_ref(), &policy, &id).await?;
+        let shell = self.checkpoint_shell(backend, sandbox).await?;
+        let mut helper = shell.lock().await;
+        let sb = helper.sandbox().clone();
+        let taken = checkpoint::take(&mut helper, base.as_ref(), &policy, &id).await;
+        drop(helper);
+        let taken = self.kept_shell(backend, sandbox, taken).await?;
         let row = CheckpointRow {
             id,
             backend: backend.into(),
@@ -121,6 +125,42 @@ impl Runtime {
         Ok(row)
     }
 
+    /// A sandbox's warm checkpoint helper shell, opened on first use.
+    async fn checkpoint_shell(&self, backend: &str, sandbox: &str) -> Result<HelperShell> {
+        let key = (backend.to_string(), sandbox.to_string());
+        let mut map = self.checkpoint_shells.lock().await;
+        if let Some(s) = map.get(&key) {
+            return Ok(s.clone());
+        }
+        let sb = self.attach(backend, sandbox).await?;
+        let s = Arc::new(Mutex::new(checkpoint::helper_shell(sb).await?));
+        map.insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// Let a sandbox's checkpoint helper shell go (the sandbox is removed,
+    /// or the shell failed: the next checkpoint opens a new one).
+    pub(super) async fn forget_checkpoint_shell(&self, backend: &str, sandbox: &str) {
+        let key = (backend.to_string(), sandbox.to_string());
+        let gone = self.checkpoint_shells.lock().await.remove(&key);
+        if let Some(s) = gone
+            && let Ok(s) = Arc::try_unwrap(s)
+        {
+            s.into_inner().close().await;
+        }
+    }
+
+    /// `r` as it is; a failure other than bad input also lets the helper
+    /// shell go, so a dead shell or sandbox is not reused.
+    async fn kept_shell<T>(&self, backend: &str, sandbox: &str, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r
+            && !matches!(e, Error::InvalidInput(_))
+        {
+            self.forget_checkpoint_shell(backend, sandbox).await;
+        }
+        r
+    }
+
     /// Forget checkpoints `gone` of a sandbox, and remove the packs no kept
     /// one names. Returns how many packs went.
     async fn prune(
@@ -130,9 +170,15 @@ impl Runtime {
         sb: &dyn Sandbox,
         gone: &[String],
     ) -> Result<usize> {
+        let mut dropped = BTreeSet::new();
+        for id in gone {
+            if let Some((_, m, _)) = record::get(&self.store, id)? {
+                dropped.extend(m.packs());
+            }
+        }
         record::delete(&self.store, gone)?;
         let keep = record::packs_in_use(&self.store, backend, sandbox)?;
-        checkpoint::drop_packs_except(sb, &keep).await
+        checkpoint::drop_packs_except(sb, &keep, &dropped).await
     }
 
     /// Apply retention to a sandbox's checkpoints and remove unused packs
@@ -215,11 +261,14 @@ impl Runtime {
         // Close every shell of the sandbox (waiting out a stopped command),
         // so none writes its state over the restored one.
         self.close_sessions(backend, sandbox).await;
-        let sb = self.attach(backend, sandbox).await?;
         let policy = self.checkpoint_policy();
         let base = record::base(&self.store, backend, sandbox)?;
+        let shell = self.checkpoint_shell(backend, sandbox).await?;
+        let mut helper = shell.lock().await;
         let done =
-            checkpoint::restore(&*sb, &target, &session, base.as_ref(), &policy, None).await?;
+            checkpoint::restore(&mut helper, &target, &session, base.as_ref(), &policy, None).await;
+        drop(helper);
+        let done = self.kept_shell(backend, sandbox, done).await?;
         record::set_base(&self.store, backend, sandbox, &done.base)?;
         let report = RestoreReport {
             checkpoint: row,
@@ -307,9 +356,13 @@ impl Runtime {
             record::insert(&self.store, &copy, &manifest, &session, false)?;
             let policy = self.checkpoint_policy();
             let from = src_sb.layout().workdir.clone();
+            let shell = self.checkpoint_shell(dst_backend, dst).await?;
+            let mut helper = shell.lock().await;
             let done =
-                checkpoint::restore(&*dst_sb, &manifest, &session, None, &policy, Some(&from))
-                    .await?;
+                checkpoint::restore(&mut helper, &manifest, &session, None, &policy, Some(&from))
+                    .await;
+            drop(helper);
+            let done = self.kept_shell(dst_backend, dst, done).await?;
             record::set_base(&self.store, dst_backend, dst, &done.base)?;
             Ok::<CheckpointRow, Error>(CheckpointRow {
                 took_ms: t0.elapsed().as_millis() as i64,

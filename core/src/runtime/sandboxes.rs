@@ -69,6 +69,7 @@ impl Runtime {
                 drop(s.lock().await);
             }
         }
+        self.forget_checkpoint_shell(backend, name).await;
         let known = self.store.sandbox(backend, name)?.is_some();
         let b = self.backend(backend).await?;
         let removed = match b.remove(name, RemoveOpts { volumes }).await {
