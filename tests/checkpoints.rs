@@ -363,6 +363,18 @@ fn a_clone_moves_files_and_session_to_another_backend() -> TestResult {
             "mkdir -p app && echo hi > app/x && cd app && export CLONED=yes",
         ],
     )?;
+    // Enough paths that the lists berth sends its helpers (the changed
+    // paths, the restore plan) travel as files, not in the command text.
+    ok(
+        d,
+        &[
+            "exec",
+            "--sandbox",
+            "src",
+            "--",
+            "mkdir -p ../many && (cd ../many && for i in $(seq 12000); do : > a-rather-long-file-name-$i.txt; done)",
+        ],
+    )?;
     // No --at: a checkpoint of the sandbox as it is now.
     let c = json(
         d,
@@ -378,11 +390,11 @@ fn a_clone_moves_files_and_session_to_another_backend() -> TestResult {
             "--sandbox",
             "dst",
             "--",
-            "pwd; cat x; echo $CLONED",
+            "pwd; cat x; echo $CLONED; ls ../many | wc -l",
         ],
     );
     let cleanup = ok(d, &["sandbox", "rm", "dst", "--backend", "docker"]);
-    assert_eq!(out?, "/workspace/app\nhi\nyes\n");
+    assert_eq!(out?, "/workspace/app\nhi\nyes\n12000\n");
     cleanup?;
     // A clone onto a name in use is refused before anything is made.
     ok(d, &["sandbox", "create", "taken"])?;

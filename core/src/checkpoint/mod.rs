@@ -49,6 +49,8 @@ pub use manifest::{Entry, Kind, Manifest, Skipped};
 const OUTPUT_LIMIT: usize = 512 << 20;
 /// How long one step (a scan, packing, a restore) may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The most input a helper gets in its command text rather than as a file.
+const INLINE_INPUT: usize = 256 << 10;
 /// How often a checkpoint tries again when files change while it reads them.
 const ATTEMPTS: usize = 3;
 
@@ -239,7 +241,27 @@ async fn half(
         .iter()
         .map(|a| crate::session::script::quote(a))
         .collect();
-    let command = format!("( set -- {}\n{body}\n) 2>&1", quoted.join(" "));
+    let sub = format!("( set -- {}\n{body}\n) 2>&1", quoted.join(" "));
+    // Small input travels in the command itself, as base64 in a here-doc:
+    // stdin as a file is a backend call (a docker put_archive, an SFTP
+    // write), which costs more than the rest of a small checkpoint.
+    let (command, stdin) = match stdin {
+        Some(b) if b.is_empty() => (sub, None),
+        Some(b) if b.len() <= INLINE_INPUT => {
+            use base64::Engine;
+            let text = base64::engine::general_purpose::STANDARD.encode(&b);
+            let mut lines = String::with_capacity(text.len() + text.len() / 76 + 64);
+            for chunk in text.as_bytes().chunks(76) {
+                lines.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+                lines.push('\n');
+            }
+            (
+                format!("{sub} < <(base64 -d <<'__BERTH_INPUT__'\n{lines}__BERTH_INPUT__\n)"),
+                None,
+            )
+        }
+        other => (sub, other),
+    };
     let opts = ExecOpts {
         timeout: Some(STEP_TIMEOUT),
         stdin,
