@@ -1147,11 +1147,7 @@ async fn rollback(dir: PathBuf, id: &str, to: i64, no_resume: bool, json: bool) 
         );
     }
     let cks = record::of_run(&store, id)?;
-    let Some(ck) = cks
-        .iter()
-        .filter(|c| c.step.is_some_and(|s| s <= to) && c.sandbox == row.sandbox)
-        .max_by_key(|c| (c.step, c.created_ms))
-    else {
+    let Some(ck) = record::at_step(&cks, &row.sandbox, to) else {
         free("a rollback was refused")?;
         anyhow::bail!(
             "run {id} has no checkpoint at or before step {to} (checkpoints: {}); runs take them unless `[checkpoints] runs = false` in the policy",
@@ -1218,11 +1214,8 @@ async fn fork_sandbox(
     at: i64,
 ) -> Result<String> {
     let id = &row.id;
-    let ck = record::of_run(rt.store(), from)?
-        .into_iter()
-        .filter(|c| c.step.is_some_and(|s| s <= at) && c.sandbox == row.sandbox)
-        .max_by_key(|c| (c.step, c.created_ms));
-    let Some(ck) = ck else {
+    let cks = record::of_run(rt.store(), from)?;
+    let Some(ck) = record::at_step(&cks, &row.sandbox, at) else {
         eprintln!(
             "berth: run {id} forked from {from} after step {at}; {from} has no checkpoint at or before that step, so its commands see sandbox {} as it is now",
             row.sandbox

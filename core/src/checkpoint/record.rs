@@ -130,6 +130,20 @@ pub fn of_run(store: &Store, run: &str) -> Result<Vec<CheckpointRow>> {
     })
 }
 
+/// The checkpoint that holds sandbox `sandbox` as step `step` of run `run`
+/// left it: the run's newest at or before that step (a step whose tools
+/// could not write has none of its own).
+pub fn at_step<'a>(
+    checkpoints: &'a [CheckpointRow],
+    sandbox: &str,
+    step: i64,
+) -> Option<&'a CheckpointRow> {
+    checkpoints
+        .iter()
+        .filter(|c| c.step.is_some_and(|s| s <= step) && c.sandbox == sandbox)
+        .max_by_key(|c| (c.step, c.created_ms))
+}
+
 /// One checkpoint, with its manifest and session state.
 pub fn get(store: &Store, id: &str) -> Result<Option<(CheckpointRow, Manifest, Vec<u8>)>> {
     let found = store.with_conn(|c| {
