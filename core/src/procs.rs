@@ -218,6 +218,64 @@ pub(crate) fn signal(name: &str) -> Result<Signal> {
         .map_err(|_| Error::InvalidInput(format!("no signal named {name}")))
 }
 
+/// The process that holds the client end of a loopback TCP connection: the
+/// one with `peer` as its local address and `local` (ours) as its remote one.
+/// `None` when no process in this network namespace holds it (it came from
+/// another namespace or host, or went away), or `/proc` cannot be read.
+///
+/// The kernel lists every TCP socket of the namespace in `/proc/net/tcp` and
+/// `tcp6` by address and inode; the process is the one with that inode among
+/// its descriptors (`/proc/PID/fd/N -> socket:[INODE]`).
+pub fn tcp_peer_pid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Option<i32> {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|f| {
+        let table = std::fs::read_to_string(f).ok()?;
+        tcp_inode(&table, peer, local)
+    })?;
+    let want = format!("socket:[{inode}]");
+    pids().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str())
+            })
+        })
+    })
+}
+
+/// The inode of the socket with local address `me` and remote address `them`
+/// in a `/proc/net/tcp{,6}` table.
+fn tcp_inode(table: &str, me: std::net::SocketAddr, them: std::net::SocketAddr) -> Option<u64> {
+    let (me, them) = (proc_addr(me), proc_addr(them));
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_ascii_whitespace().collect();
+        let (local, remote, inode) = (f.get(1)?, f.get(2)?, f.get(9)?);
+        (local.eq_ignore_ascii_case(&me) && remote.eq_ignore_ascii_case(&them))
+            .then(|| inode.parse().ok())
+            .flatten()
+            .filter(|i| *i != 0)
+    })
+}
+
+/// An address as `/proc/net/tcp` writes it: the address's 32-bit words in
+/// host order as hex, a colon, the port in hex. An IPv4-mapped address
+/// (`::ffff:a.b.c.d`, as a dual-stack listener sees an IPv4 peer) is looked
+/// up as the IPv4 address its client socket has.
+fn proc_addr(a: std::net::SocketAddr) -> String {
+    let words = |octets: &[u8]| -> String {
+        octets
+            .chunks(4)
+            .map(|w| {
+                let n = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+                format!("{n:08X}")
+            })
+            .collect()
+    };
+    let ip = match a.ip().to_canonical() {
+        std::net::IpAddr::V4(v4) => words(&v4.octets()),
+        std::net::IpAddr::V6(v6) => words(&v6.octets()),
+    };
+    format!("{ip}:{:04X}", a.port())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -230,6 +288,29 @@ mod tests {
         assert_eq!(s.ppid, nix::unistd::getppid().as_raw());
         assert_eq!(s.sid, nix::unistd::getsid(None).unwrap().as_raw());
         assert_ne!(s.state, b'Z');
+    }
+
+    #[test]
+    fn a_loopback_peer_is_found_by_its_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_s, peer) = l.accept().unwrap();
+        assert_eq!(peer, c.local_addr().unwrap());
+        let me = std::process::id() as i32;
+        assert_eq!(tcp_peer_pid(peer, l.local_addr().unwrap()), Some(me));
+        // A peer address no socket has is nobody's.
+        let nobody = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        assert_eq!(tcp_peer_pid(nobody, l.local_addr().unwrap()), None);
+    }
+
+    #[test]
+    fn proc_addresses_are_written_as_the_kernel_writes_them() {
+        let a: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(proc_addr(a), "0100007F:1F90");
+        let mapped: std::net::SocketAddr = "[::ffff:127.0.0.1]:80".parse().unwrap();
+        assert_eq!(proc_addr(mapped), "0100007F:0050");
+        let v6: std::net::SocketAddr = "[::1]:80".parse().unwrap();
+        assert_eq!(proc_addr(v6), "00000000000000000000000001000000:0050");
     }
 
     #[test]
