@@ -1,10 +1,10 @@
 //! `berth approvals ls`, `berth approve ID [--always]`, `berth deny ID`:
 //! answering the commands that wait for a person, from any terminal.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use berth_core::approvals::Approval;
 use berth_core::gate::Gate;
-use berth_core::store::{Event, Store};
+use berth_core::store::Store;
 use berth_policies::shell::printable;
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -84,41 +84,13 @@ pub fn answer(store: &Store, gate: &Gate, a: AnswerArgs, approve: bool) -> Resul
             a.id
         );
     }
-    let ap: Approval = store.decide_approval(a.id, approve, a.always && approve, "cli")?;
-    let mut rule_added = None;
-    if approve && a.always {
-        let path = context::policy_path()?;
-        let name = format!("approved-{}", ap.id);
-        berth_policies::append_allow_rule(
-            &path,
-            &name,
-            &ap.argv,
-            &format!("approved with --always (approval #{})", ap.id),
-        )
-        .with_context(|| {
-            format!(
-                "approval #{} is approved, but the allow rule was not added",
-                ap.id
-            )
-        })?;
-        rule_added = Some((name, path));
-    }
-    store.append(&Event {
-        kind: berth_core::events::EventKind::ApprovalAnswered.into(),
-        backend: Some(ap.backend.clone()),
-        sandbox: Some(ap.sandbox.clone()),
-        command: Some(gate.redact(&ap.command).into_owned()),
-        verdict: Some(ap.state.to_string()),
-        detail: Some(
-            json!({
-                "approval": ap.id,
-                "always": ap.always,
-                "rule_added": rule_added.as_ref().map(|(n, _)| n),
-            })
-            .to_string(),
-        ),
-        ..Default::default()
-    })?;
+    let policy = if a.always {
+        Some(context::policy_path()?)
+    } else {
+        None
+    };
+    let done = crate::answers::answer(store, gate, a.id, approve, a.always, policy, "cli")?;
+    let (ap, rule_added) = (done.approval, done.rule_added);
     if a.json {
         context::print_json(&json!({
             "approval": ap.id,

@@ -3,6 +3,7 @@
 //! The binary is thin: it parses the command line, opens the store and the
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
+mod answers;
 mod bench;
 mod bench_checkpoint;
 mod bench_cli;
@@ -21,8 +22,10 @@ mod cmd_run;
 mod cmd_sandbox;
 mod cmd_schedule;
 mod cmd_server;
+mod cmd_ui;
 mod config;
 mod context;
+mod detached;
 mod exec_report;
 mod io;
 mod mcp;
@@ -30,6 +33,7 @@ mod schedules;
 mod server;
 mod shell;
 mod ssh_flags;
+mod ui;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -123,6 +127,9 @@ pub(crate) enum Command {
     /// pause, resume, run-now.
     #[command(subcommand)]
     Schedule(cmd_schedule::ScheduleCmd),
+    /// A web dashboard of sandboxes, jobs, runs and events, with approvals
+    /// to answer: served by the berth server; prints its URL.
+    Ui(cmd_ui::UiArgs),
 }
 
 fn main() -> ExitCode {
@@ -184,6 +191,7 @@ fn main() -> ExitCode {
             Command::Serve(a) => cmd_server::serve(cli.state_dir, a).await,
             Command::Server(c) => cmd_server::run(cli.state_dir, c).await,
             Command::Schedule(c) => cmd_schedule::run(cli.state_dir, c),
+            Command::Ui(a) => cmd_ui::run(cli.state_dir, a).await,
             c => in_process(cli.state_dir, c).await,
         }
     });

@@ -10,12 +10,14 @@
 //! 3. `Exec` runs on the shared runtime in a task of its own: commands for
 //!    different sandboxes run at once, commands for one sandbox queue on its
 //!    shell; a call whose client went away is interrupted;
-//! 4. every half second, in a task of its own: put a waiter on each
+//! 4. the dashboard (`berth ui`, [`crate::ui`]) runs beside, on its own
+//!    loopback port, while its settings say so; an open page counts as use;
+//! 5. every half second, in a task of its own: put a waiter on each
 //!    unfinished job that has none, so job endings are recorded as they
 //!    happen; in the accept loop: exit after the idle time
 //!    with no call running and no job to watch, or at once when the socket is
 //!    gone (the state dir was removed or another server took over);
-//! 5. `Shutdown` or SIGTERM/SIGINT: give up the socket and the lock at once
+//! 6. `Shutdown` or SIGTERM/SIGINT: give up the socket and the lock at once
 //!    (a new server can start), let running calls end (woken when the last
 //!    one does, interrupted after [`DRAIN`]), close the shells, exit.
 //!
@@ -723,6 +725,16 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         scheduled.clone(),
         hooks_stop.clone(),
     );
+    // The dashboard (`berth ui`), when its settings say it is on; its open
+    // pages keep the server from going idle.
+    let ui_busy = Arc::new(AtomicUsize::new(0));
+    let ui = crate::ui::watch(
+        shared.rt.clone(),
+        state_dir.clone(),
+        ui_busy.clone(),
+        hooks_stop.clone(),
+    );
+    let mut ui_seen = Instant::now();
     loop {
         // Backpressure: no accept while every slot is taken.
         let slot = tokio::select! {
@@ -768,6 +780,10 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
                 let since = shared.last_active.lock().map(|t| t.elapsed()).unwrap_or_default();
                 let watched = shared.watching.lock().map(|w| w.len()).unwrap_or(0);
                 let held = waiting.load(Ordering::SeqCst) + scheduled.load(Ordering::SeqCst);
+                if ui_busy.load(Ordering::SeqCst) > 0 {
+                    ui_seen = Instant::now();
+                }
+                let since = since.min(ui_seen.elapsed());
                 if shared.active.load(Ordering::SeqCst) == 0 && watched == 0 && held == 0 && since >= idle {
                     info!(idle_secs = idle.as_secs(), "idle; exiting");
                     break;
@@ -783,6 +799,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
     let _ = tokio::time::timeout(CLOSE_WAIT, hooks).await;
     let _ = tokio::time::timeout(CLOSE_WAIT, waits).await;
     let _ = tokio::time::timeout(CLOSE_WAIT, cron).await;
+    let _ = tokio::time::timeout(CLOSE_WAIT, ui).await;
     shared.release();
     // Woken when the last running call ends, not polled.
     let mut running = shared.active_now.subscribe();

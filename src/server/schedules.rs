@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use berth_core::runtime::Runtime;
 use berth_core::store::now_ms;
 use tokio::task::JoinHandle;
@@ -101,28 +101,10 @@ fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<usize> {
 
 /// Start schedule `s`'s run as a process of its own; returns its pid.
 pub fn start(dir: &Path, s: &Schedule) -> Result<u32> {
-    let logs = dir.join("runs");
-    std::fs::create_dir_all(&logs)?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(logs.join(format!("schedule-{}.log", s.name)))?;
-    let exe = std::env::current_exe().context("cannot find berth's own executable")?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.args(["run", "--json", "--schedule", &s.name])
-        .args(&s.args)
-        .arg("--")
-        .arg(&s.task)
-        .env("BERTH_STATE_DIR", dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd.spawn().context("cannot start `berth run`")?;
-    let pid = child.id();
-    // Reaped when it ends.
-    std::thread::spawn(move || {
-        let _ = child.wait();
-    });
-    Ok(pid)
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["--json".into(), "--schedule".into(), s.name.clone().into()];
+    args.extend(s.args.iter().map(Into::into));
+    args.push("--".into());
+    args.push(s.task.clone().into());
+    crate::detached::start_run(dir, args, &format!("schedule-{}", s.name))
 }

@@ -169,38 +169,12 @@ async fn search(rt: &Runtime, w: &Wait, job: &str, pattern: &str) -> Option<Valu
 
 /// Start the run again, in a process of its own.
 fn resume(rt: &Runtime, state_dir: &std::path::Path, run: &str) {
-    let logs = state_dir.join("runs");
-    let log = std::fs::create_dir_all(&logs).and_then(|()| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(logs.join(format!("{run}.log")))
-    });
-    let exe = std::env::current_exe();
-    let (Ok(log), Ok(exe)) = (log, exe) else {
-        warn!(
-            run,
-            "waits: cannot start the run again (no log file or executable)"
-        );
-        return;
-    };
-    let Ok(err) = log.try_clone() else { return };
-    let mut cmd = tokio::process::Command::new(exe);
-    cmd.args(["run", "--json", "--resume", run])
-        .env("BERTH_STATE_DIR", state_dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(log)
-        .stderr(err)
-        .process_group(0);
-    match cmd.spawn() {
-        Ok(mut child) => {
+    match crate::detached::start_run(state_dir, ["--json", "--resume", run], run) {
+        Ok(pid) => {
             if let Err(e) = waits::resumed(rt.store(), run) {
                 warn!(run, error = %e, "waits: cannot mark the run resumed");
             }
-            info!(run, pid = child.id(), "waits: resumed a run");
-            tokio::spawn(async move {
-                let _ = child.wait().await;
-            });
+            info!(run, pid, "waits: resumed a run");
         }
         Err(e) => warn!(run, error = %e, "waits: cannot start the run again"),
     }
