@@ -10,6 +10,8 @@
 //! - `memory`: notes across runs and the search over past transcripts.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
 //! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
+//! - `ui`: `berth ui` in headless Chromium against a real server, and its
+//!   refusals (no token, a wrong origin or host, a sandboxed peer).
 //! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
 //!   (kernel-dependent: they fail, naming the missing feature, on a kernel
 //!   without Landlock ABI >= 4, seccomp or, as root, a pids cgroup).
@@ -34,6 +36,8 @@ mod policy_cli;
 mod restricted_session;
 mod schedules;
 mod shell;
+#[cfg(feature = "docker")]
+mod ui;
 #[macro_use]
 mod terminal;
 mod sandbox_escape;

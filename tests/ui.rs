@@ -1,0 +1,656 @@
+//! `berth ui`: the dashboard in a real browser (Debian's headless Chromium,
+//! driven over WebDriver by chromedriver) against a real `berth serve` with
+//! local and docker sandboxes, and its refusals over plain HTTP.
+//!
+//! Each browser test saves a screenshot to `target/ui-screenshots/`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+use crate::support::{BoxError, TestResult};
+
+const BERTH: &str = env!("CARGO_BIN_EXE_berth");
+
+/// A state dir with its own server (stopped at the end, pass or fail).
+struct Dash {
+    dir: tempfile::TempDir,
+    env: Vec<(&'static str, &'static str)>,
+}
+
+impl Dash {
+    fn new(policy: &str) -> Result<Dash, BoxError> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("policy.toml"), policy)?;
+        Ok(Dash { dir, env: vec![] })
+    }
+
+    /// Every call (and so the server) with `key=value` set.
+    fn with_env(mut self, key: &'static str, value: &'static str) -> Dash {
+        self.env.push((key, value));
+        self
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BERTH);
+        c.args(args)
+            .env("BERTH_STATE_DIR", self.path())
+            .env("BERTH_POLICY", self.path().join("policy.toml"))
+            .env("BERTH_CONFIG", self.path().join("config.toml"))
+            .env("BERTH_SERVER", "auto")
+            .env_remove("DISPLAY")
+            .env_remove("WAYLAND_DISPLAY")
+            .env_remove("BERTH_SERVER_IDLE")
+            .envs(self.env.iter().copied())
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> Result<String, BoxError> {
+        let o = self.cmd(args).output()?;
+        if o.status.code() != Some(0) {
+            return Err(format!("berth {args:?}: {}", text(&o)).into());
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    /// `berth ui --json`: the URL with its token.
+    fn url(&self) -> Result<String, BoxError> {
+        let v: Value = serde_json::from_str(&self.ok(&["ui", "--no-open", "--json"])?)?;
+        Ok(v["url"].as_str().ok_or("no url")?.to_string())
+    }
+
+    fn token(&self) -> Result<String, BoxError> {
+        let v: Value = serde_json::from_slice(&std::fs::read(self.path().join("ui.json"))?)?;
+        Ok(v["token"].as_str().ok_or("no token")?.to_string())
+    }
+}
+
+impl Drop for Dash {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["server", "stop"]).output();
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The base of a dashboard URL: `http://127.0.0.1:PORT`.
+fn base(url: &str) -> String {
+    url.split("/?").next().unwrap_or(url).to_string()
+}
+
+/// chromedriver and a headless Chromium session, ended on drop.
+struct Browser {
+    driver: Child,
+    client: Option<Client>,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Result<Browser, BoxError> {
+        for exe in ["/usr/bin/chromedriver", "/usr/bin/chromium"] {
+            if !Path::new(exe).exists() {
+                return Err(format!(
+                    "{exe} is missing: the dashboard's browser tests need Debian's chromium and chromium-driver (scripts/test installs them)"
+                )
+                .into());
+            }
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let driver = Command::new("/usr/bin/chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let profile = tempfile::tempdir()?;
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1280,1000", "--no-first-run",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let mut b = Browser {
+            driver,
+            client: None,
+            _profile: profile,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        loop {
+            match ClientBuilder::new(connector.clone())
+                .capabilities(caps.clone())
+                .connect(&format!("http://127.0.0.1:{port}"))
+                .await
+            {
+                Ok(c) => {
+                    b.client = Some(c);
+                    return Ok(b);
+                }
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("chromedriver did not start a browser: {e}").into());
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    fn c(&self) -> &Client {
+        self.client
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("set in start"))
+    }
+
+    /// Evaluate `js` (a function body that returns a value) in the page.
+    async fn eval(&self, js: &str) -> Result<Value, BoxError> {
+        Ok(self.c().execute(js, vec![]).await?)
+    }
+
+    /// Wait until `js` returns true, failing with what `show` returns.
+    async fn until(&self, limit: Duration, js: &str, what: &str) -> TestResult {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.eval(js).await? == Value::Bool(true) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let body = self
+                    .eval("return document.body ? document.body.innerText : ''")
+                    .await?;
+                return Err(format!(
+                    "timed out waiting for {what}; the page shows:\n{}",
+                    body.as_str().unwrap_or("")
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+
+    /// Save a screenshot to `target/ui-screenshots/NAME.png`.
+    async fn shot(&self, name: &str) -> Result<PathBuf, BoxError> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
+        std::fs::create_dir_all(&dir)?;
+        let png = self.c().screenshot().await?;
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, png)?;
+        Ok(path)
+    }
+
+    async fn close(mut self) -> TestResult {
+        if let Some(c) = self.client.take() {
+            c.close().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn rt() -> Result<tokio::runtime::Runtime, BoxError> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// The length of `#log`'s text.
+const LOG_LEN: &str =
+    "var l = document.getElementById('log'); return l ? l.textContent.length : -1";
+
+#[test]
+fn a_jobs_log_grows_on_the_page_while_it_runs_and_a_restart_reconnects_it() -> TestResult {
+    let d = Dash::new("")?;
+    let url = d.url()?;
+    let id = d
+        .ok(&[
+            "job",
+            "start",
+            "--",
+            "for i in $(seq 1 400); do echo line-$i; sleep 0.1; done",
+        ])?
+        .trim()
+        .to_string();
+    rt()?.block_on(async {
+        let b = Browser::start().await?;
+        b.c().goto(&url).await?;
+        b.c().goto(&format!("{}/jobs/{id}", base(&url))).await?;
+        b.until(Duration::from_secs(20), "return document.getElementById('log').textContent.includes('line-5\\n')", "line-5 in the log").await?;
+        let first = b.eval(LOG_LEN).await?.as_i64().unwrap_or(0);
+        b.until(Duration::from_secs(20), "return document.getElementById('log').textContent.includes('line-40\\n')", "line-40 in the log").await?;
+        let later = b.eval(LOG_LEN).await?.as_i64().unwrap_or(0);
+        assert!(later > first, "the log grew on the page: {first} -> {later}");
+        let state = b.eval("return document.getElementById('job-state').innerText").await?;
+        assert!(state.as_str().unwrap_or("").contains("running"), "{state}");
+        b.shot("job-log").await?;
+
+        // The server stops; the next CLI call starts one, which serves the
+        // dashboard on the same address: the page's stream reconnects.
+        d.ok(&["server", "stop"])?;
+        b.until(Duration::from_secs(10), "return document.getElementById('conn').textContent.includes('reconnecting')", "the page to notice").await?;
+        d.ok(&["job", "ls"])?;
+        b.until(Duration::from_secs(30), "var t = document.getElementById('log').textContent; var m = t.match(/line-(\\d+)\\n/g); return !!m && parseInt(m[m.length-1].slice(5)) > 80", "the log to go on after the restart").await?;
+        b.until(Duration::from_secs(5), "return document.getElementById('conn').textContent === 'live'", "the stream to be live").await?;
+        b.close().await
+    })?;
+    d.ok(&["job", "kill", &id])?;
+    Ok(())
+}
+
+#[test]
+fn a_log_of_many_megabytes_never_reaches_the_page_whole() -> TestResult {
+    let d = Dash::new("")?;
+    let url = d.url()?;
+    // 40 MB of output, then a last line.
+    let id = d
+        .ok(&[
+            "job",
+            "start",
+            "--",
+            "head -c 40000000 /dev/zero | tr '\\0' 'x' | fold -w 100; echo THE-END",
+        ])?
+        .trim()
+        .to_string();
+    let o = d.cmd(&["job", "wait", &id, "--timeout", "120"]).output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    rt()?.block_on(async {
+        let b = Browser::start().await?;
+        b.c().goto(&url).await?;
+        b.c().goto(&format!("{}/jobs/{id}", base(&url))).await?;
+        b.until(
+            Duration::from_secs(20),
+            "return document.getElementById('log').textContent.includes('THE-END')",
+            "the log's end",
+        )
+        .await?;
+        let len = b.eval(LOG_LEN).await?.as_i64().unwrap_or(-1);
+        assert!(
+            (1..=300 * 1024).contains(&len),
+            "the page holds {len} characters of a 40 MB log"
+        );
+        let head = b
+            .eval("return document.getElementById('log').textContent.slice(0, 60)")
+            .await?;
+        assert!(
+            head.as_str()
+                .unwrap_or("")
+                .contains("earlier bytes not shown"),
+            "{head}"
+        );
+        b.close().await
+    })
+}
+
+#[test]
+fn a_pty_jobs_screen_shows_the_python_prompt_in_a_docker_sandbox() -> TestResult {
+    let d = Dash::new("")?;
+    let url = d.url()?;
+    let sandbox = format!("ui-pty-{}", std::process::id());
+    d.ok(&["sandbox", "create", &sandbox, "--backend", "docker"])?;
+    let result = (|| -> TestResult {
+        let id = d
+            .ok(&[
+                "job",
+                "start",
+                "--sandbox",
+                &sandbox,
+                "--backend",
+                "docker",
+                "--pty",
+                "--",
+                "python3 -i",
+            ])?
+            .trim()
+            .to_string();
+        rt()?.block_on(async {
+            let b = Browser::start().await?;
+            b.c().goto(&url).await?;
+            b.c().goto(&format!("{}/jobs/{id}", base(&url))).await?;
+            b.until(Duration::from_secs(30), "var s = document.getElementById('screen'); return !!s && s.textContent.includes('>>>')", "the >>> prompt on the screen").await?;
+            b.shot("pty-screen").await?;
+            b.close().await
+        })?;
+        d.ok(&["job", "kill", &id])?;
+        Ok(())
+    })();
+    let _ = d
+        .cmd(&["sandbox", "rm", &sandbox, "--backend", "docker"])
+        .output();
+    result
+}
+
+const ASK: &str = "[[rules]]\nname = \"ask-touch\"\naction = \"ask\"\nprefix = \"touch\"\nreason = \"touching needs a yes\"\n[approvals]\ntimeout_secs = 120\n";
+
+#[test]
+fn an_ask_from_another_process_is_approved_by_a_click_and_its_exec_goes_on() -> TestResult {
+    let d = Dash::new(ASK)?;
+    let url = d.url()?;
+    let mut exec = d
+        .cmd(&["exec", "--", "touch approved-by-click && echo made-it"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    rt()?.block_on(async {
+        let b = Browser::start().await?;
+        b.c().goto(&url).await?;
+        b.until(
+            Duration::from_secs(30),
+            "return !!document.querySelector('#approvals button.approve')",
+            "the Approve button",
+        )
+        .await?;
+        let shown = b
+            .eval("return document.getElementById('approvals').innerText")
+            .await?;
+        assert!(
+            shown
+                .as_str()
+                .unwrap_or("")
+                .contains("touch approved-by-click"),
+            "{shown}"
+        );
+        b.shot("approval").await?;
+        // Keyboard: focus the button and press Enter, as a person without a mouse would.
+        let button = b
+            .c()
+            .find(Locator::Css("#approvals button.approve"))
+            .await?;
+        button.send_keys("\u{E007}").await?;
+        b.until(
+            Duration::from_secs(10),
+            "return !document.querySelector('#approvals button.approve')",
+            "the approval to leave the list",
+        )
+        .await?;
+        b.close().await
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while exec.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = exec.kill();
+            return Err("the exec did not go on after the click".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = exec.wait_with_output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "made-it");
+    let ls: Value = serde_json::from_str(
+        d.ok(&["approvals", "ls", "--all", "--json"])?
+            .lines()
+            .next()
+            .ok_or("no approval")?,
+    )?;
+    assert_eq!(ls["state"], "approved");
+    assert_eq!(ls["decided_by"], "ui");
+    Ok(())
+}
+
+#[test]
+fn a_runs_page_shows_its_steps_and_timeline() -> TestResult {
+    use berth_standins::provider::{ProviderStandin, Reply};
+    let d = Dash::new("")?;
+    let url = d.url()?;
+    let s = ProviderStandin::start(vec![
+        Reply::call(
+            "c1",
+            "terminal",
+            r#"{"command": "echo step-one > one.txt"}"#,
+        ),
+        Reply::call("c2", "terminal", r#"{"command": "cat one.txt"}"#),
+        Reply::text("all done"),
+    ])?;
+    let o = d
+        .cmd(&[
+            "run",
+            "--json",
+            "--base-url",
+            &s.url(),
+            "--model",
+            "m",
+            "--api-key-env",
+            "STANDIN_KEY",
+            "write a file",
+        ])
+        .env("STANDIN_KEY", "k")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let last: Value = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .next_back()
+        .ok_or("no events")?;
+    let id = last["run_id"].as_str().ok_or("no run id")?.to_string();
+    rt()?.block_on(async {
+        let b = Browser::start().await?;
+        b.c().goto(&url).await?;
+        b.until(
+            Duration::from_secs(10),
+            &format!("return document.getElementById('runs').innerText.includes('{id}')"),
+            "the run in the overview",
+        )
+        .await?;
+        b.c().find(Locator::LinkText(&id)).await?.click().await?;
+        b.until(
+            Duration::from_secs(10),
+            "return !!document.getElementById('step-3')",
+            "three steps",
+        )
+        .await?;
+        let steps = b
+            .eval("return document.querySelectorAll('svg.timeline rect.step').length")
+            .await?;
+        assert_eq!(steps, json!(3), "one bar per step on the timeline");
+        let calls = b
+            .eval("return document.querySelectorAll('svg.timeline rect.call').length")
+            .await?;
+        assert_eq!(calls, json!(2), "one bar per tool call");
+        let bars = b
+            .eval("return document.querySelectorAll('svg.tokens g.bar').length")
+            .await?;
+        assert_eq!(bars, json!(3));
+        let body = b
+            .eval("return document.getElementById('run').innerText")
+            .await?;
+        let body = body.as_str().unwrap_or("");
+        assert!(
+            body.contains("all done") && body.contains("terminal"),
+            "{body}"
+        );
+        assert!(body.contains("◆ checkpoint"), "{body}");
+        b.shot("run").await?;
+        b.close().await
+    })
+}
+
+/// A raw HTTP/1.1 request; the status line and the whole response.
+fn http(addr: &str, request: &str) -> Result<(u16, String), BoxError> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr)?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    c.write_all(request.as_bytes())?;
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no HTTP status in {text:?}"))?;
+    Ok((status, text))
+}
+
+fn pending(d: &Dash) -> Result<usize, BoxError> {
+    Ok(d.ok(&["approvals", "ls", "--json"])?.lines().count())
+}
+
+#[test]
+fn requests_without_the_token_with_a_wrong_origin_or_host_are_refused() -> TestResult {
+    let d = Dash::new(ASK)?;
+    let url = d.url()?;
+    let token = d.token()?;
+    let addr = base(&url).trim_start_matches("http://").to_string();
+    let port = addr.rsplit(':').next().unwrap_or("");
+    let cookie = format!("berth_ui_{port}={token}");
+    let mut exec = d
+        .cmd(&["exec", "--", "touch refused-one"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pending(&d)? == 0 {
+        assert!(Instant::now() < deadline, "no approval appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let get = |path: &str, extra: &str| {
+        http(
+            &addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n"),
+        )
+    };
+    // No token: a 401 page that says how to get the URL.
+    let (s, body) = get("/", "")?;
+    assert_eq!(s, 401, "{body}");
+    assert!(body.contains("berth ui"), "{body}");
+    // A wrong token.
+    let (s, _) = get("/?token=0000", "")?;
+    assert_eq!(s, 401);
+    // The right one: a cookie, HttpOnly and SameSite=Strict, and the URL without it.
+    let (s, body) = get(&format!("/?token={token}&x=1"), "")?;
+    assert_eq!(s, 303, "{body}");
+    assert!(
+        body.contains(&format!("set-cookie: {cookie}; HttpOnly; SameSite=Strict")),
+        "{body}"
+    );
+    assert!(body.contains("location: /?x=1"), "{body}");
+    let (s, body) = get("/", &format!("Cookie: {cookie}\r\n"))?;
+    assert_eq!(s, 200, "{body}");
+    assert!(
+        body.contains("touch refused-one"),
+        "the overview lists the approval: {body}"
+    );
+    // An unknown id is named.
+    let (s, body) = get("/jobs/jnope", &format!("Cookie: {cookie}\r\n"))?;
+    assert_eq!(s, 404);
+    assert!(body.contains("jnope"), "{body}");
+    // Another Host (DNS rebinding) is refused, token or not.
+    let (s, _) = http(
+        &addr,
+        &format!(
+            "GET / HTTP/1.1\r\nHost: evil.example:{port}\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
+        ),
+    )?;
+    assert_eq!(s, 421);
+    let ls: Value = serde_json::from_str(
+        d.ok(&["approvals", "ls", "--json"])?
+            .lines()
+            .next()
+            .ok_or("no approval")?,
+    )?;
+    let n = ls["id"].as_i64().ok_or("no id")?;
+    let post = |extra: &str| {
+        http(
+            &addr,
+            &format!(
+                "POST /approvals/{n}/approve HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    // A state change without the token, from another origin, or with no origin.
+    assert_eq!(post(&format!("Origin: http://{addr}\r\n"))?.0, 401);
+    assert_eq!(
+        post(&format!(
+            "Cookie: {cookie}\r\nOrigin: http://evil.example\r\n"
+        ))?
+        .0,
+        403
+    );
+    assert_eq!(post(&format!("Cookie: {cookie}\r\n"))?.0, 403);
+    assert_eq!(pending(&d)?, 1, "the approval is still pending");
+    // Control: with the token and the dashboard's own origin, it is answered.
+    let (s, body) = post(&format!("Cookie: {cookie}\r\nOrigin: http://{addr}\r\n"))?;
+    assert_eq!(s, 303, "{body}");
+    assert_eq!(pending(&d)?, 0);
+    let o = exec.wait()?;
+    assert_eq!(o.code(), Some(0));
+    Ok(())
+}
+
+#[test]
+fn a_process_in_a_sandbox_cannot_use_the_dashboard_even_with_the_token() -> TestResult {
+    // Unrestricted: the sandbox's network is the host's, loopback included.
+    let d = Dash::new(ASK)?.with_env("BERTH_UNRESTRICTED", "1");
+    let url = d.url()?;
+    let token = d.token()?;
+    let addr = base(&url).trim_start_matches("http://").to_string();
+    let port = addr.rsplit(':').next().unwrap_or("").to_string();
+    let mut exec = d
+        .cmd(&["exec", "--", "touch self-approved"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pending(&d)? == 0 {
+        assert!(Instant::now() < deadline, "no approval appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ls: Value = serde_json::from_str(
+        d.ok(&["approvals", "ls", "--json"])?
+            .lines()
+            .next()
+            .ok_or("no approval")?,
+    )?;
+    let n = ls["id"].as_i64().ok_or("no id")?;
+    // Everything a forger needs, the token included, as a sandbox with the
+    // network on (unrestricted: loopback reachable) would send it.
+    let req = format!(
+        "POST /approvals/{n}/approve HTTP/1.1\r\nHost: {addr}\r\nCookie: berth_ui_{port}={token}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let probe = format!(
+        "python3 -c 'import socket, sys\nc = socket.create_connection((\"127.0.0.1\", {port}), 5)\nc.sendall(sys.argv[1].encode())\ntry:\n    r = c.recv(200)\n    print(\"ANSWERED \" + r.decode(errors=\"replace\").split(chr(13))[0] if r else \"CLOSED\")\nexcept Exception as e:\n    print(\"CLOSED\", e)' '{req}'"
+    );
+    d.ok(&["sandbox", "create", "other"])?;
+    let o = d
+        .cmd(&["exec", "--sandbox", "other", "--", &probe])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("CLOSED"),
+        "the sandbox's request was served: {out}"
+    );
+    assert_eq!(pending(&d)?, 1, "the approval is still pending");
+    // Control: the same bytes from outside every sandbox are answered.
+    let o = Command::new("bash").args(["-c", &probe]).output()?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("ANSWERED HTTP/1.1 303"), "{}", text(&o));
+    assert_eq!(pending(&d)?, 0);
+    exec.wait()?;
+    Ok(())
+}
