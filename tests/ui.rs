@@ -167,6 +167,16 @@ impl Browser {
         Ok(self.c().execute(js, vec![]).await?)
     }
 
+    /// The text of the element with id `id`, as the page shows it.
+    async fn inner_text(&self, id: &str) -> Result<String, BoxError> {
+        let v = self
+            .eval(&format!(
+                "var e = document.getElementById('{id}'); return e ? e.innerText : ''"
+            ))
+            .await?;
+        Ok(v.as_str().unwrap_or("").to_string())
+    }
+
     /// Wait until `js` returns true, failing with what `show` returns.
     async fn until(&self, limit: Duration, js: &str, what: &str) -> TestResult {
         let deadline = Instant::now() + limit;
@@ -257,9 +267,16 @@ fn a_jobs_log_grows_on_the_page_while_it_runs_and_a_restart_reconnects_it() -> T
         d.ok(&["job", "ls"])?;
         b.until(Duration::from_secs(30), "var t = document.getElementById('log').textContent; var m = t.match(/line-(\\d+)\\n/g); return !!m && parseInt(m[m.length-1].slice(5)) > 80", "the log to go on after the restart").await?;
         b.until(Duration::from_secs(5), "return document.getElementById('conn').textContent === 'live'", "the stream to be live").await?;
+        // Kill, from the page.
+        b.eval("document.getElementById('kill').focus(); return true").await?;
+        b.c().active_element().await?.send_keys("\u{E007}").await?;
+        b.until(Duration::from_secs(20), "return document.getElementById('job-state').innerText.includes('killed')", "the job to be killed").await?;
         b.close().await
     })?;
-    d.ok(&["job", "kill", &id])?;
+    // `job wait` exits with the job's status; its JSON says how it ended.
+    let o = d.cmd(&["job", "wait", &id, "--json"]).output()?;
+    let v: Value = serde_json::from_slice(&o.stdout).map_err(|e| format!("{e}: {}", text(&o)))?;
+    assert_eq!(v["state"], "killed", "{v}");
     Ok(())
 }
 
@@ -376,12 +393,24 @@ fn an_ask_from_another_process_is_approved_by_a_click_and_its_exec_goes_on() -> 
             "{shown}"
         );
         b.shot("approval").await?;
-        // Keyboard: focus the button and press Enter, as a person without a mouse would.
-        let button = b
-            .c()
-            .find(Locator::Css("#approvals button.approve"))
-            .await?;
-        button.send_keys("\u{E007}").await?;
+        // Keyboard only, as a person without a mouse: Tab from the top of the
+        // page to the Approve button, then Enter.
+        let mut tabs = 0;
+        loop {
+            let at = b
+                .eval("return document.activeElement ? document.activeElement.id : ''")
+                .await?;
+            if at.as_str().is_some_and(|id| id.starts_with("approve-")) {
+                break;
+            }
+            tabs += 1;
+            assert!(
+                tabs <= 20,
+                "20 Tabs did not reach the Approve button (at {at})"
+            );
+            b.c().active_element().await?.send_keys("\u{E004}").await?;
+        }
+        b.c().active_element().await?.send_keys("\u{E007}").await?;
         b.until(
             Duration::from_secs(10),
             "return !document.querySelector('#approvals button.approve')",
@@ -415,7 +444,8 @@ fn an_ask_from_another_process_is_approved_by_a_click_and_its_exec_goes_on() -> 
 #[test]
 fn a_runs_page_shows_its_steps_and_timeline() -> TestResult {
     use berth_standins::provider::{ProviderStandin, Reply};
-    let d = Dash::new("")?;
+    // The server runs the fork, so it needs the stand-in's key too.
+    let d = Dash::new("")?.with_env("STANDIN_KEY", "k");
     let url = d.url()?;
     let s = ProviderStandin::start(vec![
         Reply::call(
@@ -425,6 +455,8 @@ fn a_runs_page_shows_its_steps_and_timeline() -> TestResult {
         ),
         Reply::call("c2", "terminal", r#"{"command": "cat one.txt"}"#),
         Reply::text("all done"),
+        // The fork's step 2.
+        Reply::text("forked end"),
     ])?;
     let o = d
         .cmd(&[
@@ -438,7 +470,6 @@ fn a_runs_page_shows_its_steps_and_timeline() -> TestResult {
             "STANDIN_KEY",
             "write a file",
         ])
-        .env("STANDIN_KEY", "k")
         .output()?;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let last: Value = String::from_utf8_lossy(&o.stdout)
@@ -485,6 +516,58 @@ fn a_runs_page_shows_its_steps_and_timeline() -> TestResult {
         );
         assert!(body.contains("◆ checkpoint"), "{body}");
         b.shot("run").await?;
+        // Fork at step 1: a new run, tied to this one, that ends by itself.
+        // From the keyboard: type the step, press Enter (the live part may be
+        // replaced meanwhile: the focus and the typed value stay).
+        b.eval("var i = document.getElementById('fork-at'); i.focus(); i.value = ''; return true").await?;
+        b.c().active_element().await?.send_keys("1\u{E007}").await?;
+        let ended = b.until(Duration::from_secs(30), "var t = document.getElementById('runs'); return !!t && t.querySelectorAll('tbody tr').length === 2 && !t.innerText.includes('running')", "the fork in the overview, ended").await;
+        if let Err(e) = ended {
+            let log = std::fs::read_to_string(d.path().join(format!("runs/fork-{id}-1.log"))).unwrap_or_default();
+            return Err(format!(
+                "{e}\nthe stand-in saw {} requests; the fork's log:\n{log}",
+                s.requests().len()
+            )
+            .into());
+        }
+        let fork = b.eval(&format!("var a = [...document.querySelectorAll('#runs a')].map(x => x.textContent).filter(x => x !== '{id}'); return a[0] || ''")).await?;
+        let fork = fork.as_str().unwrap_or("").to_string();
+        assert!(!fork.is_empty(), "no fork listed");
+        b.c().goto(&format!("{}/runs/{fork}", base(&url))).await?;
+        let body = b.eval("return document.getElementById('run').innerText").await?;
+        let body = body.as_str().unwrap_or("");
+        assert!(
+            body.contains("Forked from") && body.contains(&id) && body.contains("forked end"),
+            "{body}\nthe stand-in saw {} requests; the fork's log:\n{}",
+            s.requests().len(),
+            std::fs::read_to_string(d.path().join(format!("runs/fork-{id}-1.log"))).unwrap_or_default()
+        );
+        b.close().await
+    })
+}
+
+#[test]
+fn the_events_page_filters_and_follows_the_log() -> TestResult {
+    let d = Dash::new("")?;
+    let url = d.url()?;
+    d.ok(&["sandbox", "create", "watched"])?;
+    d.ok(&["sandbox", "create", "other"])?;
+    rt()?.block_on(async {
+        let b = Browser::start().await?;
+        b.c().goto(&url).await?;
+        b.c().goto(&format!("{}/events?sandbox=watched&kind=exec.", base(&url))).await?;
+        b.until(Duration::from_secs(10), "return document.getElementById('conn').textContent === 'live'", "the stream").await?;
+        d.ok(&["exec", "--sandbox", "other", "--", "echo not-this-one"])?;
+        d.ok(&["exec", "--sandbox", "watched", "--", "echo this-one"])?;
+        b.until(Duration::from_secs(15), "return document.getElementById('events').innerText.includes('echo this-one')", "the watched sandbox's exec").await?;
+        let all = b.eval("return document.getElementById('events').innerText").await?;
+        let all = all.as_str().unwrap_or("");
+        assert!(!all.contains("not-this-one"), "the filter let another sandbox through: {all}");
+        assert!(all.lines().all(|l| l.contains("exec.")), "only exec events: {all}");
+        // The filter form is labelled, for a screen reader.
+        let labels = b.eval("return [...document.querySelectorAll('form.filters label')].map(l => l.innerText.trim()).join('|')").await?;
+        assert_eq!(labels, json!("Sandbox|Kind starts with|Last minutes"));
+        b.shot("events").await?;
         b.close().await
     })
 }
@@ -652,5 +735,245 @@ fn a_process_in_a_sandbox_cannot_use_the_dashboard_even_with_the_token() -> Test
     assert!(out.contains("ANSWERED HTTP/1.1 303"), "{}", text(&o));
     assert_eq!(pending(&d)?, 0);
     exec.wait()?;
+    Ok(())
+}
+
+#[test]
+fn a_docker_sandbox_with_the_network_on_cannot_reach_the_dashboard() -> TestResult {
+    let d = Dash::new("")?;
+    let url = d.url()?;
+    let port = base(&url).rsplit(':').next().unwrap_or("").to_string();
+    let sandbox = format!("ui-net-{}", std::process::id());
+    d.ok(&[
+        "sandbox",
+        "create",
+        &sandbox,
+        "--backend",
+        "docker",
+        "--network",
+    ])?;
+    // Its own loopback, and the host as the bridge's gateway.
+    let probe = format!(
+        "for h in 127.0.0.1 $(ip route 2>/dev/null | awk '/default/ {{print $3}}') 172.17.0.1; do python3 -c 'import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), 3)\n    print(\"REACHED\", sys.argv[1])\nexcept Exception as e:\n    print(\"refused\", sys.argv[1], type(e).__name__)' $h {port}; done"
+    );
+    let o = d
+        .cmd(&[
+            "exec",
+            "--sandbox",
+            &sandbox,
+            "--backend",
+            "docker",
+            "--",
+            &probe,
+        ])
+        .output();
+    let _ = d
+        .cmd(&["sandbox", "rm", &sandbox, "--backend", "docker"])
+        .output();
+    let o = o?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("refused 127.0.0.1"), "{out}");
+    assert!(
+        !out.contains("REACHED"),
+        "a docker sandbox reached the dashboard: {out}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_token_file_is_out_of_a_restricted_sandboxs_reach() -> TestResult {
+    let d = Dash::new("")?;
+    d.url()?;
+    let file = d.path().join("ui.json");
+    let o = d
+        .cmd(&[
+            "exec",
+            "--",
+            &format!("cat {} && echo READ", file.display()),
+        ])
+        .output()?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !out.contains("READ") && !out.contains("token"),
+        "the sandbox read the token: {}",
+        text(&o)
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    // Control: the file is there and readable outside.
+    assert!(std::fs::read_to_string(&file)?.contains("token"));
+    Ok(())
+}
+
+#[test]
+fn the_overview_shows_sandboxes_jobs_runs_and_approvals_at_once() -> TestResult {
+    use berth_standins::provider::{ProviderStandin, Reply};
+    let d = Dash::new(ASK)?.with_env("STANDIN_KEY", "k");
+    let url = d.url()?;
+    let s = ProviderStandin::start(vec![
+        Reply::call("c1", "terminal", r#"{"command": "ls"}"#),
+        Reply::text("listed"),
+    ])?;
+    let o = d
+        .cmd(&[
+            "run",
+            "--json",
+            "--base-url",
+            &s.url(),
+            "--model",
+            "m",
+            "--api-key-env",
+            "STANDIN_KEY",
+            "list the workspace",
+        ])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    d.ok(&["sandbox", "create", "web"])?;
+    d.ok(&[
+        "job",
+        "start",
+        "--name",
+        "build",
+        "--sandbox",
+        "web",
+        "--",
+        "echo compiled; sleep 120",
+    ])?;
+    d.ok(&["job", "start", "--name", "lint", "--", "echo clean"])?;
+    d.ok(&["job", "wait", "lint"])?;
+    let mut asked = d
+        .cmd(&[
+            "exec",
+            "--sandbox",
+            "web",
+            "--session",
+            "ops",
+            "--",
+            "touch release.lock",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let r = rt()?.block_on(async {
+        let b = Browser::start().await?;
+        b.c().goto(&url).await?;
+        b.until(Duration::from_secs(30), "return !!document.querySelector('#approvals button.approve')", "the approval").await?;
+        let jobs = b.inner_text("jobs").await?;
+        assert!(jobs.contains("build") && jobs.contains("running"), "{jobs}");
+        assert!(jobs.contains("lint") && jobs.contains("exited"), "{jobs}");
+        let runs = b.inner_text("runs").await?;
+        assert!(runs.contains("list the workspace") && runs.contains("done"), "{runs}");
+        let sandboxes = b.inner_text("sandboxes").await?;
+        assert!(sandboxes.contains("web") && sandboxes.contains("default"), "{sandboxes}");
+        let approvals = b.inner_text("approvals").await?;
+        assert!(approvals.contains("touch release.lock") && approvals.contains("ask-touch"), "{approvals}");
+        // Real headings, in order, for a screen reader's outline.
+        let headings = b.eval("return [...document.querySelectorAll('h1, h2')].map(h => h.tagName + ' ' + h.innerText).join('|')").await?;
+        assert_eq!(headings, json!("H1 Overview|H2 Waiting for you|H2 Jobs|H2 Agent runs|H2 Sandboxes"));
+        b.shot("overview").await?;
+        b.close().await
+    });
+    let _ = d.cmd(&["deny", "1"]).output();
+    let _ = asked.wait();
+    let _ = d.cmd(&["job", "kill", "build"]).output();
+    r
+}
+
+#[test]
+fn berth_ui_keeps_its_token_stops_makes_a_new_one_and_refuses_a_bad_address() -> TestResult {
+    let d = Dash::new("")?;
+    let o = d
+        .cmd(&["ui", "--no-open", "--listen", "not-an-address"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--listen \"not-an-address\" is not IP:PORT"),
+        "{}",
+        text(&o)
+    );
+    let url = d.url()?;
+    let token = d.token()?;
+    assert!(url.ends_with(&format!("/?token={token}")), "{url}");
+    // Again: the same token and address (links handed out still work).
+    assert_eq!(d.url()?, url);
+    let addr = base(&url).trim_start_matches("http://").to_string();
+    let get = |path: &str| {
+        http(
+            &addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+        )
+    };
+    assert_eq!(get(&format!("/?token={token}"))?.0, 303);
+    // A new token: the old one is refused, the new one works, same address.
+    let url2 = {
+        let v: Value =
+            serde_json::from_str(&d.ok(&["ui", "--no-open", "--json", "--new-token"])?)?;
+        v["url"].as_str().ok_or("no url")?.to_string()
+    };
+    assert_eq!(base(&url2), base(&url), "the address is kept");
+    let token2 = d.token()?;
+    assert_ne!(token2, token);
+    assert_eq!(get(&format!("/?token={token}"))?.0, 401);
+    assert_eq!(get(&format!("/?token={token2}"))?.0, 303);
+    // --stop: the port goes, and the server stays.
+    let o = d.ok(&["ui", "--stop"])?;
+    assert!(o.contains("the dashboard is off"), "{o}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(&addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard still listens after --stop"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(d.ok(&["ui", "--stop"])?.contains("was not on"));
+    d.ok(&["job", "ls"])?;
+    assert!(
+        std::net::TcpStream::connect(&addr).is_err(),
+        "a new call turned it back on"
+    );
+    Ok(())
+}
+
+#[test]
+fn with_the_server_off_berth_ui_serves_in_the_foreground_until_ctrl_c() -> TestResult {
+    use std::io::BufRead;
+    let d = Dash::new("")?.with_env("BERTH_SERVER", "off");
+    let mut c = d
+        .cmd(&["ui", "--no-open"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(c.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let url = line.trim().to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url:?}");
+    let addr = base(&url).trim_start_matches("http://").to_string();
+    let path = url.trim_start_matches("http://").trim_start_matches(&addr);
+    let (s, _) = http(
+        &addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    )?;
+    assert_eq!(s, 303);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(c.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = c.try_wait()? {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            return Err("berth ui did not end on Ctrl-C".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        std::net::TcpStream::connect(&addr).is_err(),
+        "still listening"
+    );
     Ok(())
 }

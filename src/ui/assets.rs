@@ -87,7 +87,8 @@ dl.facts dd { margin: 0; }
 "#;
 
 /// Live parts: each element with `data-live` opens an `EventSource` on its
-/// URL. Named events replace the element with that id with server-rendered
+/// URL. A replaced part keeps the keyboard's focus on the element with the
+/// same id (every button has one), and a number being typed. Named events replace the element with that id with server-rendered
 /// HTML (`approvals`, `jobs`, `runs`, `sandboxes`, `run`, `state`), or put
 /// text in place (`screen`), or append text (`log`), or rows (`rows`). The
 /// log keeps its last 256 KiB and the event table its last 500 rows, so a
@@ -100,8 +101,19 @@ const JS: &str = r#"
   var LOG_KEEP = 256 * 1024, ROWS_KEEP = 500;
   var conn = document.getElementById("conn");
   function say(t) { if (conn) conn.textContent = t; }
+  // Replace an element's HTML, keeping the keyboard's focus (and a typed
+  // value) on the element with the same id, if it is still there.
   function replace(id) {
-    return function (e) { var t = document.getElementById(id); if (t) t.innerHTML = e.data; };
+    return function (e) {
+      var t = document.getElementById(id); if (!t) return;
+      var f = document.activeElement, fid = f && t.contains(f) ? f.id : "";
+      var typed = fid && f.tagName === "INPUT" ? f.value : null;
+      t.innerHTML = e.data;
+      if (fid) {
+        var n = document.getElementById(fid);
+        if (n) { if (typed !== null) n.value = typed; n.focus(); }
+      }
+    };
   }
   document.querySelectorAll("[data-live]").forEach(function (el) {
     var es = new EventSource(el.getAttribute("data-live"));

@@ -57,9 +57,14 @@ pub async fn overview(rt: &Arc<Runtime>) -> Result<Overview> {
         // Unfinished first, then the newest.
         jobs.sort_by_key(|j| (j.state.is_final(), std::cmp::Reverse(j.created_at)));
         jobs.truncate(RECENT);
+        // A job's command is kept as given; what a person sees is masked.
+        for j in &mut jobs {
+            j.command = rt.redact(&j.command);
+        }
         let runs = journal::runs(store, RECENT)?
             .into_iter()
-            .map(|row| {
+            .map(|mut row| {
+                row.task = rt.redact(&row.task);
                 let steps = journal::steps(store, &row.id)?;
                 Ok(run_line(row, &steps))
             })
@@ -133,11 +138,13 @@ pub async fn job(rt: &Arc<Runtime>, id: &str) -> Result<Option<JobView>> {
     let id = id.to_string();
     blocking(rt, move |rt| {
         let store = rt.store();
-        let job = match store.job(&id) {
+        let mut job = match store.job(&id) {
             Ok(j) => j,
             Err(berth_core::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        job.command = rt.redact(&job.command);
+        job.reason = job.reason.map(|r| rt.redact(&r));
         let matches = store.with_db(|c| {
             let mut st = c.prepare(
                 "SELECT ts_ms, detail FROM events WHERE kind = 'job.watch' AND call_id = ?1
@@ -196,9 +203,10 @@ pub async fn run(rt: &Arc<Runtime>, id: &str) -> Result<Option<RunView>> {
     let id = id.to_string();
     blocking(rt, move |rt| {
         let store = rt.store();
-        let Some(row) = journal::run(store, &id)? else {
+        let Some(mut row) = journal::run(store, &id)? else {
             return Ok(None);
         };
+        row.task = rt.redact(&row.task);
         let steps = journal::steps(store, &id)?;
         let calls = journal::calls(store, &id)?;
         let messages = journal::all_messages(store, &id)?;
@@ -220,7 +228,7 @@ pub async fn run(rt: &Arc<Runtime>, id: &str) -> Result<Option<RunView>> {
             } = m
                 && !t.trim().is_empty()
             {
-                text.entry(*step).or_default().push(t.clone());
+                text.entry(*step).or_default().push(rt.redact(t));
             }
         }
         let first_checkpoint = checkpoints.iter().find(|c| c.step == Some(0)).cloned();
@@ -229,7 +237,18 @@ pub async fn run(rt: &Arc<Runtime>, id: &str) -> Result<Option<RunView>> {
             .map(|s| StepView {
                 row: s.clone(),
                 text: text.remove(&s.step).unwrap_or_default(),
-                calls: calls.iter().filter(|c| c.step == s.step).cloned().collect(),
+                calls: calls
+                    .iter()
+                    .filter(|c| c.step == s.step)
+                    .map(|c| CallRow {
+                        args: rt.redact(&c.args),
+                        result: c
+                            .result
+                            .as_ref()
+                            .map(|r| berth_core::gate::redact_json(r, &|t| rt.redact(t))),
+                        ..c.clone()
+                    })
+                    .collect(),
                 checkpoint: checkpoints.iter().find(|c| c.step == Some(s.step)).cloned(),
                 rolled_back: !kept.contains(&s.step)
                     && messages.iter().any(|(st, _)| *st == s.step),

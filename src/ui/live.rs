@@ -181,7 +181,13 @@ pub async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response 
                 }
                 if v.job.pty.is_some()
                     && let Ok(screen) = u.rt.job_screen(&id).await
-                    && !changed(&tx, &mut last, "screen", screen.lines.join("\n")).await
+                    && !changed(
+                        &tx,
+                        &mut last,
+                        "screen",
+                        u.rt.redact(&screen.lines.join("\n")),
+                    )
+                    .await
                 {
                     return;
                 }

@@ -211,10 +211,14 @@ pub fn watch(
                 if let Some(r) = running.take() {
                     r.stop.cancel();
                     let _ = r.done.await;
-                    let _ = std::fs::remove_file(bound_path(&state_dir));
                     info!("dashboard stopped");
                 }
-                let Some(want) = want else { continue };
+                // Off: forget the address. Changed (a new token, say): the
+                // same address is bound again, so open pages find it.
+                let Some(want) = want else {
+                    let _ = std::fs::remove_file(bound_path(&state_dir));
+                    continue;
+                };
                 match start(&rt, &state_dir, &want, &busy).await {
                     Ok(r) => running = Some(r),
                     Err(e) => {

@@ -240,13 +240,13 @@ pub fn approvals(o: &Overview) -> Markup {
                         p.why { "Rule " code { (a.rule) } ": " (a.reason) }
                         div.buttons role="group" aria-label={ "Answer approval " (a.id) } {
                             form method="post" action={ "/approvals/" (a.id) "/approve" } {
-                                button type="submit" .approve { "Approve" }
+                                button #{ "approve-" (a.id) } type="submit" .approve { "Approve" }
                             }
                             form method="post" action={ "/approvals/" (a.id) "/deny" } {
-                                button type="submit" .deny { "Deny" }
+                                button #{ "deny-" (a.id) } type="submit" .deny { "Deny" }
                             }
                             form method="post" action={ "/approvals/" (a.id) "/always" } {
-                                button type="submit" title="Approve, and add an allow rule for this command to the policy" { "Always" }
+                                button #{ "always-" (a.id) } type="submit" title="Approve, and add an allow rule for this command to the policy" { "Always" }
                             }
                         }
                     }
@@ -390,7 +390,7 @@ pub fn job_state(v: &JobView) -> Markup {
         }
         @if !j.state.is_final() {
             form method="post" action={ "/jobs/" (j.id) "/kill" } {
-                button type="submit" .deny { "Kill" }
+                button #kill type="submit" .deny { "Kill" }
             }
         }
     }
@@ -454,13 +454,13 @@ pub fn run_body(v: &RunView) -> Markup {
         }
         div.buttons role="group" aria-label="Run actions" {
             @if stoppable {
-                form method="post" action={ "/runs/" (r.id) "/resume" } { button type="submit" { "Resume" } }
+                form method="post" action={ "/runs/" (r.id) "/resume" } { button #resume type="submit" { "Resume" } }
             }
             @if !v.steps.is_empty() {
                 form.fork method="post" action={ "/runs/" (r.id) "/fork" } {
                     label for="fork-at" { "Fork at step" }
                     input #fork-at type="number" name="at" min="1" max=(v.steps.len()) value=(v.steps.len()) required;
-                    button type="submit" { "Fork" }
+                    button #fork type="submit" { "Fork" }
                 }
             }
         }
