@@ -198,27 +198,42 @@ async fn overview(State(ui): State<Arc<Ui>>) -> Response {
 }
 
 fn overview_page(o: &Overview) -> Markup {
+    let (a, j, r, s) = (
+        approvals(o).into_string(),
+        jobs(o).into_string(),
+        runs(o).into_string(),
+        sandboxes(o).into_string(),
+    );
+    let live = format!(
+        "/live/overview?{}",
+        live::seen_query(&[
+            ("approvals", &a),
+            ("jobs", &j),
+            ("runs", &r),
+            ("sandboxes", &s)
+        ])
+    );
     layout(
         "Overview",
         Nav::Overview,
         html! {
             h1 { "Overview" }
-            div data-live="/live/overview" {
+            div data-live=(live) {
                 section aria-labelledby="h-approvals" {
                     h2 #h-approvals { "Waiting for you" }
-                    div #approvals aria-live="polite" { (approvals(o)) }
+                    div #approvals aria-live="polite" { (PreEscaped(a)) }
                 }
                 section aria-labelledby="h-jobs" {
                     h2 #h-jobs { "Jobs" }
-                    div #jobs { (jobs(o)) }
+                    div #jobs { (PreEscaped(j)) }
                 }
                 section aria-labelledby="h-runs" {
                     h2 #h-runs { "Agent runs" }
-                    div #runs { (runs(o)) }
+                    div #runs { (PreEscaped(r)) }
                 }
                 section aria-labelledby="h-sandboxes" {
                     h2 #h-sandboxes { "Sandboxes" }
-                    div #sandboxes { (sandboxes(o)) }
+                    div #sandboxes { (PreEscaped(s)) }
                 }
             }
         },
@@ -345,15 +360,21 @@ async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
 fn job_page(v: &JobView) -> Markup {
     let j = &v.job;
     let title = format!("Job {}", j.name.as_deref().unwrap_or(&j.id));
+    let state = job_state(v).into_string();
+    let live = format!(
+        "/live/jobs/{}?{}",
+        j.id,
+        live::seen_query(&[("state", &state)])
+    );
     layout(
         &title,
         Nav::Other,
         html! {
             h1 { (title) }
-            div data-live={ "/live/jobs/" (j.id) } {
+            div data-live=(live) {
                 section aria-labelledby="h-state" {
                     h2 #h-state { "State" }
-                    div #job-state aria-live="polite" { (job_state(v)) }
+                    div #job-state aria-live="polite" { (PreEscaped(state)) }
                 }
                 @if let Some(size) = j.pty {
                     section aria-labelledby="h-screen" {
@@ -408,13 +429,19 @@ async fn run(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
 
 fn run_page(v: &RunView) -> Markup {
     let title = format!("Run {}", v.row.id);
+    let body = run_body(v).into_string();
+    let live = format!(
+        "/live/runs/{}?{}",
+        v.row.id,
+        live::seen_query(&[("run", &body)])
+    );
     layout(
         &title,
         Nav::Other,
         html! {
             h1 { (title) }
-            div data-live={ "/live/runs/" (v.row.id) } {
-                div #run aria-live="polite" { (run_body(v)) }
+            div data-live=(live) {
+                div #run aria-live="polite" { (PreEscaped(body)) }
             }
         },
     )

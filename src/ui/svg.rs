@@ -31,23 +31,24 @@ const RIGHT: f64 = 20.0;
 
 /// The timeline: one lane for the model's steps, one for tool calls, one
 /// for waits, approvals and checkpoints, on one time axis.
+///
+/// Only recorded times are drawn, never the clock: a live page's picture
+/// changes when the run does, not every second. What has not ended reaches
+/// to the newest recorded time and says so in its title.
 pub fn timeline(v: &RunView) -> String {
-    let now = berth_core::clock::now_ms();
     let mut t0 = v.row.created_ms;
-    let mut t1 = v.row.created_ms + 1;
+    let mut t1 = v.row.updated_ms.max(v.row.created_ms + 1);
     for s in &v.steps {
         t0 = t0.min(s.row.started_ms);
         t1 = t1.max(s.row.ended_ms);
         for c in &s.calls {
-            t1 = t1.max(c.ended_ms.unwrap_or(now));
+            t1 = t1.max(c.ended_ms.unwrap_or(c.started_ms));
         }
     }
     if let Some(w) = &v.waits {
-        t1 = t1.max(w.woke_ms.unwrap_or(now));
+        t1 = t1.max(w.woke_ms.unwrap_or(w.created_ms));
     }
-    if !v.row.state.is_final() {
-        t1 = t1.max(now.min(t1 + 60_000));
-    }
+    let now = t1;
     let span = (t1 - t0).max(1) as f64;
     let x = |t: i64| LEFT + (t - t0).max(0) as f64 / span * (W - LEFT - RIGHT);
     let lanes = [("model", 20.0), ("tools", 50.0), ("marks", 80.0)];
@@ -125,7 +126,12 @@ pub fn timeline(v: &RunView) -> String {
             };
             let _ = write!(
                 s,
-                r##"<rect class="call" x="{a:.1}" y="50" width="{w:.1}" height="18" fill="{fill}"><title>{name} ({state}{verdict}), step {n}</title></rect>"##,
+                r##"<rect class="call" x="{a:.1}" y="50" width="{w:.1}" height="18" fill="{fill}"><title>{name} ({state}{verdict}), step {n}{open}</title></rect>"##,
+                open = if c.ended_ms.is_none() {
+                    ", not ended"
+                } else {
+                    ""
+                },
                 w = (b - a).max(2.0),
                 name = esc(&c.name),
                 state = c.state.as_str(),
@@ -166,7 +172,12 @@ pub fn timeline(v: &RunView) -> String {
         };
         let _ = write!(
             s,
-            r##"<rect class="wait" x="{a:.1}" y="82" width="{ww:.1}" height="14" fill="none" stroke="#e0a800" stroke-dasharray="4 3"><title>waited for {what}</title></rect>"##,
+            r##"<rect class="wait" x="{a:.1}" y="82" width="{ww:.1}" height="14" fill="none" stroke="#e0a800" stroke-dasharray="4 3"><title>{verb} for {what}</title></rect>"##,
+            verb = if w.woke_ms.is_some() {
+                "waited"
+            } else {
+                "waits"
+            },
             ww = (b - a).max(2.0),
         );
     }
