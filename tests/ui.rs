@@ -67,6 +67,28 @@ impl Dash {
         Ok(v["url"].as_str().ok_or("no url")?.to_string())
     }
 
+    /// `berth run --json TASK` against the provider stand-in `s` (the key
+    /// is in `STANDIN_KEY`, which the Dash must carry for the server too).
+    fn run_agent(
+        &self,
+        s: &berth_standins::provider::ProviderStandin,
+        task: &str,
+    ) -> std::io::Result<Output> {
+        let url = s.url();
+        self.cmd(&[
+            "run",
+            "--json",
+            "--base-url",
+            &url,
+            "--model",
+            "m",
+            "--api-key-env",
+            "STANDIN_KEY",
+            task,
+        ])
+        .output()
+    }
+
     fn token(&self) -> Result<String, BoxError> {
         let v: Value = serde_json::from_slice(&std::fs::read(self.path().join("ui.json"))?)?;
         Ok(v["token"].as_str().ok_or("no token")?.to_string())
@@ -459,19 +481,7 @@ fn a_runs_page_shows_its_steps_and_timeline() -> TestResult {
         // The fork's step 2.
         Reply::text("forked end"),
     ])?;
-    let o = d
-        .cmd(&[
-            "run",
-            "--json",
-            "--base-url",
-            &s.url(),
-            "--model",
-            "m",
-            "--api-key-env",
-            "STANDIN_KEY",
-            "write a file",
-        ])
-        .output()?;
+    let o = d.run_agent(&s, "write a file")?;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let last: Value = String::from_utf8_lossy(&o.stdout)
         .lines()
@@ -815,19 +825,7 @@ fn the_overview_shows_sandboxes_jobs_runs_and_approvals_at_once() -> TestResult 
         Reply::call("c1", "terminal", r#"{"command": "ls"}"#),
         Reply::text("listed"),
     ])?;
-    let o = d
-        .cmd(&[
-            "run",
-            "--json",
-            "--base-url",
-            &s.url(),
-            "--model",
-            "m",
-            "--api-key-env",
-            "STANDIN_KEY",
-            "list the workspace",
-        ])
-        .output()?;
+    let o = d.run_agent(&s, "list the workspace")?;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     d.ok(&["sandbox", "create", "web"])?;
     d.ok(&[
@@ -992,19 +990,7 @@ fn a_run_paused_on_an_approval_is_approved_and_resumed_from_the_dashboard() -> T
         ),
         Reply::text("released"),
     ])?;
-    let o = d
-        .cmd(&[
-            "run",
-            "--json",
-            "--base-url",
-            &s.url(),
-            "--model",
-            "m",
-            "--api-key-env",
-            "STANDIN_KEY",
-            "ship it",
-        ])
-        .output()?;
+    let o = d.run_agent(&s, "ship it")?;
     assert_eq!(o.status.code(), Some(3), "the run pauses: {}", text(&o));
     let id = String::from_utf8_lossy(&o.stdout)
         .lines()

@@ -321,38 +321,9 @@ pub async fn events(rt: &Arc<Runtime>, f: EventFilter) -> Result<Vec<Event>> {
         let sandbox = Some(f.sandbox.trim()).filter(|s| !s.is_empty());
         let kind = Some(f.kind.trim()).filter(|s| !s.is_empty());
         let after = f.after.unwrap_or(0);
-        let rows = rt.store().with_db(|c| {
-            let mut st = c.prepare(
-                "SELECT id, ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
-                        exit_code, duration_ms, bytes_out, detail
-                 FROM events
-                 WHERE id > ?1 AND (?2 IS NULL OR sandbox = ?2)
-                   AND (?3 IS NULL OR kind LIKE ?3 || '%') AND (?4 IS NULL OR ts_ms >= ?4)
-                 ORDER BY id DESC LIMIT ?5",
-            )?;
-            let rows = st.query_map(
-                rusqlite::params![after, sandbox, kind, since, EVENTS_SHOWN as i64],
-                |r| {
-                    Ok(Event {
-                        id: r.get(0)?,
-                        ts_ms: r.get(1)?,
-                        kind: r.get(2)?,
-                        call_id: r.get(3)?,
-                        backend: r.get(4)?,
-                        sandbox: r.get(5)?,
-                        session: r.get(6)?,
-                        command: r.get(7)?,
-                        verdict: r.get(8)?,
-                        exit_code: r.get(9)?,
-                        duration_ms: r.get(10)?,
-                        bytes_out: r.get(11)?,
-                        detail: r.get(12)?,
-                    })
-                },
-            )?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })?;
-        Ok(rows)
+        Ok(rt
+            .store()
+            .events_newest(after, sandbox, kind, since, EVENTS_SHOWN)?)
     })
     .await
 }

@@ -334,6 +334,33 @@ impl Store {
         Ok(out)
     }
 
+    /// The newest `limit` events after id `after` that match every filter
+    /// given, newest first: a sandbox's name, a kind's prefix, and a time
+    /// (ms since the epoch) they are not older than.
+    pub fn events_newest(
+        &self,
+        after: i64,
+        sandbox: Option<&str>,
+        kind_prefix: Option<&str>,
+        since_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let conn = self.conn()?;
+        let mut stmt = conn.prepare(
+            "SELECT id, ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
+                    exit_code, duration_ms, bytes_out, detail
+             FROM events
+             WHERE id > ?1 AND (?2 IS NULL OR sandbox = ?2)
+               AND (?3 IS NULL OR kind LIKE ?3 || '%') AND (?4 IS NULL OR ts_ms >= ?4)
+             ORDER BY id DESC LIMIT ?5",
+        )?;
+        let rows = stmt.query_map(
+            params![after, sandbox, kind_prefix, since_ms, limit as i64],
+            row_to_event,
+        )?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
     /// Events after `after`, oldest first, up to `limit` (for following a log).
     pub fn events_after(&self, after: i64, limit: usize) -> Result<Vec<Event>> {
         let conn = self.conn()?;
