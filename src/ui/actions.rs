@@ -13,10 +13,10 @@ use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use tracing::info;
 
-use super::{Ui, pages};
+use super::{Ui, html};
 
 fn conflict(title: &str, e: &anyhow::Error) -> Response {
-    pages::refused(StatusCode::CONFLICT, title, &berth_client::error_text(e))
+    html::refused(StatusCode::CONFLICT, title, &berth_client::error_text(e))
 }
 
 /// `/approvals/{id}/{approve|deny|always}`.
@@ -25,16 +25,16 @@ pub async fn answer(
     Path((id, answer)): Path<(String, String)>,
 ) -> Response {
     let Ok(n) = id.parse::<i64>() else {
-        return pages::not_found("approval", &id);
+        return html::not_found("approval", &id);
     };
     let (approve, always) = match answer.as_str() {
         "approve" => (true, false),
         "deny" => (false, false),
         "always" => (true, true),
-        other => return pages::not_found("answer", other),
+        other => return html::not_found("answer", other),
     };
     let Some(gate) = ui.rt.gate().cloned() else {
-        return pages::failed(&anyhow::anyhow!("this server has no policy gate"));
+        return html::failed(&anyhow::anyhow!("this server has no policy gate"));
     };
     let policy = ui.policy.clone();
     let u = ui.clone();
@@ -53,7 +53,7 @@ pub async fn answer(
                 Some(berth_core::Error::NotFound { .. })
             ) =>
         {
-            pages::not_found("approval", &id)
+            html::not_found("approval", &id)
         }
         Err(e) => conflict(&format!("Approval #{n} was not answered"), &e),
     }
@@ -62,8 +62,8 @@ pub async fn answer(
 /// `/jobs/{id}/kill`: SIGTERM, then SIGKILL after the grace period.
 pub async fn kill(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
     match ui.rt.store().job(&id) {
-        Err(berth_core::Error::NotFound { .. }) => return pages::not_found("job", &id),
-        Err(e) => return pages::failed(&e.into()),
+        Err(berth_core::Error::NotFound { .. }) => return html::not_found("job", &id),
+        Err(e) => return html::failed(&e.into()),
         Ok(_) => {}
     }
     match ui.rt.kill_job(&id, berth_core::backend::Signal::Term).await {
@@ -123,7 +123,7 @@ async fn known_run(ui: &Arc<Ui>, id: &str) -> Result<(), Response> {
     .await
     {
         Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(pages::not_found("run", id)),
-        Err(e) => Err(pages::failed(&e)),
+        Ok(None) => Err(html::not_found("run", id)),
+        Err(e) => Err(html::failed(&e)),
     }
 }

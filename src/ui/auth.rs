@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use subtle::ConstantTimeEq;
 
-use super::{Busy, Ui, pages};
+use super::{Busy, Ui, html};
 
 /// The peer of the connection a request came on.
 #[derive(Clone, Copy, Debug)]
@@ -27,7 +27,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
     if let Some(hosts) = &ui.hosts
         && !hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
     {
-        return pages::refused(
+        return html::refused(
             StatusCode::MISDIRECTED_REQUEST,
             "Wrong address",
             &format!(
@@ -44,7 +44,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
     // The token once in the URL: kept as a cookie, dropped from the URL.
     if let Some(given) = query_token(req.uri().query()) {
         if !same(&given, &ui.token) {
-            return pages::unauthorized(true);
+            return html::unauthorized(true);
         }
         let path = req.uri().path().to_string();
         let rest = without_token(req.uri().query());
@@ -70,7 +70,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
     }
     match cookie_token(req.headers(), &ui.cookie_name()) {
         Some(t) if same(&t, &ui.token) => {}
-        _ => return pages::unauthorized(false),
+        _ => return html::unauthorized(false),
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let origin = req
@@ -80,7 +80,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
         match origin {
             Some(o) if ui.origins.iter().any(|want| want.eq_ignore_ascii_case(o)) => {}
             Some(o) => {
-                return pages::refused(
+                return html::refused(
                     StatusCode::FORBIDDEN,
                     "Refused",
                     &format!(
@@ -90,7 +90,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
                 );
             }
             None => {
-                return pages::refused(
+                return html::refused(
                     StatusCode::FORBIDDEN,
                     "Refused",
                     "This request has no Origin header, so it cannot be told apart from a forged one; nothing was changed. Use the dashboard's buttons in a browser, or the CLI (`berth approve`, `berth job kill`).",
@@ -99,7 +99,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
         }
         let peer = req.extensions().get::<Peer>().map(|p| p.0);
         if !peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) {
-            return pages::refused(
+            return html::refused(
                 StatusCode::FORBIDDEN,
                 "Read-only from here",
                 "This dashboard takes actions only from this host's loopback: berth cannot tell which process sent a request from elsewhere, so it cannot rule out a sandbox. Use the CLI on the host.",

@@ -28,8 +28,10 @@ mod actions;
 mod assets;
 mod auth;
 mod data;
+mod html;
 mod live;
 mod pages;
+mod seen;
 mod svg;
 
 use std::net::SocketAddr;
@@ -39,6 +41,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use axum::Router;
+use axum::middleware;
+use axum::routing::{get, post};
 use berth_core::runtime::Runtime;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -299,12 +304,38 @@ async fn start(
     })
 }
 
+/// Every route, behind the checks of [`auth::check`].
+fn router(ui: Arc<Ui>) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/jobs/{id}", get(pages::job))
+        .route("/runs/{id}", get(pages::run))
+        .route("/events", get(pages::events))
+        .route("/live/overview", get(live::overview))
+        .route("/live/jobs/{id}", get(live::job))
+        .route("/live/runs/{id}", get(live::run))
+        .route("/live/events", get(live::events))
+        .route("/approvals/{id}/{answer}", post(actions::answer))
+        .route("/jobs/{id}/kill", post(actions::kill))
+        .route("/runs/{id}/resume", post(actions::resume))
+        .route("/runs/{id}/fork", post(actions::fork))
+        .route("/assets/app.js", get(assets::js))
+        .route("/assets/app.css", get(assets::css))
+        .fallback(fallback)
+        .layer(middleware::from_fn_with_state(ui.clone(), auth::check))
+        .with_state(ui)
+}
+
+async fn fallback(uri: axum::http::Uri) -> axum::response::Response {
+    html::not_found("page", uri.path())
+}
+
 /// Connections served at once; past this, accepting waits.
 const MAX_CONNECTIONS: usize = 256;
 
 /// The accept loop: each peer is checked, then served over HTTP/1.1.
 async fn serve(ui: Arc<Ui>, listener: TcpListener) {
-    let app = pages::router(ui.clone());
+    let app = router(ui.clone());
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let slot = tokio::select! {

@@ -4,174 +4,15 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, Uri, header};
-use axum::middleware;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use axum::http::StatusCode;
+use axum::response::Response;
+use maud::{Markup, PreEscaped, html};
 
+use super::Ui;
 use super::data::{self, EventFilter, JobView, Overview, RunView};
-use super::{Ui, actions, assets, auth, live, svg};
-
-pub fn router(ui: Arc<Ui>) -> Router {
-    Router::new()
-        .route("/", get(overview))
-        .route("/jobs/{id}", get(job))
-        .route("/runs/{id}", get(run))
-        .route("/events", get(events))
-        .route("/live/overview", get(live::overview))
-        .route("/live/jobs/{id}", get(live::job))
-        .route("/live/runs/{id}", get(live::run))
-        .route("/live/events", get(live::events))
-        .route("/approvals/{id}/{answer}", post(actions::answer))
-        .route("/jobs/{id}/kill", post(actions::kill))
-        .route("/runs/{id}/resume", post(actions::resume))
-        .route("/runs/{id}/fork", post(actions::fork))
-        .route("/assets/app.js", get(assets::js))
-        .route("/assets/app.css", get(assets::css))
-        .fallback(fallback)
-        .layer(middleware::from_fn_with_state(ui.clone(), auth::check))
-        .with_state(ui)
-}
-
-/// Which page the navigation marks as current.
-#[derive(PartialEq, Eq, Clone, Copy)]
-enum Nav {
-    Overview,
-    Events,
-    Other,
-}
-
-fn layout(title: &str, nav: Nav, body: Markup) -> Markup {
-    let current = |n: Nav| (n == nav).then_some("page");
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                meta name="referrer" content="same-origin";
-                title { (title) " · berth" }
-                link rel="stylesheet" href="/assets/app.css";
-                script src="/assets/app.js" defer {}
-            }
-            body {
-                a.skip href="#main" { "Skip to the content" }
-                header.top {
-                    span.brand { "berth" }
-                    nav aria-label="Pages" {
-                        ul {
-                            li { a href="/" aria-current=[current(Nav::Overview)] { "Overview" } }
-                            li { a href="/events" aria-current=[current(Nav::Events)] { "Events" } }
-                        }
-                    }
-                    span #conn role="status" aria-live="polite" {}
-                }
-                main #main tabindex="-1" { (body) }
-            }
-        }
-    }
-}
-
-fn page(status: StatusCode, m: Markup) -> Response {
-    (
-        status,
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'",
-            ),
-            (header::X_FRAME_OPTIONS, "DENY"),
-        ],
-        m.into_string(),
-    )
-        .into_response()
-}
-
-/// A page for a request that was refused or failed: what happened and
-/// what to do, never a stack trace.
-pub fn refused(status: StatusCode, title: &str, text: &str) -> Response {
-    page(
-        status,
-        layout(
-            title,
-            Nav::Other,
-            html! { h1 { (title) } p.message { (text) } },
-        ),
-    )
-}
-
-/// 401: no token, or the wrong one.
-pub fn unauthorized(wrong: bool) -> Response {
-    let m = layout(
-        "Sign-in needed",
-        Nav::Other,
-        html! {
-            h1 { "This dashboard needs its access link" }
-            @if wrong {
-                p.message { "The link's token is not this server's. It changes when the dashboard's settings are made anew." }
-            }
-            p { "Run this in a terminal on the machine berth runs on, and open the URL it prints:" }
-            pre { code { "berth ui" } }
-            p { "The link carries a secret once; your browser keeps it as a cookie for this address." }
-        },
-    );
-    page(StatusCode::UNAUTHORIZED, m)
-}
-
-/// 404 naming what was not found.
-pub fn not_found(what: &str, id: &str) -> Response {
-    refused(
-        StatusCode::NOT_FOUND,
-        "Not found",
-        &format!("There is no {what} `{id}` in this state dir. The overview lists what there is."),
-    )
-}
-
-/// A store or runtime failure, as a page.
-pub fn failed(e: &anyhow::Error) -> Response {
-    refused(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "berth could not read its state",
-        &berth_client::error_text(e),
-    )
-}
-
-async fn fallback(uri: Uri) -> Response {
-    not_found("page", uri.path())
-}
-
-pub fn when(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-        .unwrap_or_else(|| ms.to_string())
-}
-
-pub fn duration(ms: i64) -> String {
-    let ms = ms.max(0);
-    match ms {
-        0..1_000 => format!("{ms} ms"),
-        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
-        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
-        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
-    }
-}
-
-fn short(text: &str, n: usize) -> String {
-    let flat: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if flat.chars().count() <= n {
-        flat
-    } else {
-        format!("{}…", flat.chars().take(n).collect::<String>())
-    }
-}
+use super::html::{Nav, duration, failed, layout, not_found, page, short, state_badge, when};
+use super::{seen, svg};
 
 /// How long a job ran, once it ended: a live page is replaced only when
 /// something changed, and a clock would change it every time (and take the
@@ -184,13 +25,9 @@ fn ran(j: &berth_core::jobs::Job) -> String {
     }
 }
 
-fn state_badge(state: &str) -> Markup {
-    html! { span class={ "badge s-" (state) } { (state.replace('_', " ")) } }
-}
-
 // ---- the overview
 
-async fn overview(State(ui): State<Arc<Ui>>) -> Response {
+pub async fn overview(State(ui): State<Arc<Ui>>) -> Response {
     match data::overview(&ui.rt).await {
         Ok(o) => page(StatusCode::OK, overview_page(&o)),
         Err(e) => failed(&e),
@@ -206,7 +43,7 @@ fn overview_page(o: &Overview) -> Markup {
     );
     let live = format!(
         "/live/overview?{}",
-        live::seen_query(&[
+        seen::query(&[
             ("approvals", &a),
             ("jobs", &j),
             ("runs", &r),
@@ -349,7 +186,7 @@ pub fn sandboxes(o: &Overview) -> Markup {
 
 // ---- a job
 
-async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
+pub async fn job(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
     match data::job(&ui.rt, &id).await {
         Ok(Some(v)) => page(StatusCode::OK, job_page(&v)),
         Ok(None) => not_found("job", &id),
@@ -361,11 +198,7 @@ fn job_page(v: &JobView) -> Markup {
     let j = &v.job;
     let title = format!("Job {}", j.name.as_deref().unwrap_or(&j.id));
     let state = job_state(v).into_string();
-    let live = format!(
-        "/live/jobs/{}?{}",
-        j.id,
-        live::seen_query(&[("state", &state)])
-    );
+    let live = format!("/live/jobs/{}?{}", j.id, seen::query(&[("state", &state)]));
     layout(
         &title,
         Nav::Other,
@@ -419,7 +252,7 @@ pub fn job_state(v: &JobView) -> Markup {
 
 // ---- a run
 
-async fn run(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
+pub async fn run(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
     match data::run(&ui.rt, &id).await {
         Ok(Some(v)) => page(StatusCode::OK, run_page(&v)),
         Ok(None) => not_found("run", &id),
@@ -430,11 +263,7 @@ async fn run(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Response {
 fn run_page(v: &RunView) -> Markup {
     let title = format!("Run {}", v.row.id);
     let body = run_body(v).into_string();
-    let live = format!(
-        "/live/runs/{}?{}",
-        v.row.id,
-        live::seen_query(&[("run", &body)])
-    );
+    let live = format!("/live/runs/{}?{}", v.row.id, seen::query(&[("run", &body)]));
     layout(
         &title,
         Nav::Other,
@@ -590,7 +419,7 @@ fn short_block(text: &str, n: usize) -> String {
 
 // ---- events
 
-async fn events(State(ui): State<Arc<Ui>>, Query(f): Query<EventFilter>) -> Response {
+pub async fn events(State(ui): State<Arc<Ui>>, Query(f): Query<EventFilter>) -> Response {
     match data::events(&ui.rt, f.clone()).await {
         Ok(list) => page(StatusCode::OK, events_page(&f, &list)),
         Err(e) => failed(&e),

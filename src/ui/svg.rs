@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use super::data::RunView;
-use super::pages::duration;
+use super::html::duration;
 
 /// Escape text for an SVG text node or attribute.
 fn esc(s: &str) -> String {
