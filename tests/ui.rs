@@ -1019,3 +1019,62 @@ fn a_run_paused_on_an_approval_is_approved_and_resumed_from_the_dashboard() -> T
     assert!(ls.contains("shipped.txt"), "{ls}");
     Ok(())
 }
+
+#[test]
+fn always_approves_and_adds_an_allow_rule_to_the_policy() -> TestResult {
+    let d = Dash::new(ASK)?;
+    let url = d.url()?;
+    let token = d.token()?;
+    let addr = base(&url).trim_start_matches("http://").to_string();
+    let port = addr.rsplit(':').next().unwrap_or("").to_string();
+    let mut exec = d
+        .cmd(&["exec", "--", "touch always.txt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pending(&d)? == 0 {
+        assert!(Instant::now() < deadline, "no approval appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ls: Value = serde_json::from_str(
+        d.ok(&["approvals", "ls", "--json"])?
+            .lines()
+            .next()
+            .ok_or("no approval")?,
+    )?;
+    let n = ls["id"].as_i64().ok_or("no id")?;
+    let (s, body) = http(
+        &addr,
+        &format!(
+            "POST /approvals/{n}/always HTTP/1.1\r\nHost: {addr}\r\nCookie: berth_ui_{port}={token}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )?;
+    assert_eq!(s, 303, "{body}");
+    assert_eq!(exec.wait()?.code(), Some(0));
+    let policy = std::fs::read_to_string(d.path().join("policy.toml"))?;
+    assert!(policy.contains(&format!("approved-{n}")), "{policy}");
+    // The rule holds: the same command no longer asks.
+    let o = d
+        .cmd(&["exec", "--timeout", "20", "--", "touch always.txt"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(pending(&d)?, 0);
+    // The policy changed, so that call replaced the server: its dashboard
+    // comes back on the same address.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < deadline, "the dashboard did not come back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Answering it again is refused with the reason, not a stack trace.
+    let (s, body) = http(
+        &addr,
+        &format!(
+            "POST /approvals/{n}/deny HTTP/1.1\r\nHost: {addr}\r\nCookie: berth_ui_{port}={token}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )?;
+    assert_eq!(s, 409, "{body}");
+    assert!(body.contains("already approved"), "{body}");
+    Ok(())
+}
