@@ -67,6 +67,28 @@ impl Dash {
         Ok(v["url"].as_str().ok_or("no url")?.to_string())
     }
 
+    /// `berth exec -- COMMAND` in the background, for a command the policy
+    /// asks about: the running exec and its pending approval's id.
+    fn ask(&self, command: &str) -> Result<(Child, i64), BoxError> {
+        let exec = self
+            .cmd(&["exec", "--", command])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ls = self.ok(&["approvals", "ls", "--json"])?;
+            if let Some(line) = ls.lines().next() {
+                let v: Value = serde_json::from_str(line)?;
+                return Ok((exec, v["id"].as_i64().ok_or("an approval without an id")?));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("`{command}` raised no approval within 30 s").into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// `berth run --json TASK` against the provider stand-in `s` (the key
     /// is in `STANDIN_KEY`, which the Dash must carry for the server too).
     fn run_agent(
@@ -612,16 +634,7 @@ fn requests_without_the_token_with_a_wrong_origin_or_host_are_refused() -> TestR
     let addr = base(&url).trim_start_matches("http://").to_string();
     let port = addr.rsplit(':').next().unwrap_or("");
     let cookie = format!("berth_ui_{port}={token}");
-    let mut exec = d
-        .cmd(&["exec", "--", "touch refused-one"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pending(&d)? == 0 {
-        assert!(Instant::now() < deadline, "no approval appeared");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (mut exec, n) = d.ask("touch refused-one")?;
     let get = |path: &str, extra: &str| {
         http(
             &addr,
@@ -661,13 +674,6 @@ fn requests_without_the_token_with_a_wrong_origin_or_host_are_refused() -> TestR
         ),
     )?;
     assert_eq!(s, 421);
-    let ls: Value = serde_json::from_str(
-        d.ok(&["approvals", "ls", "--json"])?
-            .lines()
-            .next()
-            .ok_or("no approval")?,
-    )?;
-    let n = ls["id"].as_i64().ok_or("no id")?;
     let post = |extra: &str| {
         http(
             &addr,
@@ -704,23 +710,7 @@ fn a_process_in_a_sandbox_cannot_use_the_dashboard_even_with_the_token() -> Test
     let token = d.token()?;
     let addr = base(&url).trim_start_matches("http://").to_string();
     let port = addr.rsplit(':').next().unwrap_or("").to_string();
-    let mut exec = d
-        .cmd(&["exec", "--", "touch self-approved"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pending(&d)? == 0 {
-        assert!(Instant::now() < deadline, "no approval appeared");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let ls: Value = serde_json::from_str(
-        d.ok(&["approvals", "ls", "--json"])?
-            .lines()
-            .next()
-            .ok_or("no approval")?,
-    )?;
-    let n = ls["id"].as_i64().ok_or("no id")?;
+    let (mut exec, n) = d.ask("touch self-approved")?;
     // Everything a forger needs, the token included, as a sandbox with the
     // network on (unrestricted: loopback reachable) would send it.
     let req = format!(
@@ -1027,23 +1017,7 @@ fn always_approves_and_adds_an_allow_rule_to_the_policy() -> TestResult {
     let token = d.token()?;
     let addr = base(&url).trim_start_matches("http://").to_string();
     let port = addr.rsplit(':').next().unwrap_or("").to_string();
-    let mut exec = d
-        .cmd(&["exec", "--", "touch always.txt"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pending(&d)? == 0 {
-        assert!(Instant::now() < deadline, "no approval appeared");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let ls: Value = serde_json::from_str(
-        d.ok(&["approvals", "ls", "--json"])?
-            .lines()
-            .next()
-            .ok_or("no approval")?,
-    )?;
-    let n = ls["id"].as_i64().ok_or("no id")?;
+    let (mut exec, n) = d.ask("touch always.txt")?;
     let (s, body) = http(
         &addr,
         &format!(
