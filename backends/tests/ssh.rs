@@ -55,7 +55,10 @@ async fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
 // suite's, which runs against this sshd too (`tests/all.rs`).
 
 async fn files_roundtrip(sftp: bool) -> TestResult {
-    let sshd = Sshd::start_with(SshdConfig { sftp })?;
+    let sshd = Sshd::start_with(SshdConfig {
+        sftp,
+        ..SshdConfig::default()
+    })?;
     let (_b, sb) = provision(sshd.options(), "files").await?;
     let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
     sb.write_file("sub/dir/blob.bin", &data, 0o640).await?;
@@ -356,6 +359,118 @@ async fn a_refused_connection_is_reported_as_unreachable() -> TestResult {
         Err(e) => panic!("expected Unreachable, got {e}"),
         Ok(_) => panic!("connected to a closed port"),
     }
+    Ok(())
+}
+
+/// A TCP proxy to `to` that passes everything until the client has sent
+/// `cut_at` encrypted packets, then closes both sides: a connection lost at
+/// a chosen point of the SSH protocol. It reads the client's stream as RFC
+/// 4253 frames it: plain packets up to the client's NEWKEYS (21), then, for
+/// AES-GCM (berth's first choice, OpenSSH's too), a clear 4-byte length, the
+/// ciphertext and a 16-byte tag. Returns its port.
+fn cutting_proxy(to: u16, cut_at: usize) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+                continue;
+            };
+            let (Ok(mut down_from), Ok(mut down_to)) = (server.try_clone(), client.try_clone())
+            else {
+                continue;
+            };
+            std::thread::spawn(move || std::io::copy(&mut down_from, &mut down_to));
+            std::thread::spawn(move || {
+                let (mut from, mut up) = (client, server);
+                let mut exact = |n: usize| -> std::io::Result<Vec<u8>> {
+                    let mut b = vec![0; n];
+                    from.read_exact(&mut b)?;
+                    Ok(b)
+                };
+                let mut run = || -> std::io::Result<()> {
+                    // The version line.
+                    let mut line = Vec::new();
+                    while !line.ends_with(b"\n") {
+                        line.extend(exact(1)?);
+                    }
+                    up.write_all(&line)?;
+                    loop {
+                        let len = exact(4)?;
+                        let body =
+                            exact(u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize)?;
+                        up.write_all(&len)?;
+                        up.write_all(&body)?;
+                        if body.get(1) == Some(&21) {
+                            break;
+                        }
+                    }
+                    for _ in 0..cut_at {
+                        let len = exact(4)?;
+                        let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                        let rest = exact(n + 16)?;
+                        up.write_all(&len)?;
+                        up.write_all(&rest)?;
+                    }
+                    // The next packet is never passed on.
+                    exact(4)?;
+                    Ok(())
+                };
+                let _ = run();
+                let _ = up.shutdown(Shutdown::Both);
+                let _ = from.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// A connection that closes mid-authentication is a lost connection (a
+/// transport fault, which a redial retries), not "authentication failed"
+/// with a key the server never refused: russh reports the close as a
+/// refusal with no methods left. The proxy passes the service request and
+/// cuts the first authentication request.
+#[tokio::test]
+async fn a_connection_lost_during_authentication_is_not_a_refusal() -> TestResult {
+    let sshd = Sshd::start()?;
+    let port = cutting_proxy(sshd.port(), 1)?;
+    let mut opts = sshd.options();
+    opts.host = Some(format!("{}@127.0.0.1:{port}", sshd.user()));
+    opts.accept_new = true;
+    let msg = err_of_kind(provision(opts, "cut").await, BackendFailure::Transport);
+    assert!(msg.contains("closed during authentication"), "{msg}");
+    assert!(!msg.contains("refused by the server"), "{msg}");
+    Ok(())
+}
+
+/// The other side of the same close: a server that ends the connection
+/// itself, with a disconnect message, as OpenSSH does after `MaxAuthTries`
+/// refused keys, is a refusal (final: a redial does not retry it), and the
+/// message quotes the server.
+#[tokio::test]
+async fn a_server_that_hangs_up_after_refusals_is_a_refusal() -> TestResult {
+    let sshd = Sshd::start_with(SshdConfig {
+        extra: "MaxAuthTries 1\n".into(),
+        ..SshdConfig::default()
+    })?;
+    let mut keys = Vec::new();
+    for n in 0..3 {
+        let k = sshd.path(&format!("stranger{n}"));
+        keygen(&k, "")?;
+        keys.push(k);
+    }
+    keys.push(sshd.user_key());
+    let mut opts = sshd.options();
+    opts.identity_files = keys;
+    let msg = err_of_kind(provision(opts, "hangup").await, BackendFailure::Auth);
+    assert!(msg.contains("authentication as"), "{msg}");
+    assert!(
+        msg.contains("the server ended the connection: \"Too many authentication failures"),
+        "{msg}"
+    );
+    assert!(msg.contains("MaxAuthTries"), "{msg}");
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use berth_core::error::{BackendFailure, Error, Result};
+use berth_core::error::{BackendFailure, Error};
 use russh::client::AuthResult;
 use russh::keys::agent::AgentIdentity;
 use russh::keys::agent::client::AgentClient;
@@ -15,12 +15,36 @@ use super::known_hosts::fingerprint;
 use super::target::{Target, show_path};
 use crate::SshOptions;
 
+/// Why [`authenticate`] did not get in.
+#[derive(Debug)]
+pub enum AuthFailed {
+    /// Every way was tried and none was accepted: an
+    /// [`BackendFailure::Auth`] error that lists the attempts.
+    Refused(Error),
+    /// The connection closed before any key was refused: a transport fault
+    /// (the server or the network went away), not a question of credentials,
+    /// so the caller may dial again. `during` names the attempt it closed in;
+    /// `cause` is russh's error when it gave one.
+    Lost {
+        during: String,
+        cause: Option<russh::Error>,
+    },
+}
+
 /// Authenticate `handle` as `target.user`, or fail naming everything tried.
+///
+/// russh reports a connection that closed mid-attempt as a refusal with no
+/// methods left (or as an error), which reads as "wrong key". The handle's
+/// own state tells them apart: an attempt that ends with it closed is
+/// [`AuthFailed::Lost`], unless the server ended it with an SSH disconnect
+/// message (`said`, recorded by the connection's handler), as OpenSSH does
+/// after `MaxAuthTries` refusals: that is the server's answer, a refusal.
 pub async fn authenticate<H: russh::client::Handler>(
     handle: &mut russh::client::Handle<H>,
     target: &Target,
     opts: &SshOptions,
-) -> Result<()> {
+    said: &std::sync::Mutex<Option<String>>,
+) -> std::result::Result<(), AuthFailed> {
     let user = target.user.clone();
     let mut tried: Vec<String> = Vec::new();
     let mut server_accepts: Option<String> = None;
@@ -61,8 +85,17 @@ pub async fn authenticate<H: russh::client::Handler>(
                             );
                             let r = handle
                                 .authenticate_publickey_with(user.clone(), key, hash, &mut agent)
-                                .await
-                                .map_err(|e| format!("the agent failed to sign: {e}"));
+                                .await;
+                            let cause = match &r {
+                                Err(russh::AgentAuthError::Send(_)) => {
+                                    Some(russh::Error::SendError)
+                                }
+                                _ => None,
+                            };
+                            if looks_lost(&r) && closed(handle).await {
+                                return Err(lost(target, what, tried, server_accepts, said, cause));
+                            }
+                            let r = r.map_err(|e| format!("the agent failed to sign: {e}"));
                             if settle(target, what, r, &mut tried, &mut server_accepts) {
                                 return Ok(());
                             }
@@ -113,14 +146,71 @@ pub async fn authenticate<H: russh::client::Handler>(
                 user.clone(),
                 PrivateKeyWithHashAlg::new(Arc::new(key), hash),
             )
-            .await
-            .map_err(|e| e.to_string());
-        if settle(target, what, r, &mut tried, &mut server_accepts) {
+            .await;
+        if looks_lost(&r) && closed(handle).await {
+            return Err(lost(target, what, tried, server_accepts, said, r.err()));
+        }
+        if settle(
+            target,
+            what,
+            r.map_err(|e| e.to_string()),
+            &mut tried,
+            &mut server_accepts,
+        ) {
             return Ok(());
         }
     }
 
-    Err(refused(target, tried, server_accepts))
+    Err(AuthFailed::Refused(refused(target, tried, server_accepts)))
+}
+
+/// Whether an attempt's result may mean the connection closed: russh's
+/// stand-in refusal (no methods left) or an error. A real refusal always
+/// names the methods the server still accepts.
+fn looks_lost<E>(r: &std::result::Result<AuthResult, E>) -> bool {
+    match r {
+        Ok(AuthResult::Failure {
+            remaining_methods, ..
+        }) => remaining_methods.is_empty(),
+        Ok(AuthResult::Success) => false,
+        Err(_) => true,
+    }
+}
+
+/// Whether the connection behind `handle` has closed. Its reader may close
+/// the reply channel an instant before the command channel: allow 100 ms.
+async fn closed<H: russh::client::Handler>(handle: &russh::client::Handle<H>) -> bool {
+    for _ in 0..10 {
+        if handle.is_closed() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    handle.is_closed()
+}
+
+/// The connection closed during the attempt `what`. Ended by the server
+/// with a message (OpenSSH: "Too many authentication failures"): a refusal
+/// that quotes it. Without one: a lost connection.
+fn lost(
+    target: &Target,
+    what: String,
+    mut tried: Vec<String>,
+    server_accepts: Option<String>,
+    said: &std::sync::Mutex<Option<String>>,
+    cause: Option<russh::Error>,
+) -> AuthFailed {
+    if let Some(message) = said.lock().ok().and_then(|s| s.clone()) {
+        tried.push(format!(
+            "{what}: the server ended the connection: \"{}\" (its MaxAuthTries in sshd_config bounds the keys a client may offer; pass the right one with -i)",
+            message.trim()
+        ));
+        return AuthFailed::Refused(refused(target, tried, server_accepts));
+    }
+    AuthFailed::Lost {
+        during: what,
+        cause,
+    }
 }
 
 /// Authentication failed after trying everything in `tried`: an
@@ -206,6 +296,7 @@ fn load_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use berth_core::error::Result;
 
     #[test]
     fn a_refusal_is_an_auth_failure_naming_what_was_tried() -> Result<()> {

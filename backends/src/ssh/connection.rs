@@ -67,13 +67,16 @@ enum KeyVerdict {
     Refused(String),
 }
 
-/// The russh client handler: it checks the server's host key.
+/// The russh client handler: it checks the server's host key, and keeps
+/// the message of a disconnect the server sends (which russh otherwise
+/// only logs) for the error that follows.
 pub struct HostKeyCheck {
     known: KnownHosts,
     name: String,
     port: u16,
     accept_new: bool,
     verdict: Arc<Mutex<Option<KeyVerdict>>>,
+    said: Arc<Mutex<Option<String>>>,
 }
 
 impl HostKeyCheck {
@@ -153,6 +156,22 @@ impl Handler for HostKeyCheck {
                 "the server presented a host certificate, which berth does not verify; configure it to offer a plain host key".into(),
             ),
         })
+    }
+
+    async fn disconnected(
+        &mut self,
+        reason: russh::client::DisconnectReason<Self::Error>,
+    ) -> std::result::Result<(), Self::Error> {
+        match reason {
+            russh::client::DisconnectReason::ReceivedDisconnect(info) => {
+                debug!(code = ?info.reason_code, message = %info.message, "the server disconnected");
+                if let Ok(mut s) = self.said.lock() {
+                    *s = Some(info.message);
+                }
+                Ok(())
+            }
+            russh::client::DisconnectReason::Error(e) => Err(e),
+        }
     }
 }
 
@@ -387,12 +406,14 @@ impl Connection {
     {
         let known = KnownHosts::new(&hop.known_hosts);
         let verdict = Arc::new(Mutex::new(None));
+        let said = Arc::new(Mutex::new(None));
         let handler = HostKeyCheck {
             known: known.clone(),
             name: hop.host_key_name.clone(),
             port: hop.port,
             accept_new: self.opts.accept_new,
             verdict: verdict.clone(),
+            said: said.clone(),
         };
         let mut config = russh::client::Config {
             keepalive_interval: Some(hop.keepalive),
@@ -438,10 +459,28 @@ impl Connection {
                     });
                 }
             };
-        auth::authenticate(&mut handle, hop, &self.opts)
-            .await
-            .map_err(Attempt::Final)?;
-        Ok(handle)
+        match auth::authenticate(&mut handle, hop, &self.opts, &said).await {
+            Ok(()) => Ok(handle),
+            Err(auth::AuthFailed::Refused(e)) => Err(Attempt::Final(e)),
+            // Not the credentials' fault: dial again, as for a failed handshake.
+            Err(auth::AuthFailed::Lost { during, cause }) => {
+                let kind = match &cause {
+                    Some(e) if russh_failure(e) == BackendFailure::Timeout => {
+                        BackendFailure::Timeout
+                    }
+                    _ => BackendFailure::Transport,
+                };
+                let e = self.unreachable_at(
+                    hop,
+                    kind,
+                    format!("the connection closed during authentication (while trying {during})"),
+                );
+                Err(Attempt::Retry(match cause {
+                    Some(c) => e.caused_by(c),
+                    None => e,
+                }))
+            }
+        }
     }
 
     /// `detail` about `hop`, named as a jump host when it is one.

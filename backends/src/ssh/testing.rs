@@ -27,11 +27,17 @@ pub type HarnessResult<T> = std::result::Result<T, String>;
 pub struct SshdConfig {
     /// Offer the SFTP subsystem.
     pub sftp: bool,
+    /// Lines put first in the config, so that they win over the harness's
+    /// own (sshd keeps a keyword's first value), e.g. `MaxAuthTries 1\n`.
+    pub extra: String,
 }
 
 impl Default for SshdConfig {
     fn default() -> Self {
-        Self { sftp: true }
+        Self {
+            sftp: true,
+            extra: String::new(),
+        }
     }
 }
 
@@ -217,10 +223,11 @@ impl Sshd {
             ""
         };
         let text = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nAuthorizedKeysFile {ak}\n\
+            "{extra}Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nAuthorizedKeysFile {ak}\n\
              StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
              PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nMaxSessions 200\nMaxStartups 100\n\
              MaxAuthTries 20\nLogLevel VERBOSE\nSetEnv SHLVL=1\n{sftp}",
+            extra = self.cfg.extra,
             port = self.port,
             hk = self.host_key().display(),
             pid = self.path("sshd.pid").display(),
