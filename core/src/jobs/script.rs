@@ -66,7 +66,14 @@ exec 8>>"$d/lock" && flock -x 8
 printf '%s\n' "$$" > "$d/wrapper"
 # Exists before the launcher returns, so a reader that starts at once finds it.
 : >>"$d/out"
-sleep infinity 3<>"$d/in" >/dev/null 2>&1 8>&- &
+# Every FIFO end the children use is opened here, before any of them starts,
+# and each child inherits its end as it forks. An open of a FIFO waits for
+# its other end, so a child that opened its own could wait for ever for one
+# that died first: a job killed as it starts, an EOF sent at once.
+# `in`: read-write on 3 (an open that cannot block), kept by the holder as
+# the job's only writer, and the job's read end on 4.
+exec 3<>"$d/in" 4<"$d/in"
+sleep infinity >/dev/null 2>&1 4<&- 8>&- &
 h=$!
 printf '%s\n' "$h" > "$d/holder"
 # Started in the background by a shell without job control, the wrapper has
@@ -77,15 +84,21 @@ set -- bash "$d/cmd"
 env --default-signal=INT true 2>/dev/null && set -- env --default-signal=INT,QUIT bash "$d/cmd"
 c=
 if [ "$cap" -gt 0 ] 2>/dev/null && mkfifo -- "$d/pipe"; then
+  # `pipe`: read-write on 5 for a moment, so that both ends open at once:
+  # the capper's read end on 6, the job's write end on 7.
+  exec 5<>"$d/pipe" 6<"$d/pipe" 7>"$d/pipe" 5<&-
   # The capper is no part of the job: a kill of the job's group spares it, so
   # it writes out what the job printed to its last byte.
-  bash -c "$capper" berth-cap "$d" "$cap" <"$d/pipe" >/dev/null 2>&1 8>&- &
+  bash -c "$capper" berth-cap "$d" "$cap" <&6 >/dev/null 2>&1 3>&- 4<&- 6<&- 7>&- 8>&- &
   c=$!
-  setsid "$@" <"$d/in" >"$d/pipe" 2>&1 8>&- &
+  setsid "$@" <&4 >&7 2>&1 3>&- 4<&- 6<&- 7>&- 8>&- &
 else
-  setsid "$@" <"$d/in" >>"$d/out" 2>&1 8>&- &
+  setsid "$@" <&4 >>"$d/out" 2>&1 3>&- 4<&- 8>&- &
 fi
 j=$!
+# The children hold their ends now: the holder is the job's stdin's only
+# writer, the job (and what it leaves behind) the capper's.
+exec 3>&- 4<&- 6<&- 7>&-
 printf '%s\n' "$j" > "$d/pid"
 printf '%s\n' "$j" 1<>"$d/ready"
 wait "$j"; st=$?
@@ -94,17 +107,9 @@ kill "$h" 2>/dev/null
 # capper ends at EOF. Processes the job left behind in its group may hold the
 # pipe open for ever (they write on, as they would to `out`): then the status
 # waits 2 s at most; else up to 30 s, for a capper slowed by a loaded machine.
-# A job killed as it started, before its open of the pipe, leaves the capper
-# blocked in its own open, waiting for a writer that never comes: an open
-# read-write (which cannot block) counts as one and wakes it, and it then
-# reads EOF. Every 0.2 s, in case the capper had not reached its open yet.
 if [ -n "$c" ]; then
-  n=150; kill -0 -- "-$j" 2>/dev/null && n=10
-  while [ "$n" -gt 0 ] && kill -0 "$c" 2>/dev/null; do
-    [ -p "$d/pipe" ] && : 1<>"$d/pipe"
-    timeout 0.2 tail --pid="$c" -s 0.02 -f /dev/null 2>/dev/null
-    n=$((n - 1))
-  done
+  t=30; kill -0 -- "-$j" 2>/dev/null && t=2
+  timeout "$t" tail --pid="$c" -s 0.02 -f /dev/null 2>/dev/null
 fi
 printf '%s\n' "$st" > "$d/status.tmp" && mv -f "$d/status.tmp" "$d/status"
 "#;
@@ -329,65 +334,115 @@ printf '%s %s %s\n' "$o" "$2" "$3" >> "$d/sizes"
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
-    use std::process::{Command, Stdio};
+    use std::io::{Read, Write};
+    use std::path::Path;
+    use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
 
-    /// A job killed the instant its pid is known may not have opened its
-    /// output pipe yet; its capper then waited in its own open for a writer
-    /// that never came, and the status was not written for 30 s. Thirty
-    /// starts, each killed at once, as `kill` does it (the group, else the
-    /// pid): the race is hit in about one start in seven here, and every
-    /// status is on disk within 5 s.
+    type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+    /// Start `cmd` as a job in the fresh directory `d` as the launcher does
+    /// (a 1 MiB log cap, so through the capper): the wrapper, and the job's
+    /// pid once the wrapper has told it.
+    fn start(d: &Path, cmd: &str) -> TestResult<(Child, i32)> {
+        std::fs::create_dir(d)?;
+        std::fs::write(d.join("cmd"), cmd)?;
+        let ok = Command::new("mkfifo")
+            .arg(d.join("in"))
+            .arg(d.join("ready"))
+            .status()?;
+        assert!(ok.success());
+        let dir = d.to_str().ok_or("a path that is not UTF-8")?;
+        // Held open read-write before the wrapper starts, as the launcher does.
+        let mut ready = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(d.join("ready"))?;
+        let wrapper = Command::new("setsid")
+            .args(["bash", "-c", super::WRAPPER, "berth-job", dir, "1048576"])
+            .arg(super::CAPPER)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while b[0] != b'\n' {
+            ready.read_exact(&mut b)?;
+            line.push(b[0]);
+        }
+        let pid = String::from_utf8_lossy(&line).trim().parse::<i32>()?;
+        Ok((wrapper, pid))
+    }
+
+    /// The job's recorded status, waiting at most 5 s for it.
+    fn status(d: &Path, round: usize) -> TestResult<String> {
+        let started = Instant::now();
+        while !d.join("status").exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "round {round}: no status after 5 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(std::fs::read_to_string(d.join("status"))?
+            .trim()
+            .to_string())
+    }
+
+    /// A job killed the instant its pid is known: when the job opened its
+    /// own end of the output FIFO, it could die before that open, and its
+    /// capper then waited in its own open for a writer that never came; the
+    /// status was not written for 30 s (about one start in seven here).
+    /// Thirty starts, each killed at once, as `kill` does it (the group,
+    /// else the pid): every status is on disk within 5 s.
     #[test]
-    fn a_job_killed_before_it_opens_its_pipe_still_gets_its_status()
-    -> Result<(), Box<dyn std::error::Error>> {
+    fn a_job_killed_before_it_opens_its_pipe_still_gets_its_status() -> TestResult {
         let base = tempfile::tempdir()?;
         for round in 0..30 {
             let d = base.path().join(round.to_string());
-            std::fs::create_dir(&d)?;
-            std::fs::write(d.join("cmd"), "sleep 300\n")?;
-            let ok = Command::new("mkfifo")
-                .arg(d.join("in"))
-                .arg(d.join("ready"))
-                .status()?;
-            assert!(ok.success());
-            let dir = d.to_str().ok_or("a path that is not UTF-8")?;
-            // The launcher's part: hold `ready` open, start the wrapper, read the pid.
-            let mut ready = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(d.join("ready"))?;
-            let mut wrapper = Command::new("setsid")
-                .args(["bash", "-c", super::WRAPPER, "berth-job", dir, "1048576"])
-                .arg(super::CAPPER)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?;
-            let mut line = Vec::new();
-            let mut b = [0u8; 1];
-            while b[0] != b'\n' {
-                ready.read_exact(&mut b)?;
-                line.push(b[0]);
-            }
-            let pid: i32 = String::from_utf8_lossy(&line).trim().parse::<i32>()?;
+            let (mut wrapper, pid) = start(&d, "sleep 300\n")?;
             // SAFETY: kill(2) with a pid this test's own wrapper just started.
             unsafe {
                 if libc::kill(-pid, libc::SIGKILL) != 0 {
                     libc::kill(pid, libc::SIGKILL);
                 }
             }
-            let started = Instant::now();
-            while !d.join("status").exists() {
-                assert!(
-                    started.elapsed() < Duration::from_secs(5),
-                    "round {round}: no status 5 s after the kill"
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let st = std::fs::read_to_string(d.join("status"))?;
-            assert_eq!(st.trim(), "137", "round {round}");
+            assert_eq!(status(&d, round)?, "137", "round {round}");
+            wrapper.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Input and EOF sent the instant the job is started reach it: what was
+    /// written is read, then EOF. When the holder and the job opened their
+    /// own ends of `in`, an EOF that stopped the holder before its open left
+    /// the job blocked in its own, and the input was lost (7 starts in 30
+    /// here). And the holder must be the job's only writer: a descriptor of
+    /// the wrapper's left open in the job would keep EOF away for good.
+    #[test]
+    fn input_and_eof_sent_at_once_reach_the_job() -> TestResult {
+        let base = tempfile::tempdir()?;
+        for round in 0..20 {
+            let d = base.path().join(round.to_string());
+            let (mut wrapper, _) = start(&d, "cat; echo done\n")?;
+            // A FIFO with a reader (the holder) opens for writing at once.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(d.join("in"))?
+                .write_all(b"hi\n")?;
+            // What the EOF script does, without a bash start in between.
+            let holder = std::fs::read_to_string(d.join("holder"))?
+                .trim()
+                .parse::<i32>()?;
+            // SAFETY: kill(2) with a pid this test's own wrapper just started.
+            assert_eq!(unsafe { libc::kill(holder, libc::SIGTERM) }, 0);
+            assert_eq!(status(&d, round)?, "0", "round {round}");
+            assert_eq!(
+                std::fs::read_to_string(d.join("out"))?,
+                "hi\ndone\n",
+                "round {round}"
+            );
             wrapper.wait()?;
         }
         Ok(())
