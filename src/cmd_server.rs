@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// Report this version in the handshake (tests of a version mismatch).
     #[arg(long, hide = true)]
     pub pretend_version: Option<String>,
+    /// Answer as a server from before the quick framing: `exec` over gRPC
+    /// only (tests of the client's fallback).
+    #[arg(long, hide = true)]
+    pub no_quick: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -58,7 +62,12 @@ pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<u8> {
     let version = a
         .pretend_version
         .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
-    server::daemon::serve(dir, rt, Duration::from_secs(idle), version).await
+    let opts = server::daemon::Options {
+        idle: Duration::from_secs(idle),
+        version,
+        quick: !a.no_quick,
+    };
+    server::daemon::serve(dir, rt, opts).await
 }
 
 pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
@@ -88,6 +97,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
                         "active_calls": h.active_calls, "sessions": h.sessions,
                         "idle_secs": h.idle_secs, "state_dir": h.state_dir,
                         "watched_jobs": h.watched_jobs, "served_calls": h.served_calls,
+                        "quick_calls": h.quick_calls,
                         "socket": server::socket_path(&dir),
                         "waits": waiting(&dir),
                         "schedules": scheduled(&dir),

@@ -30,6 +30,7 @@ mod exec_report;
 mod io;
 mod mcp;
 mod schedules;
+mod served;
 mod server;
 mod shell;
 mod ssh_flags;
@@ -38,6 +39,7 @@ mod ui;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use berth_client::args::ExecArgs;
 use clap::{Parser, Subcommand};
 
 /// Exit code for berth's own failures (as opposed to the command's).
@@ -55,23 +57,8 @@ Examples:\n  berth exec -- uname -a\n  berth exec -- 'cd /tmp && export A=1'\n  
     propagate_version = true
 )]
 pub struct Cli {
-    /// Where berth keeps its state (database, local sandboxes, spooled output).
-    /// Defaults to $XDG_STATE_HOME/berth, i.e. ~/.local/state/berth.
-    #[arg(long, global = true, env = "BERTH_STATE_DIR", value_name = "DIR")]
-    state_dir: Option<PathBuf>,
-
-    /// Log filter for berth's own diagnostics on stderr (e.g. `debug`, `berth_core=trace`).
-    #[arg(
-        long,
-        global = true,
-        env = "BERTH_LOG",
-        default_value = "warn",
-        value_name = "FILTER"
-    )]
-    log: String,
-
     #[command(flatten)]
-    ssh: ssh_flags::SshFlags,
+    globals: berth_client::args::Globals,
 
     #[command(subcommand)]
     command: Command,
@@ -83,16 +70,11 @@ pub(crate) enum Command {
     Exec(cmd_exec::ExecArgs),
     /// An interactive prompt over a sandbox's persistent session.
     Shell(shell::ShellArgs),
-    /// Background jobs: start, list, follow logs, wait, kill, send input, screens.
-    #[command(subcommand)]
-    Job(cmd_job::JobCmd),
+    // Jobs, sandboxes, events and approvals: run by the server when one serves.
+    #[command(flatten)]
+    Served(served::Served),
     /// Connect your terminal to a terminal job (`job start --pty`) until Ctrl-].
     Attach(cmd_attach::AttachArgs),
-    /// Create, list and remove sandboxes.
-    #[command(subcommand)]
-    Sandbox(cmd_sandbox::SandboxCmd),
-    /// Show the event log: every call with its exit code, duration and output size.
-    Events(cmd_events::EventsArgs),
     /// Serve berth's tools (terminal, process, the file tools, memory) over MCP on stdio.
     Mcp(mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
@@ -100,13 +82,6 @@ pub(crate) enum Command {
     /// Check commands against the policy, and show the policy.
     #[command(subcommand)]
     Policy(cmd_policy::PolicyCmd),
-    /// List the commands waiting for a person's approval.
-    #[command(subcommand)]
-    Approvals(cmd_approvals::ApprovalsCmd),
-    /// Approve a waiting command (`--always`: and allow it from now on).
-    Approve(cmd_approvals::AnswerArgs),
-    /// Deny a waiting command.
-    Deny(cmd_approvals::AnswerArgs),
     /// The docker sandbox image.
     #[command(subcommand)]
     Image(cmd_image::ImageCmd),
@@ -138,7 +113,7 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    init_logging(&cli.globals.log);
     let rt = match &cli.command {
         Command::Serve(_) => berth_client::server_runtime(),
         _ => berth_client::cli_runtime(),
@@ -150,49 +125,52 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BERTH_ERROR);
         }
     };
-    if cli.ssh.any()
-        && let Err(e) = ssh_flags::options(&cli.ssh).map(context::set_ssh_options)
+    let berth_client::args::Globals { state_dir, ssh, .. } = cli.globals;
+    if ssh.any()
+        && let Err(e) = ssh_flags::options(&ssh).map(context::set_ssh_options)
     {
         eprintln!("berth: error: {}", error_text(&e));
         return ExitCode::from(EXIT_BERTH_ERROR);
     }
     // ssh flags on the command line are this call's own: a shared server
     // cannot take them, so such a call runs in-process.
-    let ssh_flags = cli.ssh.own();
+    let ssh_flags = ssh.own();
     let result = rt.block_on(async move {
         match cli.command {
-            c if served(&c) => match server_mode(ssh_flags) {
-                Ok(server::Mode::Off) => in_process(cli.state_dir, c).await,
-                Ok(mode) => match context::state_dir(cli.state_dir) {
+            c @ (Command::Served(_)
+            | Command::Exec(ExecArgs {
+                background: true, ..
+            })) => match server_mode(ssh_flags) {
+                Ok(server::Mode::Off) => in_process(state_dir, c).await,
+                Ok(mode) => match context::state_dir(state_dir) {
                     Ok(dir) => server::client::run(dir, mode).await,
                     Err(e) => Err(e),
                 },
                 Err(e) => Err(e),
             },
             Command::Exec(a) => match server_mode(ssh_flags) {
-                Ok(server::Mode::Off) => cmd_exec::run(cli.state_dir, a).await,
-                Ok(mode) => match context::state_dir(cli.state_dir) {
+                Ok(server::Mode::Off) => cmd_exec::run(state_dir, a).await,
+                Ok(mode) => match context::state_dir(state_dir) {
                     Ok(dir) => server::client::exec(dir, mode, a).await,
                     Err(e) => Err(e),
                 },
                 Err(e) => Err(e),
             },
-            Command::Shell(a) => shell::run(cli.state_dir, a).await,
-            Command::Attach(a) => cmd_attach::run(cli.state_dir, a).await,
-            Command::Bench(a) if a.cli => bench_cli::run(cli.state_dir, &a).await,
-            Command::Bench(a) if a.checkpoint => bench_checkpoint::run(cli.state_dir, a).await,
-            Command::Bench(a) => bench::run(cli.state_dir, a).await,
+            Command::Shell(a) => shell::run(state_dir, a).await,
+            Command::Attach(a) => cmd_attach::run(state_dir, a).await,
+            Command::Bench(a) if a.cli => bench_cli::run(state_dir, &a).await,
+            Command::Bench(a) if a.checkpoint => bench_checkpoint::run(state_dir, a).await,
+            Command::Bench(a) => bench::run(state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),
             Command::Image(c) => cmd_image::run(c).await,
-            Command::Mcp(a) => mcp::run(cli.state_dir, a).await,
-            Command::Run(a) => cmd_run::run(cli.state_dir, *a).await,
-            Command::Runs(c) => cmd_run::runs(cli.state_dir, c).await,
-            Command::Memory(c) => cmd_memory::run(cli.state_dir, c),
-            Command::Serve(a) => cmd_server::serve(cli.state_dir, a).await,
-            Command::Server(c) => cmd_server::run(cli.state_dir, c).await,
-            Command::Schedule(c) => cmd_schedule::run(cli.state_dir, c),
-            Command::Ui(a) => cmd_ui::run(cli.state_dir, a).await,
-            c => in_process(cli.state_dir, c).await,
+            Command::Mcp(a) => mcp::run(state_dir, a).await,
+            Command::Run(a) => cmd_run::run(state_dir, *a).await,
+            Command::Runs(c) => cmd_run::runs(state_dir, c).await,
+            Command::Memory(c) => cmd_memory::run(state_dir, c),
+            Command::Serve(a) => cmd_server::serve(state_dir, a).await,
+            Command::Server(c) => cmd_server::run(state_dir, c).await,
+            Command::Schedule(c) => cmd_schedule::run(state_dir, c),
+            Command::Ui(a) => cmd_ui::run(state_dir, a).await,
         }
     });
     // Don't wait for detached readers of dead processes.
@@ -206,71 +184,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// The subcommands `berth serve` runs for a client, on its warm runtime;
-/// the others run in the CLI's process (`exec` has a call of its own).
-pub(crate) fn served(c: &Command) -> bool {
-    match c {
-        Command::Job(_)
-        | Command::Sandbox(_)
-        | Command::Events(_)
-        | Command::Approvals(_)
-        | Command::Approve(_)
-        | Command::Deny(_) => true,
-        Command::Exec(a) => a.background,
-        _ => false,
-    }
-}
-
-/// Run a served subcommand in this process, on a runtime of its own.
+/// Run a served call (`Command::Served`, `exec --background`) in this
+/// process, on a runtime of its own.
 async fn in_process(state_dir: Option<PathBuf>, c: Command) -> anyhow::Result<u8> {
+    let call = match c {
+        Command::Served(s) => served::Call::Sub(s),
+        Command::Exec(a) => served::Call::Background(a),
+        _ => anyhow::bail!("this subcommand runs in the CLI, not in the server"),
+    };
     let dir = context::state_dir(state_dir)?;
     let rt = context::runtime(Some(dir.clone()))?;
-    let r = run_on(&rt, &dir, c).await;
+    let r = served::run_on(&rt, &dir, call).await;
     rt.shutdown().await;
     r
-}
-
-/// Run a served subcommand on `rt`, whose state dir is `dir`: what the server
-/// does for a client, and what the CLI does with `BERTH_SERVER=off`.
-pub(crate) async fn run_on(
-    rt: &berth_core::runtime::Runtime,
-    dir: &std::path::Path,
-    c: Command,
-) -> anyhow::Result<u8> {
-    let gate = || -> anyhow::Result<std::sync::Arc<berth_core::gate::Gate>> {
-        rt.gate()
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("this runtime has no policy gate"))
-    };
-    match c {
-        Command::Job(c) => cmd_job::run_on(rt, c).await,
-        Command::Sandbox(c) => cmd_sandbox::run_on(rt, dir, c).await,
-        Command::Events(a) => cmd_events::run_on(rt, a).await,
-        Command::Approvals(c) => cmd_approvals::ls(rt.store(), &*gate()?, c),
-        Command::Approve(a) => cmd_approvals::answer(rt.store(), &*gate()?, a, true),
-        Command::Deny(a) => cmd_approvals::answer(rt.store(), &*gate()?, a, false),
-        Command::Exec(a) if a.background => cmd_exec::background_on(rt, a).await,
-        _ => anyhow::bail!("this subcommand runs in the CLI, not in the server"),
-    }
-}
-
-/// Parse a client's command line in the server: the served subcommand it
-/// names. Its state dir and ssh options were the client's to apply (they chose
-/// this server, or kept the call in-process).
-pub(crate) fn served_command(args: Vec<std::ffi::OsString>) -> anyhow::Result<Command> {
-    use clap::{CommandFactory, FromArgMatches};
-    let rendered = |e: clap::Error| anyhow::anyhow!("{}", e.render().to_string().trim_end());
-    let matches = Cli::command()
-        .try_get_matches_from(std::iter::once(std::ffi::OsString::from("berth")).chain(args))
-        .map_err(rendered)?;
-    let cli = Cli::from_arg_matches(&matches).map_err(rendered)?;
-    if !served(&cli.command) {
-        anyhow::bail!(
-            "`{}` runs in the CLI, not in the server",
-            matches.subcommand_name().unwrap_or("this subcommand")
-        );
-    }
-    Ok(cli.command)
 }
 
 pub(crate) use berth_client::error_text;

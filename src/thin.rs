@@ -17,11 +17,11 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use berth_client::args::{ExecArgs, SshFlags};
+use berth_client::args::{ExecArgs, Globals};
 use berth_client::client::{self, Unparsed};
+use berth_client::proto::ExecCall;
 use berth_client::{EXIT_BERTH_ERROR, Mode, error_text};
 use clap::{Parser, Subcommand};
 
@@ -29,12 +29,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "berth", allow_external_subcommands = true)]
 struct Thin {
-    #[arg(long, global = true, env = "BERTH_STATE_DIR")]
-    state_dir: Option<PathBuf>,
-    #[arg(long, global = true, env = "BERTH_LOG", default_value = "warn")]
-    log: String,
     #[command(flatten)]
-    ssh: SshFlags,
+    globals: Globals,
     #[command(subcommand)]
     command: ThinCommand,
 }
@@ -47,7 +43,7 @@ enum ThinCommand {
 }
 
 /// The subcommands the server runs from a client's command line (`Run`);
-/// the engine's `served()` names the same set.
+/// the engine's `served::Served` (and `exec --background`) is the same set.
 const SERVED: &[&str] = &["job", "sandbox", "events", "approvals", "approve", "deny"];
 
 /// Global options: given after an external subcommand's name, clap here does
@@ -69,23 +65,37 @@ fn main() -> ExitCode {
     let Ok(cli) = Thin::try_parse_from(&argv) else {
         return engine(&argv);
     };
-    if cli.ssh.own() {
+    if cli.globals.ssh.own() {
         return engine(&argv);
     }
-    berth_client::diag::init(&cli.log);
+    berth_client::diag::init(&cli.globals.log);
     let mode = match Mode::from_env() {
         Ok(Mode::Off) | Err(_) => return engine(&argv),
         Ok(m) => m,
     };
-    let call = match cli.command {
-        ThinCommand::Exec(a) if a.background => Call::Run,
-        ThinCommand::Exec(a) => Call::Exec(a),
-        ThinCommand::Other(rest) if served_line(&rest) => Call::Run,
+    // An `exec` of its own, or a line for the server to run (`Run`).
+    let exec = match cli.command {
+        ThinCommand::Exec(a) if a.background => None,
+        ThinCommand::Exec(a) => Some(a),
+        ThinCommand::Other(rest) if served_line(&rest) => None,
         ThinCommand::Other(_) => return engine(&argv),
     };
-    let dir = match berth_client::state_dir(cli.state_dir) {
+    let dir = match berth_client::state_dir(cli.globals.state_dir) {
         Ok(d) => d,
         Err(_) => return engine(&argv),
+    };
+    // `exec` first tries the quick framing, which needs no async runtime:
+    // most served calls end here.
+    let call = match exec {
+        Some(a) => match quick_exec(&dir, &a) {
+            Ok(Quick::Done(code)) => return ExitCode::from(code),
+            Ok(Quick::Grpc(c)) => Call::Exec(c, a.json),
+            Err(e) => {
+                eprintln!("berth: error: {}", error_text(&e));
+                return ExitCode::from(EXIT_BERTH_ERROR);
+            }
+        },
+        None => Call::Run,
     };
     let rt = match berth_client::cli_runtime() {
         Ok(rt) => rt,
@@ -96,7 +106,7 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async move {
         match call {
-            Call::Exec(a) => client::exec(dir, mode, a).await,
+            Call::Exec(c, json) => client::exec_grpc(dir, mode, c, json).await,
             Call::Run => client::run(dir, mode).await,
         }
     });
@@ -114,8 +124,23 @@ fn main() -> ExitCode {
 }
 
 enum Call {
-    Exec(ExecArgs),
+    /// An `exec` the quick framing stepped aside from (`--json` or not).
+    Exec(ExecCall, bool),
     Run,
+}
+
+enum Quick {
+    Done(u8),
+    Grpc(ExecCall),
+}
+
+/// `exec` over the quick framing, or the call to make over gRPC instead.
+fn quick_exec(dir: &std::path::Path, a: &ExecArgs) -> anyhow::Result<Quick> {
+    let call = client::exec_call(a)?;
+    Ok(match berth_client::quick::exec(dir, &call, a.json)? {
+        Some(code) => Quick::Done(code),
+        None => Quick::Grpc(call),
+    })
 }
 
 /// Whether a subcommand's line is one to send to the server as it is: a
@@ -168,6 +193,8 @@ fn engine(argv: &[OsString]) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn line(args: &[&str]) -> Vec<OsString> {
@@ -232,7 +259,7 @@ mod tests {
         let ThinCommand::Exec(a) = cli.command else {
             anyhow::bail!("not parsed as exec: {:?}", cli.command);
         };
-        assert_eq!(cli.state_dir, Some(PathBuf::from("/s")));
+        assert_eq!(cli.globals.state_dir, Some(PathBuf::from("/s")));
         assert_eq!(
             (a.sandbox.as_str(), a.timeout, a.json),
             ("web", Some(5.0), true)

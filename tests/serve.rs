@@ -788,7 +788,7 @@ fn the_thin_client_prints_its_diagnostics_when_asked() -> TestResult {
     let o = s.cmd(&["--log", "debug", "exec", "--", "true"]).output()?;
     assert!(
         String::from_utf8_lossy(&o.stderr)
-            .contains("berth: DEBUG berth_client::client: connected to the berth server"),
+            .contains("berth: DEBUG berth_client::quick: connected to the berth server"),
         "{}",
         text(&o)
     );
@@ -837,5 +837,147 @@ fn the_server_drops_a_peer_from_inside_a_sandbox() -> TestResult {
         "{}",
         text(&o)
     );
+    Ok(())
+}
+
+/// `berth exec` to a running server takes the quick framing (no HTTP/2):
+/// output, exit code, `--json`, `--stdin` and a timeout all come through it.
+#[test]
+fn a_served_exec_takes_the_quick_framing() -> TestResult {
+    use std::io::Write;
+    let s = Served::new()?;
+    // No server yet: this call starts one, over gRPC.
+    assert_eq!(s.exec("export Q=kept; echo one")?, "one\n");
+    let quick = |s: &Served| -> Result<u64, BoxError> {
+        let st = s.status()?.ok_or("no server")?;
+        st["quick_calls"]
+            .as_u64()
+            .ok_or_else(|| format!("no quick_calls in {st}").into())
+    };
+    assert_eq!(quick(&s)?, 0);
+    assert_eq!(s.exec("echo $Q")?, "kept\n");
+    let o = s
+        .cmd(&["exec", "--json", "--", "echo out; exit 3"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["output"].as_str()),
+        (Some(3), Some("out\n"))
+    );
+    let mut fed = s
+        .cmd(&["exec", "--stdin", "--", "tr a-z A-Z"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    fed.stdin.take().ok_or("no stdin")?.write_all(b"fed in\n")?;
+    let o = wait_child(&mut fed, Duration::from_secs(20))?;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "FED IN\n",
+        "{}",
+        text(&o)
+    );
+    let o = s
+        .cmd(&["exec", "--timeout", "0.5", "--", "sleep 30"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(124), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("timed out"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(quick(&s)?, 4);
+    Ok(())
+}
+
+/// A server from before the quick framing closes a connection that opens with
+/// it: the client makes the call over gRPC instead, once, on that server.
+#[test]
+fn an_exec_falls_back_to_grpc_on_a_server_without_the_quick_framing() -> TestResult {
+    let s = Served::new()?;
+    let mut old = s
+        .cmd(&["serve", "--idle", "60", "--no-quick"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_for(Duration::from_secs(20), || Ok(s.status()?.is_some()))?;
+    let pid = s.pid()?;
+    assert_eq!(s.exec("echo ran >> runs; wc -l < runs")?, "1\n");
+    assert_eq!(s.exec("wc -l < runs")?, "1\n");
+    let st = s.status()?.ok_or("no server")?;
+    assert_eq!(st["pid"].as_u64(), Some(u64::from(pid)), "not replaced");
+    assert_eq!(st["quick_calls"].as_u64(), Some(0), "{st}");
+    s.run(&["server", "stop"])?;
+    let o = wait_child(&mut old, Duration::from_secs(20))?;
+    assert_eq!(o.status.code(), Some(0));
+    Ok(())
+}
+
+/// The quick framing's faults, spoken raw: a wrong magic is closed unheard, a
+/// malformed or oversized frame is answered with the magic and refused, a
+/// client of another build is refused as `FAILED_PRECONDITION` (the CLI then
+/// shakes hands over gRPC); none of it harms the server.
+#[test]
+fn the_quick_framing_refuses_what_it_cannot_run() -> TestResult {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let s = Served::new()?;
+    s.exec("true")?;
+    let pid = s.pid()?;
+    let sock = s.path().join("server.sock");
+    let exchange = |sent: &[u8]| -> Result<Vec<u8>, BoxError> {
+        let mut c = UnixStream::connect(&sock)?;
+        c.set_read_timeout(Some(Duration::from_secs(20)))?;
+        c.write_all(sent)?;
+        c.shutdown(std::net::Shutdown::Write)?;
+        let mut got = Vec::new();
+        match c.read_to_end(&mut got) {
+            // Closed with bytes of ours unread: what came before is kept.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            r => {
+                r?;
+            }
+        }
+        Ok(got)
+    };
+    let has = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+    const MAGIC: &[u8] = b"berthq1\n";
+
+    assert_eq!(exchange(b"bogus!!!")?, b"");
+
+    let got = exchange(&[MAGIC, b"\x00\x00\x00\x03\xff\xff\xff"].concat())?;
+    assert!(got.starts_with(MAGIC), "{got:?}");
+    assert!(
+        has(&got, b"malformed quick call"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+
+    // Over the frame limit: the magic, then the connection ends.
+    assert_eq!(exchange(&[MAGIC, b"\xff\xff\xff\xff"].concat())?, MAGIC);
+
+    // CheckedExec { client: { version: "0.0.0" }, call: { backend: "local",
+    // sandbox: "default", command: "touch ran" } }, encoded by hand.
+    let call = [
+        &b"\x0a\x07\x0a\x050.0.0"[..],
+        b"\x12\x1b\x0a\x05local\x12\x07default\x1a\x09touch ran",
+    ]
+    .concat();
+    let framed = [MAGIC, &(call.len() as u32).to_be_bytes(), &call].concat();
+    let got = exchange(&framed)?;
+    assert!(got.starts_with(MAGIC), "{got:?}");
+    // QuickReply { refused: { code: 9 (FAILED_PRECONDITION), .. } }
+    let reply = &got[MAGIC.len() + 4..];
+    assert_eq!((reply[0], reply[2], reply[3]), (0x12, 0x08, 9), "{got:?}");
+    assert!(
+        has(reply, b"it is berth"),
+        "{}",
+        String::from_utf8_lossy(reply)
+    );
+    // Refused, so never run.
+    assert_eq!(s.exec("ls ran 2>/dev/null | wc -l")?, "0\n");
+    assert_eq!(s.pid()?, pid);
     Ok(())
 }

@@ -42,6 +42,30 @@ pub struct ExecArgs {
     pub command: Vec<String>,
 }
 
+/// The options every berth command line takes, before or after the
+/// subcommand's name. The engine's parser, the thin client's and the
+/// server's parser of served command lines all flatten this one type.
+#[derive(Args, Debug)]
+pub struct Globals {
+    /// Where berth keeps its state (database, local sandboxes, spooled output).
+    /// Defaults to $XDG_STATE_HOME/berth, i.e. ~/.local/state/berth.
+    #[arg(long, global = true, env = "BERTH_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Log filter for berth's own diagnostics on stderr (e.g. `debug`, `berth_core=trace`).
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_LOG",
+        default_value = "warn",
+        value_name = "FILTER"
+    )]
+    pub log: String,
+
+    #[command(flatten)]
+    pub ssh: SshFlags,
+}
+
 /// The ssh backend's command-line flags, global so `berth exec --backend ssh
 /// --host myalias -- uptime` reads like `ssh myalias uptime`.
 #[derive(Args, Debug, Default, Clone, PartialEq)]

@@ -31,15 +31,14 @@ use crate::args::ExecArgs;
 use crate::proto::berth_client::BerthClient;
 use crate::proto::{
     CheckedExec, CheckedRun, ClientId, ExecCall, ForgetRequest, HelloReply, HelloRequest,
-    InterruptRequest, RunCall, ShutdownRequest, exec_event, run_event,
+    InterruptRequest, RunCall, ShutdownRequest, run_event,
 };
-use crate::report::EXIT_DENIED;
+use crate::report::{Step, lost, on_exec_event};
 
 /// How long the client waits for a server it started to listen.
 const START_DEADLINE: Duration = Duration::from_secs(20);
 
-/// Exit code when the server was lost mid-command.
-pub const EXIT_LOST: u8 = 125;
+pub use crate::report::EXIT_LOST;
 
 /// A connected, checked server.
 pub struct Server {
@@ -126,16 +125,6 @@ async fn hello(client: &mut BerthClient<Channel>) -> Result<HelloReply> {
     }
 }
 
-/// This client's identity, as a server compares it with its own.
-pub fn identity() -> ClientId {
-    ClientId {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        protocol: crate::PROTOCOL,
-        exe_id: crate::exe_id(),
-        config_key: crate::config_key(),
-    }
-}
-
 /// Why a client `client` and a server `server` do not belong together, if
 /// they do not (phrased for the client's user).
 pub fn differs(server: &ClientId, client: &ClientId) -> Option<String> {
@@ -162,7 +151,7 @@ fn mismatch(h: &HelloReply) -> Option<String> {
         exe_id: h.exe_id.clone(),
         config_key: h.config_key.clone(),
     };
-    differs(&server, &identity())
+    differs(&server, &crate::identity())
 }
 
 /// Start `berth serve` for `state_dir`, detached from this process: its own
@@ -318,7 +307,7 @@ where
         mut client,
         mut pid,
     } = open(state_dir, mode).await?;
-    let id = identity();
+    let id = crate::identity();
     let mut handshaken = false;
     loop {
         match send(client.clone(), id.clone()).await {
@@ -407,21 +396,35 @@ pub async fn forget(state_dir: &Path, backend: &str, sandbox: &str) {
     }
 }
 
-/// `berth exec` through the server.
-pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
+/// The call `berth exec` makes, from its command line (reads stdin with `--stdin`).
+pub fn exec_call(a: &ExecArgs) -> Result<ExecCall> {
     let command = a.command_line()?;
     if let Some(t) = a.timeout {
         crate::report::timeout_from_secs(t)?;
     }
-    let stdin = a.read_stdin()?;
-    let call = ExecCall {
+    Ok(ExecCall {
         backend: a.backend.clone(),
         sandbox: a.sandbox.clone(),
         command,
         timeout_secs: a.timeout,
-        stdin,
+        stdin: a.read_stdin()?,
         session: a.session.clone(),
-    };
+    })
+}
+
+/// `berth exec` through the server: over the quick framing when the server
+/// takes it, else over gRPC.
+pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
+    let call = exec_call(&a)?;
+    if let Some(code) = crate::quick::exec(&state_dir, &call, a.json)? {
+        return Ok(code);
+    }
+    exec_grpc(state_dir, mode, call, a.json).await
+}
+
+/// `berth exec` through the server over gRPC: finds, starts or replaces the
+/// server as `mode` says.
+pub async fn exec_grpc(state_dir: PathBuf, mode: Mode, call: ExecCall, json: bool) -> Result<u8> {
     let (mut interrupter, pid, opened) = call_checked(&state_dir, mode, |mut c, id| {
         let call = CheckedExec {
             client: Some(id),
@@ -433,7 +436,7 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
     let mut stream = match opened {
         Ok(s) => s,
         Err(s) if s.code() == tonic::Code::InvalidArgument => bail!("{}", s.message()),
-        Err(s) => return Ok(lost(pid, a.json, &s.to_string())),
+        Err(s) => return Ok(lost(pid, json, &s.to_string())),
     };
     let mut call_id = None;
     let mut interrupts = 0u32;
@@ -458,46 +461,13 @@ pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
         };
         let event = match next {
             Ok(Some(m)) => m.event,
-            Ok(None) => return Ok(lost(pid, a.json, "the stream ended without a report")),
-            Err(s) => return Ok(lost(pid, a.json, &s.to_string())),
+            Ok(None) => return Ok(lost(pid, json, "the stream ended without a report")),
+            Err(s) => return Ok(lost(pid, json, &s.to_string())),
         };
-        match event {
-            Some(exec_event::Event::Started(id)) => call_id = Some(id),
-            Some(exec_event::Event::Output(b)) if !a.json => {
-                let mut out = std::io::stdout().lock();
-                let _ = out.write_all(&b);
-                let _ = out.flush();
-            }
-            Some(exec_event::Event::Notice(n)) => {
-                let n = n.strip_prefix("berth: ").unwrap_or(&n);
-                eprintln!("berth: {n}");
-            }
-            Some(exec_event::Event::Report(r)) => {
-                if a.json {
-                    println!("{}", crate::report::json(&r));
-                } else {
-                    crate::report::print_notices(&r);
-                }
-                return Ok(crate::report::exit_byte(r.exit_code));
-            }
-            Some(exec_event::Event::Failure(f)) => {
-                if a.json {
-                    print_json(&if f.denied {
-                        serde_json::json!({ "error": f.message, "denied": true })
-                    } else {
-                        serde_json::json!({ "error": f.message })
-                    });
-                }
-                if f.denied {
-                    if !a.json {
-                        eprintln!("berth: {}", f.message);
-                    }
-                    return Ok(EXIT_DENIED);
-                }
-                bail!("{}", f.message);
-            }
-            // Output under --json: the report carries it.
-            Some(exec_event::Event::Output(_)) | None => {}
+        match on_exec_event(event, json)? {
+            Step::Started(id) => call_id = Some(id),
+            Step::Done(code) => return Ok(code),
+            Step::Next => {}
         }
     }
 }
@@ -580,22 +550,4 @@ fn lost_call(pid: u32, why: &str) -> u8 {
         "berth: error: lost the berth server (pid {pid}) during the call ({why}); it may have taken effect in part or in full. The next call starts a new server; check with `berth job ls` or `berth sandbox ls`"
     );
     EXIT_LOST
-}
-
-/// Report a command whose server died under it: never a success.
-fn lost(pid: u32, json: bool, why: &str) -> u8 {
-    let msg = format!(
-        "lost the berth server (pid {pid}) while the command ran ({why}); its outcome is unknown: it may have run in part or in full. \
-The next call starts a new server, which restores the session from its last snapshot (plain variables and the shell's background children are gone)"
-    );
-    if json {
-        print_json(&serde_json::json!({ "error": msg, "lost": true }));
-    }
-    eprintln!("berth: error: {msg}");
-    EXIT_LOST
-}
-
-/// One value as one line of JSON on stdout.
-fn print_json(v: &serde_json::Value) {
-    println!("{v}");
 }

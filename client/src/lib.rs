@@ -25,6 +25,7 @@
 pub mod args;
 pub mod client;
 pub mod diag;
+pub mod quick;
 pub mod report;
 
 use std::hash::{Hash, Hasher};
@@ -195,6 +196,16 @@ pub fn idle_from_env() -> Result<u64> {
             anyhow::anyhow!("BERTH_SERVER_IDLE={v:?} is not a whole number of seconds")
         }),
         _ => Ok(DEFAULT_IDLE_SECS),
+    }
+}
+
+/// This client's identity, as a server compares it with its own.
+pub fn identity() -> proto::ClientId {
+    proto::ClientId {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        protocol: PROTOCOL,
+        exe_id: crate::exe_id(),
+        config_key: crate::config_key(),
     }
 }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use crate::proto::Report;
+use std::io::Write;
+
+use crate::proto::{Report, exec_event};
 
 /// The report as `berth exec --json` prints it.
 pub fn json(r: &Report) -> Value {
@@ -41,6 +43,9 @@ pub fn print_notices(r: &Report) {
         Duration::from_secs_f64(r.timeout_secs.max(0.0)),
     );
 }
+
+/// Exit code when the server was lost mid-command.
+pub const EXIT_LOST: u8 = 125;
 
 /// Exit code when a policy refused the command.
 pub const EXIT_DENIED: u8 = 126;
@@ -100,4 +105,76 @@ pub fn exit_byte(code: i32) -> u8 {
         // Unknown (-1): the shell died without a code.
         crate::EXIT_BERTH_ERROR
     }
+}
+
+/// Where an `exec` stands after one of its events.
+pub enum Step {
+    /// The call has this id (name it to interrupt it).
+    Started(String),
+    /// More to come.
+    Next,
+    /// The command ended; exit with this.
+    Done(u8),
+}
+
+/// Print one event of an `exec` as the CLI shows it (`json`: `--json`), over
+/// either framing. A failure of berth's own is the error.
+pub fn on_exec_event(event: Option<exec_event::Event>, json: bool) -> Result<Step> {
+    match event {
+        Some(exec_event::Event::Started(id)) => return Ok(Step::Started(id)),
+        Some(exec_event::Event::Output(b)) if !json => {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(&b);
+            let _ = out.flush();
+        }
+        Some(exec_event::Event::Notice(n)) => {
+            let n = n.strip_prefix("berth: ").unwrap_or(&n);
+            eprintln!("berth: {n}");
+        }
+        Some(exec_event::Event::Report(r)) => {
+            if json {
+                println!("{}", self::json(&r));
+            } else {
+                print_notices(&r);
+            }
+            return Ok(Step::Done(exit_byte(r.exit_code)));
+        }
+        Some(exec_event::Event::Failure(f)) => {
+            if json {
+                print_json(&if f.denied {
+                    serde_json::json!({ "error": f.message, "denied": true })
+                } else {
+                    serde_json::json!({ "error": f.message })
+                });
+            }
+            if f.denied {
+                if !json {
+                    eprintln!("berth: {}", f.message);
+                }
+                return Ok(Step::Done(EXIT_DENIED));
+            }
+            bail!("{}", f.message);
+        }
+        // Output under --json: the report carries it.
+        Some(exec_event::Event::Output(_)) | None => {}
+    }
+    Ok(Step::Next)
+}
+
+/// Report a command whose server died under it: never a success.
+pub fn lost(pid: u32, json: bool, why: &str) -> u8 {
+    let msg = format!(
+        "lost the berth server (pid {pid}) while the command ran ({why}); its outcome is unknown: it may have run in part or in full. \
+The next call starts a new server, which restores the session from its last snapshot (plain variables and the shell's background children are gone)"
+    );
+    if json {
+        print_json(&serde_json::json!({ "error": msg, "lost": true }));
+    }
+    eprintln!("berth: error: {msg}");
+    EXIT_LOST
+}
+
+/// One value as one line of JSON on stdout.
+pub fn print_json(v: &serde_json::Value) {
+    println!("{v}");
 }

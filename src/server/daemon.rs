@@ -96,6 +96,10 @@ struct Shared {
     active_now: tokio::sync::watch::Sender<usize>,
     /// `Run` calls taken so far.
     served: std::sync::atomic::AtomicU64,
+    /// Whether `exec` is taken over the quick framing.
+    quick: bool,
+    /// `exec` calls taken over the quick framing so far.
+    quick_calls: std::sync::atomic::AtomicU64,
     last_active: Mutex<Instant>,
     /// Running calls by id, to interrupt them.
     calls: Mutex<HashMap<String, CancellationToken>>,
@@ -121,6 +125,14 @@ impl Shared {
         std::fs::symlink_metadata(&self.socket)
             .map(|m| (m.dev(), m.ino()) == self.socket_id)
             .unwrap_or(false)
+    }
+
+    /// Interrupt the running call `id`; whether one ran.
+    fn interrupt(&self, id: &str) -> bool {
+        match self.calls.lock() {
+            Ok(calls) => calls.get(id).map(|c| c.cancel()).is_some(),
+            Err(_) => false,
+        }
     }
 
     fn interrupt_all(&self) {
@@ -235,7 +247,20 @@ impl Conn {
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<ExecEvent, Status>> + Send>>;
+type EventStream = super::quick::Events;
+
+/// A quick call (`berth exec` from the CLI) runs as `ExecChecked` does.
+impl super::quick::Exec for Conn {
+    async fn exec(&self, call: CheckedExec) -> Result<EventStream, Status> {
+        let events = self.exec_checked(Request::new(call)).await?.into_inner();
+        self.shared.quick_calls.fetch_add(1, Ordering::SeqCst);
+        Ok(events)
+    }
+
+    fn interrupt(&self, call_id: &str) {
+        self.shared.interrupt(call_id);
+    }
+}
 type RunStream = Pin<Box<dyn Stream<Item = Result<RunEvent, Status>> + Send>>;
 type ToolStream = Pin<Box<dyn Stream<Item = Result<ToolEvent, Status>> + Send>>;
 
@@ -318,6 +343,7 @@ impl Berth for Conn {
             state_dir: s.state_dir.display().to_string(),
             watched_jobs: s.watching.lock().map(|w| w.len()).unwrap_or(0) as u32,
             served_calls: s.served.load(Ordering::SeqCst),
+            quick_calls: s.quick_calls.load(Ordering::SeqCst),
         }))
     }
 
@@ -453,7 +479,7 @@ impl Berth for Conn {
             .map(std::ffi::OsString::from_vec)
             .collect();
         let command =
-            crate::served_command(args).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            crate::served::parse(args).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let shared = self.shared.clone();
         shared.served.fetch_add(1, Ordering::SeqCst);
         let serving = Serving::new(&shared);
@@ -463,7 +489,7 @@ impl Berth for Conn {
         tokio::spawn(async move {
             let work = crate::io::for_client(
                 tx.clone(),
-                crate::run_on(&shared.rt, &shared.state_dir, command),
+                crate::served::run_on(&shared.rt, &shared.state_dir, command),
             );
             // A client that went away (Ctrl-C, a closed terminal) ends the
             // work where it waits, as a signal ends the in-process CLI.
@@ -559,10 +585,7 @@ impl Berth for Conn {
     ) -> Result<Response<InterruptReply>, Status> {
         self.check_peer()?;
         let id = req.into_inner().call_id;
-        let found = match self.shared.calls.lock() {
-            Ok(calls) => calls.get(&id).map(|c| c.cancel()).is_some(),
-            Err(_) => false,
-        };
+        let found = self.shared.interrupt(&id);
         Ok(Response::new(InterruptReply { found }))
     }
 
@@ -643,7 +666,23 @@ fn bind(socket: &Path) -> Result<UnixListener> {
 
 /// Run the server in the foreground until it is idle, stopped or replaced.
 /// Returns 0, also when another server already holds the state dir.
-pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: String) -> Result<u8> {
+/// How a server runs, beyond its state dir and runtime.
+pub struct Options {
+    /// Exit after this long with nothing to do.
+    pub idle: Duration,
+    /// The version the handshake reports.
+    pub version: String,
+    /// Take `exec` calls over the quick framing; off, the server answers as
+    /// one from before that framing (tests of the client's fallback).
+    pub quick: bool,
+}
+
+pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8> {
+    let Options {
+        idle,
+        version,
+        quick,
+    } = opts;
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
     let Some(lock) = take_lock(&state_dir)? else {
@@ -683,6 +722,8 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, idle: Duration, version: Str
         active: AtomicUsize::new(0),
         active_now: tokio::sync::watch::Sender::new(0),
         served: Default::default(),
+        quick,
+        quick_calls: Default::default(),
         last_active: Mutex::new(Instant::now()),
         calls: Mutex::new(HashMap::new()),
         lock: Mutex::new(Some(lock)),
@@ -868,7 +909,16 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     if peer_uid != Some(shared.owner_uid) {
         warn!(?peer_uid, "refusing a connection from another uid");
     }
-    let svc = BerthServer::new(Conn { shared, peer_uid });
+    let quick = shared.quick;
+    let conn = Conn { shared, peer_uid };
+    if quick {
+        match super::quick::is_quick(&stream).await {
+            Some(true) => return super::quick::serve(stream, conn).await,
+            Some(false) => {}
+            None => return,
+        }
+    }
+    let svc = BerthServer::new(conn);
     let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .serve_connection(
             hyper_util::rt::TokioIo::new(stream),

@@ -3,6 +3,7 @@
 //! thin `berth` binary links only that); see its crate docs for the flow.
 
 pub mod daemon;
+pub mod quick;
 pub mod schedules;
 pub mod tools;
 pub mod waits;

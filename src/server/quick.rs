@@ -1,0 +1,172 @@
+//! The server's side of the quick framing ([`berth_client::quick`]): one
+//! `exec` per connection, without HTTP/2.
+//!
+//! The call runs through the same method as gRPC's `ExecChecked` ([`Exec`] is
+//! how the connection hands it over), so the checks, the session, the
+//! cancellation when the client goes and the events are the same; only the
+//! bytes on the socket differ.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use berth_client::quick::{MAGIC, body_len, frame};
+use futures::{Stream, StreamExt};
+use prost::Message;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tonic::Status;
+use tracing::info;
+
+use super::proto::{CheckedExec, ExecEvent, QuickRefusal, QuickReply, exec_event, quick_reply};
+
+/// An `exec`'s events, as the gRPC method streams them.
+pub type Events = Pin<Box<dyn Stream<Item = Result<ExecEvent, Status>> + Send>>;
+
+/// What a connection does for a quick call.
+pub trait Exec {
+    /// Start the call: its events, or why it was refused.
+    fn exec(&self, call: CheckedExec) -> impl Future<Output = Result<Events, Status>> + Send;
+    /// Interrupt the running call `call_id` (Ctrl-C in the client).
+    fn interrupt(&self, call_id: &str);
+}
+
+/// Whether a new connection speaks the quick framing: its first byte, read
+/// without taking it (`MSG_PEEK`), is the magic's. `None`: it closed, or
+/// failed, before saying anything.
+pub async fn is_quick(stream: &UnixStream) -> Option<bool> {
+    use std::os::fd::AsRawFd;
+    loop {
+        stream.readable().await.ok()?;
+        let mut first = 0u8;
+        let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+            // SAFETY: `first` is a live one-byte buffer and the fd is the
+            // stream's, open for the call; MSG_PEEK leaves the byte queued.
+            let n = unsafe {
+                libc::recv(
+                    stream.as_raw_fd(),
+                    (&mut first as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK,
+                )
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n)
+            }
+        });
+        match peeked {
+            Ok(0) => return None,
+            Ok(_) => return Some(first == MAGIC[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Serve one quick call on `stream`, whose first byte is the magic's.
+pub async fn serve(stream: UnixStream, conn: impl Exec) {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut magic = [0u8; MAGIC.len()];
+    if rd.read_exact(&mut magic).await.is_err() || &magic != MAGIC {
+        info!("a connection sent neither HTTP/2 nor the quick framing; closed");
+        return;
+    }
+    // Before the call is read: a client that sees this knows a lost
+    // connection from here on may have run its command (see the client).
+    if wr.write_all(MAGIC).await.is_err() {
+        return;
+    }
+    let call = match read_frame(&mut rd).await {
+        Ok(Some(body)) => match CheckedExec::decode(body.as_slice()) {
+            Ok(c) => c,
+            Err(e) => {
+                let refusal = Status::invalid_argument(format!("a malformed quick call: {e}"));
+                let _ = send(&mut wr, refused(&refusal)).await;
+                return;
+            }
+        },
+        _ => return,
+    };
+    let mut events = match conn.exec(call).await {
+        Ok(events) => events,
+        Err(status) => {
+            let _ = send(&mut wr, refused(&status)).await;
+            return;
+        }
+    };
+    // The client's later frames are interrupts; its end of the connection
+    // means it is gone. Read in a task of its own: a frame is never cut by
+    // the select below.
+    let (ctrl_c, mut ctrl_cs) = tokio::sync::mpsc::channel::<()>(4);
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(_)) = read_frame(&mut rd).await {
+            if ctrl_c.send(()).await.is_err() {
+                break;
+            }
+        }
+    });
+    // The call's id comes with its first event; an interrupt before that
+    // waits for it.
+    let mut call_id: Option<String> = None;
+    let mut pending = false;
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(e)) => {
+                    if let Some(exec_event::Event::Started(id)) = &e.event {
+                        if pending {
+                            conn.interrupt(id);
+                        }
+                        call_id = Some(id.clone());
+                    }
+                    let reply = QuickReply { reply: Some(quick_reply::Reply::Event(e)) };
+                    if send(&mut wr, reply).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Err(status)) => {
+                    let _ = send(&mut wr, refused(&status)).await;
+                    break;
+                }
+                None => break,
+            },
+            c = ctrl_cs.recv() => match c {
+                Some(()) => match &call_id {
+                    Some(id) => conn.interrupt(id),
+                    None => pending = true,
+                },
+                // The client hung up: dropping `events` ends the call, as a
+                // dropped gRPC stream does.
+                None => break,
+            },
+        }
+    }
+    reader.abort();
+}
+
+fn refused(status: &Status) -> QuickReply {
+    QuickReply {
+        reply: Some(quick_reply::Reply::Refused(QuickRefusal {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+        })),
+    }
+}
+
+async fn send(wr: &mut tokio::net::unix::OwnedWriteHalf, reply: QuickReply) -> std::io::Result<()> {
+    wr.write_all(&frame(&reply.encode_to_vec())?).await
+}
+
+/// The next frame's body; `None` at a clean end between frames.
+async fn read_frame(rd: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match rd.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut body = vec![0u8; body_len(len)?];
+    rd.read_exact(&mut body).await?;
+    Ok(Some(body))
+}
