@@ -39,7 +39,6 @@ mod ui;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use berth_client::args::ExecArgs;
 use clap::{Parser, Subcommand};
 
 /// Exit code for berth's own failures (as opposed to the command's).
@@ -137,17 +136,10 @@ fn main() -> ExitCode {
     let ssh_flags = ssh.own();
     let result = rt.block_on(async move {
         match cli.command {
-            c @ (Command::Served(_)
-            | Command::Exec(ExecArgs {
-                background: true, ..
-            })) => match server_mode(ssh_flags) {
-                Ok(server::Mode::Off) => in_process(state_dir, c).await,
-                Ok(mode) => match context::state_dir(state_dir) {
-                    Ok(dir) => server::client::run(dir, mode).await,
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            },
+            Command::Served(c) => run_served(state_dir, ssh_flags, served::Call::Sub(c)).await,
+            Command::Exec(a) if a.background => {
+                run_served(state_dir, ssh_flags, served::Call::Background(a)).await
+            }
             Command::Exec(a) => match server_mode(ssh_flags) {
                 Ok(server::Mode::Off) => cmd_exec::run(state_dir, a).await,
                 Ok(mode) => match context::state_dir(state_dir) {
@@ -184,19 +176,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// Run a served call (`Command::Served`, `exec --background`) in this
-/// process, on a runtime of its own.
-async fn in_process(state_dir: Option<PathBuf>, c: Command) -> anyhow::Result<u8> {
-    let call = match c {
-        Command::Served(s) => served::Call::Sub(s),
-        Command::Exec(a) => served::Call::Background(a),
-        _ => anyhow::bail!("this subcommand runs in the CLI, not in the server"),
-    };
-    let dir = context::state_dir(state_dir)?;
-    let rt = context::runtime(Some(dir.clone()))?;
-    let r = served::run_on(&rt, &dir, call).await;
-    rt.shutdown().await;
-    r
+/// A served call (`Command::Served`, `exec --background`): through the
+/// server, or in this process on a runtime of its own (`BERTH_SERVER=off`,
+/// or ssh flags of the call's own).
+async fn run_served(
+    state_dir: Option<PathBuf>,
+    ssh_flags: bool,
+    call: served::Call,
+) -> anyhow::Result<u8> {
+    match server_mode(ssh_flags)? {
+        server::Mode::Off => {
+            let dir = context::state_dir(state_dir)?;
+            let rt = context::runtime(Some(dir.clone()))?;
+            let r = served::run_on(&rt, &dir, call).await;
+            rt.shutdown().await;
+            r
+        }
+        mode => server::client::run(context::state_dir(state_dir)?, mode).await,
+    }
 }
 
 pub(crate) use berth_client::error_text;

@@ -20,7 +20,7 @@ use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
 use berth_client::args::{ExecArgs, Globals};
-use berth_client::client::{self, Unparsed};
+use berth_client::client::{self, Quick, Unparsed};
 use berth_client::proto::ExecCall;
 use berth_client::{EXIT_BERTH_ERROR, Mode, error_text};
 use clap::{Parser, Subcommand};
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
     // `exec` first tries the quick framing, which needs no async runtime:
     // most served calls end here.
     let call = match exec {
-        Some(a) => match quick_exec(&dir, &a) {
+        Some(a) => match client::exec_quick(&dir, &a) {
             Ok(Quick::Done(code)) => return ExitCode::from(code),
             Ok(Quick::Grpc(c)) => Call::Exec(c, a.json),
             Err(e) => {
@@ -127,20 +127,6 @@ enum Call {
     /// An `exec` the quick framing stepped aside from (`--json` or not).
     Exec(ExecCall, bool),
     Run,
-}
-
-enum Quick {
-    Done(u8),
-    Grpc(ExecCall),
-}
-
-/// `exec` over the quick framing, or the call to make over gRPC instead.
-fn quick_exec(dir: &std::path::Path, a: &ExecArgs) -> anyhow::Result<Quick> {
-    let call = client::exec_call(a)?;
-    Ok(match berth_client::quick::exec(dir, &call, a.json)? {
-        Some(code) => Quick::Done(code),
-        None => Quick::Grpc(call),
-    })
 }
 
 /// Whether a subcommand's line is one to send to the server as it is: a

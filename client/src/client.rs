@@ -412,14 +412,31 @@ pub fn exec_call(a: &ExecArgs) -> Result<ExecCall> {
     })
 }
 
+/// Where `berth exec`'s first try left it.
+pub enum Quick {
+    /// The call ran over the quick framing; exit with this.
+    Done(u8),
+    /// Nothing ran: make this call over gRPC ([`exec_grpc`]).
+    Grpc(ExecCall),
+}
+
+/// `berth exec`'s first try, blocking and with no async runtime: the quick
+/// framing ([`crate::quick`]).
+pub fn exec_quick(state_dir: &Path, a: &ExecArgs) -> Result<Quick> {
+    let call = exec_call(a)?;
+    Ok(match crate::quick::exec(state_dir, &call, a.json)? {
+        Some(code) => Quick::Done(code),
+        None => Quick::Grpc(call),
+    })
+}
+
 /// `berth exec` through the server: over the quick framing when the server
 /// takes it, else over gRPC.
 pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
-    let call = exec_call(&a)?;
-    if let Some(code) = crate::quick::exec(&state_dir, &call, a.json)? {
-        return Ok(code);
+    match exec_quick(&state_dir, &a)? {
+        Quick::Done(code) => Ok(code),
+        Quick::Grpc(call) => exec_grpc(state_dir, mode, call, a.json).await,
     }
-    exec_grpc(state_dir, mode, call, a.json).await
 }
 
 /// `berth exec` through the server over gRPC: finds, starts or replaces the

@@ -1,12 +1,11 @@
 //! What a finished `berth exec` prints and exits with, the same whether the
 //! call ran in the server or in-process.
 
+use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
-
-use std::io::Write;
 
 use crate::proto::{Report, exec_event};
 
