@@ -981,3 +981,53 @@ fn the_quick_framing_refuses_what_it_cannot_run() -> TestResult {
     assert_eq!(s.pid()?, pid);
     Ok(())
 }
+
+/// `--stdin` takes a large input over either framing (the first call starts
+/// the server over gRPC, the next goes quick), and one past the limit is
+/// refused by the client with what to do, before anything runs; the session
+/// lives on.
+#[test]
+fn a_large_stdin_goes_through_and_one_past_the_limit_is_refused_with_what_to_do() -> TestResult {
+    let s = Served::new()?;
+    let feed = |command: &str, len: usize| -> Result<Output, BoxError> {
+        use std::io::Write;
+        let mut c = s
+            .cmd(&["exec", "--stdin", "--", command])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let mut input = c.stdin.take().ok_or("no stdin")?;
+        // The client stops reading past the limit: the rest meets a closed pipe.
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 1 << 20];
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                if input.write_all(&chunk[..n]).is_err() {
+                    break;
+                }
+                left -= n;
+            }
+        });
+        let o = wait_child(&mut c, Duration::from_secs(60))?;
+        writer.join().map_err(|_| "the writer panicked")?;
+        Ok(o)
+    };
+    for _ in 0..2 {
+        let o = feed("wc -c", 5 << 20)?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "5242880");
+    }
+    let o = feed("export FED=1; wc -c", 33 << 20)?;
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--stdin carries at most 32 MiB") && err.contains("in parts"),
+        "{err}"
+    );
+    assert!(!err.contains("lost the berth server"), "{err}");
+    // Nothing of it ran, and the server and the session are as they were.
+    assert_eq!(s.exec("echo ${FED:-none}")?, "none\n");
+    Ok(())
+}

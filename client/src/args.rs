@@ -128,12 +128,50 @@ impl ExecArgs {
     }
 
     /// berth's stdin for the command with `--stdin`, else none (/dev/null).
-    pub fn read_stdin(&self) -> std::io::Result<Option<Vec<u8>>> {
+    pub fn read_stdin(&self) -> anyhow::Result<Option<Vec<u8>>> {
         if !self.stdin {
             return Ok(None);
         }
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
-        Ok(Some(buf))
+        read_limited(&mut std::io::stdin().lock(), MAX_STDIN).map(Some)
+    }
+}
+
+/// The most `--stdin` carries to a command. The input travels whole in the
+/// call (it is held in memory on both sides and crosses as one message), so
+/// it has a bound, the same with or without a server, well inside the
+/// largest message either framing takes.
+pub const MAX_STDIN: usize = 32 << 20;
+
+/// All of `r`, or an error saying what to do when it holds more than `max`
+/// bytes (read no further than that).
+pub fn read_limited(r: &mut impl std::io::Read, max: usize) -> anyhow::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(r, max as u64 + 1), &mut buf)
+        .map_err(|e| anyhow::anyhow!("cannot read berth's stdin for --stdin: {e}"))?;
+    if buf.len() > max {
+        anyhow::bail!(
+            "--stdin carries at most {} MiB to a command, and more came; nothing ran. \
+             Send a larger input in parts (`berth exec --stdin -- 'cat >> /tmp/input'` for each), \
+             then run the command on the file",
+            max >> 20
+        );
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_limited;
+
+    #[test]
+    fn stdin_up_to_the_limit_is_read_and_past_it_is_refused_with_what_to_do() -> anyhow::Result<()>
+    {
+        assert_eq!(read_limited(&mut &b"four"[..], 4)?, b"four");
+        let e = read_limited(&mut &b"fives"[..], 4)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("at most 0 MiB") && e.contains("in parts"), "{e}");
+        Ok(())
     }
 }

@@ -797,16 +797,18 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    // Nothing in a sandbox may call berth (answer its own
-                    // approval, start sandboxes): a peer that is a sandbox's
-                    // process is dropped unheard.
-                    let peer = stream.peer_cred().ok().and_then(|c| c.pid());
-                    if let Some(sandbox) = peer.and_then(berth_core::procs::sandbox_of) {
-                        warn!(pid = peer, %sandbox, "refused a connection from inside a sandbox");
-                        continue;
-                    }
                     let s = shared.clone();
                     tokio::spawn(async move {
+                        // Nothing in a sandbox may call berth (answer its own
+                        // approval, start sandboxes): a peer that is a
+                        // sandbox's process is dropped unheard. Checked here,
+                        // not in the accept loop: it reads `/proc`, and the
+                        // next connection need not wait for it.
+                        let peer = stream.peer_cred().ok().and_then(|c| c.pid());
+                        if let Some(sandbox) = peer.and_then(berth_core::procs::sandbox_of) {
+                            warn!(pid = peer, %sandbox, "refused a connection from inside a sandbox");
+                            return;
+                        }
                         serve_connection(s, stream).await;
                         drop(slot);
                     });
@@ -918,7 +920,10 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
             None => return,
         }
     }
-    let svc = BerthServer::new(conn);
+    // A call carries `--stdin` whole: take what the quick framing takes
+    // (tonic's default is 4 MiB), so a large input is refused by the client
+    // with what to do, not by the decoder as a lost server.
+    let svc = BerthServer::new(conn).max_decoding_message_size(berth_client::quick::MAX_FRAME);
     let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .serve_connection(
             hyper_util::rt::TokioIo::new(stream),
