@@ -15,7 +15,9 @@
 //! the first byte: HTTP/2's preface starts with `P`, this with `b`):
 //! 1. the client sends [`MAGIC`], then one frame holding a `CheckedExec`;
 //! 2. the server sends [`MAGIC`] back *before it reads the call*, then frames
-//!    holding `QuickReply`: a refusal, or the call's events up to its report;
+//!    holding `QuickReply`: a refusal, or the call's events up to its report
+//!    (all but `Started`: the call's id is the server's to use, which maps
+//!    an interrupt to it, and the report carries it);
 //! 3. on Ctrl-C the client sends a frame holding `QuickInterrupt`.
 //!
 //! A frame is a 4-byte big-endian length, then that many bytes of protobuf.

@@ -168,17 +168,41 @@ fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
     Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
-/// The sandbox a process belongs to, if any: the value of the marker
-/// berth puts in the environment of every sandboxed program (in its own or
-/// an ancestor's environment), or a berth sandbox's pids cgroup it is in,
-/// which a sandboxed process cannot leave. berth's server refuses such a
-/// peer: nothing in a sandbox may call berth (answer its own approval, say).
+/// The sandbox a process belongs to, if any: a berth sandbox's pids cgroup
+/// it is in, which a sandboxed process cannot leave, or the value of the
+/// marker berth puts in the environment of every sandboxed program (in its
+/// own or an ancestor's environment). berth's server refuses such a peer:
+/// nothing in a sandbox may call berth (answer its own approval, say).
+///
+/// The cgroup is read first: one small read that decides where cgroups are
+/// delegated. The ancestry is walked after it, and stops at a process whose
+/// own ancestry an earlier call found clean ([`clean_ancestry`]): a CLI's
+/// calls come from one shell, so most walks read the caller and its parent
+/// and stop there.
 pub fn sandbox_of(pid: i32) -> Option<String> {
+    if let Some(name) = sandbox_cgroup(pid) {
+        return Some(name);
+    }
     let me = std::process::id() as i32;
     let marker = format!("{}=", crate::backend::SANDBOX_MARKER);
+    let mut walked = Vec::new();
     let mut at = pid;
+    // Whether the walk reached its top (init, this server, or a process
+    // known clean) rather than losing its way (a parent that exited as it
+    // was read, whose children another process adopts): only then are the
+    // processes walked known clean.
+    let mut whole = false;
     for _ in 0..ANCESTRY {
         if at <= 1 || at == me {
+            whole = true;
+            break;
+        }
+        let Some(s) = stat(at) else { break };
+        if clean_ancestry()
+            .lock()
+            .is_ok_and(|c| c.contains(&(at, s.start)))
+        {
+            whole = true;
             break;
         }
         if let Ok(env) = std::fs::read(format!("/proc/{at}/environ"))
@@ -188,17 +212,41 @@ pub fn sandbox_of(pid: i32) -> Option<String> {
         {
             return Some(String::from_utf8_lossy(name).into_owned());
         }
-        match stat(at) {
-            Some(s) => at = s.ppid,
-            None => break,
-        }
+        walked.push((at, s.start));
+        at = s.ppid;
     }
+    if let Ok(mut clean) = clean_ancestry().lock()
+        && whole
+    {
+        if clean.len() + walked.len() > CLEAN_KEPT {
+            clean.clear();
+        }
+        clean.extend(walked);
+    }
+    None
+}
+
+/// How many clean processes [`clean_ancestry`] keeps before it starts over.
+const CLEAN_KEPT: usize = 4096;
+
+/// Processes, by pid and start time (together never reused), whose own
+/// environment and every ancestor's were read without the marker. That stays
+/// true: a process that is not a sandbox's does not become one (a sandbox's
+/// processes are new ones berth starts), and one whose parent exits is
+/// adopted by an ancestor (init, or a subreaper above it), already read.
+fn clean_ancestry() -> &'static std::sync::Mutex<std::collections::HashSet<(i32, u64)>> {
+    static CLEAN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<(i32, u64)>>> =
+        std::sync::OnceLock::new();
+    CLEAN.get_or_init(Default::default)
+}
+
+/// The sandbox whose pids cgroup (`berth-<name>-<hash>`) holds `pid`.
+fn sandbox_cgroup(pid: i32) -> Option<String> {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     cgroups.lines().find_map(|l| {
         let path = l.splitn(3, ':').nth(2)?;
         let leaf = path.rsplit('/').next()?;
         leaf.strip_prefix("berth-").map(|rest| {
-            // berth-<name>-<hash>
             rest.rsplit_once('-')
                 .map_or(rest, |(name, _)| name)
                 .to_string()
@@ -318,6 +366,46 @@ mod tests {
         assert_eq!(signal("TERM").unwrap(), Signal::SIGTERM);
         assert_eq!(signal("USR2").unwrap(), Signal::SIGUSR2);
         assert!(signal("NOPE").is_err());
+    }
+
+    #[test]
+    fn a_peer_under_a_marked_parent_is_found_though_its_ancestors_were_seen_clean() {
+        use std::io::{BufRead, Write};
+        use std::process::{Command, Stdio};
+        let marker = crate::backend::SANDBOX_MARKER;
+        // An unmarked shell, asked about first: clean, and remembered so.
+        // Told to go on, it starts a marked shell whose child drops the
+        // marker from its own environment.
+        let mut outer = Command::new("sh")
+            .args([
+                "-c",
+                &format!(
+                    "read go; env {marker}=box sh -c 'env -u {marker} sleep 30 & echo $!; wait'"
+                ),
+            ])
+            .env_remove(marker)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let outer_pid = outer.id() as i32;
+        assert_eq!(sandbox_of(outer_pid), None);
+        let known = (outer_pid, stat(outer_pid).unwrap().start);
+        assert!(clean_ancestry().lock().unwrap().contains(&known));
+        outer.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(outer.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let inner: i32 = line.trim().parse().unwrap();
+        // The walk reads the child, then its marked parent, before it meets
+        // the known-clean shell above them.
+        assert_eq!(sandbox_of(inner).as_deref(), Some("box"));
+        assert_eq!(sandbox_of(inner).as_deref(), Some("box"), "asked again");
+        assert_eq!(sandbox_of(outer_pid), None, "asked again");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(inner), Signal::SIGKILL);
+        let _ = outer.kill();
+        let _ = outer.wait();
     }
 
     #[test]

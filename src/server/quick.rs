@@ -119,6 +119,10 @@ pub async fn serve(stream: UnixStream, conn: impl Exec) {
                             conn.interrupt(id);
                         }
                         call_id = Some(id.clone());
+                        // The id is this side's to use (an interrupt names
+                        // it); the client has no use for it, and a frame it
+                        // need not wake for is one less wake-up per call.
+                        continue;
                     }
                     let reply = QuickReply { reply: Some(quick_reply::Reply::Event(e)) };
                     if send(&mut wr, reply).await.is_err() {
