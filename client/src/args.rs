@@ -30,7 +30,7 @@ pub struct ExecArgs {
     /// Print one JSON object instead of the raw output.
     #[arg(long)]
     pub json: bool,
-    /// Feed berth's stdin to the command (otherwise its stdin is /dev/null).
+    /// Feed berth's stdin to the command, up to 32 MiB (otherwise its stdin is /dev/null).
     #[arg(long, conflicts_with = "background")]
     pub stdin: bool,
     /// Run it as a background job with the session's cwd and environment, and
