@@ -6,42 +6,12 @@ use berth_core::approvals::Approval;
 use berth_core::gate::Gate;
 use berth_core::store::Store;
 use berth_policies::shell::printable;
-use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::context;
 use crate::io::outln;
 
-#[derive(Subcommand, Debug)]
-pub enum ApprovalsCmd {
-    /// List approvals: pending ones, or all with --all.
-    Ls(LsArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct LsArgs {
-    /// Include answered and expired approvals.
-    #[arg(long)]
-    pub all: bool,
-    /// One JSON object per line.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug)]
-#[command(
-    after_help = "Examples:\n  berth approvals ls\n  berth approve 3\n  berth approve 3 --always   # and allow this command from now on\n  berth deny 4"
-)]
-pub struct AnswerArgs {
-    /// The approval's id, from `berth approvals ls`.
-    pub id: i64,
-    /// Also add an allow rule for this command to the policy file.
-    #[arg(long)]
-    pub always: bool,
-    /// Print one JSON object.
-    #[arg(long)]
-    pub json: bool,
-}
+use berth_client::served::approvals::{AnswerArgs, ApprovalsCmd};
 
 /// `approvals ls` on `store`, redacting with `gate`.
 pub fn ls(store: &Store, gate: &Gate, cmd: ApprovalsCmd) -> Result<u8> {

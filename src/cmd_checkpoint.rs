@@ -6,77 +6,12 @@ use std::path::Path;
 use anyhow::Result;
 use berth_core::checkpoint::record::CheckpointRow;
 use berth_core::runtime::Runtime;
-use clap::Args;
 use serde_json::json;
 
-use crate::context::{self, DEFAULT_BACKEND};
+use crate::context;
 use crate::io::outln;
 
-#[derive(Args, Debug)]
-pub struct CheckpointArgs {
-    /// The sandbox.
-    pub name: String,
-    /// A label; labelled checkpoints are kept whatever the retention.
-    #[arg(long, short = 'l')]
-    pub label: Option<String>,
-    /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct CheckpointsArgs {
-    /// The sandbox.
-    pub name: String,
-    /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct RestoreArgs {
-    /// The sandbox.
-    pub name: String,
-    /// The checkpoint's id (`berth sandbox checkpoints NAME` lists them).
-    pub checkpoint: String,
-    /// Stop what runs in the sandbox (commands, jobs) first, instead of
-    /// refusing.
-    #[arg(long)]
-    pub force: bool,
-    /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct CloneArgs {
-    /// The sandbox to copy.
-    pub src: String,
-    /// The new sandbox's name.
-    pub dst: String,
-    /// The checkpoint to copy; without it, a checkpoint of SRC as it is now.
-    #[arg(long, value_name = "CHECKPOINT")]
-    pub at: Option<String>,
-    /// Backend SRC lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
-    /// Backend for the new sandbox; SRC's when not given. Files and session
-    /// move; backend settings (an image, a host) do not.
-    #[arg(long, value_name = "BACKEND")]
-    pub to: Option<String>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
+use berth_client::served::sandbox::{CheckpointArgs, CheckpointsArgs, CloneArgs, RestoreArgs};
 
 fn mib(bytes: i64) -> String {
     if bytes < 1 << 20 {

@@ -7,7 +7,6 @@ use anyhow::Result;
 use berth_core::events::EventKind;
 use berth_core::store::Event;
 use berth_policies::shell::printable;
-use clap::Args;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
@@ -15,21 +14,7 @@ use berth_core::runtime::Runtime;
 
 use crate::io::{self, outln};
 
-#[derive(Args, Debug)]
-pub struct EventsArgs {
-    /// How many of the newest events to show.
-    #[arg(long, short = 'n', default_value_t = 20)]
-    pub limit: usize,
-    /// Only events whose kind starts with this, e.g. `exec` or `job`.
-    #[arg(long)]
-    pub kind: Option<String>,
-    /// Keep printing new events as they are written (Ctrl-C to stop).
-    #[arg(long, short = 'f')]
-    pub follow: bool,
-    /// One JSON object per line.
-    #[arg(long)]
-    pub json: bool,
-}
+use berth_client::served::events::EventsArgs;
 
 /// `berth events` on `rt` (in-process, or in the server for a client).
 pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {

@@ -3,25 +3,11 @@
 use anyhow::Result;
 use berth_core::reaper;
 use berth_core::runtime::Runtime;
-use clap::Args;
 
 use crate::context;
 use crate::io::outln;
 
-#[derive(Args, Debug)]
-#[command(
-    after_help = "The idle lifetime is `idle_lifetime_secs` under [limits] in the policy file \
-(per sandbox under [limits.sandbox.NAME]); 0 keeps a sandbox forever.\n\n\
-Examples:\n  berth sandbox reap --dry-run\n  berth sandbox reap --json"
-)]
-pub struct ReapArgs {
-    /// Only list what would be removed.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// One JSON object per sandbox.
-    #[arg(long)]
-    pub json: bool,
-}
+use berth_client::served::sandbox::ReapArgs;
 
 pub async fn run(rt: &Runtime, a: ReapArgs) -> Result<u8> {
     let idle = reaper::reap_idle(rt, a.dry_run).await?;

@@ -192,7 +192,7 @@ async fn run_served(
             rt.shutdown().await;
             r
         }
-        mode => server::client::run(context::state_dir(state_dir)?, mode).await,
+        mode => server::client::run(context::state_dir(state_dir)?, mode, &call).await,
     }
 }
 

@@ -736,7 +736,8 @@ fn the_thin_client_hands_the_rest_to_the_engine() -> TestResult {
         text(&o)
     );
     // A global option after a served subcommand's name is the caller's: the
-    // engine reads it (the thin parser does not look past the name).
+    // thin client's parse of the whole served line reads it, and it chooses
+    // the server.
     let other = tempfile::tempdir()?;
     s.exec("true")?;
     let started = s

@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use serde::{Deserialize, Serialize};
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize, Deserialize)]
 #[command(
     after_help = "The command's output goes to stdout and berth exits with the command's exit code: \
 124 after a timeout, 130 after Ctrl-C, 125 when berth itself fails, 126 when a policy refused it.\n\n\

@@ -490,14 +490,15 @@ pub async fn exec_grpc(state_dir: PathBuf, mode: Mode, call: ExecCall, json: boo
 }
 
 /// A served subcommand (`job …`, `sandbox …`, `events`, approvals, `exec
-/// --background`) through the server: this process's command line goes over,
-/// and what the server's run of it prints comes back to stdout and stderr.
+/// --background`) through the server: the call this process parsed goes
+/// over, and what the server's run of it prints comes back to stdout and
+/// stderr.
 /// Ctrl-C ends the call (the server stops the work where it waits), as a
 /// signal ends the in-process CLI.
-pub async fn run(state_dir: PathBuf, mode: Mode) -> Result<u8> {
-    use std::os::unix::ffi::OsStringExt;
-    let args = std::env::args_os().skip(1).map(|a| a.into_vec()).collect();
-    let call = RunCall { args };
+pub async fn run(state_dir: PathBuf, mode: Mode, call: &crate::served::Call) -> Result<u8> {
+    let call = RunCall {
+        call: call.encode().context("cannot encode the call")?,
+    };
     let (_, pid, opened) = call_checked(&state_dir, mode, |mut c, id| {
         let call = CheckedRun {
             client: Some(id),
@@ -508,8 +509,12 @@ pub async fn run(state_dir: PathBuf, mode: Mode) -> Result<u8> {
     .await?;
     let mut stream = match opened {
         Ok(s) => s,
+        // Nothing ran: the server could not read the call.
         Err(s) if s.code() == tonic::Code::InvalidArgument => {
-            return Err(anyhow!(Unparsed(s.message().to_string())));
+            bail!(
+                "the berth server (pid {pid}) refused the call, and nothing ran: {}",
+                s.message()
+            );
         }
         Err(s) => return Ok(lost_call(pid, &s.to_string())),
     };
@@ -546,20 +551,6 @@ pub async fn run(state_dir: PathBuf, mode: Mode) -> Result<u8> {
         }
     }
 }
-
-/// The server could not parse a `Run` call's command line (a usage error, or
-/// `--help`): the thin client hands such a call to the engine, whose parser
-/// prints it as clap does, with clap's exit status.
-#[derive(Debug)]
-pub struct Unparsed(pub String);
-
-impl std::fmt::Display for Unparsed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Unparsed {}
 
 /// Report a served call whose server died under it.
 fn lost_call(pid: u32, why: &str) -> u8 {

@@ -14,8 +14,9 @@
 //! 4. the call runs in the server's `Runtime`, where the sandbox's shell stays
 //!    warm: output streams back, then the report; Ctrl-C sends `Interrupt`, and
 //!    a client that goes away interrupts its command too. `Run` carries any
-//!    other served subcommand (`job`, `sandbox`, `events`, approvals) as a
-//!    command line the server runs with the CLI's own code; `CallTool` runs a
+//!    other served subcommand (`job`, `sandbox`, `events`, approvals) as the
+//!    typed call the client parsed ([`served::Call`]), which the server runs
+//!    with the CLI's own code; `CallTool` runs a
 //!    tool call for `berth mcp --server`/`berth run --server`;
 //! 5. the server checks every peer's uid (`SO_PEERCRED`), and exits after its
 //!    idle time with nothing running, or when its socket is removed.
@@ -27,6 +28,7 @@ pub mod client;
 pub mod diag;
 pub mod quick;
 pub mod report;
+pub mod served;
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -131,7 +133,7 @@ pub fn policy_path() -> Result<PathBuf> {
 }
 
 /// The wire protocol's revision: bump it on a change an older peer cannot read.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 
 /// How long an idle server lives by default (seconds).
 pub const DEFAULT_IDLE_SECS: u64 = 300;

@@ -368,7 +368,7 @@ impl Berth for Conn {
         self.check_client(c.client)?;
         let call = c
             .call
-            .ok_or_else(|| Status::invalid_argument("the call has no command line"))?;
+            .ok_or_else(|| Status::invalid_argument("the call is empty"))?;
         self.run(Request::new(call)).await
     }
 
@@ -470,16 +470,9 @@ impl Berth for Conn {
     type RunStream = RunStream;
 
     async fn run(&self, req: Request<RunCall>) -> Result<Response<RunStream>, Status> {
-        use std::os::unix::ffi::OsStringExt;
         self.check_peer()?;
-        let args = req
-            .into_inner()
-            .args
-            .into_iter()
-            .map(std::ffi::OsString::from_vec)
-            .collect();
-        let command =
-            crate::served::parse(args).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let command = crate::served::Call::decode(&req.into_inner().call)
+            .map_err(|e| Status::invalid_argument(format!("a malformed served call: {e}")))?;
         let shared = self.shared.clone();
         shared.served.fetch_add(1, Ordering::SeqCst);
         let serving = Serving::new(&shared);

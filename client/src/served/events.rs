@@ -1,0 +1,20 @@
+//! `berth events`: its arguments.
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct EventsArgs {
+    /// How many of the newest events to show.
+    #[arg(long, short = 'n', default_value_t = 20)]
+    pub limit: usize,
+    /// Only events whose kind starts with this, e.g. `exec` or `job`.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Keep printing new events as they are written (Ctrl-C to stop).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}

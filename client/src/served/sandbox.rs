@@ -1,0 +1,230 @@
+//! `berth sandbox …`: the arguments of the sandbox and checkpoint subcommands.
+
+use clap::{Args, Subcommand};
+use serde::{Deserialize, Serialize};
+
+use crate::DEFAULT_BACKEND;
+
+#[derive(Subcommand, Debug, Serialize, Deserialize)]
+pub enum SandboxCmd {
+    /// Create a sandbox, or re-attach to the one with this name (idempotent).
+    Create(CreateArgs),
+    /// List berth's sandboxes, with their live state.
+    Ls(LsArgs),
+    /// Remove a sandbox.
+    Rm(RmArgs),
+    /// Remove sandboxes idle longer than the policy's idle lifetime.
+    Reap(ReapArgs),
+    /// Prune checkpoints past the policy's retention (`[checkpoints] keep`,
+    /// `budget_mb`) and the packs no kept one needs. On docker, also remove
+    /// this installation's exited or never-started containers (their volumes
+    /// stay, so `sandbox create` brings the sandbox back) and orphaned state
+    /// volumes.
+    Gc(GcArgs),
+    /// Save the sandbox's workspace files and session state (cwd,
+    /// environment, functions, aliases). Only what changed since the last
+    /// checkpoint is stored.
+    Checkpoint(CheckpointArgs),
+    /// List a sandbox's checkpoints.
+    Checkpoints(CheckpointsArgs),
+    /// Bring a sandbox's files and session back to a checkpoint. Refused
+    /// while a command or job runs in it, unless --force.
+    Restore(RestoreArgs),
+    /// Make a new sandbox with another's files and session, as they are now
+    /// or at a checkpoint.
+    Clone(CloneArgs),
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct GcArgs {
+    /// Only those stopped longer ago than this: `90s`, `30m`, `2h`, `7d`, `0`.
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub older_than: std::time::Duration,
+    /// Backend to collect on.
+    #[arg(long, short = 'b', default_value = "docker")]
+    pub backend: String,
+    /// Also remove orphaned workspace volumes (including ones kept with
+    /// `sandbox rm --keep-workspace`); orphaned state volumes always go.
+    #[arg(long)]
+    pub workspaces: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `90s`, `30m`, `2h`, `7d`, or a bare number of seconds. (Four units, one
+/// number: no crate in berth's tree reads this, and `humantime` is not worth
+/// adding for it.)
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; use e.g. 90s, 30m, 2h, 7d"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("unknown unit in {s:?}; use s, m, h or d")),
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct CreateArgs {
+    /// The sandbox's name: letters, digits, '-', '_', '.'.
+    pub name: String,
+    /// Backend to create it on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Image or template (docker).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Allow network access (off by default where the backend can enforce it).
+    #[arg(long)]
+    pub network: bool,
+    /// Memory limit in MiB.
+    #[arg(long, value_name = "MIB")]
+    pub memory_mb: Option<u64>,
+    /// CPU quota in cores, e.g. 0.5.
+    #[arg(long, value_name = "CORES")]
+    pub cpus: Option<f64>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Environment variable for every process in the sandbox (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Backend-specific option (repeatable), e.g. `host=myserver` for ssh.
+    #[arg(long = "opt", short = 'o', value_name = "KEY=VALUE")]
+    pub options: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct LsArgs {
+    /// Backend to list.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct RmArgs {
+    /// The sandbox's name.
+    pub name: String,
+    /// Backend it lives on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// docker: keep the workspace volume (the container and berth's session
+    /// state volume go regardless). A later sandbox of the same name mounts it.
+    #[arg(long, conflicts_with = "volumes")]
+    pub keep_workspace: bool,
+    /// The default (delete the workspace too); kept for old scripts.
+    #[arg(long, hide = true)]
+    pub volumes: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+#[command(
+    after_help = "The idle lifetime is `idle_lifetime_secs` under [limits] in the policy file \
+(per sandbox under [limits.sandbox.NAME]); 0 keeps a sandbox forever.\n\n\
+Examples:\n  berth sandbox reap --dry-run\n  berth sandbox reap --json"
+)]
+pub struct ReapArgs {
+    /// Only list what would be removed.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// One JSON object per sandbox.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct CheckpointArgs {
+    /// The sandbox.
+    pub name: String,
+    /// A label; labelled checkpoints are kept whatever the retention.
+    #[arg(long, short = 'l')]
+    pub label: Option<String>,
+    /// Backend it lives on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct CheckpointsArgs {
+    /// The sandbox.
+    pub name: String,
+    /// Backend it lives on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct RestoreArgs {
+    /// The sandbox.
+    pub name: String,
+    /// The checkpoint's id (`berth sandbox checkpoints NAME` lists them).
+    pub checkpoint: String,
+    /// Stop what runs in the sandbox (commands, jobs) first, instead of
+    /// refusing.
+    #[arg(long)]
+    pub force: bool,
+    /// Backend it lives on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct CloneArgs {
+    /// The sandbox to copy.
+    pub src: String,
+    /// The new sandbox's name.
+    pub dst: String,
+    /// The checkpoint to copy; without it, a checkpoint of SRC as it is now.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub at: Option<String>,
+    /// Backend SRC lives on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Backend for the new sandbox; SRC's when not given. Files and session
+    /// move; backend settings (an image, a host) do not.
+    #[arg(long, value_name = "BACKEND")]
+    pub to: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("2w").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+}
