@@ -67,7 +67,12 @@ pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<u8> {
         version,
         quick: !a.no_quick,
     };
-    server::daemon::serve(dir, rt, opts).await
+    // On a worker of the runtime, not on the thread that blocks on it: a
+    // connection's task is then spawned onto the worker that accepted it and
+    // runs there next, with no other thread woken to take it.
+    tokio::spawn(server::daemon::serve(dir, rt, opts))
+        .await
+        .map_err(|e| anyhow::anyhow!("the server's accept loop failed: {e}"))?
 }
 
 pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {

@@ -28,6 +28,14 @@ use berth_client::served;
 use berth_client::{EXIT_BERTH_ERROR, Mode, error_text};
 use clap::{Parser, Subcommand};
 
+// A served call's cost is mostly this process's start, and loading a shared
+// library is part of it: libgcc_s's constructor alone asks the CPU what it
+// is (`cpuid`, which a hypervisor traps) for about 0.1 ms per start on a VM.
+// So the unwinder is linked in from libgcc_eh, and `--as-needed` leaves
+// libgcc_s out. Only this binary: the engine links it as usual.
+#[link(name = "gcc_eh", kind = "static", modifiers = "-bundle")]
+unsafe extern "C" {}
+
 /// The part of berth's command line the thin client reads.
 #[derive(Parser, Debug)]
 #[command(name = "berth", allow_external_subcommands = true)]

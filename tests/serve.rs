@@ -377,10 +377,30 @@ fn ctrl_c_in_the_client_interrupts_the_command_and_the_session_lives() -> TestRe
     Ok(())
 }
 
+/// Over both framings: the quick one (the CLI's) and gRPC (a server
+/// without the quick framing, as `berth mcp --server` and older servers
+/// speak), where the call's own task watches for its client to go.
 #[test]
 fn a_client_killed_mid_command_interrupts_it() -> TestResult {
     let s = Served::new()?;
     s.exec("true")?;
+    kill_a_client_mid_command(&s)?;
+    s.run(&["server", "stop"])?;
+    let mut grpc = s
+        .cmd(&["serve", "--idle", "60", "--no-quick"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_for(Duration::from_secs(20), || Ok(s.status()?.is_some()))?;
+    kill_a_client_mid_command(&s)?;
+    let st = s.status()?.ok_or("no server")?;
+    assert_eq!(st["quick_calls"].as_u64(), Some(0), "{st}");
+    s.run(&["server", "stop"])?;
+    wait_child(&mut grpc, Duration::from_secs(20))?;
+    Ok(())
+}
+
+fn kill_a_client_mid_command(s: &Served) -> TestResult {
     let mut client = s
         .cmd(&["exec", "--", "sleep 60"])
         .stdout(Stdio::null())

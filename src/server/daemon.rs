@@ -189,14 +189,21 @@ impl Serving {
         }
     }
 
-    /// Cancel the call when its client goes away (closed its terminal, was
-    /// killed): the stream to it is dropped.
-    fn cancel_when_gone<T: Send + 'static>(&self, live: &Live<T>) -> tokio::task::JoinHandle<()> {
-        let (live, cancel) = (live.clone(), self.cancel.clone());
-        tokio::spawn(async move {
-            live.closed().await;
-            cancel.cancel();
-        })
+    /// Run the call's `work`; should its client go away first (closed its
+    /// terminal, was killed: the stream to it is dropped), cancel the call and
+    /// wait for the work to stop. In the call's own task rather than a task
+    /// of its own: a second spawn would hand the first to another worker, and
+    /// every event of the call would then wake a thread.
+    async fn unless_gone<T, W: std::future::Future>(&self, live: &Live<T>, work: W) -> W::Output {
+        tokio::pin!(work);
+        tokio::select! {
+            biased;
+            out = &mut work => out,
+            () = live.closed() => {
+                self.cancel.cancel();
+                work.await
+            }
+        }
     }
 }
 
@@ -398,7 +405,6 @@ impl Berth for Conn {
         }
         .to_string();
         tokio::spawn(async move {
-            let gone = serving.cancel_when_gone(&tx);
             let session = if call.session.is_empty() {
                 berth_core::runtime::MAIN_SESSION.to_string()
             } else {
@@ -445,7 +451,7 @@ impl Berth for Conn {
             };
             let applied =
                 crate::exec_report::effective_timeout(timeout, shared.rt.gate(), &call.sandbox);
-            let outcome = shared.rt.exec(req).await;
+            let outcome = serving.unless_gone(&tx, shared.rt.exec(req)).await;
             let last = match outcome {
                 Ok(r) => exec_event::Event::Report(crate::exec_report::to_proto(
                     &r,
@@ -460,7 +466,6 @@ impl Berth for Conn {
             };
             tee.finish();
             tx.send(event(last), 0);
-            gone.abort();
             drop(serving);
         }.instrument(tracing::info_span!("exec", call = %span_call, sandbox = %span_sandbox, session = %span_session)));
         let stream = futures::StreamExt::map(rx.into_stream(), Ok);
@@ -536,7 +541,6 @@ impl Berth for Conn {
         let (span_call, span_sandbox, span_tool) =
             (serving.id.clone(), call.sandbox.clone(), call.name.clone());
         tokio::spawn(async move {
-            let gone = serving.cancel_when_gone(&tx);
             let mut ctx = ToolContext::new(shared.rt.clone(), &call.backend, &call.sandbox)
                 .with_cancel(cancel)
                 .with_approval(if call.defer_approvals {
@@ -556,7 +560,9 @@ impl Berth for Conn {
                     }
                 }));
             }
-            let o = shared.registry.dispatch(&ctx, &call.name, args).await;
+            let o = serving
+                .unless_gone(&tx, shared.registry.dispatch(&ctx, &call.name, args))
+                .await;
             let json = serde_json::to_string(&o).unwrap_or_else(|e| {
                 serde_json::json!({
                     "call_id": o.call_id, "text": format!("cannot encode the outcome: {e}"),
@@ -565,7 +571,6 @@ impl Berth for Conn {
                 .to_string()
             });
             tx.send(tool_event(tool_event::Event::Outcome(json)), 0);
-            gone.abort();
             drop(serving);
         }.instrument(tracing::info_span!("tool", call = %span_call, sandbox = %span_sandbox, tool = %span_tool)));
         let stream = futures::StreamExt::map(rx.into_stream(), Ok);

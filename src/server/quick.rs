@@ -96,16 +96,12 @@ pub async fn serve(stream: UnixStream, conn: impl Exec) {
         }
     };
     // The client's later frames are interrupts; its end of the connection
-    // means it is gone. Read in a task of its own: a frame is never cut by
-    // the select below.
-    let (ctrl_c, mut ctrl_cs) = tokio::sync::mpsc::channel::<()>(4);
-    let reader = tokio::spawn(async move {
-        while let Ok(Some(_)) = read_frame(&mut rd).await {
-            if ctrl_c.send(()).await.is_err() {
-                break;
-            }
-        }
-    });
+    // means it is gone. They are read here, into `unread`, with `read_buf`,
+    // which takes nothing from the socket when the other branch wins: no
+    // frame is cut, and no task of its own is spawned for them (a second
+    // spawn would hand the call's task to another worker to steal, and each
+    // of its events would then wake a thread).
+    let mut unread: Vec<u8> = Vec::new();
     // The call's id comes with its first event; an interrupt before that
     // waits for it.
     let mut call_id: Option<String> = None;
@@ -135,18 +131,41 @@ pub async fn serve(stream: UnixStream, conn: impl Exec) {
                 }
                 None => break,
             },
-            c = ctrl_cs.recv() => match c {
-                Some(()) => match &call_id {
-                    Some(id) => conn.interrupt(id),
-                    None => pending = true,
-                },
-                // The client hung up: dropping `events` ends the call, as a
-                // dropped gRPC stream does.
-                None => break,
-            },
+            read = rd.read_buf(&mut unread) => {
+                // The client hung up (or its end failed): dropping `events`
+                // ends the call, as a dropped gRPC stream does.
+                if !matches!(read, Ok(n) if n > 0) {
+                    break;
+                }
+                match take_frames(&mut unread) {
+                    Ok(0) => {}
+                    Ok(_) => match &call_id {
+                        Some(id) => conn.interrupt(id),
+                        None => pending = true,
+                    },
+                    Err(_) => break,
+                }
+            }
         }
     }
-    reader.abort();
+}
+
+/// Take the whole frames at the front of `unread` (the client's interrupts:
+/// any frame after the call is one), leaving a partial one for the next
+/// read; how many there were. A length over the limit is an error.
+fn take_frames(unread: &mut Vec<u8>) -> std::io::Result<usize> {
+    let mut at = 0;
+    let mut frames = 0;
+    while let Some(head) = unread.get(at..at + 4) {
+        let len = body_len([head[0], head[1], head[2], head[3]])?;
+        if unread.len() < at + 4 + len {
+            break;
+        }
+        at += 4 + len;
+        frames += 1;
+    }
+    unread.drain(..at);
+    Ok(frames)
 }
 
 fn refused(status: &Status) -> QuickReply {
@@ -173,4 +192,25 @@ async fn read_frame(rd: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option
     let mut body = vec![0u8; body_len(len)?];
     rd.read_exact(&mut body).await?;
     Ok(Some(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_frames_are_taken_and_a_partial_one_waits() -> std::io::Result<()> {
+        let interrupt = frame(&[])?;
+        let mut unread = [interrupt.clone(), interrupt.clone()].concat();
+        unread.extend_from_slice(&frame(b"abc")?[..5]);
+        assert_eq!(take_frames(&mut unread)?, 2);
+        assert_eq!(unread, [0, 0, 0, 3, b'a']);
+        unread.extend_from_slice(b"bc");
+        assert_eq!(take_frames(&mut unread)?, 1);
+        assert!(unread.is_empty());
+        assert_eq!(take_frames(&mut unread)?, 0);
+        let mut huge = vec![0xff; 4];
+        assert!(take_frames(&mut huge).is_err());
+        Ok(())
+    }
 }
