@@ -228,6 +228,9 @@ pub struct LocalSandbox {
     cgroups: Vec<PathBuf>,
     /// The sandbox's memory cgroup, when the wrapper bounds its memory.
     memory_cgroup: Option<PathBuf>,
+    /// Its files, held open once found ([`Sandbox::memory`] reads them
+    /// before and after every command).
+    memory_files: std::sync::Mutex<Option<berth_sandbox::cgroup::MemoryFiles>>,
 }
 
 impl LocalSandbox {
@@ -280,6 +283,7 @@ impl LocalSandbox {
             network,
             cgroups,
             memory_cgroup,
+            memory_files: Default::default(),
         }
     }
 
@@ -359,11 +363,26 @@ impl Sandbox for LocalSandbox {
 
     fn memory(&self) -> Option<berth_core::backend::MemoryState> {
         let dir = self.memory_cgroup.as_ref()?;
-        let (limit_bytes, oom_kills) = berth_sandbox::cgroup::memory_state(dir)?;
-        Some(berth_core::backend::MemoryState {
-            limit_bytes,
-            oom_kills,
-        })
+        let mut held = self.memory_files.lock().ok()?;
+        // Opened at the first read that finds the cgroup (the shell's wrapper
+        // makes it), and again once if the held files stop reading.
+        for _ in 0..2 {
+            if held.is_none() {
+                *held = berth_sandbox::cgroup::MemoryFiles::open(dir);
+            }
+            match held.as_ref()?.state() {
+                Ok(s) => {
+                    return s.map(
+                        |(limit_bytes, oom_kills)| berth_core::backend::MemoryState {
+                            limit_bytes,
+                            oom_kills,
+                        },
+                    );
+                }
+                Err(_) => *held = None,
+            }
+        }
+        None
     }
 
     async fn spawn(&self, argv: &[String], opts: SpawnOpts) -> Result<Box<dyn Process>> {

@@ -21,7 +21,7 @@ pub(crate) struct Stat {
 }
 
 pub(crate) fn stat(pid: i32) -> Option<Stat> {
-    let raw = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let raw = proc_file(&format!("/proc/{pid}/stat")).ok()?;
     // The name is in parentheses and may hold anything, parentheses too: the
     // fields start after the last `)`.
     let at = raw.iter().rposition(|&b| b == b')')?;
@@ -33,6 +33,18 @@ pub(crate) fn stat(pid: i32) -> Option<Stat> {
         sid: f.get(3)?.parse().ok()?,
         start: f.get(19)?.parse().ok()?,
     })
+}
+
+/// A file of `/proc` whole. Its size reads as 0, so `fs::read` would stat
+/// it for nothing and then grow its buffer from 32 bytes, a read per
+/// doubling: this starts at a page, which holds a `stat` or `cgroup` whole
+/// and most environments, so it takes two reads (the last one finds the
+/// end). The server reads several per connection (the peer check).
+pub(crate) fn proc_file(path: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = Vec::with_capacity(4096);
+    std::fs::File::open(path)?.read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// Every pid in `/proc` now.
@@ -205,7 +217,7 @@ pub fn sandbox_of(pid: i32) -> Option<String> {
             whole = true;
             break;
         }
-        if let Ok(env) = std::fs::read(format!("/proc/{at}/environ"))
+        if let Ok(env) = proc_file(&format!("/proc/{at}/environ"))
             && let Some(name) = env
                 .split(|b| *b == 0)
                 .find_map(|e| e.strip_prefix(marker.as_bytes()))
@@ -242,7 +254,7 @@ fn clean_ancestry() -> &'static std::sync::Mutex<std::collections::HashSet<(i32,
 
 /// The sandbox whose pids cgroup (`berth-<name>-<hash>`) holds `pid`.
 fn sandbox_cgroup(pid: i32) -> Option<String> {
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let cgroups = String::from_utf8(proc_file(&format!("/proc/{pid}/cgroup")).ok()?).ok()?;
     cgroups.lines().find_map(|l| {
         let path = l.splitn(3, ':').nth(2)?;
         let leaf = path.rsplit('/').next()?;
@@ -256,7 +268,7 @@ fn sandbox_cgroup(pid: i32) -> Option<String> {
 
 /// Whether `/proc/PID/environ` holds the entry `want` exactly.
 fn environ_has(pid: i32, want: &[u8]) -> bool {
-    std::fs::read(format!("/proc/{pid}/environ"))
+    proc_file(&format!("/proc/{pid}/environ"))
         .is_ok_and(|env| env.split(|b| *b == 0).any(|e| e == want))
 }
 

@@ -186,33 +186,75 @@ fn set_memory_max(dir: &Path, max: u64) -> std::io::Result<()> {
 /// (`memory.events` on v2, `memory.oom_control` on v1). `None` where there
 /// is no such cgroup or it has no bound.
 pub fn memory_state(dir: &Path) -> Option<(u64, u64)> {
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-    let field = |text: &str, key: &str| {
-        text.lines().find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            if k == key {
-                v.trim().parse::<u64>().ok()
-            } else {
-                None
-            }
+    MemoryFiles::open(dir)?.state().ok().flatten()
+}
+
+/// A sandbox's memory cgroup files, held open. The local backend reads them
+/// before and after every command (did the OOM killer end something?), and
+/// reading an open file again is one `pread`, where opening it by path walks
+/// cgroupfs each time.
+#[derive(Debug)]
+pub struct MemoryFiles {
+    /// `memory.max` (v2) or `memory.limit_in_bytes` (v1).
+    limit: std::fs::File,
+    /// `memory.events` (v2) or `memory.oom_control` (v1), where readable.
+    kills: Option<std::fs::File>,
+    v2: bool,
+}
+
+impl MemoryFiles {
+    /// Open the files of the memory cgroup at `dir`; `None` if it has none.
+    pub fn open(dir: &Path) -> Option<MemoryFiles> {
+        let open = |f: &str| std::fs::File::open(dir.join(f)).ok();
+        if let Some(limit) = open("memory.max") {
+            return Some(MemoryFiles {
+                limit,
+                kills: open("memory.events"),
+                v2: true,
+            });
+        }
+        Some(MemoryFiles {
+            limit: open("memory.limit_in_bytes")?,
+            kills: open("memory.oom_control"),
+            v2: false,
         })
-    };
-    if let Some(max) = read("memory.max") {
-        let limit = max.trim().parse::<u64>().ok()?;
-        let kills = read("memory.events")
-            .and_then(|t| field(&t, "oom_kill"))
-            .unwrap_or(0);
-        return Some((limit, kills));
     }
-    let limit = read("memory.limit_in_bytes")?.trim().parse::<u64>().ok()?;
-    // v1's "no bound" is a page-rounded i64::MAX.
-    if limit >= (i64::MAX as u64) / 2 {
-        return None;
+
+    /// The bound and the OOM kills so far, as [`memory_state`] tells them;
+    /// an error when the files no longer read (the cgroup was removed): open
+    /// them again.
+    pub fn state(&self) -> std::io::Result<Option<(u64, u64)>> {
+        let limit = read_at_start(&self.limit)?;
+        let Ok(limit) = limit.trim().parse::<u64>() else {
+            // v2's "max": no bound.
+            return Ok(None);
+        };
+        // v1's "no bound" is a page-rounded i64::MAX.
+        if !self.v2 && limit >= (i64::MAX as u64) / 2 {
+            return Ok(None);
+        }
+        let kills = match &self.kills {
+            Some(f) => read_at_start(f)?.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                if k == "oom_kill" {
+                    v.trim().parse::<u64>().ok()
+                } else {
+                    None
+                }
+            }),
+            None => None,
+        };
+        Ok(Some((limit, kills.unwrap_or(0))))
     }
-    let kills = read("memory.oom_control")
-        .and_then(|t| field(&t, "oom_kill"))
-        .unwrap_or(0);
-    Some((limit, kills))
+}
+
+/// A small cgroup file's text, read from its start: the kernel renders it
+/// afresh for a read at offset 0.
+fn read_at_start(f: &std::fs::File) -> std::io::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 4096];
+    let n = f.read_at(&mut buf, 0)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
 /// The host's RAM in bytes, from `/proc/meminfo` (0 if unreadable).
