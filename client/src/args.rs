@@ -145,7 +145,7 @@ pub const MAX_STDIN: usize = 32 << 20;
 
 /// All of `r`, or an error saying what to do when it holds more than `max`
 /// bytes (read no further than that).
-pub fn read_limited(r: &mut impl std::io::Read, max: usize) -> anyhow::Result<Vec<u8>> {
+fn read_limited(r: &mut impl std::io::Read, max: usize) -> anyhow::Result<Vec<u8>> {
     let mut buf = Vec::new();
     std::io::Read::read_to_end(&mut std::io::Read::take(r, max as u64 + 1), &mut buf)
         .map_err(|e| anyhow::anyhow!("cannot read berth's stdin for --stdin: {e}"))?;

@@ -188,7 +188,7 @@ fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
 ///
 /// The cgroup is read first: one small read that decides where cgroups are
 /// delegated. The ancestry is walked after it, and stops at a process whose
-/// own ancestry an earlier call found clean ([`clean_ancestry`]): a CLI's
+/// own ancestry an earlier call found clean ([`CLEAN`]): a CLI's
 /// calls come from one shell, so most walks read the caller and its parent
 /// and stop there.
 pub fn sandbox_of(pid: i32) -> Option<String> {
@@ -210,10 +210,7 @@ pub fn sandbox_of(pid: i32) -> Option<String> {
             break;
         }
         let Some(s) = stat(at) else { break };
-        if clean_ancestry()
-            .lock()
-            .is_ok_and(|c| c.contains(&(at, s.start)))
-        {
+        if CLEAN.lock().is_ok_and(|c| c.contains(&(at, s.start))) {
             whole = true;
             break;
         }
@@ -227,9 +224,7 @@ pub fn sandbox_of(pid: i32) -> Option<String> {
         walked.push((at, s.start));
         at = s.ppid;
     }
-    if let Ok(mut clean) = clean_ancestry().lock()
-        && whole
-    {
+    if whole && let Ok(mut clean) = CLEAN.lock() {
         if clean.len() + walked.len() > CLEAN_KEPT {
             clean.clear();
         }
@@ -238,7 +233,7 @@ pub fn sandbox_of(pid: i32) -> Option<String> {
     None
 }
 
-/// How many clean processes [`clean_ancestry`] keeps before it starts over.
+/// How many clean processes [`CLEAN`] keeps before it starts over.
 const CLEAN_KEPT: usize = 4096;
 
 /// Processes, by pid and start time (together never reused), whose own
@@ -246,11 +241,8 @@ const CLEAN_KEPT: usize = 4096;
 /// true: a process that is not a sandbox's does not become one (a sandbox's
 /// processes are new ones berth starts), and one whose parent exits is
 /// adopted by an ancestor (init, or a subreaper above it), already read.
-fn clean_ancestry() -> &'static std::sync::Mutex<std::collections::HashSet<(i32, u64)>> {
-    static CLEAN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<(i32, u64)>>> =
-        std::sync::OnceLock::new();
-    CLEAN.get_or_init(Default::default)
-}
+static CLEAN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<(i32, u64)>>> =
+    std::sync::LazyLock::new(Default::default);
 
 /// The sandbox whose pids cgroup (`berth-<name>-<hash>`) holds `pid`.
 fn sandbox_cgroup(pid: i32) -> Option<String> {
@@ -403,7 +395,7 @@ mod tests {
         let outer_pid = outer.id() as i32;
         assert_eq!(sandbox_of(outer_pid), None);
         let known = (outer_pid, stat(outer_pid).unwrap().start);
-        assert!(clean_ancestry().lock().unwrap().contains(&known));
+        assert!(CLEAN.lock().unwrap().contains(&known));
         outer.stdin.take().unwrap().write_all(b"go\n").unwrap();
         let mut line = String::new();
         std::io::BufReader::new(outer.stdout.take().unwrap())
