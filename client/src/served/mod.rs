@@ -253,6 +253,28 @@ mod tests {
         Ok(())
     }
 
+    /// The names [`names_served`] knows are the subcommands [`Served`] has:
+    /// one added to the enum and not to the list would still work, but
+    /// through the engine, a process and a parse more.
+    #[test]
+    fn the_served_names_are_the_enums_subcommands() {
+        use clap::Subcommand;
+        let enum_names: Vec<String> = Served::augment_subcommands(clap::Command::new("berth"))
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        assert!(!enum_names.is_empty());
+        for name in &enum_names {
+            assert!(
+                names_served(&[OsString::from(name)]),
+                "{name} is not in names_served"
+            );
+        }
+        for name in ["exec", "shell", "run", "mcp", "serve"] {
+            assert!(!names_served(&[OsString::from(name)]), "{name}");
+        }
+    }
+
     #[test]
     fn a_terminal_size_is_cols_by_rows() {
         assert_eq!(
