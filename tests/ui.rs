@@ -993,9 +993,12 @@ fn a_run_paused_on_an_approval_is_approved_and_resumed_from_the_dashboard() -> T
         b.until(Duration::from_secs(20), "return !!document.querySelector('#approvals button.approve')", "the run's approval").await?;
         b.eval("document.querySelector('#approvals button.approve').focus(); return true").await?;
         b.c().active_element().await?.send_keys("\u{E007}").await?;
+        // The form's post and the page it leads back to, done before this
+        // page leaves: a `goto` while they are under way can cut them short
+        // (seen in CI under load as an empty page).
+        b.until(Duration::from_secs(20), "return document.readyState === 'complete' && !document.querySelector('#approvals button.approve')", "the approval to be answered").await?;
         b.c().goto(&format!("{}/runs/{id}", base(&url))).await?;
-        let state = b.inner_text("run").await?;
-        assert!(state.contains("awaiting approval"), "{state}");
+        b.until(Duration::from_secs(20), "var r = document.getElementById('run'); return !!r && r.innerText.includes('awaiting approval')", "the run to show it awaits its resume").await?;
         b.eval("document.getElementById('resume').focus(); return true").await?;
         b.c().active_element().await?.send_keys("\u{E007}").await?;
         b.until(Duration::from_secs(30), "var r = document.getElementById('run'); return !!r && r.innerText.includes('released') && r.innerText.includes('done')", "the resumed run to end").await?;
