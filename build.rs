@@ -7,6 +7,10 @@
 //! loader walks in a fraction of the time; the binary stays position
 //! independent, so its address is still randomised. glibc reads DT_RELR from
 //! 2.36 on. docs/PERFORMANCE.md has the measurement.
+//!
+//! The other such option, libgcc_eh linked in place of libgcc_s, is a
+//! `#[link]` in src/thin.rs: a library named here would be linked into every
+//! binary of the package, and one named there comes before std's `-lgcc_s`.
 
 fn main() {
     println!("cargo::rustc-link-arg-bin=berth=-Wl,-z,pack-relative-relocs");

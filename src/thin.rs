@@ -32,7 +32,8 @@ use clap::{Parser, Subcommand};
 // library is part of it: libgcc_s's constructor alone asks the CPU what it
 // is (`cpuid`, which a hypervisor traps) for about 0.1 ms per start on a VM.
 // So the unwinder is linked in from libgcc_eh, and `--as-needed` leaves
-// libgcc_s out. Only this binary: the engine links it as usual.
+// libgcc_s out. Only this binary: the engine links it as usual. (build.rs
+// gives this binary its other link option, DT_RELR.)
 #[link(name = "gcc_eh", kind = "static", modifiers = "-bundle")]
 unsafe extern "C" {}
 
