@@ -17,9 +17,13 @@
 //! parse `exec`, the served subcommands and the global options with the same
 //! types ([`berth_client::args`], [`berth_client::served`]).
 
+// The entry is ours, not std's: see `main` below. The test harness brings
+// its own, so what only the entry reaches is unused in a test build.
+#![cfg_attr(not(test), no_main)]
+#![cfg_attr(test, allow(dead_code))]
+
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::process::ExitCode;
 
 use berth_client::args::{ExecArgs, Globals};
 use berth_client::client::{self, Quick};
@@ -28,12 +32,13 @@ use berth_client::served;
 use berth_client::{EXIT_BERTH_ERROR, Mode, error_text};
 use clap::{Parser, Subcommand};
 
-// A served call's cost is mostly this process's start, and loading a shared
-// library is part of it: libgcc_s's constructor alone asks the CPU what it
-// is (`cpuid`, which a hypervisor traps) for about 0.1 ms per start on a VM.
-// So the unwinder is linked in from libgcc_eh, and `--as-needed` leaves
-// libgcc_s out. Only this binary: the engine links it as usual. (build.rs
-// gives this binary its other link option, DT_RELR.)
+// A served call's cost is mostly this process's start. build.rs links this
+// binary alone as a static PIE where it can, and with DT_RELR. Where it
+// links dynamically (no static libc here), loading a shared library is part
+// of the start: libgcc_s's constructor alone asks the CPU what it is
+// (`cpuid`, which a hypervisor traps) for about 0.1 ms per start on a VM. So
+// the unwinder is linked in from libgcc_eh, and `--as-needed` leaves
+// libgcc_s out. Only this binary: the engine links it as usual.
 #[link(name = "gcc_eh", kind = "static", modifiers = "-bundle")]
 unsafe extern "C" {}
 
@@ -54,7 +59,55 @@ enum ThinCommand {
     Other(Vec<OsString>),
 }
 
-fn main() -> ExitCode {
+/// The process's entry, in place of std's (`#![no_main]`).
+///
+/// std's start does three things before `main`: it ignores SIGPIPE, reopens
+/// any of the descriptors 0-2 that is closed on `/dev/null`, and finds the
+/// main thread's stack (glibc reads and parses all of `/proc/self/maps` for
+/// it) to install a handler that names a stack overflow, with its own
+/// signal stack. The first two this client needs and does itself; the third
+/// is most of std's start-up cost, and a short-lived client with no deep
+/// recursion does without it: an overflow still ends the process with
+/// SIGSEGV, unnamed. After `main`, std flushes stdout; so does this.
+#[cfg(not(test))]
+#[unsafe(no_mangle)]
+extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    // std reads the arguments and environment itself, from its own
+    // `.init_array` entry, so `std::env` works here as under std's start.
+    start_as_std_does();
+    let code = thin();
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    code.into()
+}
+
+/// What std's start does that this client relies on: writes to a closed pipe
+/// fail with EPIPE (reported) instead of killing the process, and a closed
+/// standard descriptor is never reused by the socket (the server's output
+/// must not land in it).
+#[cfg(not(test))]
+fn start_as_std_does() {
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    // SAFETY: `fds` is a valid array of three pollfd for the call's length;
+    // a zero timeout returns at once.
+    let polled = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
+    if polled > 0 {
+        for _closed in fds.iter().filter(|p| p.revents & libc::POLLNVAL != 0) {
+            // SAFETY: the path is a NUL-terminated literal. `p.fd` is closed,
+            // and it is the lowest of 0-2 still closed, so open returns it;
+            // should it fail, the descriptor stays closed, as under std.
+            let _ = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+        }
+    }
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler
+    // code; the process is single-threaded here.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+fn thin() -> u8 {
     let argv: Vec<OsString> = std::env::args_os().collect();
     let Ok(cli) = Thin::try_parse_from(&argv) else {
         return engine(&argv);
@@ -88,11 +141,11 @@ fn main() -> ExitCode {
     // most served calls end here.
     let call = match exec {
         Ok(a) => match client::exec_quick(&dir, &a) {
-            Ok(Quick::Done(code)) => return ExitCode::from(code),
+            Ok(Quick::Done(code)) => return code,
             Ok(Quick::Grpc(c)) => Call::Exec(c, a.json),
             Err(e) => {
                 eprintln!("berth: error: {}", error_text(&e));
-                return ExitCode::from(EXIT_BERTH_ERROR);
+                return EXIT_BERTH_ERROR;
             }
         },
         Err(call) => Call::Run(call),
@@ -101,7 +154,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("berth: error: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_BERTH_ERROR);
+            return EXIT_BERTH_ERROR;
         }
     };
     let result = rt.block_on(async move {
@@ -112,10 +165,10 @@ fn main() -> ExitCode {
     });
     rt.shutdown_background();
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(e) => {
             eprintln!("berth: error: {}", error_text(&e));
-            ExitCode::from(EXIT_BERTH_ERROR)
+            EXIT_BERTH_ERROR
         }
     }
 }
@@ -128,12 +181,12 @@ enum Call {
 }
 
 /// Hand the whole command line to the engine beside this binary.
-fn engine(argv: &[OsString]) -> ExitCode {
+fn engine(argv: &[OsString]) -> u8 {
     let path = match berth_client::engine_path() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("berth: error: {}", error_text(&e));
-            return ExitCode::from(EXIT_BERTH_ERROR);
+            return EXIT_BERTH_ERROR;
         }
     };
     let mut cmd = std::process::Command::new(&path);
@@ -147,7 +200,7 @@ fn engine(argv: &[OsString]) -> ExitCode {
         path.display(),
         berth_client::ENGINE
     );
-    ExitCode::from(EXIT_BERTH_ERROR)
+    EXIT_BERTH_ERROR
 }
 
 #[cfg(test)]

@@ -725,6 +725,81 @@ fn a_slow_client_is_told_exactly_what_it_missed() -> TestResult {
     Ok(())
 }
 
+/// build.rs links the thin client as a static PIE where glibc's static
+/// archives are installed (libc6-dev ships them, and `.ci/run` installs it):
+/// no dynamic loader runs at its start, and its address is still randomised.
+#[test]
+fn the_thin_client_is_a_static_pie() -> TestResult {
+    let elf = std::fs::read(BERTH)?;
+    let (kind, segments) = elf_kind_and_segments(&elf)?;
+    const ET_DYN: u16 = 3;
+    const PT_INTERP: u32 = 3;
+    assert_eq!(kind, ET_DYN, "{BERTH} is not position-independent");
+    assert!(
+        !segments.contains(&PT_INTERP),
+        "{BERTH} names a dynamic loader, so it linked dynamically: `cargo build -vv` shows \
+         build.rs's warning saying why (is glibc's libc.a installed?)"
+    );
+    Ok(())
+}
+
+/// An ELF64 little-endian file's type and the types of its segments.
+fn elf_kind_and_segments(elf: &[u8]) -> Result<(u16, Vec<u32>), BoxError> {
+    let u16_at = |o: usize| -> Result<u16, BoxError> {
+        Ok(u16::from_le_bytes(
+            elf.get(o..o + 2).ok_or("short ELF")?.try_into()?,
+        ))
+    };
+    if elf.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return Err("not an ELF64 little-endian file".into());
+    }
+    let phoff = u64::from_le_bytes(elf.get(0x20..0x28).ok_or("short ELF")?.try_into()?) as usize;
+    let (size, count) = (u16_at(0x36)? as usize, u16_at(0x38)? as usize);
+    let mut segments = Vec::new();
+    for i in 0..count {
+        let at = phoff + i * size;
+        let t = elf.get(at..at + 4).ok_or("short program header")?;
+        segments.push(u32::from_le_bytes(t.try_into()?));
+    }
+    Ok((u16_at(0x10)?, segments))
+}
+
+/// The thin client's start is its own (`#![no_main]`), and does what std's
+/// did for it: a closed standard descriptor is reopened on /dev/null, so the
+/// server's socket never takes its number (the command's output would go
+/// into the socket), and a reader that goes away ends the client with a
+/// status, not SIGPIPE.
+#[test]
+fn the_thin_client_starts_as_std_would_with_closed_stdio_and_a_closed_pipe() -> TestResult {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let s = Served::new()?;
+    s.exec("true")?;
+    for fd in [0, 1, 2] {
+        let mut c = s.cmd(&["exec", "--", "echo out; echo err >&2"]);
+        // SAFETY: close(2) is async-signal-safe, and the child owns its table.
+        unsafe {
+            c.pre_exec(move || {
+                libc::close(fd);
+                Ok(())
+            });
+        }
+        let o = c.output()?;
+        assert_eq!(o.status.code(), Some(0), "fd {fd} closed: {}", text(&o));
+        assert_eq!(s.exec("echo after")?, "after\n", "fd {fd} closed");
+    }
+    // More than a pipe holds, to a reader that leaves before reading any.
+    let mut child = s
+        .cmd(&["exec", "--", "seq 1 300000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    drop(child.stdout.take());
+    let o = child.wait_with_output()?;
+    assert_eq!(o.status.signal(), None, "killed by a signal: {}", text(&o));
+    assert_eq!(s.exec("echo after")?, "after\n");
+    Ok(())
+}
+
 /// `berth` is a thin client: what it does not take as its own goes to
 /// `berth-engine`, argv unchanged, and prints exactly as the engine prints it.
 #[test]
