@@ -109,6 +109,12 @@ fn start_as_std_does() {
 
 fn thin() -> u8 {
     let argv: Vec<OsString> = std::env::args_os().collect();
+    // `berth exec ...`, the served call people make most: connect first, so
+    // the server readies itself while this process parses the line.
+    let early = argv
+        .get(1)
+        .filter(|a| *a == "exec")
+        .and_then(|_| berth_client::quick::Early::connect());
     let Ok(cli) = Thin::try_parse_from(&argv) else {
         return engine(&argv);
     };
@@ -125,6 +131,8 @@ fn thin() -> u8 {
         },
         ThinCommand::Other(_) => return engine(&argv),
     };
+    // Only `exec` over the quick framing takes the early connection.
+    let early = early.filter(|_| exec.is_ok());
     if globals.ssh.own() {
         return engine(&argv);
     }
@@ -140,7 +148,7 @@ fn thin() -> u8 {
     // `exec` first tries the quick framing, which needs no async runtime:
     // most served calls end here.
     let call = match exec {
-        Ok(a) => match client::exec_quick(&dir, &a) {
+        Ok(a) => match client::exec_quick(&dir, &a, early) {
             Ok(Quick::Done(code)) => return code,
             Ok(Quick::Grpc(c)) => Call::Exec(c, a.json),
             Err(e) => {

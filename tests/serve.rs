@@ -725,6 +725,36 @@ fn a_slow_client_is_told_exactly_what_it_missed() -> TestResult {
     Ok(())
 }
 
+/// `berth exec` connects to the server of the environment's state dir
+/// before it parses its line; a `--state-dir` on the line still decides
+/// which server runs the call, and the early connection, unused, leaves its
+/// server as it was.
+#[test]
+fn exec_runs_on_the_state_dir_its_line_names_not_the_one_it_connected_to_first() -> TestResult {
+    let first = Served::new()?;
+    let other = Served::new()?;
+    first.exec("export MARK=first")?;
+    other.exec("export MARK=other")?;
+    let o = first
+        .cmd(&["exec", "--state-dir"])
+        .arg(other.path())
+        .args(["--", "echo ${MARK:-none}"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "other\n",
+        "{}",
+        text(&o)
+    );
+    assert_eq!(first.exec("echo ${MARK:-none}")?, "first\n");
+    // The first call started the server (over gRPC); the last was quick.
+    // The early connection that went unused ran nothing.
+    let s = first.status()?.ok_or("the first server stopped")?;
+    assert_eq!(s["quick_calls"].as_u64(), Some(1), "{s}");
+    Ok(())
+}
+
 /// build.rs links the thin client as a static PIE where glibc's static
 /// archives are installed (libc6-dev ships them, and `.ci/run` installs it):
 /// no dynamic loader runs at its start, and its address is still randomised.

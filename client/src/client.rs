@@ -422,9 +422,13 @@ pub enum Quick {
 
 /// `berth exec`'s first try, blocking and with no async runtime: the quick
 /// framing ([`crate::quick`]).
-pub fn exec_quick(state_dir: &Path, a: &ExecArgs) -> Result<Quick> {
+pub fn exec_quick(
+    state_dir: &Path,
+    a: &ExecArgs,
+    early: Option<crate::quick::Early>,
+) -> Result<Quick> {
     let call = exec_call(a)?;
-    Ok(match crate::quick::exec(state_dir, &call, a.json)? {
+    Ok(match crate::quick::exec(state_dir, &call, a.json, early)? {
         Some(code) => Quick::Done(code),
         None => Quick::Grpc(call),
     })
@@ -433,7 +437,7 @@ pub fn exec_quick(state_dir: &Path, a: &ExecArgs) -> Result<Quick> {
 /// `berth exec` through the server: over the quick framing when the server
 /// takes it, else over gRPC.
 pub async fn exec(state_dir: PathBuf, mode: Mode, a: ExecArgs) -> Result<u8> {
-    match exec_quick(&state_dir, &a)? {
+    match exec_quick(&state_dir, &a, None)? {
         Quick::Done(code) => Ok(code),
         Quick::Grpc(call) => exec_grpc(state_dir, mode, call, a.json).await,
     }

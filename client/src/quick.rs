@@ -49,9 +49,18 @@ pub const MAX_FRAME: usize = 64 << 20;
 
 /// `berth exec` through the server over the quick framing, blocking. `None`:
 /// nothing ran; make the call over gRPC instead (see the module doc).
-pub fn exec(state_dir: &Path, call: &ExecCall, json: bool) -> Result<Option<u8>> {
+pub fn exec(
+    state_dir: &Path,
+    call: &ExecCall,
+    json: bool,
+    early: Option<Early>,
+) -> Result<Option<u8>> {
     crate::check_socket_path(state_dir)?;
-    let Ok(mut stream) = UnixStream::connect(crate::socket_path(state_dir)) else {
+    let connected = match early {
+        Some(e) if e.state_dir == state_dir => Ok(e.stream),
+        _ => UnixStream::connect(crate::socket_path(state_dir)),
+    };
+    let Ok(mut stream) = connected else {
         return Ok(None);
     };
     let pid = peer_pid(&stream);
@@ -124,6 +133,31 @@ pub fn exec(state_dir: &Path, call: &ExecCall, json: bool) -> Result<Option<u8>>
             },
             None => {}
         }
+    }
+}
+
+/// A connection made before the command line is parsed, to the server of
+/// the state directory the environment names ([`Early::connect`]).
+pub struct Early {
+    state_dir: std::path::PathBuf,
+    stream: UnixStream,
+}
+
+impl Early {
+    /// Connect to the server of the state directory that `BERTH_STATE_DIR`,
+    /// else the default, names, so that the server wakes, accepts and checks
+    /// its peer while this process parses its line and builds the call.
+    /// [`exec`] uses it when the parsed line names the same directory; else
+    /// it is dropped, and the server sees a connection end before its first
+    /// byte, which it closes without a word. `None`: no server listens there.
+    pub fn connect() -> Option<Early> {
+        let state_dir = match std::env::var_os("BERTH_STATE_DIR").filter(|v| !v.is_empty()) {
+            Some(d) => std::path::PathBuf::from(d),
+            None => crate::state_dir(None).ok()?,
+        };
+        crate::check_socket_path(&state_dir).ok()?;
+        let stream = UnixStream::connect(crate::socket_path(&state_dir)).ok()?;
+        Some(Early { state_dir, stream })
     }
 }
 
