@@ -27,7 +27,7 @@
 //! libgcc_eh, not libgcc_s (a `#[link]` there: a library named here would
 //! be linked into every binary of the package).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
@@ -108,5 +108,5 @@ fn archive(cc: &str, name: &str) -> Option<PathBuf> {
         .ok()
         .filter(|o| o.status.success())?;
     let path = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    (path.is_absolute() && Path::new(&path).is_file()).then(|| path.canonicalize().unwrap_or(path))
+    (path.is_absolute() && path.is_file()).then(|| path.canonicalize().unwrap_or(path))
 }

@@ -96,9 +96,10 @@ fn start_as_std_does() {
     let polled = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
     if polled > 0 {
         for _closed in fds.iter().filter(|p| p.revents & libc::POLLNVAL != 0) {
-            // SAFETY: the path is a NUL-terminated literal. `p.fd` is closed,
-            // and it is the lowest of 0-2 still closed, so open returns it;
-            // should it fail, the descriptor stays closed, as under std.
+            // SAFETY: the path is a NUL-terminated literal. The descriptors
+            // are visited in order, so this closed one is the lowest free
+            // descriptor and open returns it; should open fail, it stays
+            // closed, as under std.
             let _ = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
         }
     }
