@@ -238,6 +238,19 @@ fn takes_value(prog: &str, opt: &str) -> bool {
         ],
         "cpulimit" => &["-l", "-p", "-e", "--limit", "--pid", "--exe"],
         "ssh-agent" => &["-a", "-E", "-t", "-P", "-O"],
+        "sshpass" => &["-f", "-d", "-p", "-P"],
+        "tini" => &["-p", "-e"],
+        "dbus-launch" => &["--autolaunch", "--config-file"],
+        // The dynamic loader, run directly (see [`is_loader`]).
+        "ld.so" => &[
+            "--library-path",
+            "--preload",
+            "--audit",
+            "--argv0",
+            "--inhibit-rpath",
+            "--glibc-hwcaps-prepend",
+            "--glibc-hwcaps-mask",
+        ],
         _ => &[],
     };
     set.contains(&opt)
@@ -301,13 +314,33 @@ pub const WRAPPERS: &[&str] = &[
     "flatpak-spawn",
     "cpulimit",
     "ssh-agent",
+    "dbus-launch",
+    "sshpass",
+    "gosu",
+    "su-exec",
+    "setuidgid",
+    "tini",
+    "dumb-init",
+    "ifne",
 ];
+
+/// Whether `name` is a dynamic loader (`ld-linux-x86-64.so.2`, `ld.so`,
+/// `ld-musl-x86_64.so.1`, `ld64.so.2`): run directly, it runs the program
+/// named in its arguments.
+pub fn is_loader(name: &str) -> bool {
+    name == "ld.so"
+        || name.starts_with("ld-linux")
+        || name.starts_with("ld64.so")
+        || name.starts_with("ld-musl")
+        || (name.starts_with("ld-") && name.contains(".so"))
+}
 
 /// If `argv` is a wrapper around another command, that command.
 fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
     let prog = argv.first()?.as_str();
+    let prog = if is_loader(prog) { "ld.so" } else { prog };
     let rest = &argv[1..];
-    if !WRAPPERS.contains(&prog) {
+    if !WRAPPERS.contains(&prog) && prog != "ld.so" {
         return runner(prog, rest);
     }
     if prog == "capsh" {
@@ -389,7 +422,7 @@ fn unwrap_once(argv: &[String]) -> Option<Vec<String>> {
     }
     // Positional operands that come before the command.
     match prog {
-        "timeout" | "flock" | "chroot" | "faketime" => i += 1,
+        "timeout" | "flock" | "chroot" | "faketime" | "gosu" | "su-exec" | "setuidgid" => i += 1,
         "nice" if rest.get(i).is_some_and(|a| a.parse::<i32>().is_ok()) => i += 1,
         "chrt" | "taskset" => {
             while rest.get(i).is_some_and(|a| {

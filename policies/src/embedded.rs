@@ -50,6 +50,11 @@ pub const PROGRAMS: &[&str] = &[
     "gawk",
     "mawk",
     "nawk",
+    "apt",
+    "apt-get",
+    "apt-cache",
+    "aptitude",
+    "apt-mark",
 ];
 
 /// What a variable assigned before (or exported to) a command makes programs
@@ -61,6 +66,11 @@ pub enum VarCode {
     Shell,
     /// The value is a prompt: bash runs the substitutions in it (`PS4`).
     Prompt,
+    /// The value names code that is loaded or run from somewhere berth does
+    /// not read: a file (`BASH_ENV`, `ENV`, `PYTHONSTARTUP`), a library
+    /// (`LD_PRELOAD`), options that load modules (`NODE_OPTIONS=--require`,
+    /// `PERL5OPT`). Opaque.
+    Loads,
 }
 
 /// Whether variable `name` holds code some program runs, and how.
@@ -68,7 +78,31 @@ pub fn variable_code(name: &str) -> Option<VarCode> {
     if name.starts_with("BASH_FUNC_") {
         return Some(VarCode::Shell);
     }
+    // The dynamic loader's variables: each can put code into every program.
+    if name.starts_with("LD_") {
+        return Some(VarCode::Loads);
+    }
     match name {
+        "BASH_ENV"
+        | "ENV"
+        | "BASH_LOADABLES_PATH"
+        | "NODE_OPTIONS"
+        | "PYTHONSTARTUP"
+        | "PYTHONINSPECT"
+        | "PERL5OPT"
+        | "PERL5DB"
+        | "RUBYOPT"
+        | "JAVA_TOOL_OPTIONS"
+        | "_JAVA_OPTIONS"
+        | "JDK_JAVA_OPTIONS"
+        | "GCONV_PATH"
+        | "APT_CONFIG"
+        | "GIT_CONFIG_GLOBAL"
+        | "GIT_CONFIG_SYSTEM"
+        | "GIT_EXEC_PATH"
+        | "GIT_TEMPLATE_DIR"
+        | "INPUTRC"
+        | "ZDOTDIR" => Some(VarCode::Loads),
         "PS0" | "PS1" | "PS2" | "PS3" | "PS4" => Some(VarCode::Prompt),
         "PROMPT_COMMAND"
         | "GIT_SSH_COMMAND"
@@ -167,6 +201,9 @@ pub fn command_strings(prog: &str, args: &[String]) -> Vec<String> {
             .iter()
             .flat_map(|s| sed(s).commands)
             .collect(),
+        "apt" | "apt-get" | "apt-cache" | "aptitude" | "apt-mark" => {
+            crate::sources::apt_commands(args)
+        }
         _ => Vec::new(),
     }
 }

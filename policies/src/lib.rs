@@ -29,6 +29,7 @@ pub mod profile;
 pub mod redact;
 pub mod rules;
 pub mod shell;
+pub mod sources;
 
 pub use checkpoints::CheckpointPolicy;
 pub use dangerous::Pattern;

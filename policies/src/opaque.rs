@@ -120,6 +120,9 @@ pub fn reason(script: &Script, idx: usize) -> Option<String> {
         if let Some(why) = interpreter(prog, args) {
             return Some(why);
         }
+        if let Some(why) = crate::sources::elsewhere(script, idx, prog, args) {
+            return Some(why);
+        }
         if let Some(why) = crate::embedded::opaque(prog, args) {
             return Some(why);
         }

@@ -195,7 +195,10 @@ fn run_time_command_words_are_opaque() {
     assert_eq!(verdict(&p, "bash -c 'ls -l'").action, Action::Allow);
     assert_eq!(verdict(&p, "echo ls | sh").action, Action::Allow);
     assert_eq!(verdict(&p, "eval 'ls -l'").action, Action::Allow);
-    assert_eq!(verdict(&p, "python3 script.py").action, Action::Allow);
+    // A program file given to an interpreter is code berth did not read
+    // (issue 49, item 11): opaque, as `python3 -c` is.
+    let v = verdict(&p, "python3 script.py");
+    assert_eq!((v.action, v.rule.as_str()), (Action::Ask, "opaque"), "{v}");
 }
 
 /// Item 13: aliases and functions the session defined are resolved before the

@@ -44,6 +44,9 @@ impl Parser<'_, '_> {
             return Err(self.err("unterminated arithmetic"));
         }
         self.i += closing.len();
+        if let Some(why) = self.arith_unknown(&body) {
+            self.evaluated_opaque(why);
+        }
         if body.contains(['$', '`']) {
             let ctx = Ctx {
                 parent: self.cur.or(self.ctx.parent),
@@ -76,6 +79,10 @@ impl Parser<'_, '_> {
 
     pub(super) fn conditional_words(&mut self) -> Result<(), ParseError> {
         let mut after_regex_op = false;
+        // The word before an operator, and an arithmetic operator waiting
+        // for its right operand.
+        let mut last: Option<String> = None;
+        let mut pending: Option<String> = None;
         loop {
             loop {
                 self.skip_blanks();
@@ -133,9 +140,32 @@ impl Parser<'_, '_> {
                 // Arithmetic comparisons evaluate their operands, which can assign.
                 "-eq" | "-ne" | "-lt" | "-le" | "-gt" | "-ge" | "-v" => {
                     self.sh.state.push("`[[ … ]]` evaluates arithmetic");
+                    if w != "-v"
+                        && let Some(left) = &last
+                        && let Some(why) = self.arith_unknown(left)
+                    {
+                        self.evaluated_opaque(why);
+                    }
+                    pending = Some(w.clone());
+                    last = Some(w);
+                    continue;
                 }
                 _ => {}
             }
+            match pending.take().as_deref() {
+                Some("-v") => {
+                    if let Some(why) = self.name_unknown(&w) {
+                        self.evaluated_opaque(why);
+                    }
+                }
+                Some(_) => {
+                    if let Some(why) = self.arith_unknown(&w) {
+                        self.evaluated_opaque(why);
+                    }
+                }
+                None => {}
+            }
+            last = Some(w);
         }
     }
 

@@ -231,11 +231,16 @@ fn journal_names(script: &Script) -> Option<Vec<String>> {
         return None;
     }
     let mut out: Vec<String> = Vec::new();
+    // Past the most names a record carries, the answer is `None`: stop
+    // there, so a command of many assignments costs linear time.
     let mut add = |name: &str| -> Option<()> {
         if !is_name(name) || journal_refuses(name) {
             return None;
         }
         if !out.iter().any(|n| n == name) {
+            if out.len() >= JOURNAL_NAMES_MAX {
+                return None;
+            }
             out.push(name.to_string());
         }
         Some(())

@@ -23,6 +23,11 @@ pub(super) struct Shared<'d> {
     pub(super) state: Vec<&'static str>,
     /// Variables assigned a literal earlier in the text.
     pub(super) vars: HashMap<String, String>,
+    /// Variables that arithmetic earlier in the text assigned a number.
+    pub(super) numeric: HashSet<String>,
+    /// Associative arrays (bash's own, those the text declared with `-A`,
+    /// and namerefs to them): their subscripts are strings, not arithmetic.
+    pub(super) assoc: HashSet<String>,
     pub(super) next_pipeline: usize,
     /// What the session defined before the text.
     pub(super) defined: &'d Defined,
@@ -59,6 +64,11 @@ pub(super) fn parse_script(
         heredocs: Vec::new(),
         state: Vec::new(),
         vars: HashMap::new(),
+        numeric: HashSet::new(),
+        assoc: ["BASH_ALIASES", "BASH_CMDS"]
+            .iter()
+            .map(|n| n.to_string())
+            .collect(),
         next_pipeline: 0,
         defined,
         expanding: HashSet::new(),
@@ -547,6 +557,7 @@ impl<'a, 'd> Parser<'a, 'd> {
         }
         if self.eat_word("coproc") {
             self.sh.opaque.push(Opaque {
+                later: false,
                 command: None,
                 why: "`coproc` runs a command berth cannot follow once it starts".into(),
             });

@@ -25,6 +25,8 @@
 //! cannot know before it runs (a command word built at run time) is not an error:
 //! it is marked, and the policy decides what it gets.
 
+mod arith;
+mod builtins;
 mod compound;
 mod effects;
 mod grammar;
@@ -204,6 +206,10 @@ pub struct Opaque {
     pub command: Option<usize>,
     /// What it is, in words.
     pub why: String,
+    /// It runs nothing now: it sets up state whose later use runs what
+    /// berth cannot read (a variable that makes programs load code, such
+    /// as `LD_PRELOAD`). Restoring such state is not running it.
+    pub later: bool,
 }
 
 /// Aliases and functions a session defined before this text runs.
@@ -298,8 +304,9 @@ pub fn declarations_only(text: &str) -> Result<(), String> {
         }
     }
     if let Some(o) = script.opaque.iter().find(|o| {
-        o.command
-            .is_none_or(|i| script.commands.get(i).is_some_and(|c| c.function.is_none()))
+        !o.later
+            && o.command
+                .is_none_or(|i| script.commands.get(i).is_some_and(|c| c.function.is_none()))
     }) {
         return Err(o.why.clone());
     }

@@ -32,10 +32,15 @@ impl Parser<'_, '_> {
             self.sh.state.push("a variable assignment");
         }
         self.variable_code(idx, &argv, &literal, assigns)?;
+        self.evaluated_operands(idx, &argv, assigns)?;
         if assigns == argv.len() {
             for (w, lit) in argv.iter().zip(&literal) {
                 if let Some((k, v)) = argv::assignment(w) {
-                    if *lit {
+                    self.sh.numeric.remove(k);
+                    // A value whose expansions were all of values the text
+                    // set (`x="${IFS}"`, `y=$x`) is known too: no expansion
+                    // is left in its text.
+                    if *lit || !v.contains(['$', '`']) {
                         self.sh.vars.insert(k.to_string(), v.to_string());
                     } else {
                         self.sh.vars.remove(k);
@@ -69,6 +74,10 @@ impl Parser<'_, '_> {
                             | "script"
                             | "at"
                             | "batch"
+                            | "mapfile"
+                            | "readarray"
+                            | "complete"
+                            | "compgen"
                     )
             })
         });
@@ -89,6 +98,9 @@ impl Parser<'_, '_> {
             self.nested(&code, idx, Via::ShellString)?;
         }
         for code in argv::embedded_strings(&argv) {
+            self.nested_or_opaque(&code, idx)?;
+        }
+        for code in super::builtins::callbacks(&argv) {
             self.nested_or_opaque(&code, idx)?;
         }
         // Code fed to a shell's stdin: `sh <<< 'code'`, `echo code | sh`.
@@ -143,6 +155,12 @@ impl Parser<'_, '_> {
         assigns: usize,
     ) -> Result<(), ParseError> {
         let mut words: Vec<usize> = (0..assigns).collect();
+        // Words that set state for later commands (a bare assignment, or a
+        // declaring builtin's), not for a program this command runs.
+        let mut declared: Vec<usize> = Vec::new();
+        if assigns == argv.len() {
+            declared.extend(0..assigns);
+        }
         for view in argv::views(argv) {
             let at = argv.len() - view.len();
             let prog = view.first().map(String::as_str).unwrap_or("");
@@ -154,8 +172,9 @@ impl Parser<'_, '_> {
                 );
             }
             if DECLARERS.contains(&prog) {
-                words
-                    .extend((at + 1..argv.len()).filter(|&i| argv::assignment(&argv[i]).is_some()));
+                let named = (at + 1..argv.len()).filter(|&i| argv::assignment(&argv[i]).is_some());
+                declared.extend(named.clone());
+                words.extend(named);
             }
         }
         // git's configuration through its environment.
@@ -199,14 +218,21 @@ impl Parser<'_, '_> {
                         Err(e) if e.is_limit() => return Err(e),
                         // bash reads a prompt only when it shows it: one that
                         // does not read is opaque, not a refusal of the text.
-                        Err(e) => self.sh.opaque.push(Opaque {
+                        Err(e) => self.sh.opaque.push(Opaque { later: false,
                             command: Some(idx),
                             why: format!("berth cannot read the prompt `{name}` ({})", e.what),
                         }),
                         Ok(()) => {}
                     }
                 }
-                crate::embedded::VarCode::Prompt => self.sh.opaque.push(Opaque {
+                crate::embedded::VarCode::Loads if loads_nothing(name, value) => {}
+                crate::embedded::VarCode::Loads => self.sh.opaque.push(Opaque { later: declared.contains(&i),
+                    command: Some(idx),
+                    why: format!(
+                        "`{name}` makes programs load code from somewhere berth does not read"
+                    ),
+                }),
+                crate::embedded::VarCode::Prompt => self.sh.opaque.push(Opaque { later: false,
                     command: Some(idx),
                     why: format!(
                         "`{name}` is a prompt whose substitutions bash runs, set to a value built when the command runs"
@@ -234,7 +260,7 @@ impl Parser<'_, '_> {
                     && !c.redirects.iter().any(|r| r.op.starts_with('<'))
             });
         if r.is_ok() && stdin_shell {
-            self.sh.opaque.push(Opaque {
+            self.sh.opaque.push(Opaque { later: false,
                 command: Some(idx),
                 why: format!(
                     "the command string `{code}` starts a shell that reads its commands from input berth does not see"
@@ -244,6 +270,7 @@ impl Parser<'_, '_> {
         match r {
             Err(e) if !e.is_limit() => {
                 self.sh.opaque.push(Opaque {
+                    later: false,
                     command: Some(idx),
                     why: format!(
                         "berth cannot read the command string `{code}` it runs ({})",
@@ -337,7 +364,7 @@ impl Parser<'_, '_> {
             self.nested(&body, idx, Via::Function).map(|_| false)
         } else {
             if self.sh.defined.names.contains(&word) {
-                self.sh.opaque.push(Opaque {
+                self.sh.opaque.push(Opaque { later: false,
                     command: Some(idx),
                     why: format!(
                         "`{word}` is a function or alias the session defined, and berth cannot see what it runs"
@@ -397,16 +424,32 @@ impl Parser<'_, '_> {
             // `NAME=(…)` is an array in assignment position and as an argument
             // of a declaring builtin.
             self.split_word = false;
+            let start = self.i;
             let (w, lit) = self.word_allowing_array(in_assignments || declaring)?;
             let split = std::mem::take(&mut self.split_word);
             if in_assignments && argv::assignment(&w).is_none() {
                 in_assignments = false;
                 declaring = DECLARERS.contains(&argv::program_name(&w));
             }
+            let words = if split {
+                Some(match self.sh.vars.get("IFS") {
+                    // An `IFS` the text set: split where bash would.
+                    Some(ifs) => w
+                        .split(|c: char| ifs.contains(c))
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_string)
+                        .collect::<Vec<_>>(),
+                    None => super::ifs_split(&w).map(str::to_string).collect(),
+                })
+            } else if self.s.get(start) == Some(&'{') {
+                braces(&self.text(start, self.i))
+            } else {
+                None
+            };
             let cmd = &mut self.sh.commands[idx];
-            if split {
-                for part in super::ifs_split(&w) {
-                    cmd.argv.push(part.to_string());
+            if let Some(words) = words {
+                for part in words {
+                    cmd.argv.push(part);
                     cmd.literal.push(false);
                 }
             } else {
@@ -447,5 +490,68 @@ impl Parser<'_, '_> {
             .redirects
             .push(Redirect { fd, op, target });
         Ok(true)
+    }
+}
+
+/// The words of a plain brace expansion written as one word, `{rm,-rf,/}`:
+/// bash expands it to `rm -rf /`, so the gate reads those words. Only the
+/// simplest form (one pair of braces around the whole word, no quotes,
+/// expansions or nested braces) is expanded; anything else stays one word,
+/// marked as not a literal.
+fn braces(raw: &str) -> Option<Vec<String>> {
+    let inner = raw.strip_prefix('{')?.strip_suffix('}')?;
+    if !inner.contains(',') || inner.contains(['{', '}', '\'', '"', '\\', '$', '`', '*', '?', '['])
+    {
+        return None;
+    }
+    Some(
+        inner
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// `NODE_OPTIONS` (and the JVM's) values made only of options known to load
+/// nothing (`--max-old-space-size=4096`, `-Xmx2g`), and an emptied variable.
+fn loads_nothing(name: &str, value: &str) -> bool {
+    const NODE: &[&str] = &[
+        "--max-old-space-size",
+        "--max-semi-space-size",
+        "--stack-size",
+        "--enable-source-maps",
+        "--no-warnings",
+        "--no-deprecation",
+        "--trace-warnings",
+        "--trace-deprecation",
+        "--trace-uncaught",
+        "--unhandled-rejections",
+        "--openssl-legacy-provider",
+        "--experimental-vm-modules",
+        "--dns-result-order",
+        "--use-openssl-ca",
+        "--max-http-header-size",
+    ];
+    if value.trim().is_empty() {
+        return true;
+    }
+    let mut words = value.split_whitespace();
+    match name {
+        "NODE_OPTIONS" => words
+            .map(|w| w.split_once('=').map_or(w, |(o, _)| o))
+            .all(|o| NODE.contains(&o)),
+        "JAVA_TOOL_OPTIONS" | "_JAVA_OPTIONS" | "JDK_JAVA_OPTIONS" => words.all(|w| {
+            [
+                "-Xmx",
+                "-Xms",
+                "-Xss",
+                "-Dfile.encoding=",
+                "-Duser.timezone=",
+            ]
+            .iter()
+            .any(|p| w.starts_with(p))
+        }),
+        _ => false,
     }
 }

@@ -277,6 +277,9 @@ impl Parser<'_, '_> {
                 }
                 let body = self.text(from, self.i);
                 self.i += 1;
+                if let Some(why) = self.arith_unknown(&body) {
+                    self.evaluated_opaque(why);
+                }
                 if body.contains(['$', '`']) {
                     let ctx = super::grammar::Ctx {
                         parent: self.cur,
@@ -341,7 +344,7 @@ impl Parser<'_, '_> {
             if self.peek() == Some('|') {
                 self.i += 1;
             }
-            self.sh.opaque.push(super::Opaque {
+            self.sh.opaque.push(super::Opaque { later: false,
                 command: self.cur,
                 why: "`${ …; }` runs commands in the shell itself (bash 5.3), where berth cannot follow them".into(),
             });
@@ -376,6 +379,7 @@ impl Parser<'_, '_> {
         }
         let body = self.text(body_start, self.i);
         self.i += 1;
+        self.parameter_evaluates(&body);
         if is_name(&body) {
             self.push_var(out, &body, quoted);
             return Ok(());
@@ -397,7 +401,7 @@ impl Parser<'_, '_> {
                     self.push_var(out, name, quoted);
                 }
                 None => {
-                    self.sh.opaque.push(super::Opaque {
+                    self.sh.opaque.push(super::Opaque { later: false,
                         command: self.cur,
                         why: format!(
                             "`${{{body}}}` expands a value as a prompt, running the substitutions in it, and berth cannot see the value"
@@ -425,9 +429,69 @@ impl Parser<'_, '_> {
         Ok(())
     }
 
+    /// What `${BODY}` evaluates besides the value it expands: an indirect
+    /// `${!x}` names a variable (and its subscript) by `x`'s value, a
+    /// subscript `${a[i]}` and the offset and length of `${x:1:n}` are
+    /// arithmetic. Each whose value berth cannot know makes it opaque.
+    fn parameter_evaluates(&mut self, body: &str) {
+        if let Some(name) = body.strip_prefix('!')
+            && is_name(name)
+        {
+            let named = self.sh.vars.get(name).cloned();
+            let why = match named {
+                Some(v) => self.name_unknown(&v),
+                None => Some(format!(
+                    "`${{!{name}}}` expands the variable that `{name}` names, and berth cannot see which"
+                )),
+            };
+            if let Some(why) = why {
+                self.evaluated_opaque(why);
+            }
+            return;
+        }
+        let name_end = body
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(body.len());
+        if name_end == 0 || !is_name(&body[..name_end]) {
+            return;
+        }
+        let mut rest = &body[name_end..];
+        let assoc = self.sh.assoc.contains(&body[..name_end]);
+        if rest.starts_with('[')
+            && let Some(close) = rest.rfind(']')
+        {
+            let sub = &rest[1..close];
+            if sub != "@"
+                && sub != "*"
+                && !assoc
+                && let Some(why) = self.arith_unknown(sub)
+            {
+                self.evaluated_opaque(why);
+            }
+            rest = &rest[close + 1..];
+        }
+        if let Some(range) = rest.strip_prefix(':')
+            && !range.starts_with(['-', '=', '?', '+'])
+        {
+            for part in range.splitn(2, ':') {
+                if let Some(why) = self.arith_unknown(part) {
+                    self.evaluated_opaque(why);
+                    break;
+                }
+            }
+        }
+    }
+
     fn push_var(&mut self, out: &mut String, name: &str, quoted: bool) {
         self.expanded = true;
-        match self.sh.vars.get(name) {
+        // `IFS` the text has not set holds bash's default, blank, tab and
+        // newline: `rm${IFS}-rf${IFS}/` is `rm -rf /`, and is judged so.
+        let value = match (self.sh.vars.get(name), name) {
+            (Some(v), _) => Some(v.as_str()),
+            (None, "IFS") => Some(" \t\n"),
+            (None, _) => None,
+        };
+        match value {
             Some(v) => {
                 out.push_str(v);
                 if !quoted {
