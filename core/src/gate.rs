@@ -76,13 +76,15 @@ impl Gate {
 
     /// The verdict for running `command` on `backend`.
     pub fn check(&self, command: &str, backend: &str) -> Verdict {
-        self.policy.rules.check(command, backend)
+        reading(command, || self.policy.rules.check(command, backend))
     }
 
     /// The verdict for running `command` on `backend` in a session that
     /// defined `defined`: its aliases and functions are resolved first.
     pub fn check_in(&self, command: &str, backend: &str, defined: &Defined) -> Verdict {
-        self.policy.rules.check_in(command, backend, defined)
+        reading(command, || {
+            self.policy.rules.check_in(command, backend, defined)
+        })
     }
 
     /// The part of berth's environment a sandbox may see.
@@ -103,6 +105,23 @@ impl Gate {
     /// The limits of the named sandbox.
     pub fn limits(&self, sandbox: &str) -> &Limits {
         self.policy.limits.for_sandbox(sandbox)
+    }
+}
+
+/// Text longer than this is read off the async worker (see [`reading`]).
+const READ_INLINE_BYTES: usize = 16 * 1024;
+
+/// Run `f`, which reads shell `text` (judging it, or asking what it may
+/// change). Reading is linear in the text, but a text of hundreds of
+/// kilobytes still takes milliseconds of CPU: on a worker of `berth serve`'s
+/// multi-threaded runtime, that worker first hands its other tasks (other
+/// sandboxes' calls) to another thread, so no call waits for another's
+/// reading. Short text, nearly every command, is read in place.
+pub fn reading<T>(text: &str, f: impl FnOnce() -> T) -> T {
+    if text.len() > READ_INLINE_BYTES {
+        crate::store::blocking(f)
+    } else {
+        f()
     }
 }
 

@@ -135,3 +135,32 @@ fn functions_that_call_each_other_do_not_blow_up() {
         "{v}"
     );
 }
+
+/// Issue 49, item 9: a command of many distinct assignments (the red team's
+/// 60,000, 540 KB) is read, judged and asked what it may change in time
+/// linear in its length. Reading ten times the text may take ten times as
+/// long, with a wide margin for noise; it once took a hundred times (the
+/// journal compared every name with every other).
+#[test]
+fn many_distinct_assignments_are_read_in_linear_time() {
+    use std::collections::HashSet;
+    use std::time::{Duration, Instant};
+    let text = |n: usize| -> String { (0..n).map(|i| format!("v{i:06}=1 ")).collect() };
+    let read = |t: &str| -> Duration {
+        let start = Instant::now();
+        let v = Policy::default().rules.check(t, "local");
+        assert_eq!(v.action, Action::Allow, "{v}");
+        let (fx, names) = berth_policies::shell::journal(t, &HashSet::new());
+        assert!(fx.may_change && names.is_none(), "{fx:?} {names:?}");
+        start.elapsed()
+    };
+    let (small, large) = (text(6_000), text(60_000));
+    // The best of a few runs of each, so one slow moment does not decide.
+    let best = |t: &str| (0..3).map(|_| read(t)).min().unwrap_or_default();
+    let (s, l) = (best(&small), best(&large));
+    assert!(
+        l < s * 40 + Duration::from_millis(50),
+        "10x the text took {:.1}x as long ({s:?} → {l:?})",
+        l.as_secs_f64() / s.as_secs_f64().max(1e-9)
+    );
+}

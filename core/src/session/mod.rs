@@ -504,7 +504,7 @@ impl Session {
         if !self.cfg.read_commands {
             return named(SnapshotMode::Auto);
         }
-        let (fx, listed) = effects::journal(command, names);
+        let (fx, listed) = crate::gate::reading(command, || effects::journal(command, names));
         if fx.sticky {
             shell.always_snapshot = true;
         }
@@ -612,7 +612,8 @@ impl Session {
             .unwrap_or_default();
         // berth's own loop functions are in the text too; only the user's
         // definitions are for the gate to read.
-        berth_policies::shell::Defined::read(names, &script::strip_own(&text))
+        let text = script::strip_own(&text);
+        crate::gate::reading(&text, || berth_policies::shell::Defined::read(names, &text))
     }
 
     /// The session's own directory in the sandbox (snapshots, stdin).

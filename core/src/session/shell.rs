@@ -478,7 +478,9 @@ impl Session {
     /// gate judges it: only text that restores state is replayed.
     pub(super) async fn replay(&mut self, seq: u64, text: &str, limit: Duration) -> Result<()> {
         let replay = script::strip_own(text);
-        if let Err(what) = berth_policies::shell::declarations_only(&replay) {
+        if let Err(what) = crate::gate::reading(&replay, || {
+            berth_policies::shell::declarations_only(&replay)
+        }) {
             warn!(session = %self.cfg.name, seq, %what, "a snapshot holds more than state");
             return Err(self.session_error(&format!(
                 "it holds {what}, which no snapshot berth writes holds: it was changed from inside the sandbox, so it was not replayed"

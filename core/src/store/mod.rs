@@ -419,7 +419,7 @@ fn connect(path: &Path) -> Result<Connection> {
 
 /// Run `f`, which blocks this thread: on a worker of a multi-threaded tokio
 /// runtime the worker first hands its other tasks to another thread.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     let on_worker = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     if on_worker {
