@@ -72,6 +72,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: UiArgs) -> Result<u8> {
     let pid = server.hello.pid;
     let bound = wait_bound(&dir, pid, changed.then_some(written)).await?;
     show(
+        &dir,
         &want,
         &bound,
         &a,
@@ -122,7 +123,7 @@ async fn wait_bound(dir: &Path, pid: u32, since: Option<SystemTime>) -> Result<u
     }
 }
 
-fn show(s: &ui::Settings, b: &ui::Bound, a: &UiArgs, how: &str) {
+fn show(dir: &Path, s: &ui::Settings, b: &ui::Bound, a: &UiArgs, how: &str) {
     let host = match b.addr {
         std::net::SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
         v4 => v4.to_string(),
@@ -135,29 +136,48 @@ fn show(s: &ui::Settings, b: &ui::Bound, a: &UiArgs, how: &str) {
         errln!("berth: the dashboard is {how}");
     }
     if !a.no_open && !a.json {
-        open_browser(&url);
+        open_browser(dir, &host);
     }
 }
 
-/// Open `url` in a browser when there is a display to show it on.
-fn open_browser(url: &str) {
+/// Open the dashboard at `host` in a browser when there is a display to
+/// show it on. The opener's command line is readable by every process of
+/// the host, sandboxes too, so it never holds the token: it holds a
+/// one-time code (`ui.once`, mode 0600), spent by the browser's first visit
+/// and good for two minutes at most.
+fn open_browser(dir: &Path, host: &str) {
     let display = ["DISPLAY", "WAYLAND_DISPLAY"]
         .iter()
         .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
     if !display {
         return;
     }
+    let until = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| (d + ui::ONCE_TTL).as_secs());
+    let once = ui::Once {
+        code: ui::new_token(),
+        until,
+    };
+    if let Err(e) = ui::write_private(&ui::once_path(dir), &once) {
+        errln!(
+            "berth: could not write the browser's one-time code ({e:#}); open the URL above yourself"
+        );
+        return;
+    }
+    let url = format!("http://{host}/?once={}", once.code);
     let opener = std::env::var("BROWSER")
         .ok()
         .filter(|b| !b.trim().is_empty())
         .unwrap_or_else(|| "xdg-open".into());
     let started = std::process::Command::new(&opener)
-        .arg(url)
+        .arg(&url)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn();
     if let Err(e) = started {
+        let _ = std::fs::remove_file(ui::once_path(dir));
         errln!(
             "berth: could not open a browser with `{opener}` ({e}); open the URL above yourself"
         );
@@ -172,6 +192,7 @@ async fn foreground(dir: &Path, s: &ui::Settings, a: &UiArgs) -> Result<u8> {
     let task = ui::watch(rt.clone(), dir.to_path_buf(), busy, stop.clone());
     let bound = wait_bound(dir, std::process::id(), None).await?;
     show(
+        dir,
         s,
         &bound,
         a,

@@ -30,6 +30,7 @@ mod memory;
 mod conformance;
 #[macro_use]
 mod jobs;
+mod listeners;
 mod modal_faults;
 mod modal_sdk;
 mod policy_cli;

@@ -956,10 +956,9 @@ fn initialize_over_http(url: &str, auth: Option<&str>) -> Result<String, BoxErro
 }
 
 /// The token can come from a file (`--token-file`) or the environment
-/// (`BERTH_MCP_TOKEN`): either guards the server as `--token` does, and
-/// neither puts it where every process of the user can read it, the server's
-/// /proc/PID/cmdline, nor on its stderr. `--token` still works, with a warning
-/// that names the alternatives.
+/// (`BERTH_MCP_TOKEN`): either guards the server, and neither puts it where
+/// every process of the host can read it, the server's /proc/PID/cmdline,
+/// nor on its stderr. `--token` is refused (tests/listeners.rs).
 #[test]
 fn the_token_from_a_file_or_the_environment_stays_off_the_command_line() -> TestResult {
     use std::os::unix::fs::PermissionsExt;
@@ -968,16 +967,13 @@ fn the_token_from_a_file_or_the_environment_stays_off_the_command_line() -> Test
     let file = env.dir.path().join("mcp-token");
     std::fs::write(&file, format!("{token}\n"))?;
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
-    for how in ["--token-file", "BERTH_MCP_TOKEN", "--token"] {
+    for how in ["--token-file", "BERTH_MCP_TOKEN"] {
         let (server, url, said) = env.http_server_with(|c| match how {
             "--token-file" => {
                 c.arg("--token-file").arg(&file);
             }
-            "BERTH_MCP_TOKEN" => {
-                c.env("BERTH_MCP_TOKEN", token);
-            }
             _ => {
-                c.args(["--token", token]);
+                c.env("BERTH_MCP_TOKEN", token);
             }
         })?;
         let reply = initialize_over_http(&url, None)?;
@@ -990,22 +986,8 @@ fn the_token_from_a_file_or_the_environment_stays_off_the_command_line() -> Test
         let cmdline = std::fs::read(format!("/proc/{}/cmdline", server.0.id()))?;
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         let said = said.lock().map_err(|_| "poisoned")?.join("\n");
-        if how == "--token" {
-            assert!(cmdline.contains(token), "{cmdline}");
-            assert!(
-                said.contains("visible to other processes")
-                    && said.contains("--token-file")
-                    && said.contains("BERTH_MCP_TOKEN"),
-                "{said}"
-            );
-        } else {
-            assert!(!cmdline.contains(token), "{how}: {cmdline}");
-            assert!(!said.contains(token), "{how}: {said}");
-            assert!(
-                !said.contains("visible to other processes"),
-                "{how}: {said}"
-            );
-        }
+        assert!(!cmdline.contains(token), "{how}: {cmdline}");
+        assert!(!said.contains(token), "{how}: {said}");
     }
     // An unreadable or empty token file is an error, not a random token.
     let empty = env.dir.path().join("empty-token");

@@ -622,6 +622,19 @@ fn http(addr: &str, request: &str) -> Result<(u16, String), BoxError> {
     Ok((status, text))
 }
 
+/// The dashboard's cookie (`name=value`), as its answer to the token sets it.
+fn cookie_for(addr: &str, token: &str) -> Result<String, BoxError> {
+    let (_, reply) = http(
+        addr,
+        &format!("GET /?token={token} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    )?;
+    let line = reply
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .ok_or_else(|| format!("no cookie in {reply}"))?;
+    Ok(line.split(';').next().unwrap_or("").to_string())
+}
+
 fn pending(d: &Dash) -> Result<usize, BoxError> {
     Ok(d.ok(&["approvals", "ls", "--json"])?.lines().count())
 }
@@ -633,7 +646,11 @@ fn requests_without_the_token_with_a_wrong_origin_or_host_are_refused() -> TestR
     let token = d.token()?;
     let addr = base(&url).trim_start_matches("http://").to_string();
     let port = addr.rsplit(':').next().unwrap_or("");
-    let cookie = format!("berth_ui_{port}={token}");
+    let cookie = cookie_for(&addr, &token)?;
+    // The cookie is named for the port, and is not the token: a page that
+    // sends it to another port of this host hands over no token.
+    assert!(cookie.starts_with(&format!("berth_ui_{port}=")), "{cookie}");
+    assert!(!cookie.contains(&token), "{cookie}");
     let (mut exec, n) = d.ask("touch refused-one")?;
     let get = |path: &str, extra: &str| {
         http(
@@ -704,22 +721,23 @@ fn requests_without_the_token_with_a_wrong_origin_or_host_are_refused() -> TestR
 
 #[test]
 fn a_process_in_a_sandbox_cannot_use_the_dashboard_even_with_the_token() -> TestResult {
-    // Unrestricted: the sandbox's network is the host's, loopback included.
-    let d = Dash::new(ASK)?.with_env("BERTH_UNRESTRICTED", "1");
+    // A sandbox with the network on: loopback reachable.
+    let d = Dash::new(ASK)?;
     let url = d.url()?;
     let token = d.token()?;
     let addr = base(&url).trim_start_matches("http://").to_string();
     let port = addr.rsplit(':').next().unwrap_or("").to_string();
+    let cookie = cookie_for(&addr, &token)?;
     let (mut exec, n) = d.ask("touch self-approved")?;
     // Everything a forger needs, the token included, as a sandbox with the
-    // network on (unrestricted: loopback reachable) would send it.
+    // network on would send it.
     let req = format!(
-        "POST /approvals/{n}/approve HTTP/1.1\r\nHost: {addr}\r\nCookie: berth_ui_{port}={token}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "POST /approvals/{n}/approve HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
     let probe = format!(
         "python3 -c 'import socket, sys\nc = socket.create_connection((\"127.0.0.1\", {port}), 5)\nc.sendall(sys.argv[1].encode())\ntry:\n    r = c.recv(200)\n    print(\"ANSWERED \" + r.decode(errors=\"replace\").split(chr(13))[0] if r else \"CLOSED\")\nexcept Exception as e:\n    print(\"CLOSED\", e)' '{req}'"
     );
-    d.ok(&["sandbox", "create", "other"])?;
+    d.ok(&["sandbox", "create", "other", "--network"])?;
     let o = d
         .cmd(&["exec", "--sandbox", "other", "--", &probe])
         .output()?;
@@ -1019,12 +1037,12 @@ fn always_approves_and_adds_an_allow_rule_to_the_policy() -> TestResult {
     let url = d.url()?;
     let token = d.token()?;
     let addr = base(&url).trim_start_matches("http://").to_string();
-    let port = addr.rsplit(':').next().unwrap_or("").to_string();
+    let cookie = cookie_for(&addr, &token)?;
     let (mut exec, n) = d.ask("touch always.txt")?;
     let (s, body) = http(
         &addr,
         &format!(
-            "POST /approvals/{n}/always HTTP/1.1\r\nHost: {addr}\r\nCookie: berth_ui_{port}={token}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "POST /approvals/{n}/always HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         ),
     )?;
     assert_eq!(s, 303, "{body}");
@@ -1048,7 +1066,7 @@ fn always_approves_and_adds_an_allow_rule_to_the_policy() -> TestResult {
     let (s, body) = http(
         &addr,
         &format!(
-            "POST /approvals/{n}/deny HTTP/1.1\r\nHost: {addr}\r\nCookie: berth_ui_{port}={token}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "POST /approvals/{n}/deny HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nOrigin: http://{addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         ),
     )?;
     assert_eq!(s, 409, "{body}");

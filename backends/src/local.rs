@@ -361,6 +361,22 @@ impl Sandbox for LocalSandbox {
         true
     }
 
+    fn sandbox_procs(&self) -> berth_core::procs::SandboxProcs {
+        use berth_core::procs::SandboxProcs;
+        match &self.wrapper {
+            Some(w) if !w.is_unrestricted() => {
+                SandboxProcs::Confined(berth_core::identity::SandboxIdentity {
+                    name: self.name.clone(),
+                    cgroup_leaf: berth_sandbox::cgroup::leaf_for(&self.name, &self.dir),
+                    mount_source: berth_sandbox::mounts::marker_source(&self.name, &self.dir),
+                })
+            }
+            _ => SandboxProcs::Unconfined {
+                name: self.name.clone(),
+            },
+        }
+    }
+
     fn memory(&self) -> Option<berth_core::backend::MemoryState> {
         let dir = self.memory_cgroup.as_ref()?;
         let mut held = self.memory_files.lock().ok()?;
@@ -681,5 +697,20 @@ impl Process for LocalProcess {
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
             Err(e) => Err(Error::stream("killing process", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The wrapper writes the marker; berth's core reads it back: both must
+    /// agree on its prefix.
+    #[test]
+    fn the_marker_is_written_as_it_is_read() {
+        let m = berth_sandbox::mounts::marker_source("box", std::path::Path::new("/s/box"));
+        assert!(m.starts_with(berth_core::identity::MARKER_PREFIX), "{m}");
+        assert_eq!(
+            berth_sandbox::mounts::MARKER_PREFIX,
+            berth_core::identity::MARKER_PREFIX
+        );
     }
 }

@@ -399,6 +399,13 @@ pub trait Sandbox: Send + Sync {
     fn host_processes(&self) -> bool {
         false
     }
+    /// How berth tells this sandbox's processes from the host's before it
+    /// signals a pid read from the sandbox's files (see
+    /// [`crate::procs::SandboxProc`]). Only for a sandbox whose processes are
+    /// berth's ([`Sandbox::host_processes`]).
+    fn sandbox_procs(&self) -> crate::procs::SandboxProcs {
+        crate::procs::SandboxProcs::Nobody
+    }
     /// The sandbox's memory bound and how many of its processes the kernel's
     /// OOM killer has ended, where berth bounds its memory itself (the local
     /// backend's memory cgroup); `None` elsewhere.
@@ -544,9 +551,10 @@ pub async fn mkdir_p(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
 /// Check a sandbox name that becomes a directory name: 1-63 letters, digits,
 /// '-', '_' or '.', not starting with '.' (so never `..` or a hidden file).
 /// The variable every backend sets to the sandbox's name in each of its
-/// processes. On the local backend berth also reads it back, from
-/// `/proc/PID/environ`, to tell the sandbox's processes from the host's
-/// before it signals one (see `procs::SandboxProc`).
+/// processes, for the programs there. berth never trusts it to tell a
+/// sandbox's processes from the host's (a process can drop it): the kernel
+/// does that (see `identity`), except for a sandbox run without kernel
+/// restrictions (see `procs::SandboxProcs::Unconfined`).
 pub const SANDBOX_MARKER: &str = "BERTH_SANDBOX";
 
 /// Check that a sandbox name is one berth accepts.

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod error;
 pub mod events;
 pub mod gate;
+pub mod identity;
 pub mod job_state;
 pub mod jobs;
 pub mod owner;

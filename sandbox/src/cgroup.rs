@@ -57,10 +57,7 @@ pub fn dirs_for(name: &str, sandbox_dir: &Path) -> Vec<PathBuf> {
 fn controller_dir(ctrl: &str, name: &str, sandbox_dir: &Path) -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let leaf = format!(
-        "berth-{name}-{:08x}",
-        fnv1a(sandbox_dir.as_os_str().as_encoded_bytes())
-    );
+    let leaf = leaf_for(name, sandbox_dir);
     for line in mountinfo.lines() {
         let Some((pre, post)) = line.split_once(" - ") else {
             continue;
@@ -109,6 +106,15 @@ fn controller_dir(ctrl: &str, name: &str, sandbox_dir: &Path) -> Option<PathBuf>
         }
     }
     None
+}
+
+/// The name of sandbox `name`'s cgroup (in each controller's hierarchy):
+/// `berth-<name>-<hash of its directory>`.
+pub fn leaf_for(name: &str, sandbox_dir: &Path) -> String {
+    format!(
+        "berth-{name}-{:08x}",
+        fnv1a(sandbox_dir.as_os_str().as_encoded_bytes())
+    )
 }
 
 fn fnv1a(bytes: &[u8]) -> u32 {

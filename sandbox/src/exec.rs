@@ -157,7 +157,30 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     crate::rlimits::apply(&profile.rlimits)?;
     // Before the capabilities go: making the namespace needs them (as root).
     // A kernel that gives no namespace leaves the rest of the sandbox as it is.
+    let marker = crate::mounts::marker_point(&args.sandbox_dir)?;
     let view = crate::mounts::read_only_view(&crate::landlock::write_grants(&profile))?;
+    // Who a process is, berth decides from kernel facts: the sandbox's pids
+    // cgroup, or the marker mount of its namespace. Without either, its
+    // processes could not be told from the user's own (the dashboard and the
+    // server would take them for the user), so the sandbox does not run.
+    match &view {
+        crate::mounts::View::Made { .. } => crate::mounts::mount_marker(
+            &marker,
+            &crate::mounts::marker_source(&args.name, &args.sandbox_dir),
+        )?,
+        crate::mounts::View::Unavailable(why)
+            if !std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|c| {
+                c.contains(&crate::cgroup::leaf_for(&profile.name, &args.sandbox_dir))
+            }) =>
+        {
+            return Err(Error::Unsupported(format!(
+                "berth cannot mark this sandbox's processes: {why}, and no pids cgroup holds them; \
+                 allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 or \
+                 kernel.apparmor_restrict_unprivileged_userns=0), or delegate a pids cgroup to this user"
+            )));
+        }
+        crate::mounts::View::Unavailable(_) => {}
+    }
     if view == (crate::mounts::View::Made { terminals: true }) {
         // Its own devpts instance: the host's terminals are not in it.
         profile.read_write.extend(

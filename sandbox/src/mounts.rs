@@ -133,6 +133,56 @@ pub fn read_only_view(grants: &[PathBuf]) -> Result<View> {
     Ok(View::Made { terminals })
 }
 
+/// The prefix of a marker mount's source (`berth_core::identity` reads it).
+pub const MARKER_PREFIX: &str = "berth-sandbox:";
+
+/// Where, in its directory, a sandbox's marker is mounted.
+pub const MARKER_DIR: &str = ".sandbox-id";
+
+/// The source string of sandbox `name`'s marker mount, `dir` being its
+/// directory as the wrapper was given it (under the state dir, so naming
+/// both the state dir and the sandbox).
+pub fn marker_source(name: &str, dir: &Path) -> String {
+    format!("{MARKER_PREFIX}{name}:{}", dir.display())
+}
+
+/// Make the directory the marker is mounted on (before the view makes the
+/// sandbox's directory read-only). The sandbox cannot write its own
+/// directory (only `work/`, `tmp/` and `.berth/` in it), so nothing it
+/// planted is there.
+pub fn marker_point(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let point = dir.join(MARKER_DIR);
+    match std::fs::DirBuilder::new().mode(0o555).create(&point) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::setup(format!("creating {}", point.display()), e)),
+    }
+    if !std::fs::symlink_metadata(&point).is_ok_and(|m| m.is_dir()) {
+        return Err(Error::setup(
+            format!("{} is not a directory", point.display()),
+            io::Error::other("remove it; berth makes it again"),
+        ));
+    }
+    Ok(point)
+}
+
+/// Mount the sandbox's marker, in this process's own mount namespace (made
+/// by [`read_only_view`]): an empty read-only tmpfs whose source is
+/// [`marker_source`]. `/proc/PID/mountinfo` shows it for every process of
+/// the namespace, so berth tells the sandbox's processes from the host's by
+/// a kernel fact. None of them can unmount it or leave the namespace
+/// (seccomp refuses `umount2`, `unshare` and `setns`).
+pub fn mount_marker(point: &Path, source: &str) -> Result<()> {
+    mount2(
+        Some(source.as_bytes()),
+        point,
+        Some(b"tmpfs".as_slice()),
+        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some(b"size=4k,nr_inodes=2,mode=555".as_slice()),
+    )
+}
+
 /// Mount a new devpts instance over `/dev/pts` and bind its `ptmx` over
 /// `/dev/ptmx`: terminals the sandbox opens are its own, and the host's
 /// (the operator's among them) are not even visible. False where the kernel

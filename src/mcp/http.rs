@@ -1,14 +1,16 @@
 //! `berth mcp --listen`: the streamable HTTP transport behind a bearer token.
 //!
 //! Flow at a glance: bind (a bare port means loopback), print the address and
-//! the token on stderr, then serve each TCP connection with tonic's server
+//! the token on stderr, then serve each TCP connection, once its peer is
+//! checked (this uid, no sandbox: [`checked_peers`]), with tonic's server
 //! (hyper underneath). Every request is checked for `Authorization: Bearer
 //! <token>` (compared in constant time) before rmcp's service sees it;
 //! anything else gets 401.
 //!
-//! The accept loop is tonic's (`Server::serve_with_incoming`), not one of
-//! ours: tonic serves any tower service, and with `accept_http1` it speaks
-//! the HTTP/1.1 that MCP clients use. The bearer check is a `service_fn` in
+//! The HTTP side is tonic's (`Server::serve_with_incoming`): it serves any
+//! tower service, and with `accept_http1` it speaks the HTTP/1.1 that MCP
+//! clients use. It is handed only the connections whose peer passed the
+//! check, which runs off the accept loop (it reads `/proc`). The bearer check is a `service_fn` in
 //! front of rmcp's service. This listener needs none of what `berth serve`
 //! writes around its own loop (a connection cap, an ordered drain, an idle
 //! exit): it runs until the process is stopped.
@@ -24,7 +26,6 @@ use hyper::{Request, Response, StatusCode};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use subtle::ConstantTimeEq;
-use tonic::transport::server::TcpIncoming;
 use tower_service::Service;
 
 use super::{BerthServer, Shared};
@@ -45,21 +46,29 @@ pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr> {
 /// Where a token the user gave came from, for the messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TokenFrom {
-    Flag,
     File,
     Env,
 }
 
 /// The bearer token the user gave, if any: `--token-file` (its first line),
-/// else `--token` (with a warning: the command line is readable by every
-/// process of the user, sandboxes with /proc included), else
-/// `BERTH_MCP_TOKEN`. A file that cannot be read or holds no token is an
-/// error, not a silent fall back to a random token.
+/// else `BERTH_MCP_TOKEN`. `--token` on the command line is refused: every
+/// process of the host can read a command line (/proc/PID/cmdline),
+/// sandboxes with the network on included, and would drive every tool with
+/// it. A file that cannot be read or holds no token is an error, not a
+/// silent fall back to a random token.
 pub(crate) fn given_token(
     flag: Option<&str>,
     file: Option<&std::path::Path>,
     env: Option<String>,
 ) -> Result<Option<(String, TokenFrom)>> {
+    if flag.is_some() {
+        bail!(
+            "--token puts the token on the command line, where every process of this host can read it \
+             (/proc/PID/cmdline, ps), sandboxes included; write it to a file of mode 0600 and give \
+             --token-file PATH, or set the environment variable BERTH_MCP_TOKEN, or give neither and \
+             berth prints a new token on stderr"
+        );
+    }
     if let Some(path) = file {
         let text = std::fs::read_to_string(path).with_context(|| {
             format!(
@@ -85,13 +94,6 @@ pub(crate) fn given_token(
             }
         }
         return Ok(Some((token, TokenFrom::File)));
-    }
-    if let Some(t) = flag {
-        eprintln!(
-            "berth mcp: warning: --token is visible to other processes (/proc/PID/cmdline, ps); \
-             give the token in the environment variable BERTH_MCP_TOKEN or with --token-file PATH"
-        );
-        return Ok(Some((t.to_string(), TokenFrom::Flag)));
     }
     Ok(env.filter(|t| !t.is_empty()).map(|t| (t, TokenFrom::Env)))
 }
@@ -128,7 +130,6 @@ pub(crate) async fn serve(
     let (token, from) = match token {
         Some((t, from)) if t.len() < 16 => {
             let name = match from {
-                TokenFrom::Flag => "--token",
                 TokenFrom::File => "the token in --token-file",
                 TokenFrom::Env => "BERTH_MCP_TOKEN",
             };
@@ -170,7 +171,6 @@ pub(crate) async fn serve(
             eprintln!("berth mcp: bearer token: {token}");
             token.as_str()
         }
-        Some(TokenFrom::Flag) => "<the --token value>",
         Some(TokenFrom::File) => "<the token in --token-file>",
         Some(TokenFrom::Env) => "<$BERTH_MCP_TOKEN>",
     };
@@ -190,9 +190,59 @@ pub(crate) async fn serve(
     });
     tonic::transport::Server::builder()
         .accept_http1(true)
-        .serve_with_incoming(checked, TcpIncoming::from(listener))
+        .serve_with_incoming(checked, checked_peers(listener))
         .await
         .context("serving MCP over HTTP")
+}
+
+/// The listener's connections, each once its peer is checked: like the
+/// dashboard's, a peer found in this host's socket table (whatever its
+/// source address) must be of this process's uid and in no sandbox (by its
+/// cgroup or mount namespace); on a loopback listener a peer that cannot be
+/// found is refused too. A token read from a sandbox (or another user's
+/// process) is then of no use. A peer from another host (a listener on a
+/// public address) has only the token to show.
+fn checked_peers(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    let loopback = listener
+        .local_addr()
+        .is_ok_and(|a| a.ip().to_canonical().is_loopback());
+    let (tx, rx) = tokio::sync::mpsc::channel::<tokio::net::TcpStream>(64);
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    eprintln!("berth mcp: accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(local) = stream.local_addr() else {
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let who = tokio::task::spawn_blocking(move || {
+                    berth_core::identity::check_tcp_peer(peer, local, loopback)
+                })
+                .await;
+                match who {
+                    Ok(Ok(_)) => {
+                        let _ = tx.send(stream).await;
+                    }
+                    Ok(Err(why)) => eprintln!("berth mcp: refused a connection from {peer}: {why}"),
+                    Err(e) => eprintln!(
+                        "berth mcp: refused a connection from {peer}: its peer could not be checked ({e})"
+                    ),
+                }
+            });
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|s| (Ok::<_, std::io::Error>(s), rx))
+    })
 }
 
 /// The answer to a request without the token.

@@ -58,11 +58,11 @@ pub struct McpArgs {
     /// loopback) instead of stdio. Every request needs the bearer token.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// The bearer token for --listen, on the command line: every process of
-    /// the user can read it there (/proc/PID/cmdline), so prefer
-    /// --token-file or the environment variable BERTH_MCP_TOKEN. Without any
-    /// of them, a new random token is printed on stderr.
-    #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
+    /// Refused: a command line is readable by every process of the host
+    /// (/proc/PID/cmdline), sandboxes too. Give the token with --token-file
+    /// or the environment variable BERTH_MCP_TOKEN; without either, a new
+    /// random token is printed on stderr.
+    #[arg(long, value_name = "TOKEN", hide = true)]
     pub token: Option<String>,
     /// Read the bearer token for --listen from this file (its first line;
     /// keep the file mode 0600). Overrides BERTH_MCP_TOKEN.

@@ -803,7 +803,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
                         // not in the accept loop: it reads `/proc`, and the
                         // next connection need not wait for it.
                         let peer = stream.peer_cred().ok().and_then(|c| c.pid());
-                        if let Some(sandbox) = peer.and_then(berth_core::procs::sandbox_of) {
+                        if let Some(sandbox) = peer.and_then(berth_core::identity::sandbox_of) {
                             warn!(pid = peer, %sandbox, "refused a connection from inside a sandbox");
                             return;
                         }

@@ -1,7 +1,6 @@
 //! Every request's checks: its `Host`, its token, and for a request that
 //! changes state its `Origin` and where it came from.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -14,7 +13,11 @@ use super::{Busy, Ui, html};
 
 /// The peer of the connection a request came on.
 #[derive(Clone, Copy, Debug)]
-pub struct Peer(pub SocketAddr);
+pub struct Peer {
+    /// Looked up: a process of this host, this uid, in no sandbox. False for
+    /// a peer from another host, which may only read.
+    pub here: bool,
+}
 
 /// The checks, in front of every route.
 pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Response {
@@ -41,13 +44,21 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
     if req.method() == Method::GET && req.uri().path().starts_with("/assets/") {
         return next.run(req).await;
     }
-    // The token once in the URL: kept as a cookie, dropped from the URL.
-    if let Some(given) = query_token(req.uri().query()) {
-        if !same(&given, &ui.token) {
+    // The token once in the URL (or the one-time code `berth ui` opens the
+    // browser with): kept as a cookie, dropped from the URL.
+    let given = query_value(req.uri().query(), "token");
+    let once = query_value(req.uri().query(), "once");
+    if given.is_some() || once.is_some() {
+        let ok = match (&given, &once) {
+            (Some(t), _) => same(t, &ui.token),
+            (None, Some(code)) => spend_once(&ui.state_dir, code),
+            (None, None) => false,
+        };
+        if !ok {
             return html::unauthorized(true);
         }
         let path = req.uri().path().to_string();
-        let rest = without_token(req.uri().query());
+        let rest = without_secrets(req.uri().query());
         let to = if rest.is_empty() {
             path
         } else {
@@ -56,7 +67,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
         let cookie = format!(
             "{}={}; HttpOnly; SameSite=Strict; Path=/",
             ui.cookie_name(),
-            ui.token
+            ui.cookie
         );
         let mut r = Redirect::to(&to).into_response();
         if let Ok(v) = cookie.parse() {
@@ -69,7 +80,7 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
         return r;
     }
     match cookie_token(req.headers(), &ui.cookie_name()) {
-        Some(t) if same(&t, &ui.token) => {}
+        Some(t) if same(&t, &ui.cookie) => {}
         _ => return html::unauthorized(false),
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -97,12 +108,12 @@ pub async fn check(State(ui): State<Arc<Ui>>, req: Request, next: Next) -> Respo
                 );
             }
         }
-        let peer = req.extensions().get::<Peer>().map(|p| p.0);
-        if !peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) {
+        let peer = req.extensions().get::<Peer>();
+        if !peer.is_some_and(|p| p.here) {
             return html::refused(
                 StatusCode::FORBIDDEN,
                 "Read-only from here",
-                "This dashboard takes actions only from this host's loopback: berth cannot tell which process sent a request from elsewhere, so it cannot rule out a sandbox. Use the CLI on the host.",
+                "This dashboard takes actions only from a process of this host that berth looked up: it cannot tell which process sent a request from elsewhere, so it cannot rule out a sandbox. Use the CLI on the host.",
             );
         }
     }
@@ -113,20 +124,43 @@ fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
-fn query_token(query: Option<&str>) -> Option<String> {
+fn query_value(query: Option<&str>, name: &str) -> Option<String> {
     query?
         .split('&')
-        .find_map(|kv| kv.strip_prefix("token="))
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
         .map(str::to_string)
 }
 
-fn without_token(query: Option<&str>) -> String {
+fn without_secrets(query: Option<&str>) -> String {
     query
         .unwrap_or("")
         .split('&')
-        .filter(|kv| !kv.is_empty() && !kv.starts_with("token="))
+        .filter(|kv| !kv.is_empty() && !kv.starts_with("token=") && !kv.starts_with("once="))
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// Whether `code` is the one-time code `berth ui` wrote, still good; spent
+/// either way once matched (removed before it is answered).
+fn spend_once(state_dir: &std::path::Path, code: &str) -> bool {
+    let path = super::once_path(state_dir);
+    let Ok(text) = std::fs::read(&path) else {
+        return false;
+    };
+    let Ok(once) = serde_json::from_slice::<super::Once>(&text) else {
+        return false;
+    };
+    if !same(code, &once.code) {
+        return false;
+    }
+    // Removed first: a second use of the code finds nothing.
+    if std::fs::remove_file(&path).is_err() {
+        return false;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(u64::MAX, |d| d.as_secs());
+    now <= once.until
 }
 
 fn cookie_token(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -148,10 +182,15 @@ mod tests {
 
     #[test]
     fn the_token_leaves_the_query_and_the_rest_stays() {
-        assert_eq!(query_token(Some("a=1&token=abc")), Some("abc".into()));
-        assert_eq!(without_token(Some("a=1&token=abc&b=2")), "a=1&b=2");
-        assert_eq!(without_token(Some("token=abc")), "");
-        assert_eq!(query_token(Some("a=1")), None);
+        assert_eq!(
+            query_value(Some("a=1&token=abc"), "token"),
+            Some("abc".into())
+        );
+        assert_eq!(query_value(Some("once=x&b=2"), "once"), Some("x".into()));
+        assert_eq!(query_value(Some("tokens=x"), "token"), None);
+        assert_eq!(without_secrets(Some("a=1&token=abc&b=2&once=c")), "a=1&b=2");
+        assert_eq!(without_secrets(Some("token=abc")), "");
+        assert_eq!(query_value(Some("a=1"), "token"), None);
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub fn unauthorized(wrong: bool) -> Response {
         html! {
             h1 { "This dashboard needs its access link" }
             @if wrong {
-                p.message { "The link's token is not this server's. It changes when the dashboard's settings are made anew." }
+                p.message { "The link's token is not this server's (it changes when the dashboard's settings are made anew), or its one-time code was used already or is more than two minutes old." }
             }
             p { "Run this in a terminal on the machine berth runs on, and open the URL it prints:" }
             pre { code { "berth ui" } }

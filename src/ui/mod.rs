@@ -14,9 +14,12 @@
 //! 3. each connection's peer is looked up before it is served: a process
 //!    inside a sandbox is dropped unheard (it could otherwise approve its own
 //!    request), and so is any peer whose process cannot be found;
-//! 4. every request must carry the token: once in the URL (`?token=`), which
-//!    sets it as an `HttpOnly`, `SameSite=Strict` cookie and redirects to the
-//!    same page without it, and as that cookie after. Its `Host` must be the
+//! 4. every request must carry the token: once in the URL (`?token=`, or
+//!    the one-time `?once=` code the browser is opened with, so that no
+//!    command line holds the token), which sets an `HttpOnly`,
+//!    `SameSite=Strict` cookie and redirects to the same page without it,
+//!    and that cookie after. The cookie is a digest of the token and a key
+//!    of the address bound ([`Bound::key`]), so it works nowhere else. Its `Host` must be the
 //!    dashboard's own address (no DNS rebinding), and a request that changes
 //!    state (a `POST`) must also come with the dashboard's own `Origin`.
 //!
@@ -66,6 +69,12 @@ pub struct Bound {
     pub addr: SocketAddr,
     /// The server's pid.
     pub pid: u32,
+    /// The per-address key the cookie is bound to (hex): kept while the
+    /// dashboard keeps its address, new when it moves, so a cookie the
+    /// browser sends to an old address is worth nothing there. Empty in a
+    /// file written before keys existed.
+    #[serde(default)]
+    pub key: String,
 }
 
 /// The default address: loopback, a port the kernel picks.
@@ -78,6 +87,24 @@ pub fn settings_path(state_dir: &Path) -> PathBuf {
 pub fn bound_path(state_dir: &Path) -> PathBuf {
     state_dir.join("ui.addr")
 }
+
+/// The one-time code `berth ui` opens the browser with (mode 0600).
+pub fn once_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("ui.once")
+}
+
+/// A one-time code for the browser's first visit, in place of the token: a
+/// command line (`xdg-open URL`) is readable by every process of the host,
+/// sandboxes too. Spent at its first use, and good for [`ONCE_TTL`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Once {
+    pub code: String,
+    /// Seconds since the epoch after which it is refused.
+    pub until: u64,
+}
+
+/// How long a one-time code is good for: a browser's cold start.
+pub const ONCE_TTL: Duration = Duration::from_secs(120);
 
 /// The settings, if the dashboard is on.
 pub fn settings(state_dir: &Path) -> Option<Settings> {
@@ -109,6 +136,18 @@ pub fn write_private(path: &Path, value: &impl Serialize) -> Result<()> {
     Ok(())
 }
 
+/// The cookie for `token` at an address whose key is `key`: not the token
+/// itself, which works at any address the dashboard moves to.
+fn cookie_value(token: &str, key: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"berth-ui-cookie\0");
+    h.update(token.as_bytes());
+    h.update(b"\0");
+    h.update(key.as_bytes());
+    hex::encode(h.finalize())
+}
+
 /// A new secret token: 32 random bytes, in hex.
 pub fn new_token() -> String {
     hex::encode(rand::random::<[u8; 32]>())
@@ -119,6 +158,8 @@ pub(crate) struct Ui {
     pub rt: Arc<Runtime>,
     pub state_dir: PathBuf,
     pub token: String,
+    /// The cookie's value: a digest of the token and [`Bound::key`].
+    pub cookie: String,
     /// The address bound.
     pub addr: SocketAddr,
     /// The `Host` values a request may carry; `None`: any (a dashboard on
@@ -262,7 +303,9 @@ async fn start(
             settings.listen
         )
     })?;
-    let before = bound(state_dir)
+    let last = bound(state_dir);
+    let before = last
+        .as_ref()
         .map(|b| b.addr)
         .filter(|a| listen.port() == 0 && a.ip() == listen.ip());
     let listener = match before {
@@ -275,12 +318,18 @@ async fn start(
             .with_context(|| format!("cannot listen on {listen}"))?,
     };
     let addr = listener.local_addr()?;
+    // The same address as before: the same key, so open pages go on. A new
+    // one: a new key, so a cookie sent to the old address is worth nothing.
+    let key = last
+        .filter(|b| b.addr == addr && !b.key.is_empty())
+        .map_or_else(new_token, |b| b.key);
     let (hosts, origins) = names(addr);
     let stop = CancellationToken::new();
     let ui = Arc::new(Ui {
         rt: rt.clone(),
         state_dir: state_dir.to_path_buf(),
         token: settings.token.clone(),
+        cookie: cookie_value(&settings.token, &key),
         addr,
         hosts,
         origins,
@@ -293,6 +342,7 @@ async fn start(
         &Bound {
             addr,
             pid: std::process::id(),
+            key,
         },
     )?;
     info!(%addr, "dashboard listening");
@@ -351,17 +401,28 @@ async fn serve(ui: Arc<Ui>, listener: TcpListener) {
         };
         let (ui, app) = (ui.clone(), app.clone());
         tokio::spawn(async move {
-            let local = ui.addr;
-            let who = tokio::task::spawn_blocking(move || peer_is_refused(peer, local)).await;
-            if let Ok(Some(why)) = who {
-                warn!(%peer, %why, "dashboard: refused a connection");
-                return;
-            }
+            // The connection's own local address: on a dashboard bound to
+            // every address that is the one the peer connected to.
+            let local = stream.local_addr().unwrap_or(ui.addr);
+            let loopback = ui.addr.ip().to_canonical().is_loopback();
+            let who =
+                tokio::task::spawn_blocking(move || peer_is_refused(peer, local, loopback)).await;
+            let here = match who {
+                Ok(Ok(here)) => here,
+                Ok(Err(why)) => {
+                    warn!(%peer, %why, "dashboard: refused a connection");
+                    return;
+                }
+                Err(e) => {
+                    warn!(%peer, error = %e, "dashboard: could not check a connection's peer; refused it");
+                    return;
+                }
+            };
             // Each request carries its connection's peer, for the checks.
             let app = tower::ServiceExt::map_request(
                 app,
                 move |mut r: hyper::Request<hyper::body::Incoming>| {
-                    r.extensions_mut().insert(auth::Peer(peer));
+                    r.extensions_mut().insert(auth::Peer { here });
                     r
                 },
             );
@@ -379,19 +440,18 @@ async fn serve(ui: Arc<Ui>, listener: TcpListener) {
     }
 }
 
-/// Why a connection from `peer` is refused, if it is: a process inside a
-/// sandbox must never reach the dashboard (it could answer its own approval,
-/// with a token it read or guessed). A loopback peer is looked up by its
-/// socket; one whose process cannot be found is refused too. A peer from
-/// another host (`--listen` on a public address) cannot be looked up: such
-/// a dashboard is read-only (see [`actions`]).
-fn peer_is_refused(peer: SocketAddr, local: SocketAddr) -> Option<String> {
-    if !peer.ip().to_canonical().is_loopback() {
-        return None;
-    }
-    match berth_core::procs::tcp_peer_pid(peer, local) {
-        Some(pid) => berth_core::procs::sandbox_of(pid)
-            .map(|sandbox| format!("process {pid} runs in sandbox `{sandbox}`")),
-        None => Some("no process of this host holds the connection's other end".into()),
-    }
+/// Whether a connection from `peer` is served, and how: `Ok(true)` from a
+/// process of this host, of this server's uid and in no sandbox (looked up
+/// by its socket, whatever its source address); `Ok(false)` from another
+/// host (`--listen` on a public address), which cannot be looked up, so such
+/// a peer only reads (see [`auth`]). Refused (`Err`, why): a sandbox's
+/// process (it could answer its own approval, with a token it read or
+/// guessed), another uid's, or, on a loopback dashboard, a peer that
+/// cannot be found.
+fn peer_is_refused(
+    peer: SocketAddr,
+    local: SocketAddr,
+    loopback: bool,
+) -> std::result::Result<bool, String> {
+    berth_core::identity::check_tcp_peer(peer, local, loopback)
 }

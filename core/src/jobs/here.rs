@@ -14,7 +14,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
 
-use crate::procs::{SandboxProc, open_regular, pids, read_small, stat};
+use crate::procs::{SandboxProc, SandboxProcs, open_regular, pids, read_small, stat};
 
 /// How the script would have ended: its exit code and what it printed.
 pub(super) struct Ended {
@@ -40,7 +40,7 @@ impl Ended {
 struct Job<'a> {
     leader: SandboxProc,
     pty_sid: Option<i32>,
-    sandbox: &'a str,
+    sandbox: &'a SandboxProcs,
 }
 
 impl Job<'_> {
@@ -96,7 +96,7 @@ fn read_num(base: &Path, rel: &str) -> Option<i32> {
 pub(super) async fn end(
     base: &Path,
     id: &str,
-    sandbox: &str,
+    sandbox: &SandboxProcs,
     sig: Signal,
     grace: Duration,
 ) -> Ended {
@@ -156,7 +156,13 @@ pub(super) async fn end(
 /// Send `sig` to the process whose pid is in the job's file `file` (its
 /// stdin's `holder`, its terminal's `resizer`), once known to be the
 /// sandbox's. False when there is none.
-pub(super) fn signal_one(base: &Path, id: &str, file: &str, sandbox: &str, sig: Signal) -> bool {
+pub(super) fn signal_one(
+    base: &Path,
+    id: &str,
+    file: &str,
+    sandbox: &SandboxProcs,
+    sig: Signal,
+) -> bool {
     read_num(base, &format!("{id}/{file}"))
         .and_then(|pid| SandboxProc::find(pid, sandbox))
         .is_some_and(|p| p.send(Some(sig)))
@@ -164,7 +170,7 @@ pub(super) fn signal_one(base: &Path, id: &str, file: &str, sandbox: &str, sig: 
 
 /// What [`script::STATUS`](super::script::STATUS) prints for the jobs `ids`
 /// under `base`: one `<id> <state> <status> <size>` line each.
-pub(super) fn status(base: &Path, ids: &[String], sandbox: &str) -> String {
+pub(super) fn status(base: &Path, ids: &[String], sandbox: &SandboxProcs) -> String {
     let mut out = String::new();
     for id in ids {
         let d = base.join(id);

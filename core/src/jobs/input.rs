@@ -51,7 +51,7 @@ impl Runtime {
                 std::path::Path::new(&base),
                 &job.id,
                 "holder",
-                sb.name(),
+                &sb.sandbox_procs(),
                 nix::sys::signal::Signal::SIGTERM,
             );
             if !stopped {
@@ -178,7 +178,7 @@ impl Runtime {
             base,
             &job.id,
             "resizer",
-            sb.name(),
+            &sb.sandbox_procs(),
             nix::sys::signal::Signal::SIGUSR1,
         ) {
             return Err(gone());

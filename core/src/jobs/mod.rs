@@ -619,7 +619,14 @@ else exec tail -n "$n" -- "$d/out"; fi"#;
         let c = if sb.host_processes() {
             let sig = crate::procs::signal(signal.name())?;
             let base = format!("{}/jobs", sb.layout().berth_dir);
-            here::end(std::path::Path::new(&base), &job.id, sb.name(), sig, grace).await
+            here::end(
+                std::path::Path::new(&base),
+                &job.id,
+                &sb.sandbox_procs(),
+                sig,
+                grace,
+            )
+            .await
         } else {
             let grace_ms = grace.as_millis().min(u32::MAX as u128).to_string();
             let args = argv(&[

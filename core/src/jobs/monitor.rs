@@ -30,7 +30,7 @@ impl Runtime {
         let base = format!("{}/jobs", sb.layout().berth_dir);
         let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
         let text = if sb.host_processes() {
-            here::status(std::path::Path::new(&base), &ids, sb.name())
+            here::status(std::path::Path::new(&base), &ids, &sb.sandbox_procs())
         } else {
             let mut args = argv(&["bash", "-c", script::STATUS, "berth-status", &base]);
             args.extend(ids);
