@@ -20,9 +20,31 @@ use berth_client::served::events::EventsArgs;
 pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {
     let store = rt.store().clone();
     let mut last = 0;
-    for e in store.events(0, a.limit, a.kind.as_deref())? {
-        last = e.id;
-        print_event(&e, a.json)?;
+    match a.after {
+        // All of them after `after`, a page at a time.
+        Some(after) => {
+            last = after;
+            loop {
+                let page = store.events_after(last, 1000)?;
+                let Some(end) = page.last().map(|e| e.id) else {
+                    break;
+                };
+                for e in page
+                    .iter()
+                    .filter(|e| a.kind.as_deref().is_none_or(|k| e.kind.starts_with(k)))
+                {
+                    print_event(e, a.json)?;
+                }
+                last = end;
+                io::drained().await;
+            }
+        }
+        None => {
+            for e in store.events(0, a.limit, a.kind.as_deref())? {
+                last = e.id;
+                print_event(&e, a.json)?;
+            }
+        }
     }
     if !a.follow {
         return Ok(0);
@@ -75,6 +97,10 @@ pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {
 }
 
 fn print_event(e: &Event, json: bool) -> Result<()> {
+    // A client that loses the server resumes after the last event it printed.
+    if let Ok(id) = u64::try_from(e.id) {
+        io::position(id);
+    }
     if json {
         outln!("{}", serde_json::to_string(e)?);
         return Ok(());

@@ -11,9 +11,9 @@ use serde_json::json;
 use berth_core::runtime::Runtime;
 
 use crate::context;
-use crate::io::{self, errln, outln, outp};
+use crate::io::{errln, outln, outp};
 
-use berth_client::served::job::{JobCmd, SignalArg};
+use berth_client::served::job::{JobCmd, LsArgs, SignalArg};
 
 /// Run a job subcommand on `rt` (in-process, or in the server for a client).
 pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
@@ -37,11 +37,16 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
             0
         }
         JobCmd::Ls(a) => {
-            let jobs = rt.list_jobs().await?;
+            let keep = ls_filter(&a)?;
+            let jobs: Vec<Job> = rt.list_jobs().await?.into_iter().filter(keep).collect();
             if a.json {
                 context::print_json(&serde_json::Value::Array(
                     jobs.iter().map(job_json).collect(),
                 ));
+            } else if jobs.is_empty()
+                && (a.backend.is_some() || a.sandbox.is_some() || !a.state.is_empty())
+            {
+                outln!("no jobs match; `berth job ls` lists them all");
             } else if jobs.is_empty() {
                 outln!("no jobs; start one with `berth job start -- COMMAND`");
             } else {
@@ -83,19 +88,7 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
             }
             0
         }
-        JobCmd::Logs(a) => {
-            if let Some(n) = a.tail {
-                io::out(&rt.job_tail(&a.id, n).await?);
-            } else {
-                let mut sink = |b: &[u8]| io::out(b);
-                let pace: &berth_core::jobs::Pace = &|| Box::pin(io::drained());
-                let end = rt
-                    .job_logs_paced(&a.id, a.offset, a.follow, &mut sink, Some(pace))
-                    .await?;
-                errln!("berth: next offset {end} (resume with --offset {end})");
-            }
-            0
-        }
+        JobCmd::Logs(a) => crate::cmd_job_logs::logs(rt, a).await?,
         JobCmd::Wait(a) => {
             let timeout = match a.timeout {
                 Some(s) if !(s.is_finite() && s > 0.0) => {
@@ -167,9 +160,8 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
             if a.data.is_none() && a.keys.is_empty() && !a.eof {
                 bail!("nothing to send: give DATA, --keys, --eof, or any of them");
             }
-            let mut data = a.data.unwrap_or_default().into_bytes();
-            data.extend(berth_core::jobs::pty::keys_bytes(&a.keys)?);
-            rt.send_job(&a.id, &data, a.eof).await?;
+            let text = a.data.unwrap_or_default().into_bytes();
+            rt.send_input(&a.id, &text, &a.keys, a.eof).await?;
             0
         }
         JobCmd::Screen(a) => {
@@ -182,12 +174,52 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
             }
             0
         }
+        JobCmd::Prune(a) => {
+            let keep = ls_filter(&a)?;
+            let jobs: Vec<Job> = rt.list_jobs().await?.into_iter().filter(keep).collect();
+            let gone = rt.prune_jobs(jobs).await?;
+            if a.json {
+                context::print_json(&serde_json::Value::Array(
+                    gone.iter().map(job_json).collect(),
+                ));
+            } else {
+                outln!(
+                    "pruned {} ended job{}",
+                    gone.len(),
+                    if gone.len() == 1 { "" } else { "s" }
+                );
+            }
+            0
+        }
         JobCmd::Resize(a) => {
             rt.resize_job(&a.id, term_size(a.size)).await?;
             0
         }
     };
     Ok(code)
+}
+
+/// Which jobs `job ls` shows, from its filters; an unknown state is an error
+/// that names the states.
+fn ls_filter(a: &LsArgs) -> Result<impl Fn(&Job) -> bool + use<>> {
+    const STATES: [&str; 6] = ["starting", "running", "exited", "killed", "failed", "lost"];
+    for s in &a.state {
+        if s != "done" && !STATES.contains(&s.as_str()) {
+            bail!(
+                "--state {s:?} is not a job state; use one of {}, or done (every ended job)",
+                STATES.join(", ")
+            );
+        }
+    }
+    let (backend, sandbox, states) = (a.backend.clone(), a.sandbox.clone(), a.state.clone());
+    Ok(move |j: &Job| {
+        backend.as_ref().is_none_or(|b| *b == j.backend)
+            && sandbox.as_ref().is_none_or(|s| *s == j.sandbox)
+            && (states.is_empty()
+                || states
+                    .iter()
+                    .any(|s| s == j.state.as_str() || (s == "done" && j.state.is_final())))
+    })
 }
 
 fn job_json(j: &Job) -> serde_json::Value {

@@ -31,6 +31,11 @@ pub enum Piece {
     Exit(u8),
     /// The subcommand failed with this error.
     Error(String),
+    /// The next `Out` brings the subcommand to this position of what it
+    /// follows (see [`position`]).
+    Position(u64),
+    /// The server stopped the subcommand as it shut down.
+    Stopping(String),
 }
 
 tokio::task_local! {
@@ -57,8 +62,13 @@ pub fn out(b: &[u8]) {
         .is_err()
     {
         let mut o = std::io::stdout().lock();
-        let _ = o.write_all(b);
-        let _ = o.flush();
+        // Nobody reads any more (`| head -1`): stop quietly, as SIGPIPE
+        // would, rather than go on following into a closed pipe.
+        if let Err(e) = o.write_all(b).and_then(|()| o.flush())
+            && berth_client::closed_pipe(&e)
+        {
+            std::process::exit(berth_client::EXIT_CLOSED_STDOUT.into());
+        }
     }
 }
 
@@ -73,6 +83,14 @@ pub fn err(b: &[u8]) {
     {
         let _ = std::io::stderr().lock().write_all(b);
     }
+}
+
+/// Say that the next [`out`] brings this follower to position `p` of what
+/// it follows (a job's output offset, an event id), so a client that loses
+/// the server resumes after what it printed (nothing in-process: a process
+/// that prints for itself does not lose its server).
+pub fn position(p: u64) {
+    let _ = CLIENT.try_with(|c| c.send(Piece::Position(p), 0));
 }
 
 /// Wait until the client has read most of what was sent to it (no wait in-process).

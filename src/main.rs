@@ -15,6 +15,7 @@ mod cmd_events;
 mod cmd_exec;
 mod cmd_image;
 mod cmd_job;
+mod cmd_job_logs;
 mod cmd_memory;
 mod cmd_policy;
 mod cmd_reap;
@@ -111,6 +112,7 @@ fn main() -> ExitCode {
     if let Some(code) = berth_sandbox::dispatch() {
         return code;
     }
+    berth_client::quiet_on_closed_stdout();
     let cli = Cli::parse();
     init_logging(&cli.globals.log);
     let rt = match &cli.command {

@@ -75,6 +75,7 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
     // std reads the arguments and environment itself, from its own
     // `.init_array` entry, so `std::env` works here as under std's start.
     start_as_std_does();
+    berth_client::quiet_on_closed_stdout();
     let code = thin();
     let _ = std::io::Write::flush(&mut std::io::stdout());
     code.into()

@@ -24,6 +24,7 @@ mod cli;
 mod context;
 mod delegate;
 mod e2b_backend;
+mod follow;
 mod mcp;
 mod memory;
 #[macro_use]

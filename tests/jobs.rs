@@ -51,6 +51,8 @@ macro_rules! jobs_suite {
             case!(named_sessions_keep_their_own_state_and_survive_a_restart);
             case!(a_flooding_job_keeps_at_most_twice_its_log_cap);
             case!(fifos_planted_in_a_jobs_directory_stall_no_call);
+            case!(each_watch_match_is_recorded_once_however_many_refresh);
+            case!(enter_on_a_job_without_a_terminal_is_a_newline);
         }
     };
 }
@@ -1108,5 +1110,69 @@ pub async fn a_flooding_job_keeps_at_most_twice_its_log_cap(h: &Harness) -> Test
     let mut sink = |b: &[u8]| last.extend_from_slice(b);
     r.rt.job_logs(&id, end - 10, false, &mut sink).await?;
     assert_eq!(String::from_utf8_lossy(&last), "LAST-LINE\n");
+    r.finish().await
+}
+
+/// Issue 50 item 11: a job's watch matches are recorded once, however many
+/// refresh the job at once: a restarted server catching up, a `job wait`, an
+/// `events --follow` (here, two runtimes on one store, as two processes).
+pub async fn each_watch_match_is_recorded_once_however_many_refresh(h: &Harness) -> TestResult {
+    let r = Rig::new(h, "job-watch-once").await?;
+    let job =
+        r.rt.start_job(
+            &r.kind,
+            &r.sandbox,
+            "for i in 1 2 3; do echo \"tick $i\"; done; sleep 60",
+            None,
+            vec!["^tick".into()],
+        )
+        .await?;
+    r.until("the job's output", || async {
+        Ok(r.logs(&job.id).await? == "tick 1\ntick 2\ntick 3\n")
+    })
+    .await?;
+    let other = r.restart(h)?;
+    for _ in 0..3 {
+        let (a, b, c) = tokio::join!(r.rt.list_jobs(), other.list_jobs(), other.job(&job.id));
+        a?;
+        b?;
+        c?;
+    }
+    let lines: Vec<String> =
+        r.rt.store()
+            .events(0, 1000, Some("job.watch"))?
+            .iter()
+            .map(|e| {
+                let d: serde_json::Value = e
+                    .detail
+                    .as_deref()
+                    .and_then(|d| serde_json::from_str(d).ok())
+                    .unwrap_or_default();
+                d["detail"]["line"].as_str().unwrap_or_default().to_string()
+            })
+            .collect();
+    assert_eq!(lines, ["tick 1", "tick 2", "tick 3"]);
+    r.rt.kill_job(&job.id, Signal::Kill).await?;
+    other.shutdown().await;
+    r.finish().await
+}
+
+/// Issue 50 item 12: `Enter` on a job that reads a pipe, not a terminal, is
+/// the newline a program reading a line waits for, not a terminal's `\r`.
+pub async fn enter_on_a_job_without_a_terminal_is_a_newline(h: &Harness) -> TestResult {
+    let r = Rig::new(h, "job-enter").await?;
+    let id = r
+        .start("IFS= read -r name; printf '%s' \"$name\" | od -An -c | tr -s ' '")
+        .await?;
+    r.rt.send_job(&id, b"alice", false).await?;
+    r.rt.send_keys(&id, &["Enter"]).await?;
+    let job = r.rt.wait_job(&id, Some(Duration::from_secs(20))).await?;
+    assert_eq!(
+        (job.state, job.exit_code),
+        (JobState::Exited, Some(0)),
+        "the job got no newline: {:?}",
+        r.logs(&id).await?
+    );
+    assert_eq!(r.logs(&id).await?.trim(), "a l i c e");
     r.finish().await
 }

@@ -94,6 +94,41 @@ pub fn error_text(e: &anyhow::Error) -> String {
     text
 }
 
+/// The exit status of a berth whose stdout was closed under it (`berth …
+/// | head -1`): 128 + SIGPIPE, the status a shell shows for a program that
+/// SIGPIPE ended, as it ends `yes | head -1`'s `yes`.
+pub const EXIT_CLOSED_STDOUT: u8 = 141;
+
+/// Whether `e` is a write to a pipe nobody reads any more.
+pub fn closed_pipe(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
+/// Make a closed stdout a quiet exit ([`EXIT_CLOSED_STDOUT`]) for every
+/// command of this process. berth ignores SIGPIPE (a write to a pipe must
+/// fail, not kill the process: the backends write to their commands'
+/// pipes), so `println!` to a closed stdout panics ("failed printing to
+/// stdout: Broken pipe"). That panic, and only it, ends the process here
+/// without a word: the reader has gone, as it does under `| head -1`.
+/// Every other panic is reported as before.
+pub fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if msg.starts_with("failed printing to stdout")
+            && msg.contains(&format!("(os error {})", libc::EPIPE))
+        {
+            std::process::exit(EXIT_CLOSED_STDOUT.into());
+        }
+        report(info)
+    }));
+}
+
 /// The engine beside this executable: `berth` and `berth-engine` are built
 /// and installed together.
 pub fn engine_path() -> Result<PathBuf> {

@@ -229,7 +229,7 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
             }
             let mut bytes = data.into_bytes();
             bytes.extend(
-                berth_core::jobs::pty::keys_bytes(&keys)
+                berth_core::jobs::pty::keys_bytes_for(&keys, j.pty.is_some())
                     .map_err(|e| ToolOutcome::invalid(format!("invalid argument `keys`: {e}")))?,
             );
             rt.send_job(&j.id, &bytes, false)

@@ -28,6 +28,9 @@ pub enum JobCmd {
     Screen(ScreenArgs),
     /// Change a terminal job's size (its program gets SIGWINCH).
     Resize(ResizeArgs),
+    /// Forget jobs that have ended, and their output in the sandbox; running
+    /// jobs stay. Takes `job ls`'s filters.
+    Prune(LsArgs),
 }
 
 #[derive(Args, Debug, Serialize, Deserialize)]
@@ -96,27 +99,47 @@ pub struct ResizeArgs {
 
 #[derive(Args, Debug, Serialize, Deserialize)]
 pub struct LsArgs {
+    /// Only the jobs on this backend.
+    #[arg(long, short = 'b')]
+    pub backend: Option<String>,
+    /// Only the jobs in this sandbox.
+    #[arg(long, short = 's')]
+    pub sandbox: Option<String>,
+    /// Only the jobs in these states (repeatable, or comma-separated):
+    /// starting, running, exited, killed, failed, lost; `done` names the
+    /// four that have ended.
+    #[arg(long, value_delimiter = ',', value_name = "STATE")]
+    pub state: Vec<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Clone, Debug, Serialize, Deserialize)]
+#[command(
+    after_help = "A follow carries on through a restart of the berth server: it reconnects and \
+resumes at the offset it reached, printing nothing twice. Ctrl-C prints the offset to resume at \
+with --offset."
+)]
 pub struct LogsArgs {
     /// Job id or name.
     pub id: String,
+    /// The job's backend, as given to `job start` (a job's id names it alone;
+    /// a job on another backend is an error).
+    #[arg(long, short = 'b')]
+    pub backend: Option<String>,
     /// Keep printing new output until the job ends.
     #[arg(long, short = 'f')]
     pub follow: bool,
     /// Start at this byte offset (the offset berth printed last time resumes exactly).
     #[arg(long, default_value_t = 0)]
     pub offset: u64,
-    /// Print only the last N lines.
-    #[arg(long, value_name = "LINES", conflicts_with_all = ["offset", "follow"])]
+    /// Print only the last N lines (then, with --follow, what comes after them).
+    #[arg(long, value_name = "LINES", conflicts_with = "offset")]
     pub tail: Option<u64>,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct WaitArgs {
     /// Job id or name.
     pub id: String,

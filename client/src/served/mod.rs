@@ -55,6 +55,57 @@ pub enum Call {
 }
 
 impl Call {
+    /// Whether this call only follows something until it ends, so that a
+    /// client that loses the server (`berth server stop`, a kill -9, a server
+    /// replaced by another build) carries it on with the next server
+    /// ([`Call::resumed`]): `job logs --follow`, `job wait`, `events
+    /// --follow`. A server stopping ends such calls at once.
+    pub fn follows(&self) -> bool {
+        use job::JobCmd;
+        matches!(
+            self,
+            Call::Sub(Served::Job(JobCmd::Logs(job::LogsArgs {
+                follow: true,
+                ..
+            }))) | Call::Sub(Served::Job(JobCmd::Wait(_)))
+                | Call::Sub(Served::Events(events::EventsArgs { follow: true, .. }))
+        )
+    }
+
+    /// The call that carries a follower on after the last position its
+    /// stdout reached (`position`: a job's output offset, an event id; none
+    /// if it printed nothing yet), `waited` after the first call started.
+    /// `None` for a call that does not follow.
+    pub fn resumed(&self, position: Option<u64>, waited: std::time::Duration) -> Option<Call> {
+        use job::JobCmd;
+        let call = match self {
+            Call::Sub(Served::Job(JobCmd::Logs(a))) if a.follow => {
+                let mut a = a.clone();
+                if let Some(p) = position {
+                    a.offset = p;
+                    a.tail = None;
+                }
+                Call::Sub(Served::Job(JobCmd::Logs(a)))
+            }
+            Call::Sub(Served::Job(JobCmd::Wait(a))) => {
+                let mut a = a.clone();
+                // The time left; a wait past its timeout still asks once, and
+                // says the job is still running.
+                a.timeout = a.timeout.map(|t| (t - waited.as_secs_f64()).max(0.001));
+                Call::Sub(Served::Job(JobCmd::Wait(a)))
+            }
+            Call::Sub(Served::Events(a)) if a.follow => {
+                let mut a = a.clone();
+                if let Some(p) = position {
+                    a.after = i64::try_from(p).ok();
+                }
+                Call::Sub(Served::Events(a))
+            }
+            _ => return None,
+        };
+        Some(call)
+    }
+
     /// The call as `RunCall.call` carries it.
     pub fn encode(&self) -> serde_json::Result<Vec<u8>> {
         serde_json::to_vec(self)

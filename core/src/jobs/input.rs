@@ -84,13 +84,29 @@ impl Runtime {
 
     /// Write key presses (by name: `Enter`, `C-c`, `Up`, ...) to a job.
     pub async fn send_keys<S: AsRef<str>>(&self, id: &str, keys: &[S]) -> Result<usize> {
-        let bytes = pty::keys_bytes(keys)?;
-        if bytes.is_empty() {
+        if keys.is_empty() {
             return Err(Error::InvalidInput(
                 "no keys to send: name at least one, e.g. `Enter` or `C-c`".into(),
             ));
         }
-        self.send_job(id, &bytes, false).await?;
+        self.send_input(id, b"", keys, false).await
+    }
+
+    /// Write `text`, then key presses by name, to a job's stdin, and close it
+    /// after with `eof`. The keys are the bytes the job's input expects
+    /// ([`pty::keys_bytes_for`]): `Enter` is `\r` on a terminal job, `\n`
+    /// on a job that reads a pipe. Returns the bytes written.
+    pub async fn send_input<S: AsRef<str>>(
+        &self,
+        id: &str,
+        text: &[u8],
+        keys: &[S],
+        eof: bool,
+    ) -> Result<usize> {
+        let job = self.store().job(id)?;
+        let mut bytes = text.to_vec();
+        bytes.extend(pty::keys_bytes_for(keys, job.pty.is_some())?);
+        self.send_job(&job.id, &bytes, eof).await?;
         Ok(bytes.len())
     }
 

@@ -14,6 +14,7 @@
 mod here;
 mod input;
 mod monitor;
+mod prune;
 pub mod pty;
 pub mod script;
 mod store;
@@ -311,6 +312,12 @@ impl Runtime {
         kind: EventKind,
         detail: Option<serde_json::Value>,
     ) -> Result<()> {
+        self.store().append(&self.job_event_of(job, kind, detail))?;
+        Ok(())
+    }
+
+    /// The event [`Runtime::job_event`] appends, not yet appended.
+    fn job_event_of(&self, job: &Job, kind: EventKind, detail: Option<serde_json::Value>) -> Event {
         let mut d = serde_json::json!({ "job": job.id, "state": job.state.as_str() });
         if let Some(name) = &job.name {
             d["name"] = name.clone().into();
@@ -321,7 +328,7 @@ impl Runtime {
         if let Some(extra) = detail {
             d["detail"] = extra;
         }
-        self.store().append(&Event {
+        Event {
             kind: kind.into(),
             call_id: Some(job.id.clone()),
             backend: Some(job.backend.clone()),
@@ -332,8 +339,7 @@ impl Runtime {
             bytes_out: Some(job.out_bytes),
             detail: Some(crate::gate::redact_json(&d, &|t| self.redact(t)).to_string()),
             ..Default::default()
-        })?;
-        Ok(())
+        }
     }
 
     /// Every job, with unfinished ones brought up to date from their sandboxes.
@@ -383,6 +389,24 @@ impl Runtime {
         offset: u64,
         follow: bool,
         sink: &mut (dyn FnMut(&[u8]) + Send),
+        pace: Option<&Pace>,
+    ) -> Result<u64> {
+        let mut at = |b: &[u8], _: u64| sink(b);
+        self.job_logs_at(id, offset, follow, &mut at, pace).await
+    }
+
+    /// [`Runtime::job_logs_paced`] with, for each piece, the offset a read
+    /// resumes at to get what follows it: a follower that loses its
+    /// connection (`job logs --follow` through a restarted server) carries on
+    /// from the last piece it printed, and prints nothing twice. With
+    /// redaction, output held back (a secret that may still be growing) is
+    /// not past that offset.
+    pub async fn job_logs_at(
+        &self,
+        id: &str,
+        offset: u64,
+        follow: bool,
+        sink: &mut (dyn FnMut(&[u8], u64) + Send),
         pace: Option<&Pace>,
     ) -> Result<u64> {
         let job = self.job(id).await?;
@@ -441,10 +465,10 @@ impl Runtime {
                         shown.clear();
                         g.redact_stream(&mut stream, &buf[..n], &mut shown);
                         if !shown.is_empty() {
-                            sink(&shown);
+                            sink(&shown, (start + stream.consumed()).max(offset));
                         }
                     }
-                    None => sink(&buf[..n]),
+                    None => sink(&buf[..n], start + read),
                 }
                 if let Some(pace) = pace {
                     pace().await;
@@ -462,7 +486,7 @@ impl Runtime {
                     shown.clear();
                     g.redact_stream_end(&mut stream, &mut shown);
                     if !shown.is_empty() {
-                        sink(&shown);
+                        sink(&shown, (start + stream.consumed()).max(offset));
                     }
                 }
                 (start + stream.consumed()).max(offset)
@@ -485,7 +509,7 @@ impl Runtime {
         sb: &dyn Sandbox,
         dir: &str,
         pos: u64,
-        sink: &mut (dyn FnMut(&[u8]) + Send),
+        sink: &mut (dyn FnMut(&[u8], u64) + Send),
     ) -> Result<u64> {
         let args = argv(&["bash", "-c", script::TAIL, "berth-tail", dir]);
         let opts = SpawnOpts {
@@ -525,9 +549,12 @@ impl Runtime {
                 kept - pos,
                 older + newest
             );
-            sink(note.as_bytes());
+            sink(note.as_bytes(), kept);
         }
         let mut skip = pos.saturating_sub(kept);
+        // Where the bytes given to the redactor start, and how many went past it.
+        let from = pos.max(kept);
+        let mut passed = 0u64;
         let gate = self.gate();
         let mut stream = RedactStream::with_context(0);
         let mut shown = Vec::new();
@@ -546,22 +573,23 @@ impl Runtime {
             if piece.is_empty() {
                 continue;
             }
+            passed += piece.len() as u64;
             match gate {
                 Some(g) => {
                     shown.clear();
                     g.redact_stream(&mut stream, piece, &mut shown);
                     if !shown.is_empty() {
-                        sink(&shown);
+                        sink(&shown, from + stream.consumed());
                     }
                 }
-                None => sink(piece),
+                None => sink(piece, from + passed),
             }
         }
         if let Some(g) = gate {
             shown.clear();
             g.redact_stream_end(&mut stream, &mut shown);
             if !shown.is_empty() {
-                sink(&shown);
+                sink(&shown, from + stream.consumed());
             }
         }
         p.wait().await?;
@@ -570,13 +598,31 @@ impl Runtime {
 
     /// The last `lines` lines of a job's output.
     pub async fn job_tail(&self, id: &str, lines: u64) -> Result<Vec<u8>> {
+        Ok(self.job_tail_at(id, lines).await?.0)
+    }
+
+    /// [`Runtime::job_tail`], and the offset just after those lines, where a
+    /// follow carries on (`job logs --tail N --follow`).
+    pub async fn job_tail_at(&self, id: &str, lines: u64) -> Result<(Vec<u8>, u64)> {
         let job = self.store().job(id)?;
         let sb = self.attach(&job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
-        // A capped log's last lines are in its newest part (`tail.1`, `tail`).
+        // A capped log's last lines are in its newest part (`tail.1`, `tail`),
+        // and its offsets count the dropped bytes too (see `script::TAIL`).
+        // The lines read end at the size printed on stderr, whatever the job
+        // writes meanwhile.
         let last = r#"d=$1; n=$2
-if [ -s "$d/tail" ] || [ -s "$d/tail.1" ]; then cat -- "$d/tail.1" "$d/tail" 2>/dev/null | tail -n "$n"
-else exec tail -n "$n" -- "$d/out"; fi"#;
+if [ -s "$d/tail" ] || [ -s "$d/tail.1" ]; then
+  exec 7>>"$d/tail.lock" && flock -s 7
+  h=$(stat -c %s -- "$d/out"); dr=0; [ -s "$d/dropped" ] && read -r dr < "$d/dropped"
+  s1=0; [ -e "$d/tail.1" ] && s1=$(stat -c %s -- "$d/tail.1"); s=$(stat -c %s -- "$d/tail")
+  echo "$((h + dr + s1 + s))" >&2
+  { [ "$s1" -gt 0 ] && head -c "$s1" -- "$d/tail.1"; head -c "$s" -- "$d/tail"; } | tail -n "$n"
+else
+  s=$(stat -c %s -- "$d/out") || exit 1
+  echo "$s" >&2
+  head -c "$s" -- "$d/out" | tail -n "$n"
+fi"#;
         let c = run_to_end(
             sb.as_ref(),
             &argv(&["bash", "-c", last, "berth-last", &dir, &lines.to_string()]),
@@ -585,10 +631,26 @@ else exec tail -n "$n" -- "$d/out"; fi"#;
             HELPER_TIMEOUT,
         )
         .await?;
-        Ok(match self.gate() {
+        let end = String::from_utf8_lossy(&c.stderr)
+            .lines()
+            .next_back()
+            .and_then(|l| l.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                Error::backend(
+                    sb.kind(),
+                    BackendFailure::Protocol,
+                    format!(
+                        "could not read job {}'s output size: {}",
+                        job.id,
+                        String::from_utf8_lossy(&c.stderr).trim()
+                    ),
+                )
+            })?;
+        let text = match self.gate() {
             Some(g) => g.redact_bytes(&c.stdout).into_owned(),
             None => c.stdout,
-        })
+        };
+        Ok((text, end))
     }
 
     /// End a job's whole process group: `signal`, then SIGKILL if anything of it is

@@ -139,6 +139,13 @@ impl Runtime {
 
     /// Scan output past `scan_offset` for the job's watch patterns and record
     /// matches as events, at most a few per refresh; the rest are counted.
+    ///
+    /// Each chunk's matches are recorded in the transaction that moves the
+    /// job's scan offset past it, and only if no other refresh moved it
+    /// first (`record_scan` in the jobs store): the server's watcher, a
+    /// restarted server catching up, a `job wait` and an `events --follow`
+    /// may all refresh one job at once, and each match is recorded once. A
+    /// match's `offset` (where its line starts in the output) names it.
     pub(super) async fn scan_watch(
         &self,
         sb: &dyn Sandbox,
@@ -156,9 +163,10 @@ impl Runtime {
         // Names this refresh's scan, so a reader can check the limit per refresh.
         let window = job.scan_offset;
         loop {
+            let from = job.scan_offset;
             let cmd = format!(
                 "tail -c +{} -- {file} 2>/dev/null | head -c {SCAN_CHUNK}",
-                job.scan_offset + 1
+                from + 1
             );
             let data = run_to_end(
                 sb,
@@ -177,7 +185,14 @@ impl Runtime {
                 None if full => data.len(),
                 None => 0,
             };
+            if usable == 0 {
+                break;
+            }
+            let (mut found, mut lost) = (Vec::new(), 0usize);
+            let mut at = from;
             for line in data[..usable].split(|b| *b == b'\n') {
+                let line_at = at;
+                at += line.len() as i64 + 1;
                 let text = String::from_utf8_lossy(line);
                 let Some(src) = patterns
                     .iter()
@@ -187,21 +202,28 @@ impl Runtime {
                 else {
                     continue;
                 };
-                if recorded < WATCH_EVENTS_PER_REFRESH {
-                    recorded += 1;
+                if recorded + found.len() < WATCH_EVENTS_PER_REFRESH {
                     let shown: String = text.chars().take(500).collect();
-                    self.job_event(
+                    found.push(self.job_event_of(
                         job,
                         EventKind::JobWatch,
-                        Some(
-                            serde_json::json!({ "pattern": src, "line": shown, "window": window }),
-                        ),
-                    )?;
+                        Some(serde_json::json!({
+                            "pattern": src, "line": shown, "window": window, "offset": line_at,
+                        })),
+                    ));
                 } else {
-                    dropped += 1;
+                    lost += 1;
                 }
             }
-            job.scan_offset += usable as i64;
+            let to = from + usable as i64;
+            if !self.store().record_scan(&job.id, from, to, &found)? {
+                // Another refresh scanned this output: its matches are its to record.
+                job.scan_offset = self.store().scan_offset(&job.id)?.max(from);
+                break;
+            }
+            recorded += found.len();
+            dropped += lost;
+            job.scan_offset = to;
             if !full {
                 break;
             }

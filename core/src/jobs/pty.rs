@@ -98,6 +98,25 @@ pub fn keys_bytes<S: AsRef<str>>(names: &[S]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The bytes of several keys for a job that reads them from a terminal
+/// (`terminal`) or from a pipe: a terminal's Enter is `\r`, which its line
+/// discipline turns into the newline a program reads; a pipe has no line
+/// discipline, so there Enter is `\n` itself (a program reading a line would
+/// otherwise get `alice\r`).
+pub fn keys_bytes_for<S: AsRef<str>>(names: &[S], terminal: bool) -> Result<Vec<u8>> {
+    if terminal {
+        return keys_bytes(names);
+    }
+    let mut out = Vec::new();
+    for n in names {
+        match n.as_ref().to_ascii_lowercase().as_str() {
+            "enter" | "return" => out.push(b'\n'),
+            _ => out.extend(key_bytes(n.as_ref())?),
+        }
+    }
+    Ok(out)
+}
+
 /// Where the terminal's size changed: from output offset `at` on, `size`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SizeChange {

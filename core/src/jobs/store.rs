@@ -6,7 +6,7 @@ use rusqlite::{OptionalExtension, params};
 use super::{Job, JobState};
 use crate::backend::TermSize;
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::store::{Event, Store};
 
 const COLUMNS: &str = "id, name, backend, sandbox, command, state, exit_code, pid, created_at, ended_at, reason, watch, scan_offset, out_bytes, kill_signal, pty";
 
@@ -55,7 +55,7 @@ impl Store {
         let changed = self.with_conn(|c| {
             c.execute(
                 "UPDATE jobs SET state = ?2, exit_code = ?3, pid = ?4, ended_at = ?5,
-                        reason = COALESCE(?6, reason), scan_offset = ?7, out_bytes = ?8,
+                        reason = COALESCE(?6, reason), scan_offset = MAX(scan_offset, ?7), out_bytes = ?8,
                         kill_signal = COALESCE(?9, kill_signal)
                  WHERE id = ?1 AND state IN ('starting', 'running')",
                 params![
@@ -72,6 +72,53 @@ impl Store {
             )
         })?;
         Ok(changed > 0)
+    }
+
+    /// Mark a job's output from `from` to `to` as scanned for its watch
+    /// patterns and record `events` (its matches there), in one transaction,
+    /// only if the job's scan offset is still `from`. False: another refresh
+    /// scanned it first (a restarted server catching up while a `job wait`
+    /// or an `events --follow` refreshes too), and nothing was recorded, so
+    /// each match is on record once.
+    pub(super) fn record_scan(
+        &self,
+        id: &str,
+        from: i64,
+        to: i64,
+        events: &[Event],
+    ) -> Result<bool> {
+        self.append_claimed(
+            |c| {
+                c.execute(
+                    "UPDATE jobs SET scan_offset = ?3 WHERE id = ?1 AND scan_offset = ?2",
+                    params![id, from, to],
+                )
+                .map(|n| n > 0)
+            },
+            events,
+        )
+    }
+
+    /// Forget a job that has ended (`job prune`); a running one stays.
+    pub(super) fn delete_job(&self, id: &str) -> Result<()> {
+        self.with_conn(|c| {
+            c.execute(
+                "DELETE FROM jobs WHERE id = ?1 AND state NOT IN ('starting', 'running')",
+                params![id],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// How far a job's output has been scanned, as the store has it.
+    pub(super) fn scan_offset(&self, id: &str) -> Result<i64> {
+        self.with_conn(|c| {
+            c.query_row(
+                "SELECT scan_offset FROM jobs WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+        })
     }
 
     /// Record how a kill ended a job (the signal that took it, and why), whether

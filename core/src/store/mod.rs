@@ -306,6 +306,28 @@ impl Store {
         append_in(&*self.conn()?, e, self.events_keep())
     }
 
+    /// Append `events` only if `claim` (run first, in the same immediate
+    /// transaction) says so; returns what `claim` said. A record that must be
+    /// written once however many writers race for it (a job's watch matches,
+    /// scanned by the server, a `job wait` and an `events --follow` alike)
+    /// claims its key in `claim`, so the loser writes nothing.
+    pub(crate) fn append_claimed(
+        &self,
+        claim: impl FnOnce(&Connection) -> rusqlite::Result<bool>,
+        events: &[Event],
+    ) -> Result<bool> {
+        let mut conn = self.conn()?;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        if !claim(&tx)? {
+            return Ok(false);
+        }
+        for e in events {
+            append_in(&tx, e, self.events_keep())?;
+        }
+        tx.commit()?;
+        Ok(true)
+    }
+
     fn events_keep(&self) -> u64 {
         self.events_keep.load(Ordering::Relaxed)
     }
