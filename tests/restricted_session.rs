@@ -403,3 +403,84 @@ async fn a_process_past_the_memory_bound_is_killed_and_the_call_says_why() {
     assert!(r.result.notices.is_empty(), "{:?}", r.result.notices);
     rt.shutdown().await;
 }
+
+/// Starting many sandboxes at once (#49 item 23): each wrapper sweeps away
+/// the empty `berth-*` cgroups of others, and a fresh cgroup is empty until
+/// its wrapper has joined it, so a sweep could remove it between the two
+/// steps; joining then failed with ENODEV and the sandbox's first command
+/// failed. 64 sandboxes started at the same moment must each run, confined
+/// and in a pids cgroup of its own.
+#[tokio::test]
+async fn sixty_four_sandboxes_started_at_once_all_run_confined() {
+    const N: usize = 64;
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test checks each sandbox's pids cgroup, which berth uses as root: run it as root (as CI does)"
+    );
+    let state = tempfile::tempdir().unwrap();
+    let backend = std::sync::Arc::new(wrapped(state.path()));
+    let names: Vec<String> = (0..N)
+        .map(|i| format!("many{i}x{}", std::process::id()))
+        .collect();
+    let _guards: Vec<CgroupGuard> = names
+        .iter()
+        .map(|n| {
+            CgroupGuard(
+                state.path().join("sandboxes").join("local").join(n),
+                n.clone(),
+            )
+        })
+        .collect();
+    let mut sandboxes = Vec::new();
+    for n in &names {
+        sandboxes.push(
+            backend
+                .provision(&SandboxSpec::named(n))
+                .await
+                .unwrap()
+                .sandbox,
+        );
+    }
+    // Every shell starts at the same moment: the futures are polled together.
+    let runs = names
+        .iter()
+        .cloned()
+        .zip(sandboxes)
+        .map(|(n, sb)| async move {
+            let run = async {
+                let mut s = Session::open(sb, SessionConfig::named("t")).await?;
+                s.exec(
+                    "grep -E '^[0-9]+:pids:' /proc/self/cgroup; grep Seccomp: /proc/self/status; \
+                 cat /etc/shadow >/dev/null 2>&1 || echo dark",
+                    ExecOpts::default(),
+                )
+                .await
+            };
+            (n, run.await)
+        });
+    let results = futures::future::join_all(runs).await;
+    let mut failed = Vec::new();
+    for (n, r) in results {
+        match r {
+            Ok(r) => {
+                let out = r.output.text();
+                let confined = r.exit_code == 0
+                    && out.contains(&format!("/berth-{n}-"))
+                    && out.contains("Seccomp:\t2")
+                    && out.ends_with("dark\n");
+                if !confined {
+                    failed.push(format!("{n}: exit {} {out:?} {:?}", r.exit_code, r.notices));
+                }
+            }
+            Err(e) => failed.push(format!("{n}: {e}")),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {N} sandboxes did not run confined:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}

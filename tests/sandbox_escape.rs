@@ -64,6 +64,13 @@ impl Sandbox {
     }
 
     fn run_with(&self, policy: &str, extra: &[&str], script: &str) -> Output {
+        self.command(policy, extra, script)
+            .output()
+            .expect("run berth")
+    }
+
+    /// The command [`Sandbox::run_with`] runs, to be started by the caller.
+    fn command(&self, policy: &str, extra: &[&str], script: &str) -> Command {
         let mut cmd = Command::new(BERTH);
         cmd.arg("__sandbox-exec")
             .arg("--policy")
@@ -83,7 +90,7 @@ impl Sandbox {
             .env("HOME", self.work())
             .env("TMPDIR", self.dir.join("tmp"))
             .current_dir(self.work());
-        cmd.output().expect("run berth")
+        cmd
     }
 
     fn run(&self, script: &str) -> Output {
@@ -1341,4 +1348,169 @@ fn job_files_cannot_aim_berths_signals_at_the_host() {
     victim.kill().unwrap();
     victim.wait().unwrap();
     let _ = berth_cli(home.path(), &[], &["sandbox", "rm", "default"]);
+}
+
+/// Sends from both ends of a socket pair of each AF_UNIX type: a datagram
+/// to a pathname socket and to an abstract one, and a `connect` to a
+/// pathname stream socket. Prints what each step answered.
+const PAIRS: &str = r#"
+import socket, sys
+dgram, stream, abstract = sys.argv[1:4]
+for name, ty in (("dgram", socket.SOCK_DGRAM), ("seqpacket", socket.SOCK_SEQPACKET), ("stream", socket.SOCK_STREAM)):
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, ty)
+    except OSError as e:
+        print(name, "pair", e.errno); continue
+    for what, f in (("sendto", lambda: a.sendto(b"path", dgram)), ("abstract", lambda: a.sendto(b"abstract", "\0" + abstract)), ("connect", lambda: a.connect(stream)), ("sendmsg", lambda: b.sendmsg([b"msg"], [], 0, dgram))):
+        try:
+            f(); print(name, what, "sent")
+        except OSError as e:
+            print(name, what, e.errno)
+"#;
+
+/// A host's pathname datagram socket (`/dev/log`, `/run/systemd/notify`,
+/// a listener in a directory Landlock denies) is out of reach with the
+/// network off (#49 item 7). Before, `socketpair(AF_UNIX, SOCK_DGRAM)` gave
+/// a datagram socket whose `sendto` reached any of them. The class: every
+/// way a socket pair could address a host socket (`sendto`, `sendmsg`,
+/// `connect`; pathname and abstract), for every pair type. Control:
+/// unconfined, the datagrams arrive.
+#[test]
+fn socket_pairs_cannot_reach_host_unix_sockets() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram, UnixListener};
+    let sb = Sandbox::new();
+    let outside = tempfile::tempdir().unwrap();
+    let dgram_path = outside.path().join("dgram.sock");
+    let stream_path = outside.path().join("stream.sock");
+    let dgram = UnixDatagram::bind(&dgram_path).unwrap();
+    dgram.set_nonblocking(true).unwrap();
+    let listener = UnixListener::bind(&stream_path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let abstract_name = format!("berth-test-dgram-{}", sb.name);
+    let abstract_sock =
+        UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap())
+            .unwrap();
+    abstract_sock.set_nonblocking(true).unwrap();
+    let script = format!(
+        "python3 -c '{PAIRS}' {} {} {abstract_name}",
+        dgram_path.display(),
+        stream_path.display()
+    );
+    let received = || {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        for s in [&dgram, &abstract_sock] {
+            while let Ok(n) = s.recv(&mut buf) {
+                got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        while let Ok((_, _)) = listener.accept() {
+            got.push("a connection".into());
+        }
+        got
+    };
+    for policy in ["{}", r#"{"network":true}"#] {
+        let o = sb.run_with(policy, &[], &script);
+        ran(&o);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains("dgram pair 1"),
+            "policy {policy}: {}",
+            text(&o)
+        );
+        assert!(
+            out.contains("stream connect") && out.contains("seqpacket connect"),
+            "policy {policy}: the pairs that stay allowed were not tried: {}",
+            text(&o)
+        );
+        let got = received();
+        assert!(
+            got.is_empty(),
+            "policy {policy}: the sandbox reached a host socket: {got:?}\n{}",
+            text(&o)
+        );
+    }
+    let o = sb.unrestricted(&script);
+    let got = received();
+    assert!(
+        got.contains(&"path".to_string())
+            && got.contains(&"msg".to_string())
+            && got.contains(&"abstract".to_string()),
+        "control: {got:?}\n{}",
+        text(&o)
+    );
+}
+
+/// Watches a directory (`$1`) for a name created in it: prints `WATCHING`
+/// once the watch is set, then the first name created, or why it could not.
+const WATCH: &str = r#"
+import ctypes, os, select, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+if fd < 0:
+    print("NO_INOTIFY", ctypes.get_errno(), flush=True); sys.exit(0)
+if libc.inotify_add_watch(fd, sys.argv[1].encode(), 0x100) < 0:
+    print("NO_WATCH", ctypes.get_errno(), flush=True); sys.exit(0)
+print("WATCHING", flush=True)
+if select.select([fd], [], [], 20)[0]:
+    buf = os.read(fd, 4096)
+    wd, mask, cookie, n = struct.unpack_from("iIII", buf)
+    print("SAW", buf[16:16 + n].rstrip(b"\0").decode(), flush=True)
+"#;
+
+/// inotify cannot watch a directory Landlock denies (#49 item 15): a watch
+/// needs only a path the process can look up, so a sandbox saw every name
+/// created in `/root`, `~/.ssh` or berth's state dir. inotify now answers
+/// ENOSYS, as on a kernel without it, and a watcher falls back to polling
+/// the files it may read (`tail -f` still follows a file in the
+/// workspace). Control: unconfined, the watch sees the name.
+#[test]
+fn inotify_cannot_watch_a_denied_directory() {
+    use std::io::BufRead;
+    let sb = Sandbox::new();
+    let watched = tempfile::tempdir().unwrap();
+    let script = format!("python3 -c '{WATCH}' {}", watched.path().display());
+    let watch = |extra: &[&str], name: &str| -> String {
+        let mut child = sb
+            .command("{}", extra, &script)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = String::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            seen.push_str(&line);
+            seen.push('\n');
+            if line == "WATCHING" {
+                std::fs::write(watched.path().join(name), "x").unwrap();
+            }
+        }
+        let st = child.wait().unwrap();
+        assert_ne!(
+            st.code(),
+            Some(125),
+            "the kernel cannot enforce the sandbox"
+        );
+        seen
+    };
+    let out = watch(&[], "id_ed25519");
+    assert!(
+        out.starts_with(&format!("NO_INOTIFY {}", libc::ENOSYS)),
+        "{out}"
+    );
+    assert!(!out.contains("SAW"), "{out}");
+    // Control: unconfined, the watch sees the name created.
+    let out = watch(&["--unrestricted"], "id_rsa");
+    assert!(out.contains("SAW id_rsa"), "control: {out}");
+    // A watcher falls back: `tail -f` still follows a file it may read.
+    let o = sb.run("echo one > f; (sleep 0.3; echo two >> f) & timeout 4 tail -f f; true");
+    ran(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("one\ntwo\n"),
+        "{}",
+        text(&o)
+    );
 }

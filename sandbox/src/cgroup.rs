@@ -127,21 +127,11 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 }
 
 /// Create the cgroup with `max` processes and move the calling process into
-/// it. A concurrent sweep may remove the fresh, still empty directory between
-/// the two steps, so a vanished directory is made again.
+/// it. See [`join_with`] for the race with other sandboxes' sweeps.
 pub fn join(dir: &Path, max: u64) -> std::io::Result<()> {
-    let mut tries = 0;
-    loop {
-        let r = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(dir.join("pids.max"), max.to_string()))
-            .and_then(|()| {
-                std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
-            });
-        match r {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 5 => tries += 1,
-            other => return other,
-        }
-    }
+    join_with(dir, |dir| {
+        std::fs::write(dir.join("pids.max"), max.to_string())
+    })
 }
 
 /// Create the sandbox's memory cgroup with a bound of `max` bytes, swap
@@ -150,18 +140,47 @@ pub fn join(dir: &Path, max: u64) -> std::io::Result<()> {
 /// `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes`, which must never
 /// fall below the former, so it is written both before and after.
 pub fn join_memory(dir: &Path, max: u64) -> std::io::Result<()> {
-    let mut tries = 0;
+    join_with(dir, |dir| set_memory_max(dir, max))
+}
+
+/// How long [`join_with`] goes on making a cgroup that other sandboxes'
+/// sweeps keep removing before it gives up.
+const JOIN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Create the cgroup `dir`, `set` its bound, and move the calling process
+/// into it.
+///
+/// Until a process is in it, the fresh cgroup is empty, and the wrapper of
+/// any other sandbox starting at the same moment sweeps empty `berth-*`
+/// cgroups away ([`sweep`]): between any two steps the directory can go.
+/// The kernel then answers ENOENT (looked up by path after the removal) or
+/// ENODEV (a file opened before it, written after: the cgroup is dead).
+/// Either way the cgroup is made again and the steps repeated, until the
+/// process is in it (a populated cgroup cannot be removed) or
+/// [`JOIN_PATIENCE`] has passed.
+fn join_with(dir: &Path, set: impl Fn(&Path) -> std::io::Result<()>) -> std::io::Result<()> {
+    let deadline = Instant::now() + JOIN_PATIENCE;
+    let mut pause = Duration::from_micros(100);
     loop {
         let r = std::fs::create_dir_all(dir)
-            .and_then(|()| set_memory_max(dir, max))
+            .and_then(|()| set(dir))
             .and_then(|()| {
                 std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
             });
         match r {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 5 => tries += 1,
+            Err(e) if swept(&e) && Instant::now() < deadline => {
+                // Let the sweeper finish; a little longer each time.
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
             other => return other,
         }
     }
+}
+
+/// Whether `e` says the cgroup was removed under us.
+fn swept(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
 }
 
 fn set_memory_max(dir: &Path, max: u64) -> std::io::Result<()> {
@@ -438,5 +457,53 @@ mod tests {
         // The child has exited: nothing is left, so it can go.
         remove_if_empty(&dir);
         assert!(!dir.exists(), "{} outlived its last process", dir.display());
+    }
+
+    /// Another sandbox's sweep removes the fresh, still empty cgroup while
+    /// this one joins it (#49 item 23): here a thread removes it as fast as
+    /// it can, all along. Each join still ends in the cgroup; before, the
+    /// join failed (ENODEV, or ENOENT after five tries) and a root sandbox
+    /// refused to start.
+    #[test]
+    fn a_join_outlasts_sweeps_of_its_fresh_cgroup() {
+        let name = format!("race{}", std::process::id());
+        let sandbox_dir = std::env::temp_dir().join(&name);
+        let Some(dir) = dir_for(&name, &sandbox_dir) else {
+            panic!("no pids cgroup controller: the test needs one (as root, or delegated)");
+        };
+        let r = crate::readback::in_child(
+            "cgroup::tests::a_join_outlasts_sweeps_of_its_fresh_cgroup",
+            || {
+                let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let sweeper = {
+                    let (stop, dir) = (stop.clone(), dir.clone());
+                    std::thread::spawn(move || {
+                        let mut removed = 0u32;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            if !populated(&dir) && std::fs::remove_dir(&dir).is_ok() {
+                                removed += 1;
+                            }
+                        }
+                        removed
+                    })
+                };
+                // Threads share the process's cgroup: the first join moves
+                // the whole process, so each round leaves it again first.
+                let parent = dir.parent().unwrap().to_path_buf();
+                let mut joined = 0;
+                for _ in 0..200 {
+                    if join(&dir, 64).is_ok() {
+                        joined += 1;
+                    }
+                    std::fs::write(parent.join("cgroup.procs"), std::process::id().to_string())
+                        .unwrap();
+                }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let removed = sweeper.join().unwrap();
+                format!("joined={joined} swept={}", removed > 0)
+            },
+        );
+        r.expect_line("joined=200 swept=true");
+        remove_if_empty(&dir);
     }
 }

@@ -6,10 +6,12 @@
 //!   userfaultfd, perf, terminal input injection (`TIOCSTI`), exotic
 //!   personalities; setuid/setgid mode bits on every path that sets a mode
 //!   (the chmod family, creating `open`/`openat`/`creat`, `mkdir`, `mknod`);
-//!   every socket family but an allow-list.
+//!   every socket family but an allow-list; `socketpair` other than a
+//!   connected AF_UNIX stream or seqpacket pair.
 //! - `ENOSYS`: `clone3` and `openat2`, whose flags and modes sit behind a
 //!   pointer seccomp cannot read. libc and runtimes fall back to `clone` and
-//!   `openat`, which are filtered by argument.
+//!   `openat`, which are filtered by argument. inotify, whose watches see
+//!   names in directories Landlock denies; watchers fall back to polling.
 //! - `EOPNOTSUPP`: setting or removing extended attributes (POSIX ACLs, file
 //!   capabilities). Tools read that as "this file system has none" and go on.
 
@@ -188,13 +190,31 @@ pub fn eperm_rules(profile: &SandboxProfile) -> Result<Rules> {
         Vec::new()
     };
     rules.insert(libc::SYS_socket, socket);
+    // socketpair: AF_UNIX only, and only the connection-oriented types. A
+    // datagram socket of a pair is a socket like any other: `sendto` with an
+    // address, or `connect` to a new one, reaches every pathname datagram
+    // socket the uid may write (`/dev/log`, `/run/systemd/notify`, a
+    // listener in a directory Landlock denies, which it does not check for
+    // sockets before ABI 9). A stream or seqpacket pair is connected from
+    // birth: `connect` fails (EISCONN) and the address of a send is refused
+    // (stream) or ignored (seqpacket). (The kernel makes an AF_UNIX
+    // `SOCK_RAW` a datagram socket; no other type exists for it.)
     let pair_not_unix = rule(vec![cond(
         0,
         SeccompCmpArgLen::Dword,
         SeccompCmpOp::Ne,
         libc::AF_UNIX as u64,
     )?])?;
-    rules.insert(libc::SYS_socketpair, vec![pair_not_unix]);
+    let mut pair = vec![pair_not_unix];
+    for ty in [libc::SOCK_DGRAM as u64, libc::SOCK_RAW as u64] {
+        pair.push(rule(vec![cond(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(0xf),
+            ty,
+        )?])?);
+    }
+    rules.insert(libc::SYS_socketpair, pair);
 
     // Namespaces through clone's flags (clone3 gets ENOSYS below).
     let mut clone = Vec::new();
@@ -247,8 +267,24 @@ pub fn eperm_rules(profile: &SandboxProfile) -> Result<Rules> {
 }
 
 /// The `ENOSYS` filter's syscalls.
+///
+/// inotify is here too: a watch needs only a path the sandbox can look up,
+/// not one Landlock lets it read, so a watch on `/root`, `~/.ssh` or berth's
+/// state dir would report every name created there. Landlock has no right
+/// for watches, and seccomp cannot read the path. ENOSYS is what a kernel
+/// without inotify answers, and what file watchers handle: `tail -f`,
+/// watchdog, inotify-tools' users, node's and cargo's watchers fall back to
+/// polling. (fanotify is refused outright, above.)
 pub fn enosys_syscalls() -> Vec<i64> {
-    vec![libc::SYS_clone3, libc::SYS_openat2]
+    let mut v = vec![
+        libc::SYS_clone3,
+        libc::SYS_openat2,
+        libc::SYS_inotify_init1,
+        libc::SYS_inotify_add_watch,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.push(libc::SYS_inotify_init);
+    v
 }
 
 /// The `EOPNOTSUPP` filter's syscalls: writing extended attributes.
