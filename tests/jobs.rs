@@ -1118,11 +1118,15 @@ pub async fn a_flooding_job_keeps_at_most_twice_its_log_cap(h: &Harness) -> Test
 /// `events --follow` (here, two runtimes on one store, as two processes).
 pub async fn each_watch_match_is_recorded_once_however_many_refresh(h: &Harness) -> TestResult {
     let r = Rig::new(h, "job-watch-once").await?;
+    // Three matches before the restart; three more only once both runtimes
+    // (the old one and the restarted one) are refreshing the job, so that
+    // both scan the same new output.
     let job =
         r.rt.start_job(
             &r.kind,
             &r.sandbox,
-            "for i in 1 2 3; do echo \"tick $i\"; done; sleep 60",
+            "for i in 1 2 3; do echo \"tick $i\"; done; read -r _; \
+             for i in 4 5 6; do echo \"tick $i\"; done; sleep 60",
             None,
             vec!["^tick".into()],
         )
@@ -1132,11 +1136,28 @@ pub async fn each_watch_match_is_recorded_once_however_many_refresh(h: &Harness)
     })
     .await?;
     let other = r.restart(h)?;
-    for _ in 0..3 {
-        let (a, b, c) = tokio::join!(r.rt.list_jobs(), other.list_jobs(), other.job(&job.id));
+    let refresh = || async {
+        let (a, b, c, d) = tokio::join!(
+            r.rt.list_jobs(),
+            other.list_jobs(),
+            other.job(&job.id),
+            r.rt.job(&job.id)
+        );
         a?;
         b?;
         c?;
+        d?;
+        Ok::<_, BoxError>(())
+    };
+    refresh().await?;
+    other.send_job(&job.id, b"go\n", false).await?;
+    r.until("the output after the restart", || async {
+        refresh().await?;
+        Ok(r.logs(&job.id).await?.ends_with("tick 6\n"))
+    })
+    .await?;
+    for _ in 0..3 {
+        refresh().await?;
     }
     let lines: Vec<String> =
         r.rt.store()
@@ -1151,7 +1172,10 @@ pub async fn each_watch_match_is_recorded_once_however_many_refresh(h: &Harness)
                 d["detail"]["line"].as_str().unwrap_or_default().to_string()
             })
             .collect();
-    assert_eq!(lines, ["tick 1", "tick 2", "tick 3"]);
+    assert_eq!(
+        lines,
+        ["tick 1", "tick 2", "tick 3", "tick 4", "tick 5", "tick 6"]
+    );
     r.rt.kill_job(&job.id, Signal::Kill).await?;
     other.shutdown().await;
     r.finish().await
