@@ -126,8 +126,12 @@ fn show(a: ShowArgs) -> Result<u8> {
         );
         let l = &p.limits.default;
         println!(
-            "limits: timeout {}s (max {}s), output cap {} bytes, idle lifetime {}s",
-            l.default_timeout_secs, l.max_timeout_secs, l.output_cap_bytes, l.idle_lifetime_secs
+            "limits: timeout {}s (max {}s), output cap {} bytes, tool result {} bytes, idle lifetime {}s",
+            l.default_timeout_secs,
+            l.max_timeout_secs,
+            l.output_cap_bytes,
+            l.tool_result_bytes,
+            l.idle_lifetime_secs
         );
         let memory = match l.memory_max_bytes {
             None => "3/4 of RAM".to_string(),

@@ -115,6 +115,8 @@ pub(crate) fn tool_results(r: &Recorded) -> Vec<String> {
 
 /// The multi-step task: cd and export in one call, a file written by the
 /// file tool, read back by a later command that sees the cwd and the variable.
+/// The file tools resolve a relative path from the shell's cwd (`proj`), as
+/// `terminal` does (#50 item 17).
 fn multi_step_script() -> Vec<Reply> {
     vec![
         Reply::call(
@@ -125,7 +127,7 @@ fn multi_step_script() -> Vec<Reply> {
         Reply::call(
             "c2",
             "write_file",
-            r#"{"path": "proj/note.txt", "content": "line one\nline two\n"}"#,
+            r#"{"path": "note.txt", "content": "line one\nline two\n"}"#,
         ),
         Reply::calls(&[
             (
@@ -133,7 +135,7 @@ fn multi_step_script() -> Vec<Reply> {
                 "terminal",
                 r#"{"command": "pwd; echo $GREETING; cat note.txt; env | grep -c STANDIN_KEY || true"}"#,
             ),
-            ("c4", "read_file", r#"{"path": "proj/note.txt"}"#),
+            ("c4", "read_file", r#"{"path": "note.txt"}"#),
         ]),
         Reply::text("All done: the note is written."),
     ]

@@ -26,6 +26,7 @@ mod delegate;
 mod e2b_backend;
 mod follow;
 mod mcp;
+mod mcp_tools;
 mod memory;
 #[macro_use]
 mod conformance;

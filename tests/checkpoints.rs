@@ -434,3 +434,89 @@ fn bench_checkpoint_measures_each_kind_against_cp_and_tar() -> TestResult {
     assert!(!left.contains("berth-bench-checkpoint"), "{left}");
     Ok(())
 }
+
+/// A pack rewritten inside the sandbox (#49 item 18): the next checkpoint
+/// finds it out, reports it, and stores the files it held anew instead of
+/// depending on it, so that checkpoint restores; on every backend berth
+/// checkpoints through the same code (local and docker here).
+fn a_rewritten_pack_is_found_and_not_depended_on(backend: &str) -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let name = format!("ckt-{}-{backend}", std::process::id());
+    ok(d, &["sandbox", "create", &name, "--backend", backend])?;
+    let _guard = crate::agent::DockerSandbox {
+        state: d,
+        name: name.clone(),
+    };
+    let exec = |command: &str| {
+        ok(
+            d,
+            &[
+                "exec",
+                "--backend",
+                backend,
+                "--sandbox",
+                &name,
+                "--",
+                command,
+            ],
+        )
+    };
+    exec("echo one > a.txt; echo keep-this > k.txt")?;
+    let c1 = json(
+        d,
+        &[
+            "sandbox",
+            "checkpoint",
+            &name,
+            "--backend",
+            backend,
+            "--json",
+        ],
+    )?;
+    let c1 = c1["id"].as_str().unwrap_or("").to_string();
+    // From inside: the same size, other bytes (in a subshell: the
+    // session's cwd stays in the workspace).
+    exec(&format!(
+        "(cd \"$__berth_dir/packs\" && test -f {c1}.tar && sed -i 's/keep-this/KEEP-THIS/' {c1}.tar && grep -c KEEP-THIS {c1}.tar)"
+    ))?;
+    exec("echo two > b.txt")?;
+    let c2 = json(
+        d,
+        &[
+            "sandbox",
+            "checkpoint",
+            &name,
+            "--backend",
+            backend,
+            "--json",
+        ],
+    )?;
+    let c2 = c2["id"].as_str().unwrap_or("").to_string();
+    // Reported.
+    let events = ok(d, &["events", "--json", "--limit", "50"])?;
+    let reported = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == "checkpoint.taken")
+        .filter_map(|e| serde_json::from_str::<Value>(e["detail"].as_str()?).ok())
+        .any(|dt| {
+            dt["checkpoint"] == c2.as_str() && dt["tampered_packs"].to_string().contains(&c1)
+        });
+    assert!(reported, "the rewritten pack was not reported: {events}");
+    // The later checkpoint restores whole.
+    exec("rm -f a.txt k.txt b.txt")?;
+    ok(d, &["sandbox", "restore", &name, &c2, "--backend", backend])?;
+    assert_eq!(exec("cat a.txt k.txt b.txt")?, "one\nkeep-this\ntwo\n");
+    Ok(())
+}
+
+#[test]
+fn a_rewritten_pack_is_found_and_not_depended_on_local() -> TestResult {
+    a_rewritten_pack_is_found_and_not_depended_on("local")
+}
+
+#[test]
+fn a_rewritten_pack_is_found_and_not_depended_on_docker() -> TestResult {
+    a_rewritten_pack_is_found_and_not_depended_on("docker")
+}

@@ -449,3 +449,86 @@ fn a_child_that_fails_is_a_result_not_a_crash() -> TestResult {
     );
     Ok(())
 }
+
+/// A parent's budget bounds its whole tree (#49 item 12): children that
+/// delegate again, at every level, make no more model calls in all than
+/// the parent's `--max-steps` (and its own last summary), and with too
+/// little left to give each child a step and its summary, nothing starts.
+#[test]
+fn a_parents_budget_bounds_every_model_call_of_its_tree() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let _strays = Strays(d.canonicalize()?);
+    std::fs::write(
+        d.join("policy.toml"),
+        "[agent]\nmax_depth = 3\nmax_fanout = 8\n",
+    )?;
+    let grand: Vec<&str> = vec!["GRAND-x"; 8];
+    let s = ProviderStandin::start(vec![
+        Reply::call(
+            "d1",
+            "delegate",
+            &delegate_args(&["CHILD-a", "CHILD-b", "CHILD-c"], json!({})),
+        ),
+        Reply::text("parent done"),
+    ])?;
+    // Every child delegates eight more; every grandchild runs a command.
+    s.route(
+        "CHILD-",
+        (0..200)
+            .map(|i| {
+                Reply::call(
+                    &format!("c{i}"),
+                    "delegate",
+                    &delegate_args(&grand, json!({})),
+                )
+            })
+            .collect(),
+    );
+    s.route(
+        "GRAND-",
+        (0..400)
+            .map(|i| {
+                Reply::call(
+                    &format!("g{i}"),
+                    "terminal",
+                    &json!({ "command": "echo grand-ran" }).to_string(),
+                )
+            })
+            .collect(),
+    );
+    s.on_tools_off(Reply::text("summary: out of budget"));
+    let o = run_cmd(d, &s.url(), &["--max-steps", "7", "tree"]).output()?;
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert_eq!(exit_event(&o)["reason"], "budget_spent");
+    let calls = s.requests().len();
+    assert!(
+        calls <= 8,
+        "--max-steps 7 made {calls} model calls in its tree (at most 7 and the parent's summary)"
+    );
+    let commands = started(d, "echo grand-ran");
+    assert_eq!(commands, 0, "grandchildren ran with no budget left");
+    // Too little for the fan-out: refused, nothing started.
+    let s = ProviderStandin::start(vec![
+        Reply::call(
+            "d1",
+            "delegate",
+            &delegate_args(&["GRAND-1", "GRAND-2", "GRAND-3"], json!({})),
+        ),
+        Reply::text("did it myself"),
+    ])?;
+    s.on_tools_off(Reply::text("summary"));
+    let before = runs(d).len();
+    let o = run_cmd(d, &s.url(), &["--max-steps", "2", "wide"]).output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        s.requests().len() <= 3,
+        "{} model calls",
+        s.requests().len()
+    );
+    assert_eq!(runs(d).len(), before + 1, "a child run was made");
+    let reqs = s.requests();
+    let r = tool_results(&reqs[1]);
+    assert!(r[0].contains("budget left"), "{r:?}");
+    Ok(())
+}

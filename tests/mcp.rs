@@ -44,7 +44,7 @@ reason = "env files hold credentials"
 
 /// What the server sent besides replies.
 #[derive(Clone, Default)]
-struct Seen {
+pub(crate) struct Seen {
     logs: Arc<Mutex<Vec<Value>>>,
     progress: Arc<Mutex<Vec<String>>>,
 }
@@ -72,8 +72,8 @@ impl ClientHandler for Seen {
 }
 
 /// A state dir, a policy and a sandbox, removed (with its container) on drop.
-struct Env {
-    dir: tempfile::TempDir,
+pub(crate) struct Env {
+    pub(crate) dir: tempfile::TempDir,
     backend: &'static str,
     sandbox: String,
 }
@@ -81,7 +81,7 @@ struct Env {
 static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Env {
-    fn new(backend: &'static str) -> Result<Env, BoxError> {
+    pub(crate) fn new(backend: &'static str) -> Result<Env, BoxError> {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("policy.toml"), POLICY)?;
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -106,7 +106,7 @@ impl Env {
         Ok(env)
     }
 
-    fn berth(&self) -> Command {
+    pub(crate) fn berth(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_berth"));
         c.env("BERTH_STATE_DIR", self.dir.path())
             .env("BERTH_POLICY", self.dir.path().join("policy.toml"))
@@ -123,7 +123,7 @@ impl Env {
     }
 
     /// The SDK's client over `berth mcp` on stdio.
-    async fn stdio(&self) -> Result<Client, BoxError> {
+    pub(crate) async fn stdio(&self) -> Result<Client, BoxError> {
         self.stdio_with(&[]).await
     }
 
@@ -236,8 +236,8 @@ impl Drop for ChildGuard {
     }
 }
 
-struct Client {
-    service: RunningService<RoleClient, Seen>,
+pub(crate) struct Client {
+    pub(crate) service: RunningService<RoleClient, Seen>,
     seen: Seen,
     _server: Option<ChildGuard>,
 }
@@ -250,7 +250,7 @@ fn params(tool: &str, args: Value) -> CallToolRequestParams {
     p
 }
 
-fn text(r: &CallToolResult) -> String {
+pub(crate) fn text(r: &CallToolResult) -> String {
     r.content
         .iter()
         .filter_map(|c| c.as_text().map(|t| t.text.clone()))
@@ -258,12 +258,12 @@ fn text(r: &CallToolResult) -> String {
         .join("")
 }
 
-fn data(r: &CallToolResult) -> Value {
+pub(crate) fn data(r: &CallToolResult) -> Value {
     r.structured_content.clone().unwrap_or(Value::Null)
 }
 
 impl Client {
-    async fn call(&self, tool: &str, args: Value) -> Result<CallToolResult, BoxError> {
+    pub(crate) async fn call(&self, tool: &str, args: Value) -> Result<CallToolResult, BoxError> {
         let r = tokio::time::timeout(
             Duration::from_secs(120),
             self.service.peer().call_tool(params(tool, args)),
@@ -273,7 +273,7 @@ impl Client {
         Ok(r)
     }
 
-    async fn run(&self, command: &str) -> Result<CallToolResult, BoxError> {
+    pub(crate) async fn run(&self, command: &str) -> Result<CallToolResult, BoxError> {
         self.call("terminal", json!({ "command": command })).await
     }
 

@@ -196,3 +196,69 @@ fn a_person_puts_a_run_to_sleep_until_a_job_ends() -> TestResult {
     );
     Ok(())
 }
+
+/// `wait_for` names an approval by id: only one of the run's own sandbox
+/// (#49 item 17). Another sandbox's approval is not found, neither waited
+/// on nor told of (its answer stays unknown to the run).
+#[test]
+fn wait_for_refuses_another_sandboxs_approval() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let _strays = Strays(d.canonicalize()?);
+    std::fs::write(
+        d.join("policy.toml"),
+        "[[rules]]\nname = \"ask-touch\"\naction = \"ask\"\nprefix = \"touch\"\nreason = \"creates files\"\n",
+    )?;
+    let o = berth(d, &["sandbox", "create", "other"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let asker = cmd(
+        d,
+        &["exec", "--sandbox", "other", "--", "touch secret-plan.txt"],
+    )
+    .env("BERTH_SERVER", "auto")
+    .env_remove("BERTH_SERVER_IDLE")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()?;
+    let _asker = crate::agent::KillOnDrop(asker);
+    let mut id = 0;
+    wait_for(
+        "the other sandbox's approval",
+        Duration::from_secs(30),
+        || {
+            let o = berth(d, &["approvals", "ls", "--json"]);
+            id = o
+                .ok()
+                .and_then(|o| {
+                    text(&o.stdout)
+                        .lines()
+                        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                        .find(|v| v["sandbox"] == "other")
+                })
+                .and_then(|v| v["id"].as_i64())
+                .unwrap_or(0);
+            id > 0
+        },
+    )?;
+    let o = berth(d, &["deny", &id.to_string()])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let s = ProviderStandin::start(vec![
+        Reply::call(
+            "w1",
+            "wait_for",
+            &format!(r#"{{"approval": {id}, "timeout": 60}}"#),
+        ),
+        Reply::text("not mine"),
+    ])?;
+    let o = run(d, &s.url(), &["wait on it"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let reqs = s.requests();
+    assert_eq!(reqs.len(), 2);
+    let r = tool_results(&reqs[1]);
+    assert!(
+        r[0].contains(&format!("no approval #{id} in this sandbox")),
+        "{r:?}"
+    );
+    assert!(!r[0].contains("denied"), "{r:?}");
+    Ok(())
+}

@@ -234,7 +234,17 @@ fn approvals_watch_matches_and_run_ends_reach_webhooks_and_a_dead_one_slows_noth
         "{st:?}"
     );
     assert!(st.iter().any(|t| t.contains("matched `FAILED`")), "{st:?}");
-    assert_eq!(st, discord.texts("content"));
+    let dt = discord.texts("content");
+    assert_eq!(st.len(), dt.len(), "{st:?} {dt:?}");
+    assert!(
+        dt.iter()
+            .any(|t| t.contains(&format!("berth approve {approval}"))),
+        "{dt:?}"
+    );
+    assert!(
+        dt.iter().any(|t| t.contains("matched \"FAILED\"")),
+        "{dt:?}"
+    );
     // The generic one failed once (503) and was sent each message all the same.
     let kinds: Vec<String> = generic
         .bodies()
@@ -251,5 +261,95 @@ fn approvals_watch_matches_and_run_ends_reach_webhooks_and_a_dead_one_slows_noth
     // The hung receiver was tried, and never answered.
     assert!(*hung.accepted.lock().map_err(|_| "poisoned")? >= 1);
     assert!(hung.bodies().is_empty());
+    Ok(())
+}
+
+/// Text from a sandbox reaches Slack and Discord as text, never as markup
+/// (#49 item 16): no channel-wide ping, no mention, no link dressed up as
+/// something else, in a watch match's line and in an approval's command.
+#[test]
+fn sandbox_text_in_chat_messages_is_escaped_per_format() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let _strays = Strays(d.canonicalize()?);
+    let slack = Receiver::start(false, false)?;
+    let discord = Receiver::start(false, false)?;
+    std::fs::write(
+        d.join("config.toml"),
+        format!(
+            "[[webhooks]]\nurl = \"{}\"\nformat = \"slack\"\n\n\
+             [[webhooks]]\nurl = \"{}\"\nformat = \"discord\"\n",
+            slack.url(),
+            discord.url()
+        ),
+    )?;
+    std::fs::write(
+        d.join("policy.toml"),
+        "[[rules]]\nname = \"ask-touch\"\naction = \"ask\"\nprefix = \"touch\"\nreason = \"creates files\"\n",
+    )?;
+    let o = berth_auto(d, &["exec", "--", "true"]).output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    wait_for("two webhook cursors", Duration::from_secs(30), || {
+        std::fs::read_dir(d.join("webhooks"))
+            .map(|r| r.flatten().count() >= 2)
+            .unwrap_or(false)
+    })?;
+    let evil = "ALERT <!channel> <!here> @everyone @here <@123456> <@&42> <https://evil.example|Approve here> [Approve](https://evil.example)";
+    let o = berth_auto(
+        d,
+        &[
+            "job",
+            "start",
+            "--name",
+            "evil",
+            "--watch",
+            "ALERT",
+            "--",
+            &format!("sleep 1; echo '{evil}'; sleep 1"),
+        ],
+    )
+    .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let asker = berth_auto(
+        d,
+        &[
+            "exec",
+            "--timeout",
+            "60",
+            "--",
+            "touch '<!channel> @everyone [x](https://evil.example)'",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()?;
+    let _asker = KillOnDrop(asker);
+    wait_for(
+        "both messages on both hooks",
+        Duration::from_secs(60),
+        || slack.texts("text").len() >= 2 && discord.texts("content").len() >= 2,
+    )?;
+    for t in slack.texts("text") {
+        assert!(
+            !t.contains('<') && !t.contains('>'),
+            "slack markup passed: {t}"
+        );
+        assert!(t.contains("&lt;!channel&gt;"), "{t}");
+    }
+    for b in discord.bodies() {
+        assert_eq!(b["allowed_mentions"]["parse"], serde_json::json!([]), "{b}");
+        let t = b["content"].as_str().unwrap_or("");
+        for bad in [
+            "@everyone",
+            "@here",
+            "<@123456>",
+            "<@&42>",
+            "<!channel>",
+            "](",
+        ] {
+            assert!(!t.contains(bad), "discord markup `{bad}` passed: {t}");
+        }
+        assert!(t.contains("@\u{200B}everyone"), "{t}");
+    }
     Ok(())
 }

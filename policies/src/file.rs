@@ -37,6 +37,7 @@
 //! default_timeout_secs = 600
 //! max_timeout_secs = 3600
 //! output_cap_bytes = 262144
+//! tool_result_bytes = 32768  # what one tool call returns to a model
 //! idle_lifetime_secs = 86400
 //! [limits.sandbox.big-build]
 //! max_timeout_secs = 7200

@@ -17,6 +17,10 @@ pub struct Limits {
     pub max_timeout_secs: u64,
     /// Bytes of output kept per command (head and tail).
     pub output_cap_bytes: u64,
+    /// Bytes of text one tool call returns to a model (MCP, `berth run`):
+    /// a longer result keeps its first and last halves, says how much of
+    /// the whole was left out, and where the whole is.
+    pub tool_result_bytes: u64,
     /// Seconds without use after which the sandbox is reaped; 0 keeps it forever.
     pub idle_lifetime_secs: u64,
     /// Bytes of a background job's output kept on disk: the first this many,
@@ -38,6 +42,7 @@ impl Default for Limits {
             default_timeout_secs: 600,
             max_timeout_secs: 3600,
             output_cap_bytes: 256 * 1024,
+            tool_result_bytes: 32 * 1024,
             idle_lifetime_secs: 24 * 3600,
             job_log_cap_bytes: 64 << 20,
             memory_max_bytes: None,

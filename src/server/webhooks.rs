@@ -255,7 +255,14 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
         e.backend.as_deref().unwrap_or("?"),
         e.sandbox.as_deref().unwrap_or("?")
     );
-    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    // Text from a sandbox (a command, a task, an output line, a reason)
+    // is shown as text in chat, never read as markup: no `<!channel>`, no
+    // `@everyone`, no `<https://evil|Approve here>` link.
+    // Masked first: an escape inside a secret would hide it from the mask.
+    let u = |t: &str| untrusted(format, &redact(t));
+    let s = |v: &Value| u(v.as_str().unwrap_or(""));
+    let code = |t: &str| code(format, &redact(t));
+    let place = u(&place);
     let mut facts = json!({
         "event": e.kind, "id": e.id, "ts_ms": e.ts_ms,
         "backend": e.backend, "sandbox": e.sandbox,
@@ -267,7 +274,7 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
             facts["steps"] = d["steps"].clone();
             let reason = d["reason"]
                 .as_str()
-                .map(|r| format!(": {r}"))
+                .map(|r| format!(": {}", u(r)))
                 .unwrap_or_default();
             format!(
                 "berth: run {} in {place} ended {} after {} step(s){reason}. Task: {}",
@@ -282,11 +289,11 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
             facts["approval"] = id.clone();
             facts["command"] = json!(e.command);
             format!(
-                "berth: approval #{id} is needed in {place} for `{}`{}. Answer with `berth approve {id}` or `berth deny {id}`.",
-                e.command.as_deref().unwrap_or(""),
+                "berth: approval #{id} is needed in {place} for {}{}. Answer with `berth approve {id}` or `berth deny {id}`.",
+                code(e.command.as_deref().unwrap_or("")),
                 d["reason"]
                     .as_str()
-                    .map(|r| format!(" ({r})"))
+                    .map(|r| format!(" ({})", u(r)))
                     .unwrap_or_default()
             )
         }
@@ -297,22 +304,66 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
             facts["pattern"] = inner["pattern"].clone();
             facts["line"] = inner["line"].clone();
             format!(
-                "berth: job {job} in {place} matched `{}`: {}",
-                s(&inner["pattern"]),
+                "berth: job {} in {place} matched {}: {}",
+                u(&job),
+                code(inner["pattern"].as_str().unwrap_or("")),
                 s(&inner["line"])
             )
         }
-        _ => format!("berth: {} in {place}", e.kind),
+        _ => format!("berth: {} in {place}", u(&e.kind)),
     };
     let body = match format {
         HookFormat::Slack => json!({ "text": text }),
-        HookFormat::Discord => json!({ "content": text }),
+        // Nobody is pinged, whatever the text says.
+        HookFormat::Discord => json!({ "content": text, "allowed_mentions": { "parse": [] } }),
         HookFormat::Json => {
             facts["text"] = json!(text);
             facts
         }
     };
     berth_core::gate::redact_json(&body, &|t| redact(t))
+}
+
+/// Text from a sandbox, escaped for `format`. Slack reads `&`, `<` and `>`
+/// as markup (`<!channel>`, `<@U1>`, `<url|label>`): they become entities.
+/// Discord reads markdown (`[label](url)`, emphasis, code), `@everyone`,
+/// `@here` and `<@id>`, `<@&role>`, `<#channel>`: each markup character is
+/// escaped with a backslash, and `@` is followed by a zero-width space.
+/// Berth's own JSON carries it as data.
+fn untrusted(format: HookFormat, t: &str) -> String {
+    match format {
+        HookFormat::Json => t.to_string(),
+        HookFormat::Slack => t
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;"),
+        HookFormat::Discord => {
+            let mut out = String::with_capacity(t.len() + 8);
+            for c in t.chars() {
+                match c {
+                    '\\' | '*' | '_' | '~' | '`' | '|' | '>' | '<' | '[' | ']' | '(' | ')'
+                    | '#' => {
+                        out.push('\\');
+                        out.push(c);
+                    }
+                    '@' => out.push_str("@\u{200B}"),
+                    c => out.push(c),
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Sandbox text shown as code: in backticks where they hold it (a backtick
+/// inside cannot end them early in Slack, whose code spans end at the
+/// next one, so it is replaced by a look-alike), escaped text in Discord,
+/// where a backslash is not an escape inside a code span.
+fn code(format: HookFormat, t: &str) -> String {
+    match format {
+        HookFormat::Discord => format!("\"{}\"", untrusted(format, t)),
+        _ => format!("`{}`", untrusted(format, &t.replace('`', "\u{2018}"))),
+    }
 }
 
 #[cfg(test)]
@@ -347,7 +398,13 @@ mod tests {
         );
         assert!(!slack.to_string().contains("hunter2"), "{slack}");
         let discord = message(HookFormat::Discord, &e, &mask);
-        assert_eq!(discord["content"], slack["text"]);
+        let content = discord["content"].as_str().unwrap_or("");
+        assert!(
+            content.contains("approval #3") && content.contains("berth approve 3"),
+            "{content}"
+        );
+        assert!(!discord.to_string().contains("hunter2"), "{discord}");
+        assert_eq!(discord["allowed_mentions"]["parse"], json!([]));
         let j = message(HookFormat::Json, &e, &mask);
         assert_eq!(j["event"], "approval.requested");
         assert_eq!(j["approval"], 3);
@@ -361,6 +418,36 @@ mod tests {
             (j["job"].as_str(), j["pattern"].as_str()),
             (Some("j1"), Some("FAILED"))
         );
+    }
+
+    #[test]
+    fn sandbox_text_is_never_markup() {
+        let e = Event {
+            command: Some(
+                "touch '<!channel> @everyone <https://evil|Approve> [ok](https://evil) `x`'".into(),
+            ),
+            ..event(EventKind::ApprovalRequested, json!({ "approval": 3 }))
+        };
+        let slack = message(HookFormat::Slack, &e, &|t| t.to_string());
+        let t = slack["text"].as_str().unwrap_or("");
+        assert!(!t.contains('<') && !t.contains('>'), "{t}");
+        assert!(t.contains("&lt;!channel&gt;"), "{t}");
+        // One code span: the command's backtick cannot end it early.
+        assert_eq!(t.matches('`').count(), 6, "{t}");
+        let discord = message(HookFormat::Discord, &e, &|t| t.to_string());
+        let t = discord["content"].as_str().unwrap_or("");
+        for bad in ["@everyone", "<!channel>", "](", "<https://evil|"] {
+            assert!(!t.contains(bad), "{bad}: {t}");
+        }
+        // A secret is masked before it is escaped.
+        let e = Event {
+            command: Some("echo tok_en_secret".into()),
+            ..event(EventKind::ApprovalRequested, json!({ "approval": 4 }))
+        };
+        let d = message(HookFormat::Discord, &e, &|t| {
+            t.replace("tok_en_secret", "[MASKED]")
+        });
+        assert!(!d.to_string().contains("tok"), "{d}");
     }
 
     #[test]

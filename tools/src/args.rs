@@ -109,7 +109,7 @@ pub struct ProcessArgs {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadFileArgs {
-    /// The file; a relative path is under the workspace.
+    /// The file; a relative path starts from the terminal session's current directory.
     pub path: String,
     /// The first line to return, counting from 1 (default 1).
     #[serde(default)]
@@ -123,7 +123,7 @@ pub struct ReadFileArgs {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteFileArgs {
-    /// The file; a relative path is under the workspace. Parent directories are created.
+    /// The file; a relative path starts from the terminal session's current directory. Parent directories are created.
     pub path: String,
     /// The whole new content.
     pub content: String,
@@ -133,7 +133,7 @@ pub struct WriteFileArgs {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EditFileArgs {
-    /// The file; a relative path is under the workspace.
+    /// The file; a relative path starts from the terminal session's current directory.
     pub path: String,
     /// The exact text to replace; it must occur exactly once in the file.
     pub old: String,

@@ -1,7 +1,7 @@
 //! `read_file`, `write_file`, `edit_file`: file access through the gate.
 //!
-//! Flow at a glance: resolve the path (relative to the workspace, `.` and `..`
-//! applied), refuse berth's own directory in the sandbox, judge the operation
+//! Flow at a glance: resolve the path (relative to the cwd of the session
+//! `terminal` runs in, as its last command left it, `.` and `..` applied), refuse berth's own directory in the sandbox, judge the operation
 //! with the policy's file rules (an *ask* becomes an approval like a command's),
 //! then read or write through the backend with a deadline, so a FIFO or a stuck
 //! transport cannot hold the call (or the server) forever. A read is redacted
@@ -52,12 +52,38 @@ pub(crate) fn resolve(workdir: &str, path: &str) -> Result<String, ToolOutcome> 
     Ok(format!("/{}", parts.join("/")))
 }
 
-/// The sandbox, the resolved path, and the gate's admission for `op` on it.
+/// The directory a relative path starts from: the cwd of the session
+/// `terminal` runs in, as its last command left it, so `write_file
+/// notes/todo.txt` and `cat notes/todo.txt` name the same file; the
+/// workspace before any command ran there (a session starts in it).
+fn base_dir(call: &Call<'_>, workdir: &str) -> String {
+    let ctx = call.ctx;
+    ctx.runtime
+        .store()
+        .session_cwd(&ctx.backend, &ctx.sandbox, &ctx.session)
+        .ok()
+        .flatten()
+        .filter(|c| c.starts_with('/'))
+        .unwrap_or_else(|| workdir.to_string())
+}
+
+/// How a result names the file: its absolute path, and for a relative
+/// path, the directory it was taken from.
+fn named(abs: &str, path: &str, base: &str) -> String {
+    if path.starts_with('/') {
+        abs.to_string()
+    } else {
+        format!("{abs} (`{path}` from the shell's cwd, {base})")
+    }
+}
+
+/// The sandbox, the resolved path, the directory a relative path started
+/// from, and the gate's admission for `op` on it.
 async fn gated(
     call: &Call<'_>,
     op: FileOp,
     path: &str,
-) -> Result<(std::sync::Arc<dyn Sandbox>, String), ToolOutcome> {
+) -> Result<(std::sync::Arc<dyn Sandbox>, String, String), ToolOutcome> {
     let ctx = call.ctx;
     let rt = &ctx.runtime;
     let sb = rt
@@ -65,7 +91,8 @@ async fn gated(
         .await
         .map_err(ToolOutcome::from)?;
     let layout = sb.layout().clone();
-    let abs = resolve(&layout.workdir, path)?;
+    let base = base_dir(call, &layout.workdir);
+    let abs = resolve(&base, path)?;
     let tool = match op {
         FileOp::Read => "read_file",
         FileOp::Write => "write_file",
@@ -105,7 +132,7 @@ async fn gated(
         }
         _ => {}
     }
-    Ok((sb, abs))
+    Ok((sb, abs, base))
 }
 
 async fn load(sb: &dyn Sandbox, abs: &str) -> Result<Vec<u8>, ToolOutcome> {
@@ -129,13 +156,16 @@ async fn store(sb: &dyn Sandbox, abs: &str, data: &[u8]) -> Result<(), ToolOutco
 }
 
 pub(crate) async fn read(call: &Call<'_>, a: ReadFileArgs) -> ToolOutcome {
-    let (sb, abs) = match gated(call, FileOp::Read, &a.path).await {
+    let (sb, abs, base) = match gated(call, FileOp::Read, &a.path).await {
         Ok(x) => x,
         Err(o) => return o,
     };
     let data = match load(sb.as_ref(), &abs).await {
         Ok(d) => d,
-        Err(o) => return o,
+        Err(mut o) => {
+            o.text = format!("{}; the path was {}", o.text, named(&abs, &a.path, &base));
+            return o;
+        }
     };
     if data.len() as u64 > READ_MAX {
         return ToolOutcome::error(format!(
@@ -158,10 +188,20 @@ pub(crate) async fn read(call: &Call<'_>, a: ReadFileArgs) -> ToolOutcome {
     let first = a.offset.unwrap_or(1).max(1);
     let limit = a.limit.unwrap_or(DEFAULT_LINES).max(1);
     let total = text.lines().count() as u64;
+    // Lines up to what one result may hold, so none is cut out of the
+    // middle of a page and skipped by the next offset.
+    let room = super::output::result_cap(&call.ctx.runtime, &call.ctx.sandbox)
+        .saturating_sub(super::output::TRAILER_ROOM)
+        .max(512);
+    let mut used = 0usize;
     let picked: Vec<&str> = text
         .lines()
         .skip((first - 1) as usize)
         .take(limit as usize)
+        .take_while(|l| {
+            used += l.len() + 1;
+            used <= room || used == l.len() + 1
+        })
         .collect();
     let last = first - 1 + picked.len() as u64;
     let mut out = picked.join("\n");
@@ -178,12 +218,12 @@ pub(crate) async fn read(call: &Call<'_>, a: ReadFileArgs) -> ToolOutcome {
     }
     ToolOutcome::ok(
         out,
-        json!({ "path": abs, "bytes": data.len(), "lines": total, "first": first, "last": last }),
+        json!({ "path": abs, "base": base, "bytes": data.len(), "lines": total, "first": first, "last": last }),
     )
 }
 
 pub(crate) async fn write(call: &Call<'_>, a: WriteFileArgs) -> ToolOutcome {
-    let (sb, abs) = match gated(call, FileOp::Write, &a.path).await {
+    let (sb, abs, base) = match gated(call, FileOp::Write, &a.path).await {
         Ok(x) => x,
         Err(o) => return o,
     };
@@ -191,8 +231,12 @@ pub(crate) async fn write(call: &Call<'_>, a: WriteFileArgs) -> ToolOutcome {
         return o;
     }
     ToolOutcome::ok(
-        format!("wrote {} bytes to {abs}", a.content.len()),
-        json!({ "path": abs, "bytes": a.content.len() }),
+        format!(
+            "wrote {} bytes to {}",
+            a.content.len(),
+            named(&abs, &a.path, &base)
+        ),
+        json!({ "path": abs, "base": base, "bytes": a.content.len() }),
     )
 }
 
@@ -205,7 +249,7 @@ pub(crate) async fn edit(call: &Call<'_>, a: EditFileArgs) -> ToolOutcome {
     if a.old == a.new {
         return ToolOutcome::invalid("invalid arguments: `old` and `new` are the same");
     }
-    let (sb, abs) = match gated(call, FileOp::Read, &a.path).await {
+    let (sb, abs, base) = match gated(call, FileOp::Read, &a.path).await {
         Ok(x) => x,
         Err(o) => return o,
     };
@@ -250,8 +294,11 @@ pub(crate) async fn edit(call: &Call<'_>, a: EditFileArgs) -> ToolOutcome {
         return o;
     }
     ToolOutcome::ok(
-        format!("replaced 1 occurrence in {abs} at line {line}"),
-        json!({ "path": abs, "line": line, "bytes": updated.len() }),
+        format!(
+            "replaced 1 occurrence in {} at line {line}",
+            named(&abs, &a.path, &base)
+        ),
+        json!({ "path": abs, "base": base, "line": line, "bytes": updated.len() }),
     )
 }
 

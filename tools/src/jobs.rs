@@ -67,9 +67,59 @@ async fn own_job(call: &Call<'_>, a: &ProcessArgs) -> Result<Job, ToolOutcome> {
     Ok(job)
 }
 
+/// Refuse an argument the action does not use: a dropped argument is work
+/// the model believes was done (`keys` on `send` was said "wrote 5 bytes").
+fn unused_args(a: &ProcessArgs) -> Result<(), ToolOutcome> {
+    use ProcessAction as A;
+    let given = [
+        ("job_id", a.job_id.is_some()),
+        ("data", a.data.is_some()),
+        ("eof", a.eof.is_some()),
+        ("timeout", a.timeout.is_some()),
+        ("offset", a.offset.is_some()),
+        ("limit", a.limit.is_some()),
+        ("signal", a.signal.is_some()),
+        ("keys", a.keys.is_some()),
+    ];
+    let used: &[&str] = match a.action {
+        A::List => &[],
+        A::Status | A::Screen => &["job_id"],
+        A::Log => &["job_id", "offset", "limit"],
+        A::Wait => &["job_id", "timeout"],
+        A::Kill => &["job_id", "signal"],
+        A::Send => &["job_id", "data", "eof"],
+        A::Keys => &["job_id", "data", "keys"],
+    };
+    let unused: Vec<&str> = given
+        .iter()
+        .filter(|(n, set)| *set && !used.contains(n))
+        .map(|(n, _)| *n)
+        .collect();
+    if unused.is_empty() {
+        return Ok(());
+    }
+    let hint = if unused.contains(&"keys") && a.action == A::Send {
+        "; to press keys use action `keys` (with `data` for text before them)"
+    } else if unused.contains(&"eof") {
+        "; to close a job's stdin use action `send` with `eof: true`"
+    } else {
+        ""
+    };
+    Err(ToolOutcome::invalid(format!(
+        "invalid arguments: action `{}` does not use {}; nothing was done{hint}",
+        format!("{:?}", a.action).to_lowercase(),
+        unused
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
 async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolOutcome> {
     let ctx = call.ctx;
     let rt = &ctx.runtime;
+    unused_args(&a)?;
     match a.action {
         ProcessAction::List => {
             let jobs: Vec<Job> = rt
@@ -110,7 +160,12 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
         ProcessAction::Log => {
             let j = own_job(call, &a).await?;
             let offset = a.offset.unwrap_or(0);
-            let limit = a.limit.unwrap_or(LOG_DEFAULT).clamp(1, LOG_MAX);
+            // Within what one result may hold: a window cut by the result's
+            // bound would skip its middle, and the next offset past it.
+            let room = super::output::result_cap(rt, &ctx.sandbox)
+                .saturating_sub(super::output::TRAILER_ROOM)
+                .max(512) as u64;
+            let limit = a.limit.unwrap_or(LOG_DEFAULT).clamp(1, LOG_MAX).min(room);
             let sb = rt
                 .attach(&j.backend, &j.sandbox)
                 .await
@@ -265,7 +320,7 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
                     "wrote {} bytes to job {}'s stdin{}",
                     data.len(),
                     j.id,
-                    if eof { " and closed it" } else { "" }
+                    if eof { "; its stdin is closed" } else { "" }
                 ),
                 json!({ "job_id": j.id, "bytes": data.len(), "eof": eof }),
             ))

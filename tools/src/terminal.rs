@@ -19,7 +19,6 @@ use berth_core::approvals::{self, ApprovalState, NewApproval};
 use berth_core::events::EventKind;
 use berth_core::gate::ApprovalNotice;
 use berth_core::runtime::ExecRequest;
-use berth_core::session::capture::strip_ansi;
 use berth_core::session::script::quote;
 use berth_core::store::Event;
 
@@ -151,7 +150,13 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
         Err(e) => return e.into(),
     };
     let res = &r.result;
-    let mut text = strip_ansi(&res.output.text());
+    // Cut once, to the result's size, with the capture's own cut told in
+    // the same line: the count is of everything the command wrote.
+    let room =
+        super::output::result_cap(rt, &ctx.sandbox).saturating_sub(super::output::TRAILER_ROOM);
+    let room = room.max(512);
+    let shown = super::output::spooled(rt, &call.id, &res.output, room);
+    let (mut text, omitted) = super::output::command_output(&shown, room);
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
@@ -175,26 +180,20 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
     for n in &res.notices {
         text.push_str(&format!("[berth: {n}]\n"));
     }
-    if res.output.truncated()
-        && let Some(p) = &res.output.spool
-    {
-        text.push_str(&format!(
-            "[berth: the whole output is in {}]\n",
-            p.display()
-        ));
-    }
     text.push_str(&format!("[exit code {}]", res.exit_code));
     let mut o = ToolOutcome::new(kind, text).with_data(json!({
         "exit_code": res.exit_code,
         "cwd": res.cwd,
         "timed_out": res.timed_out,
         "cancelled": res.interrupted,
-        "truncated": res.output.truncated(),
+        "truncated": omitted > 0,
         "bytes": res.output.total_bytes,
+        "omitted_bytes": omitted,
+        "spool": shown.spool.as_ref().filter(|_| omitted > 0),
         "duration_ms": res.duration.as_millis() as u64,
     }));
-    if res.output.truncated() {
-        o.spool = res.output.spool.clone();
+    if omitted > 0 {
+        o.spool = shown.spool.clone();
     }
     o
 }

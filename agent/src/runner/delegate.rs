@@ -246,9 +246,24 @@ impl Agent {
             }
             return Ok(Ok(out));
         }
-        // What the parent may still spend, shared among this turn's children.
+        // What the parent may still spend, shared among this turn's children:
+        // their budgets add up to no more than what is left, so the parent's
+        // budget bounds its whole tree, at every depth.
         let spent = totals_of(&self.store, id)?;
-        let share = self.share(&spent, wanted.max(1));
+        let share = match self.share(&spent, wanted.max(1)) {
+            Ok(s) => s,
+            Err(why) => {
+                for (p, _) in &parsed {
+                    out.insert(
+                        p.call_id.clone(),
+                        ToolOutcome::error(format!(
+                            "[berth: {why}. Nothing was started: give fewer tasks, or do the work yourself.]"
+                        )),
+                    );
+                }
+                return Ok(Ok(out));
+            }
+        };
         let mut jobs: Vec<Job> = Vec::new();
         for (p, a) in &parsed {
             match self.plan(&row, setup, step, p, a, share, &deleg.policy) {
@@ -323,23 +338,54 @@ impl Agent {
     }
 
     /// The part of what the parent may still spend that each of `n`
-    /// children may have, per dimension (`None`: the parent is unbounded there).
-    fn share(&self, spent: &Totals, n: usize) -> Budget {
+    /// children may have, per dimension (`None`: the parent is unbounded
+    /// there); the shares add up to no more than what is left. A child's
+    /// share of model calls includes its last, tool-less summary call, so
+    /// its budget of steps is one less. An error when what is left cannot
+    /// give each child something.
+    fn share(&self, spent: &Totals, n: usize) -> std::result::Result<Budget, String> {
         let n64 = n as u64;
-        Budget {
-            max_steps: self.budget.max_steps.map(|m| {
+        let max_steps = match self.budget.max_steps {
+            None => None,
+            Some(m) => {
                 let left = (m as i64 - spent.steps).max(0) as u64;
-                (left / n64).max(1) as u32
-            }),
-            max_tokens: self
-                .budget
-                .max_tokens
-                .map(|m| (m.saturating_sub(spent.usage.total()) / n64).max(1)),
-            max_cost: self
-                .budget
-                .max_cost
-                .map(|m| ((m - spent.cost).max(0.0)) / n as f64),
-        }
+                let each = left / n64;
+                if each < 2 {
+                    return Err(format!(
+                        "this run has {left} model call(s) of its budget left, and each of {n} sub-agent(s) needs at least 2 (a step and its summary)"
+                    ));
+                }
+                Some((each - 1) as u32)
+            }
+        };
+        let max_tokens = match self.budget.max_tokens {
+            None => None,
+            Some(m) => {
+                let left = m.saturating_sub(spent.usage.total());
+                let each = left / n64;
+                if each == 0 {
+                    return Err(format!(
+                        "this run has {left} token(s) of its budget left: none to give {n} sub-agent(s)"
+                    ));
+                }
+                Some(each)
+            }
+        };
+        let max_cost = match self.budget.max_cost {
+            None => None,
+            Some(m) => {
+                let left = m - spent.cost;
+                if left <= 0.0 {
+                    return Err("this run has no cost budget left for sub-agents".into());
+                }
+                Some(left / n as f64)
+            }
+        };
+        Ok(Budget {
+            max_steps,
+            max_tokens,
+            max_cost,
+        })
     }
 
     /// The children one call asks for: found in the journal, or created.
@@ -663,7 +709,8 @@ fn report(ends: &[ChildEnd]) -> ToolOutcome {
     }
 }
 
-/// What a run spent: its own model calls and those of every run below it.
+/// What a run spent: its own model calls (steps) and every model call of
+/// every run below it.
 pub(super) fn totals_of(store: &Store, id: &str) -> Result<Totals> {
     let mut t = Totals {
         steps: 0,
@@ -673,8 +720,11 @@ pub(super) fn totals_of(store: &Store, id: &str) -> Result<Totals> {
     let mut ids = vec![id.to_string()];
     ids.extend(journal::descendants(store, id)?.into_iter().map(|r| r.id));
     for r in ids {
+        // A run's own summary calls are not its steps; every model call a
+        // sub-agent makes, its summaries included, is its parent's spend.
+        let own = r == id;
         for s in journal::steps(store, &r)? {
-            if !s.summary {
+            if !s.summary || !own {
                 t.steps += 1;
             }
             add(&mut t.usage, &s.usage);

@@ -124,6 +124,19 @@ impl Agent {
                 }
             },
         };
+        // Only this run's own sandbox's approvals: another sandbox's answer
+        // is not this run's to wait on (nor to learn of).
+        let approval = match a.approval {
+            None => None,
+            Some(n) => match self.store.approval(n) {
+                Ok(ap) if ap.backend == run.backend && ap.sandbox == run.sandbox => Some(ap),
+                _ => {
+                    return Ok(Waited::Result(refuse(format!(
+                        "there is no approval #{n} in this sandbox"
+                    ))));
+                }
+            },
+        };
         if !started {
             journal::call_started(&self.store, id, call_id, step, idx, WAIT_FOR, args_text)?;
             (self.events)(&AgentEvent::ToolCall {
@@ -143,14 +156,13 @@ impl Agent {
                 "woke": "job_end", "job": j.id, "state": j.state.as_str(), "exit_code": j.exit_code,
             }))));
         }
-        if let Some(ap) = a.approval {
-            let ap = self.store.approval(ap)?;
-            if ap.state != ApprovalState::Pending {
-                waits::done(&self.store, id)?;
-                return Ok(Waited::Result(woke(&json!({
-                    "woke": "approval", "approval": ap.id, "state": format!("{:?}", ap.state).to_lowercase(),
-                }))));
-            }
+        if let Some(ap) = &approval
+            && ap.state != ApprovalState::Pending
+        {
+            waits::done(&self.store, id)?;
+            return Ok(Waited::Result(woke(&json!({
+                "woke": "approval", "approval": ap.id, "state": format!("{:?}", ap.state).to_lowercase(),
+            }))));
         }
         if mine.is_none() {
             waits::put(

@@ -101,6 +101,10 @@ pub struct Skipped {
 pub struct Manifest {
     /// Keyed by path bytes, so parents sort before their children.
     pub entries: BTreeMap<Vec<u8>, Entry>,
+    /// Each pack's stat (size, change time, inode) when berth wrote it or
+    /// last found it whole: a pack whose stat moved was written by someone
+    /// else, and is not trusted again.
+    pub stamps: BTreeMap<String, String>,
 }
 
 impl Manifest {
@@ -154,6 +158,15 @@ impl Manifest {
             out.extend_from_slice(&e.link);
             out.push(0);
         }
+        // A pack's stamp: a record of kind `p`, its name as the path and its
+        // stamp as the link.
+        for (pack, stamp) in &self.stamps {
+            out.extend_from_slice(b"p 0 0 - - 0 - -\0");
+            out.extend_from_slice(pack.as_bytes());
+            out.push(0);
+            out.extend_from_slice(stamp.as_bytes());
+            out.push(0);
+        }
         out
     }
 
@@ -169,6 +182,13 @@ impl Manifest {
             let f: Vec<&str> = head.split(' ').collect();
             if f.len() != 8 {
                 return Err(bad("a header has the wrong number of fields"));
+            }
+            if f[0] == "p" {
+                m.stamps.insert(
+                    String::from_utf8_lossy(path).into_owned(),
+                    String::from_utf8_lossy(link).into_owned(),
+                );
+                continue;
             }
             let kind = match f[0] {
                 "f" => Kind::File,

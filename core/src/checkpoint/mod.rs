@@ -34,7 +34,7 @@ mod plan;
 pub mod record;
 mod scripts;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use berth_policies::CheckpointPolicy;
@@ -69,6 +69,9 @@ pub struct Taken {
     pub new_bytes: u64,
     /// Special files left out.
     pub skipped: Vec<Skipped>,
+    /// Packs changed in the sandbox since berth wrote them: none of their
+    /// copies was trusted, and the files they held were stored anew.
+    pub tampered: Vec<String>,
 }
 
 /// What [`restore`] did.
@@ -347,15 +350,34 @@ async fn converse<T>(
     })
 }
 
+/// The packs present, each with its stamp (size, change time, inode).
+type Packs = BTreeMap<String, String>;
+
 /// The entries and the packs present, from a conversation's scan part.
-fn read_scan(scanned: &[u8]) -> Result<(Vec<Entry>, Vec<Skipped>, BTreeSet<String>)> {
+fn read_scan(scanned: &[u8]) -> Result<(Vec<Entry>, Vec<Skipped>, Packs)> {
     let (entries, skipped, rest) = manifest::parse_scan(scanned, false)?;
     let packs = rest
         .split(|&b| b == 0)
-        .filter_map(|n| std::str::from_utf8(n).ok()?.strip_suffix(".tar"))
-        .map(String::from)
+        .filter_map(|r| {
+            let r = std::str::from_utf8(r).ok()?;
+            let (name, stamp) = r.split_once(".tar ")?;
+            Some((name.to_string(), stamp.to_string()))
+        })
         .collect();
     Ok((entries, skipped, packs))
+}
+
+/// The stamps a new base keeps: for each pack it names, the stamp berth
+/// knew (`known`), or the one found now for a pack berth had none for (a
+/// clone's packs, just copied in; a base from before stamps).
+fn stamps_for(m: &Manifest, known: &Packs, now: &Packs) -> Packs {
+    m.packs()
+        .into_iter()
+        .filter_map(|p| {
+            let s = known.get(&p).or_else(|| now.get(&p))?.clone();
+            Some((p, s))
+        })
+        .collect()
 }
 
 async fn take_once(
@@ -396,7 +418,10 @@ async fn take_once(
     if c.code != 0 {
         return Err(failed(sb, "storing changed files", c.stderr));
     }
-    let rest = c.rest;
+    // The new pack's stamp, then the digests.
+    let at = c.rest.iter().position(|&b| b == 0).unwrap_or(c.rest.len());
+    let stamp = String::from_utf8_lossy(&c.rest[..at]).trim().to_string();
+    let rest = c.rest.get(at + 1..).unwrap_or_default();
     let split = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
     let files: Vec<Vec<u8>> = d
         .changed
@@ -439,6 +464,19 @@ async fn take_once(
             e.pack = id.to_string();
         }
     }
+    let mut now = d.packs.clone();
+    if !d.changed.is_empty() {
+        if stamp.is_empty() {
+            return Err(failed(
+                sb,
+                "storing changed files",
+                format!("pack {id} was written but cannot be looked at"),
+            ));
+        }
+        now.insert(id.to_string(), stamp);
+    }
+    let known = base.map(|b| b.stamps.clone()).unwrap_or_default();
+    d.manifest.stamps = stamps_for(&d.manifest, &known, &now);
     Ok(Attempt::Taken(Taken {
         pack: (!d.changed.is_empty()).then(|| id.to_string()),
         changed: d.changed.len(),
@@ -446,6 +484,7 @@ async fn take_once(
         manifest: d.manifest,
         session: session.to_vec(),
         skipped: d.skipped,
+        tampered: d.tampered,
     }))
 }
 
@@ -457,6 +496,10 @@ struct Decided {
     skipped: Vec<Skipped>,
     /// The changed paths as records for the helper's stdin.
     stdin: Vec<u8>,
+    /// The packs present, with their stamps.
+    packs: Packs,
+    /// Packs the base names whose stamp moved.
+    tampered: Vec<String>,
 }
 
 fn decide(
@@ -466,13 +509,26 @@ fn decide(
     policy: &CheckpointPolicy,
 ) -> Result<Decided> {
     let (entries, skipped, packs) = read_scan(scanned)?;
+    // A pack is trusted while its stat is the one berth recorded: one that
+    // was rewritten in the sandbox would break every later restore that
+    // needs it, so its files are stored anew, and it is reported.
+    let tampered: Vec<String> = base
+        .map(|b| {
+            b.stamps
+                .iter()
+                .filter(|(p, was)| packs.get(*p).is_some_and(|now| now != *was))
+                .map(|(p, _)| p.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let trusted = |p: &str| packs.contains_key(p) && !tampered.iter().any(|t| t == p);
     let mut manifest = Manifest::default();
     let mut changed: Vec<Vec<u8>> = Vec::new();
     for mut e in entries {
         let kept = base
             .and_then(|b| b.entries.get(&e.path))
             .filter(|b| b.same_stat(&e) && b.stored())
-            .filter(|b| b.pack.is_empty() || packs.contains(&b.pack));
+            .filter(|b| b.pack.is_empty() || trusted(&b.pack));
         match kept {
             Some(b) => {
                 e.hash = b.hash.clone();
@@ -506,6 +562,8 @@ fn decide(
         new_bytes,
         skipped,
         stdin,
+        packs,
+        tampered,
     })
 }
 
@@ -554,6 +612,15 @@ pub async fn restore(
     let layout = sb.layout();
     let mut args = vec![layout.workdir.clone(), layout.berth_dir.clone()];
     args.extend(prune_args(sb, policy));
+    // The stamps berth knows for this sandbox's packs: the target's when it
+    // was taken here, the base's (newer) over them.
+    let mut known: Packs = match moved_from {
+        None => target.stamps.clone(),
+        Some(_) => Packs::new(),
+    };
+    if let Some(b) = base {
+        known.extend(b.stamps.clone());
+    }
     let remap = moved_from
         .filter(|f| *f != layout.workdir)
         .map(|f| (sed_pattern(f), sed_replacement(&layout.workdir)));
@@ -565,7 +632,8 @@ pub async fn restore(
         "restoring the workspace",
         |scanned| {
             let (now, _, packs) = read_scan(scanned)?;
-            let missing: Vec<String> = target.packs().difference(&packs).cloned().collect();
+            let present: BTreeSet<String> = packs.keys().cloned().collect();
+            let missing: Vec<String> = target.packs().difference(&present).cloned().collect();
             if !missing.is_empty() {
                 return Err(unreadable(
                     sb,
@@ -593,11 +661,11 @@ pub async fn restore(
                 }
             }
             records.append(&mut plan.records);
-            Ok((records, (plan.written, plan.removed)))
+            Ok((records, (plan.written, plan.removed, packs)))
         },
     )
     .await?;
-    let (written, removed) = match c.replied {
+    let (written, removed, packs) = match c.replied {
         Some(r) => r?,
         None => return Err(failed(sb, "scanning the workspace", c.stderr)),
     };
@@ -620,6 +688,9 @@ pub async fn restore(
         }
         base.entries.insert(e.path.clone(), e);
     }
+    // The stamps berth knew stay: a pack rewritten before this restore is
+    // still found out by the next checkpoint.
+    base.stamps = stamps_for(&base, &known, &packs);
     Ok(Restored {
         base,
         written,

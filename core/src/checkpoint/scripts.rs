@@ -19,7 +19,7 @@ macro_rules! scan_workspace {
 
 /// Args: WORKDIR BERTH_DIR PRUNE-EXPR... The first half of a checkpoint or
 /// a restore: the workspace's entries, an empty record, the packs present
-/// (each NUL-ended) and an empty record. berth answers with the second half
+/// (`NAME.tar SIZE CTIME INODE`, each NUL-ended) and an empty record. berth answers with the second half
 /// ([`TAKE`] or [`RESTORE`]) and its input.
 pub(super) const SCAN: &str = concat!(
     r#"W=$1 B=$2; shift 2
@@ -27,7 +27,7 @@ cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
 "#,
     scan_workspace!(),
     r#"printf '\0'
-for f in "$B"/packs/*.tar; do [ -f "$f" ] && printf '%s\0' "${f##*/}"; done
+[ -d "$B/packs" ] && find "$B/packs" -maxdepth 1 -type f -name '*.tar' -printf '%f %s %C@ %i\0'
 printf '\0'
 "#
 );
@@ -46,7 +46,8 @@ shopt -u nullglob
 /// Args: WORKDIR BERTH_DIR ID. The second half of a checkpoint, after
 /// [`SCAN`]: it reads the paths berth found changed (`F./path` a file,
 /// `L./path` a link) from stdin and packs them into pack ID.
-/// Then it prints their digests, a NUL, their stat records as they are
+/// Then it prints the pack's stamp (`SIZE CTIME INODE`, empty without a
+/// pack) and a NUL, their digests, a NUL, their stat records as they are
 /// after packing, an empty record, and the sessions' state files as a tar.
 /// The lists stay in bash's memory: tar, sha256sum and find are its only
 /// processes. The pack is written under its final name: until berth records
@@ -69,6 +70,8 @@ if [ ${#all[@]} -gt 0 ]; then
     if grep -q 'No such file\|file changed\|File shrank' "$e"; then clean; exit 10; fi
     cat "$e" >&2; clean; exit 5
   fi
+  find "$t" -maxdepth 0 -printf '%s %C@ %i' 2>/dev/null
+  printf '\0'
   if [ ${#files[@]} -gt 0 ]; then
     if [ ${#files[@]} -lt 2000 ]; then sha256sum -- "${files[@]}" || { clean; exit 10; }
     else printf '%s\0' "${files[@]}" | xargs -0 sha256sum -- || { clean; exit 10; }; fi
@@ -77,7 +80,7 @@ if [ ${#all[@]} -gt 0 ]; then
   if [ ${#all[@]} -lt 2000 ]; then find "${all[@]}" -maxdepth 0 -printf '%y %m %s %T@ %C@ %i %p\0%l\0' 2>/dev/null
   else printf '%s\0' "${all[@]}" | xargs -0 sh -c 'find "$@" -maxdepth 0 -printf "%y %m %s %T@ %C@ %i %p\0%l\0"' find-stat 2>/dev/null; fi
 else
-  printf '\0'
+  printf '\0\0'
 fi
 printf '\0'
 if cd -- "$B" 2>/dev/null; then

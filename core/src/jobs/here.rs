@@ -168,6 +168,14 @@ pub(super) fn signal_one(
         .is_some_and(|p| p.send(Some(sig)))
 }
 
+/// Whether the process whose pid is in the job's file `file` is gone (the
+/// job's wrapper stops its stdin's holder when the job ends).
+pub(super) fn gone(base: &Path, id: &str, file: &str) -> bool {
+    read_num(base, &format!("{id}/{file}")).is_some_and(|pid| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(Errno::ESRCH)
+    })
+}
+
 /// What [`script::STATUS`](super::script::STATUS) prints for the jobs `ids`
 /// under `base`: one `<id> <state> <status> <size>` line each.
 pub(super) fn status(base: &Path, ids: &[String], sandbox: &SandboxProcs) -> String {

@@ -54,7 +54,9 @@ impl Runtime {
                 &sb.sandbox_procs(),
                 nix::sys::signal::Signal::SIGTERM,
             );
-            if !stopped {
+            // Stopped by the job's wrapper when the job ended (a job that
+            // read what was sent and exited): its stdin is closed already.
+            if !stopped && !here::gone(std::path::Path::new(&base), &job.id, "holder") {
                 return Err(Error::backend(
                     sb.kind(),
                     BackendFailure::Rejected,

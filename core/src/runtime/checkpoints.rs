@@ -100,6 +100,14 @@ impl Runtime {
             origin: None,
         };
         record::insert(&self.store, &row, &taken.manifest, &taken.session, true)?;
+        if !taken.tampered.is_empty() {
+            tracing::warn!(
+                backend,
+                sandbox,
+                packs = ?taken.tampered,
+                "checkpoint: packs were changed inside the sandbox since berth wrote them; their files were stored again, and older checkpoints that need them cannot be restored"
+            );
+        }
         self.store.append(&Event {
             kind: EventKind::CheckpointTaken.into(),
             backend: Some(backend.into()),
@@ -109,6 +117,7 @@ impl Runtime {
                 serde_json::json!({
                     "checkpoint": row.id, "label": row.label, "run": row.run_id,
                     "step": row.step, "changed": row.changed, "new_bytes": row.new_bytes,
+                    "tampered_packs": taken.tampered,
                 })
                 .to_string(),
             ),
@@ -328,7 +337,10 @@ impl Runtime {
             Some(id) => id.to_string(),
             None => self.checkpoint(src_backend, src, None, None).await?.id,
         };
-        let (row, manifest, session) = self.checkpoint_of(src_backend, src, &at)?;
+        let (row, mut manifest, session) = self.checkpoint_of(src_backend, src, &at)?;
+        // The source's packs' stamps are not the copies': the restore below
+        // records those.
+        manifest.stamps.clear();
         let mut spec = src_row.spec.clone();
         spec.name = dst.to_string();
         if dst_backend != src_backend {

@@ -18,6 +18,7 @@ use crate::backend::SandboxSpec;
 pub use crate::clock::now_ms;
 use crate::error::{Error, Result};
 
+pub mod excerpt;
 mod migrations;
 
 use migrations::MIGRATIONS;
@@ -590,12 +591,18 @@ fn append_in(c: &Connection, e: &Event, keep: u64) -> Result<i64> {
         e.backend,
         e.sandbox,
         e.session,
-        e.command,
-        e.verdict,
+        // Bounded by size, not only by count: a long command is kept as an
+        // excerpt with its length and digest.
+        e.command
+            .as_deref()
+            .map(|c| excerpt::excerpt(c, excerpt::COMMAND_KEEP)),
+        e.verdict
+            .as_deref()
+            .map(|v| excerpt::excerpt(v, excerpt::COMMAND_KEEP)),
         e.exit_code,
         e.duration_ms,
         e.bytes_out,
-        e.detail
+        e.detail.as_deref().map(excerpt::bound_detail)
     ])?;
     let id = c.last_insert_rowid();
     // Ids only grow (AUTOINCREMENT), so the events past the newest `keep` are
