@@ -79,7 +79,9 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
                         human_ms(j.runtime_ms()),
                         j.out_bytes,
                     );
-                    if let (JobState::Lost | JobState::Failed, Some(r)) = (j.state, &j.reason) {
+                    if let (JobState::Lost | JobState::Failed | JobState::Unknown, Some(r)) =
+                        (j.state, &j.reason)
+                    {
                         outln!("           ^ {r}");
                     } else if j.state == JobState::Killed {
                         outln!("           ^ {}", how_it_ended(j));

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::context;
 use crate::io::outln;
 
-use berth_client::served::sandbox::{GcArgs, SandboxCmd};
+use berth_client::served::sandbox::{GcArgs, LsArgs, SandboxCmd};
 
 fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
@@ -72,34 +72,7 @@ pub async fn run_on(rt: &Runtime, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
                 }
             }
         }
-        SandboxCmd::Ls(a) => {
-            let list = rt.list_sandboxes(&a.backend).await?;
-            if a.json {
-                context::print_json(&serde_json::to_value(&list)?);
-            } else if list.is_empty() {
-                outln!(
-                    "no sandboxes on {}; create one with `berth sandbox create NAME --backend {}`",
-                    a.backend,
-                    a.backend
-                );
-            } else {
-                outln!("{:<24} {:<8} {:<10} ID", "NAME", "BACKEND", "STATE");
-                for s in list {
-                    let state = if s.orphan {
-                        format!("{} (orphan)", s.state)
-                    } else {
-                        s.state
-                    };
-                    outln!(
-                        "{:<24} {:<8} {:<10} {}",
-                        s.name,
-                        s.backend,
-                        state,
-                        s.id.unwrap_or_default()
-                    );
-                }
-            }
-        }
+        SandboxCmd::Ls(a) => return ls(rt, a).await,
         SandboxCmd::Reap(a) => return crate::cmd_reap::run(rt, a).await,
         SandboxCmd::Gc(a) => return gc(rt, dir, a).await,
         SandboxCmd::Checkpoint(a) => return crate::cmd_checkpoint::checkpoint(rt, a).await,
@@ -120,6 +93,73 @@ pub async fn run_on(rt: &Runtime, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
                 outln!("removed sandbox {} ({})", a.name, a.backend);
             }
         }
+    }
+    Ok(0)
+}
+
+/// `sandbox ls`: one backend's sandboxes, or with `--all` every backend's
+/// that has recorded sandboxes (and local). A backend that cannot be asked
+/// is named with why, and the others are listed all the same.
+async fn ls(rt: &Runtime, a: LsArgs) -> Result<u8> {
+    let backends: Vec<String> = if a.all {
+        let mut v = vec![context::DEFAULT_BACKEND.to_string()];
+        for r in rt.store().sandboxes(None)? {
+            if !v.contains(&r.backend) {
+                v.push(r.backend);
+            }
+        }
+        v
+    } else {
+        vec![a.backend.clone()]
+    };
+    let mut list = Vec::new();
+    let mut failed = Vec::new();
+    for b in &backends {
+        match rt.list_sandboxes(b).await {
+            Ok(l) => list.extend(l),
+            Err(e) if a.all => failed.push((b.clone(), e.full_text())),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&list)?;
+        if let Some(arr) = v.as_array_mut() {
+            arr.extend(
+                failed
+                    .iter()
+                    .map(|(b, e)| json!({ "backend": b, "error": e })),
+            );
+        }
+        context::print_json(&v);
+        return Ok(0);
+    }
+    if list.is_empty() && failed.is_empty() {
+        outln!(
+            "no sandboxes on {}; create one with `berth sandbox create NAME --backend {}`",
+            a.backend,
+            a.backend
+        );
+        return Ok(0);
+    }
+    if !list.is_empty() {
+        outln!("{:<24} {:<8} {:<12} ID", "NAME", "BACKEND", "STATE");
+    }
+    for s in list {
+        let state = if s.orphan {
+            format!("{} (orphan)", s.state)
+        } else {
+            s.state
+        };
+        outln!(
+            "{:<24} {:<8} {:<12} {}",
+            s.name,
+            s.backend,
+            state,
+            s.id.unwrap_or_default()
+        );
+    }
+    for (b, e) in failed {
+        crate::io::errln!("berth: backend {b}: could not list its sandboxes: {e}");
     }
     Ok(0)
 }

@@ -72,6 +72,9 @@ pub struct ShellArgs {
 
 /// The shell's state between lines.
 struct Prompt {
+    /// Where the sandbox is, but on the local backend: `(docker)`,
+    /// `(ssh box1)`; empty for local.
+    place: String,
     /// `sandbox`, or `sandbox/session` for a named session.
     sandbox: String,
     workdir: String,
@@ -87,10 +90,29 @@ impl Prompt {
             format!("[{}] ", self.last)
         };
         format!(
-            "berth:{}:{} {status}$ ",
+            "berth{}:{}:{} {status}$ ",
+            self.place,
             self.sandbox,
             home_relative(&self.cwd, &self.workdir)
         )
+    }
+}
+
+/// Where a sandbox is, for the prompt: the backend, and an ssh sandbox's
+/// host; nothing for the local backend.
+fn place(rt: &berth_core::runtime::Runtime, backend: &str, sandbox: &str) -> String {
+    if backend == "local" {
+        return String::new();
+    }
+    let host = rt
+        .store()
+        .sandbox(backend, sandbox)
+        .ok()
+        .flatten()
+        .and_then(|r| r.spec.option("host").map(str::to_string));
+    match host {
+        Some(h) => format!("({backend} {h})"),
+        None => format!("({backend})"),
     }
 }
 
@@ -134,6 +156,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
         .flatten()
         .unwrap_or_else(|| workdir.clone());
     let mut prompt = Prompt {
+        place: place(&rt, &a.backend, &a.sandbox),
         sandbox: if a.session == MAIN_SESSION {
             a.sandbox.clone()
         } else {

@@ -13,6 +13,12 @@ pub use berth_client::args::SshFlags;
 pub fn options(f: &SshFlags) -> Result<SshOptions> {
     let mut o = SshOptions::from_env();
     o.host = f.host.clone();
+    // From the environment, the host is the server's default, not this call's.
+    o.host_is_default = o.host.is_some()
+        && o.host
+            == std::env::var("BERTH_SSH_HOST")
+                .ok()
+                .filter(|h| !h.is_empty());
     o.accept_new = f.accept_new;
     o.config_path = f.ssh_config.clone();
     o.known_hosts = f.known_hosts.clone();

@@ -9,6 +9,7 @@
 //!   `context` keeps a run inside a small context window.
 //! - `memory`: notes across runs and the search over past transcripts.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
+//! - `ssh_cli`: the `berth` binary on the ssh backend, against a real sshd.
 //! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
 //! - `ui`: `berth ui` in headless Chromium against a real server, and its
 //!   refusals (no token, a wrong origin or host, a sandboxed peer).
@@ -39,6 +40,7 @@ mod policy_cli;
 mod restricted_session;
 mod schedules;
 mod shell;
+mod ssh_cli;
 #[cfg(feature = "docker")]
 mod ui;
 #[macro_use]

@@ -182,9 +182,12 @@ impl std::fmt::Debug for ModalSettings {
 /// [`SshOptions::from_env`], so the backend itself never consults the environment.
 #[derive(Clone, Default)]
 pub struct SshOptions {
-    /// The host (an `~/.ssh/config` alias or `[user@]host[:port]`) used when a
-    /// sandbox spec names none, and by `list`/`remove`.
+    /// The host (an `~/.ssh/config` alias or `[user@]host[:port]`) a new
+    /// sandbox is made on (and keeps), and where `list` looks.
     pub host: Option<String>,
+    /// `host` is only a default (`BERTH_SSH_HOST`), not this call's own
+    /// `--host`: a sandbox made elsewhere stays there without an error.
+    pub host_is_default: bool,
     /// The local home directory: `~` in paths and the default key and config files.
     pub home: Option<PathBuf>,
     /// The local user name, the default remote user.
@@ -255,6 +258,7 @@ impl std::fmt::Debug for SshOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SshOptions")
             .field("host", &self.host)
+            .field("host_is_default", &self.host_is_default)
             .field("home", &self.home)
             .field("local_user", &self.local_user)
             .field("config_path", &self.config_path)

@@ -188,7 +188,14 @@ async fn killed_connection_fails_the_command_and_the_session_recovers() -> TestR
     )
     .await?;
     let flag = sshd.path("running");
-    let cmd = format!("touch {}; sleep 60; echo finished", flag.display());
+    let pid_file = sshd.path("sleep.pid");
+    // The command's own process, by pid: sshd tells nothing of the lost
+    // link to a process without a terminal, so only berth can stop it.
+    let cmd = format!(
+        "touch {}; sh -c 'echo $$ > {}; exec sleep 60'; echo finished",
+        flag.display(),
+        pid_file.display()
+    );
     let killer = async {
         wait_for("the command to start", Duration::from_secs(20), || {
             flag.exists()
@@ -211,6 +218,20 @@ async fn killed_connection_fails_the_command_and_the_session_recovers() -> TestR
         .await?;
     assert_eq!(r.output.text(), "/tmp\nyes\nhi you\n", "{:?}", r.notices);
     assert!(r.restored_from.is_some(), "{:?}", r.notices);
+    // Issue 50: the cut-off command does not run on behind the new shell.
+    let pid = std::fs::read_to_string(&pid_file)?.trim().to_string();
+    let stat = format!("/proc/{pid}/stat");
+    wait_for(
+        "the cut-off command's sleep to be gone",
+        Duration::from_secs(10),
+        || std::fs::read_to_string(&stat).map_or(true, |s| !s.contains("(sleep)")),
+    )
+    .await;
+    assert!(
+        r.notices.iter().any(|n| n.contains("berth stopped it")),
+        "{:?}",
+        r.notices
+    );
     Ok(())
 }
 
@@ -561,8 +582,11 @@ async fn a_restarted_sshd_is_redialled_with_backoff_and_the_session_restored() -
     let _sshd = restarter.join().map_err(|_| "restarter panicked")??;
     let r = r?;
     assert_eq!(r.output.text(), "/tmp\nkept\n", "{:?}", r.notices);
+    // The link went while the shell was idle: no command is said to have run.
     assert!(
-        r.notices.iter().any(|n| n.contains("ended while idle")),
+        r.notices
+            .iter()
+            .any(|n| n.contains("lost while it was idle") && !n.contains("was running")),
         "{:?}",
         r.notices
     );

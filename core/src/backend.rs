@@ -184,6 +184,34 @@ pub trait Backend: Send + Sync {
 
     /// Tear down the named sandbox, whatever state it is in.
     async fn remove(&self, name: &str, opts: RemoveOpts) -> Result<()>;
+
+    /// Write into `spec` the settings of this call that belong to the
+    /// sandbox (ssh: the host and how to reach it, given as `--host`, `-J`,
+    /// `-i`, ...) where it has none, and those `stored` (the sandbox's
+    /// record, when it exists) holds, so a sandbox keeps them for every
+    /// later call. A setting given two ways that differ (the call's, the
+    /// spec's own, the record's) is an error that names them: such settings
+    /// are part of the sandbox. Returns whether `spec` changed. Backends
+    /// whose sandboxes take nothing from the call leave it as it is.
+    fn settle_spec(&self, spec: &mut SandboxSpec, stored: Option<&SandboxSpec>) -> Result<bool> {
+        let _ = (spec, stored);
+        Ok(false)
+    }
+
+    /// [`Backend::remove`] for a sandbox whose recorded spec is known: a
+    /// backend that reaches a sandbox through its spec (ssh's host) reaches
+    /// it there.
+    async fn remove_spec(&self, spec: &SandboxSpec, opts: RemoveOpts) -> Result<()> {
+        self.remove(&spec.name, opts).await
+    }
+
+    /// [`Backend::list`], knowing the recorded specs of this backend's
+    /// sandboxes: a backend whose sandboxes live in several places (ssh's
+    /// hosts) looks in each of them.
+    async fn list_specs(&self, specs: &[SandboxSpec]) -> Result<Vec<SandboxInfo>> {
+        let _ = specs;
+        self.list().await
+    }
 }
 
 /// Options for [`Sandbox::spawn`].

@@ -79,6 +79,7 @@ impl EventKind {
             EventKind::Job(JobState::Killed) => "job.killed",
             EventKind::Job(JobState::Lost) => "job.lost",
             EventKind::Job(JobState::Failed) => "job.failed",
+            EventKind::Job(JobState::Unknown) => "job.unknown",
             EventKind::JobSignalled => "job.signalled",
             EventKind::JobWatch => "job.watch",
             EventKind::JobWatchDropped => "job.watch.dropped",
@@ -94,7 +95,7 @@ impl EventKind {
     }
 
     /// Every kind, for parsing and for tests.
-    pub const ALL: [EventKind; 29] = [
+    pub const ALL: [EventKind; 30] = [
         EventKind::ExecStarted,
         EventKind::ExecFinished,
         EventKind::ExecFailed,
@@ -113,6 +114,7 @@ impl EventKind {
         EventKind::Job(JobState::Killed),
         EventKind::Job(JobState::Lost),
         EventKind::Job(JobState::Failed),
+        EventKind::Job(JobState::Unknown),
         EventKind::JobSignalled,
         EventKind::JobWatch,
         EventKind::JobWatchDropped,

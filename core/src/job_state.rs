@@ -21,6 +21,10 @@ pub enum JobState {
     Lost,
     /// It could not be started.
     Failed,
+    /// berth could not check on it (its sandbox's host did not answer, or
+    /// could not be reached as the call stood): it may still run. The next
+    /// look checks again; `lost` is only for a job berth saw gone.
+    Unknown,
 }
 
 impl JobState {
@@ -33,6 +37,7 @@ impl JobState {
             JobState::Killed => "killed",
             JobState::Lost => "lost",
             JobState::Failed => "failed",
+            JobState::Unknown => "unknown",
         }
     }
 
@@ -44,12 +49,16 @@ impl JobState {
             "exited" => JobState::Exited,
             "killed" => JobState::Killed,
             "failed" => JobState::Failed,
+            "unknown" => JobState::Unknown,
             _ => JobState::Lost,
         }
     }
 
     /// True once the job can change no more.
     pub fn is_final(self) -> bool {
-        !matches!(self, JobState::Starting | JobState::Running)
+        !matches!(
+            self,
+            JobState::Starting | JobState::Running | JobState::Unknown
+        )
     }
 }

@@ -293,8 +293,8 @@ impl Runtime {
         if let Some(s) = slot.as_ref() {
             return Ok((s.clone(), None));
         }
-        let row = self.sandbox_row(backend, sandbox)?;
         let b = self.backend(backend).await?;
+        let row = self.sandbox_row(b.as_ref(), backend, sandbox, false)?;
         let p = b.provision(&row.spec).await?;
         if p.created || p.recreated.is_some() {
             self.store.append(&Event {
@@ -388,8 +388,8 @@ impl Runtime {
                 return Ok(s.sandbox().clone());
             }
         }
-        let row = self.sandbox_row(backend, sandbox)?;
         let b = self.backend(backend).await?;
+        let row = self.sandbox_row(b.as_ref(), backend, sandbox, true)?;
         Ok(b.provision(&row.spec).await?.sandbox)
     }
 

@@ -52,7 +52,7 @@ pre { font: 13px/1.4 ui-monospace, monospace; white-space: pre-wrap; word-break:
 .s-running, .s-busy, .s-started, .s-starting { background: #dbe7fb; color: #1c4897; }
 .s-exited, .s-done, .s-finished { background: #dcf1e2; color: #1d6b38; }
 .s-killed, .s-lost, .s-failed, .s-error, .s-rejected, .s-provider_failed { background: #f9dedb; color: #8f2419; }
-.s-awaiting_approval, .s-waiting, .s-interrupted, .s-budget_spent, .s-cut_off { background: #fbefc9; color: #7a5a00; }
+.s-awaiting_approval, .s-waiting, .s-interrupted, .s-budget_spent, .s-cut_off, .s-unknown, .s-unreachable { background: #fbefc9; color: #7a5a00; }
 .approvals { list-style: none; padding: 0; margin: 0; }
 .approval { background: #fff8e1; border: 1px solid #f0d98a; padding: 8px 12px; margin-bottom: 8px; border-radius: 6px; }
 .approval p { margin: 2px 0; }

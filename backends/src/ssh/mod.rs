@@ -30,11 +30,15 @@
 //!   [`Sandbox::alive`] answers `Ok(false)` when the host answers but the
 //!   workspace is gone, and `Err(Unreachable)` when the host does not answer.
 //!
-//! For the CLI: `--host` -> [`SshOptions::host`] (or the spec option `host`),
-//! `--accept-new`, `--ssh-config`, `--known-hosts`, `-i`; `SSH_AUTH_SOCK`,
-//! `HOME` and `BERTH_SSH_PASSPHRASE` via [`SshOptions::from_env`].
+//! For the CLI: `--host` -> [`SshOptions::host`], `--accept-new`,
+//! `--ssh-config`, `--known-hosts`, `-i`, `-J`; `SSH_AUTH_SOCK`, `HOME` and
+//! `BERTH_SSH_PASSPHRASE` via [`SshOptions::from_env`]. Where a sandbox is
+//! and how to reach it (host, jump hosts, identities, known_hosts, config)
+//! is recorded in its spec when it is made, and wins over the call's
+//! ([`settings`]); `-o workdir=DIR` starts its sessions in `DIR`.
 //!
-//! Module map: `config` (~/.ssh/config), `known_hosts` (host keys), `auth`,
+//! Module map: `settings` (what a sandbox keeps), `config` (~/.ssh/config),
+//! `known_hosts` (host keys), `auth`,
 //! `connection` (dial, redial with backoff), `process` (a channel as a
 //! [`Process`]), `files`, `bench`, `testing` (a real sshd for tests).
 
@@ -45,6 +49,7 @@ pub mod connection;
 pub mod files;
 pub mod known_hosts;
 pub mod process;
+pub mod settings;
 pub mod target;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -104,7 +109,20 @@ impl SshBackend {
 
     /// The shared link to `host` (an alias or `[user@]host[:port]`), created on first use.
     pub fn link(&self, host: &str) -> Result<HostLink> {
-        let target = Target::resolve(&self.opts, host)?;
+        self.link_with(&self.opts, host)
+    }
+
+    /// The link to the host a sandbox's spec records, reached the way the
+    /// spec records (jump hosts, identities, known_hosts, config).
+    fn link_for(&self, spec: &SandboxSpec) -> Result<(String, HostLink)> {
+        let opts = Arc::new(settings::for_spec(&self.opts, spec));
+        let host = host_of(&opts)?;
+        let link = self.link_with(&opts, &host)?;
+        Ok((host, link))
+    }
+
+    fn link_with(&self, opts: &Arc<SshOptions>, host: &str) -> Result<HostLink> {
+        let target = Target::resolve(opts, host)?;
         let key = target.label();
         let mut pool = self
             .pool
@@ -113,7 +131,7 @@ impl SshBackend {
         Ok(pool
             .entry(key)
             .or_insert_with(|| HostLink {
-                conn: Arc::new(Connection::new(target, self.opts.clone())),
+                conn: Arc::new(Connection::new(target, opts.clone())),
                 files: Arc::new(Files::default()),
             })
             .clone())
@@ -130,24 +148,22 @@ impl SshBackend {
         }
     }
 
-    fn host_for(&self, spec_host: Option<&str>) -> Result<String> {
-        spec_host
-            .map(str::to_string)
-            .or_else(|| self.opts.host.clone())
-            .ok_or_else(|| {
-                Error::InvalidInput(
-                    "the ssh backend needs a host: pass --host HOST (an ~/.ssh/config alias or user@host[:port])"
-                        .into(),
-                )
-            })
-    }
-
     fn root(&self) -> String {
         self.opts
             .sandbox_root
             .clone()
             .unwrap_or_else(|| DEFAULT_ROOT.to_string())
     }
+}
+
+/// The host `opts` names, or an error saying how to name one.
+fn host_of(opts: &SshOptions) -> Result<String> {
+    opts.host.clone().ok_or_else(|| {
+        Error::InvalidInput(
+            "the ssh backend needs a host: pass --host HOST (an ~/.ssh/config alias or user@host[:port]); a sandbox made with one keeps it"
+                .into(),
+        )
+    })
 }
 
 /// The root with a leading `~` expanded by the remote shell.
@@ -158,7 +174,10 @@ const PROVISION_SCRIPT: &str = r#"dir=$root/$2; m=$dir/.berth/sandbox.json
 if [ -f "$m" ]; then state=existing; elif [ -e "$dir" ]; then state=adopted; else state=created; fi
 mkdir -p -- "$dir/.berth" || exit 3
 [ -f "$m" ] || printf '%s\n' "$3" > "$m" || exit 4
-printf '%s\n' "$state"; cd -- "$dir" && pwd -P"#;
+printf '%s\n' "$state"; cd -- "$dir" && pwd -P || exit 5
+w=${4:-}; case $w in "") exit 0;; "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; esac
+cd -- "$w" 2>/dev/null || { printf 'its workdir %s is not a directory on the host\n' "$w" >&2; exit 6; }
+pwd -P"#;
 
 const LIST_SCRIPT: &str = r#"for m in "$root"/*/.berth/sandbox.json; do [ -f "$m" ] || continue; d=${m%/.berth/sandbox.json}; printf '%s\t' "${d##*/}"; tr -d '\n' < "$m"; printf '\n'; done"#;
 
@@ -186,8 +205,7 @@ impl Backend for SshBackend {
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
         check_sandbox_name(&spec.name)?;
-        let host = self.host_for(spec.option("host"))?;
-        let link = self.link(&host)?;
+        let (_, link) = self.link_for(spec)?;
         let marker = serde_json::to_string(&Marker {
             name: spec.name.clone(),
             created_unix: now_unix_secs(),
@@ -195,10 +213,15 @@ impl Backend for SshBackend {
         })
         .map_err(|e| Error::InvalidInput(format!("sandbox marker: {e}")))?;
         let root = self.root();
-        let (code, out, err) =
-            run_script(&link, PROVISION_SCRIPT, &[&root, &spec.name, &marker]).await?;
+        let workdir_opt = spec.option("workdir").unwrap_or("");
+        let (code, out, err) = run_script(
+            &link,
+            PROVISION_SCRIPT,
+            &[&root, &spec.name, &marker, workdir_opt],
+        )
+        .await?;
         let mut lines = out.lines();
-        let (Some(state), Some(workdir), 0) = (lines.next(), lines.next(), code) else {
+        let (Some(state), Some(dir), 0) = (lines.next(), lines.next(), code) else {
             return Err(Error::backend(
                 KIND,
                 BackendFailure::Rejected,
@@ -211,11 +234,15 @@ impl Backend for SshBackend {
         };
         let mut env: Vec<(String, String)> = vec![("BERTH_SANDBOX".into(), spec.name.clone())];
         env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        // `-o workdir=DIR`: the session starts there (`~` is the remote
+        // home); berth's own files stay in the sandbox's directory.
+        let workdir = lines.next().unwrap_or(dir);
         let sandbox = SshSandbox {
             name: spec.name.clone(),
+            dir: dir.to_string(),
             layout: Layout {
                 workdir: workdir.to_string(),
-                berth_dir: format!("{workdir}/.berth"),
+                berth_dir: format!("{dir}/.berth"),
             },
             link,
             env,
@@ -230,9 +257,122 @@ impl Backend for SshBackend {
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>> {
-        let host = self.host_for(None)?;
+        let host = host_of(&self.opts)?;
         let link = self.link(&host)?;
-        let (code, out, err) = run_script(&link, LIST_SCRIPT, &[&self.root()]).await?;
+        self.list_on(&link).await
+    }
+
+    async fn remove(&self, name: &str, opts: RemoveOpts) -> Result<()> {
+        let mut spec = SandboxSpec::named(name);
+        self.settle_spec(&mut spec, None)?;
+        self.remove_spec(&spec, opts).await
+    }
+
+    fn settle_spec(&self, spec: &mut SandboxSpec, stored: Option<&SandboxSpec>) -> Result<bool> {
+        settings::settle(&self.opts, spec, stored)
+    }
+
+    async fn remove_spec(&self, spec: &SandboxSpec, _opts: RemoveOpts) -> Result<()> {
+        let name = spec.name.as_str();
+        check_sandbox_name(name)?;
+        let (host, link) = self.link_for(spec)?;
+        let (code, _, err) = run_script(&link, REMOVE_SCRIPT, &[&self.root(), name]).await?;
+        match code {
+            0 => Ok(()),
+            44 => Err(Error::NotFound {
+                what: "sandbox",
+                name: name.into(),
+                hint: format!("list sandboxes with `berth sandbox ls --backend ssh --host {host}`"),
+            }),
+            _ => Err(Error::backend(
+                KIND,
+                BackendFailure::Rejected,
+                format!(
+                    "{}: removing sandbox {name} failed: {err}",
+                    link.conn.target().label()
+                ),
+            )),
+        }
+    }
+
+    /// Every host a recorded sandbox is on, and the call's own: a host that
+    /// does not answer shows its recorded sandboxes as `unreachable`.
+    async fn list_specs(&self, specs: &[SandboxSpec]) -> Result<Vec<SandboxInfo>> {
+        let mut places: Vec<(Option<String>, Vec<String>)> = Vec::new();
+        let mut add = |host: Option<String>, spec: Option<&SandboxSpec>| {
+            let i = match places.iter().position(|(h, _)| *h == host) {
+                Some(i) => i,
+                None => {
+                    places.push((host, Vec::new()));
+                    places.len() - 1
+                }
+            };
+            if let Some(s) = spec {
+                places[i].1.push(s.name.clone());
+            }
+        };
+        if self.opts.host.is_some() {
+            add(self.opts.host.clone(), None);
+        }
+        for spec in specs {
+            add(spec.option("host").map(str::to_string), Some(spec));
+        }
+        let mut out: Vec<SandboxInfo> = Vec::new();
+        for (host, names) in places {
+            let Some(host) = host else {
+                // Older records name no host: where they are is unknown.
+                out.extend(names.into_iter().map(|name| SandboxInfo {
+                    name,
+                    id: "(no host recorded: pass --host once to record it)".into(),
+                    state: "unknown".into(),
+                    created_unix: None,
+                }));
+                continue;
+            };
+            let spec = specs
+                .iter()
+                .find(|s| s.option("host") == Some(host.as_str()))
+                .cloned()
+                .unwrap_or_else(|| {
+                    let mut s = SandboxSpec::named("-");
+                    s.options.insert("host".into(), host.clone());
+                    s
+                });
+            let found = match self.link_for(&spec) {
+                Ok((_, link)) => self.list_on(&link).await,
+                Err(e) => Err(e),
+            };
+            match found {
+                Ok(v) => {
+                    let seen: Vec<String> = v.iter().map(|i| i.name.clone()).collect();
+                    out.extend(v);
+                    // A sandbox recorded on this host but not found there.
+                    out.extend(names.into_iter().filter(|n| !seen.contains(n)).map(|name| {
+                        SandboxInfo {
+                            name,
+                            id: host.clone(),
+                            state: "missing".into(),
+                            created_unix: None,
+                        }
+                    }));
+                }
+                Err(e) if names.is_empty() => return Err(e),
+                Err(e) => out.extend(names.into_iter().map(|name| SandboxInfo {
+                    name,
+                    id: format!("{host}: {}", e.full_text()),
+                    state: "unreachable".into(),
+                    created_unix: None,
+                })),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl SshBackend {
+    /// berth's sandboxes on `link`'s host.
+    async fn list_on(&self, link: &HostLink) -> Result<Vec<SandboxInfo>> {
+        let (code, out, err) = run_script(link, LIST_SCRIPT, &[&self.root()]).await?;
         if code != 0 {
             return Err(Error::backend(
                 KIND,
@@ -260,34 +400,13 @@ impl Backend for SshBackend {
         v.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(v)
     }
-
-    async fn remove(&self, name: &str, _opts: RemoveOpts) -> Result<()> {
-        check_sandbox_name(name)?;
-        let host = self.host_for(None)?;
-        let link = self.link(&host)?;
-        let (code, _, err) = run_script(&link, REMOVE_SCRIPT, &[&self.root(), name]).await?;
-        match code {
-            0 => Ok(()),
-            44 => Err(Error::NotFound {
-                what: "sandbox",
-                name: name.into(),
-                hint: format!("list sandboxes with `berth sandbox ls --backend ssh --host {host}`"),
-            }),
-            _ => Err(Error::backend(
-                KIND,
-                BackendFailure::Rejected,
-                format!(
-                    "{}: removing sandbox {name} failed: {err}",
-                    link.conn.target().label()
-                ),
-            )),
-        }
-    }
 }
 
 /// A sandbox on a remote host.
 pub struct SshSandbox {
     name: String,
+    /// The sandbox's directory, `ROOT/NAME`: its marker and berth's files.
+    dir: String,
     layout: Layout,
     link: HostLink,
     env: Vec<(String, String)>,
@@ -368,7 +487,7 @@ impl Sandbox for SshSandbox {
     async fn destroy(&self) -> Result<()> {
         let argv = helper(
             r#"[ -f "$1/.berth/sandbox.json" ] || exit 44; rm -rf -- "$1""#,
-            &[&self.layout.workdir],
+            &[&self.dir],
         );
         let p = process::spawn(&self.link.conn, &argv, &[], "/").await?;
         let (st, _, err) = p.collect(b"").await?;
@@ -380,7 +499,7 @@ impl Sandbox for SshSandbox {
                 format!(
                     "{}: removing {} failed: {}",
                     self.link.conn.target().label(),
-                    self.layout.workdir,
+                    self.dir,
                     String::from_utf8_lossy(&err).trim()
                 ),
             )),

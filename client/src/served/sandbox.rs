@@ -109,6 +109,11 @@ pub struct LsArgs {
     /// Backend to list.
     #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
     pub backend: String,
+    /// List every backend's sandboxes (local, and each backend berth has
+    /// recorded sandboxes on; ssh on every host they are on).
+    #[arg(long, short = 'a')]
+    #[serde(default)]
+    pub all: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -136,6 +136,10 @@ const LOG_CONTEXT: u64 = berth_policies::redact::STREAM_OVERLAP as u64;
 /// it is taken for lost: its launcher waits for the sandbox's session, which a
 /// long command elsewhere may hold.
 const LAUNCH_GRACE: Duration = Duration::from_secs(600);
+/// How an earlier berth began the reason of a job it called `lost` when its
+/// sandbox could not be reached, without checking the process; such jobs
+/// are checked again. Today only a sandbox seen gone gives this reason.
+const UNAVAILABLE: &str = "its sandbox is unavailable: ";
 /// How long `kill_job` lets a job's group outlive its signal before SIGKILL.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
@@ -344,6 +348,7 @@ impl Runtime {
 
     /// Every job, with unfinished ones brought up to date from their sandboxes.
     pub async fn list_jobs(&self) -> Result<Vec<Job>> {
+        self.store().reopen_unchecked()?;
         let jobs = self.store().jobs()?;
         let mut groups: BTreeMap<(String, String), Vec<Job>> = BTreeMap::new();
         for j in jobs.iter().filter(|j| !j.state.is_final()) {
@@ -360,6 +365,7 @@ impl Runtime {
 
     /// One job, brought up to date.
     pub async fn job(&self, id: &str) -> Result<Job> {
+        self.store().reopen_unchecked()?;
         let job = self.store().job(id)?;
         if !job.state.is_final() {
             self.refresh_group(&job.backend, &job.sandbox, vec![job.clone()])

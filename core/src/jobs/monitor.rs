@@ -13,29 +13,57 @@ impl Runtime {
         sandbox: &str,
         jobs: Vec<Job>,
     ) -> Result<()> {
-        let sb = match self.attach(backend, sandbox).await {
-            Ok(sb) => sb,
-            Err(e) => {
+        let checked = async {
+            let sb = self.attach(backend, sandbox).await?;
+            let base = format!("{}/jobs", sb.layout().berth_dir);
+            let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+            let text = if sb.host_processes() {
+                here::status(std::path::Path::new(&base), &ids, &sb.sandbox_procs())
+            } else {
+                let mut args = argv(&["bash", "-c", script::STATUS, "berth-status", &base]);
+                args.extend(ids);
+                let c = run_to_end(sb.as_ref(), &args, None, 1 << 20, HELPER_TIMEOUT).await?;
+                String::from_utf8_lossy(&c.stdout).into_owned()
+            };
+            Ok::<_, Error>((sb, text))
+        };
+        let (sb, text) = match checked.await {
+            Ok(found) => found,
+            // The sandbox is gone (removed, or seen missing): so are its jobs.
+            Err(e)
+                if e.is_sandbox_gone()
+                    || matches!(
+                        e,
+                        Error::NotFound {
+                            what: "sandbox",
+                            ..
+                        }
+                    ) =>
+            {
                 for mut j in jobs {
                     self.end_job(
                         &mut j,
                         JobState::Lost,
                         None,
-                        Some(format!("its sandbox is unavailable: {e}")),
+                        Some(format!("its sandbox is gone: {}", e.full_text())),
                     )?;
                 }
                 return Ok(());
             }
-        };
-        let base = format!("{}/jobs", sb.layout().berth_dir);
-        let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
-        let text = if sb.host_processes() {
-            here::status(std::path::Path::new(&base), &ids, &sb.sandbox_procs())
-        } else {
-            let mut args = argv(&["bash", "-c", script::STATUS, "berth-status", &base]);
-            args.extend(ids);
-            let c = run_to_end(sb.as_ref(), &args, None, 1 << 20, HELPER_TIMEOUT).await?;
-            String::from_utf8_lossy(&c.stdout).into_owned()
+            // Not checked (a host that does not answer): it may still run,
+            // and the next look checks again.
+            Err(e) => {
+                // One still starting keeps its launch's grace.
+                for mut j in jobs.into_iter().filter(|j| j.state != JobState::Starting) {
+                    j.state = JobState::Unknown;
+                    j.reason = Some(format!(
+                        "berth could not check on it, so it may still run: {}",
+                        e.full_text()
+                    ));
+                    self.store().note_reach(&j)?;
+                }
+                return Ok(());
+            }
         };
         for mut job in jobs {
             let line = text
@@ -48,6 +76,12 @@ impl Runtime {
             };
             if let Ok(n) = size.parse::<i64>() {
                 job.out_bytes = n;
+            }
+            if job.state == JobState::Unknown {
+                // Checked again: what follows is what berth saw.
+                job.state = JobState::Running;
+                job.reason = None;
+                self.store().note_reach(&job)?;
             }
             if !job.watch.is_empty() {
                 self.scan_watch(sb.as_ref(), &mut job, state != "running")

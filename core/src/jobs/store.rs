@@ -57,7 +57,7 @@ impl Store {
                 "UPDATE jobs SET state = ?2, exit_code = ?3, pid = ?4, ended_at = ?5,
                         reason = COALESCE(?6, reason), scan_offset = MAX(scan_offset, ?7), out_bytes = ?8,
                         kill_signal = COALESCE(?9, kill_signal)
-                 WHERE id = ?1 AND state IN ('starting', 'running')",
+                 WHERE id = ?1 AND state IN ('starting', 'running', 'unknown')",
                 params![
                     j.id,
                     j.state.as_str(),
@@ -117,6 +117,32 @@ impl Store {
                 "SELECT scan_offset FROM jobs WHERE id = ?1",
                 params![id],
                 |r| r.get(0),
+            )
+        })
+    }
+
+    /// Record whether berth could check on an unfinished job: `unknown`
+    /// with why not, or back to `running` (the reason cleared) once it could.
+    pub(super) fn note_reach(&self, j: &Job) -> Result<bool> {
+        let changed = self.with_conn(|c| {
+            c.execute(
+                "UPDATE jobs SET state = ?2, reason = ?3, out_bytes = ?4
+                 WHERE id = ?1 AND state IN ('starting', 'running', 'unknown')",
+                params![j.id, j.state.as_str(), j.reason, j.out_bytes],
+            )
+        })?;
+        Ok(changed > 0)
+    }
+
+    /// Jobs an earlier berth recorded as `lost` only because their sandbox
+    /// could not be reached (it never checked the process): `unknown`
+    /// again, so the next look checks them.
+    pub(super) fn reopen_unchecked(&self) -> Result<usize> {
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE jobs SET state = 'unknown', ended_at = NULL
+                 WHERE state = 'lost' AND reason LIKE ?1",
+                params![format!("{}%", super::UNAVAILABLE)],
             )
         })
     }

@@ -332,7 +332,8 @@ impl Runtime {
                 "sandbox `{dst}` ({dst_backend}) already exists; pick another name, or remove it with `berth sandbox rm {dst} --backend {dst_backend}`"
             )));
         }
-        let src_row = self.sandbox_row(src_backend, src)?;
+        let src_b = self.backend(src_backend).await?;
+        let src_row = self.sandbox_row(src_b.as_ref(), src_backend, src, true)?;
         let at = match at {
             Some(id) => id.to_string(),
             None => self.checkpoint(src_backend, src, None, None).await?.id,

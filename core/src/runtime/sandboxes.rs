@@ -30,6 +30,11 @@ impl Runtime {
         spec: SandboxSpec,
     ) -> Result<(Arc<dyn Sandbox>, bool, Option<String>)> {
         let b = self.backend(backend).await?;
+        let mut spec = spec;
+        // The settings that belong to the sandbox (ssh's host) are recorded
+        // with it, and must agree with those an existing one keeps.
+        let stored = self.store.sandbox(backend, &spec.name)?;
+        b.settle_spec(&mut spec, stored.as_ref().map(|r| &r.spec))?;
         // Written first: if berth dies mid-provision, `ls` still shows the sandbox
         // and `rm` can clean up whatever the backend made.
         self.store.put_sandbox(backend, &spec)?;
@@ -70,16 +75,22 @@ impl Runtime {
             }
         }
         self.forget_checkpoint_shell(backend, name).await;
-        let known = self.store.sandbox(backend, name)?.is_some();
+        let known = self.store.sandbox(backend, name)?;
         let b = self.backend(backend).await?;
-        let removed = match b.remove(name, RemoveOpts { volumes }).await {
+        let opts = RemoveOpts { volumes };
+        let removal = match &known {
+            // Where the record says it is (ssh: on its own host).
+            Some(row) => b.remove_spec(&row.spec, opts).await,
+            None => b.remove(name, opts).await,
+        };
+        let removed = match removal {
             Ok(()) => true,
             Err(Error::NotFound { .. }) => false,
             Err(e) => return Err(e),
         };
         self.store.delete_sandbox(backend, name)?;
         crate::checkpoint::record::forget_sandbox(&self.store, backend, name)?;
-        if !known && !removed {
+        if known.is_none() && !removed {
             return Err(Error::NotFound {
                 what: "sandbox",
                 name: name.into(),
@@ -98,7 +109,8 @@ impl Runtime {
     /// Sandboxes of one backend: the store's rows joined with the backend's view.
     pub async fn list_sandboxes(&self, backend: &str) -> Result<Vec<SandboxStatus>> {
         let rows = self.store.sandboxes(Some(backend))?;
-        let live: Vec<SandboxInfo> = self.backend(backend).await?.list().await?;
+        let specs: Vec<SandboxSpec> = rows.iter().map(|r| r.spec.clone()).collect();
+        let live: Vec<SandboxInfo> = self.backend(backend).await?.list_specs(&specs).await?;
         let mut out: Vec<SandboxStatus> = rows
             .iter()
             .map(|r| {
@@ -132,13 +144,32 @@ impl Runtime {
         Ok(out)
     }
 
-    /// The stored row of a sandbox, creating `default` on first use.
-    pub(super) fn sandbox_row(&self, backend: &str, name: &str) -> Result<SandboxRow> {
-        if let Some(row) = self.store.sandbox(backend, name)? {
+    /// The stored row of a sandbox, creating `default` on first use. The
+    /// call's settings that belong to the sandbox (ssh's host) must agree
+    /// with the record's, and fill in what an older record lacks; with
+    /// `lenient` (a look at a job's sandbox, whatever this call names), a
+    /// disagreement leaves the record as it is, and the record wins.
+    pub(super) fn sandbox_row(
+        &self,
+        b: &dyn Backend,
+        backend: &str,
+        name: &str,
+        lenient: bool,
+    ) -> Result<SandboxRow> {
+        if let Some(mut row) = self.store.sandbox(backend, name)? {
+            let stored = row.spec.clone();
+            match b.settle_spec(&mut row.spec, Some(&stored)) {
+                Ok(true) => self.store.put_sandbox(backend, &row.spec)?,
+                Ok(false) => {}
+                Err(_) if lenient => row.spec = stored,
+                Err(e) => return Err(e),
+            }
             return Ok(row);
         }
         if name == DEFAULT_SANDBOX {
-            self.store.put_sandbox(backend, &SandboxSpec::named(name))?;
+            let mut spec = SandboxSpec::named(name);
+            b.settle_spec(&mut spec, None)?;
+            self.store.put_sandbox(backend, &spec)?;
             if let Some(row) = self.store.sandbox(backend, name)? {
                 return Ok(row);
             }

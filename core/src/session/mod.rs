@@ -18,6 +18,7 @@
 //! the shell, and `stop` escalates a timeout or an interrupt.
 
 pub mod capture;
+mod cut;
 pub mod effects;
 mod framing;
 pub mod script;
@@ -185,6 +186,9 @@ pub struct Session {
     notices: Vec<String>,
     /// Set when a new shell was restored from a snapshot, until a command reports it.
     restored: Option<u64>,
+    /// The shell the link was lost under while a command ran: what is left
+    /// of that command is stopped before the next shell starts (see [`cut`]).
+    cut_off: Option<cut::CutOff>,
 }
 
 impl Session {
@@ -196,6 +200,7 @@ impl Session {
             shell: None,
             notices: Vec::new(),
             restored: None,
+            cut_off: None,
         };
         s.ensure_shell(STARTUP_DEADLINE).await?;
         Ok(s)
@@ -262,13 +267,18 @@ impl Session {
         if self.shell_gone() {
             // It died while idle (killed, or its transport dropped): replace it
             // now rather than fail a command that never reached it.
-            let status = match self.reap_dead_shell().await {
-                Ok(s) => s,
-                Err(e) => e.full_text(),
+            let notice = match self.reap_dead_shell().await {
+                Ok(status) => format!(
+                    "the shell ended while idle ({status}); a new shell was started from the last snapshot"
+                ),
+                // No command ran: only the link went, and the shell with it.
+                Err(Error::Unreachable { .. }) => "the link to the shell was lost while it was idle; berth reconnected and started a new shell from the last snapshot".to_string(),
+                Err(e) => format!(
+                    "the shell ended while idle (status unknown: {}); a new shell was started from the last snapshot",
+                    e.full_text()
+                ),
             };
-            self.notices.push(format!(
-                "the shell ended while idle ({status}); a new shell was started from the last snapshot"
-            ));
+            self.notices.push(notice);
         }
         self.ensure_shell(startup).await?;
         self.resync(startup).await?;
@@ -418,7 +428,11 @@ impl Session {
                 {
                     notices.push(n);
                 }
+                self.note_cut_off(command);
                 let status = self.reap_dead_shell().await;
+                if !matches!(status, Err(Error::Unreachable { .. })) {
+                    self.cut_off = None;
+                }
                 // An unreachable host is not a vanished sandbox: report it as
                 // such. A lost stream (the transport's error above) is the
                 // sandbox's death when the sandbox is gone.
@@ -431,7 +445,26 @@ impl Session {
                         hint: "run the command again: berth recreates the sandbox and restores the session from its last snapshot".into(),
                     });
                 }
-                let status = status?;
+                let status = match status {
+                    Err(Error::Unreachable {
+                        backend,
+                        kind,
+                        source,
+                        ..
+                    }) => {
+                        return Err(Error::Unreachable {
+                            backend,
+                            kind,
+                            detail: format!(
+                                "sandbox `{}`: the connection was lost while the command ran, so its output and exit status are lost, and it may still run on the host",
+                                self.sandbox.name()
+                            ),
+                            hint: "the next command in this session reconnects and first stops what is left of it (and says so); check the command's effects before running it again".into(),
+                            source,
+                        });
+                    }
+                    s => s?,
+                };
                 alive?;
                 if is_lost_framing(&status) {
                     // This command never ran.

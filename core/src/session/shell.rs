@@ -223,6 +223,7 @@ impl Session {
             return Ok(());
         }
         let until = Instant::now() + limit;
+        self.reap_cut_off().await?;
         self.start_shell(limit).await?;
         let Some((seq, text)) = self.newest_snapshot(limit).await else {
             return Ok(());
