@@ -576,16 +576,12 @@ pub async fn mkdir_p(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
     ))
 }
 
-/// Check a sandbox name that becomes a directory name: 1-63 letters, digits,
-/// '-', '_' or '.', not starting with '.' (so never `..` or a hidden file).
-/// The variable every backend sets to the sandbox's name in each of its
-/// processes, for the programs there. berth never trusts it to tell a
-/// sandbox's processes from the host's (a process can drop it): the kernel
-/// does that (see `identity`), except for a sandbox run without kernel
-/// restrictions (see `procs::SandboxProcs::Unconfined`).
-pub const SANDBOX_MARKER: &str = "BERTH_SANDBOX";
+/// See [`crate::identity::SANDBOX_MARKER`].
+pub use crate::identity::SANDBOX_MARKER;
 
-/// Check that a sandbox name is one berth accepts.
+/// Check that a sandbox name is one berth accepts. It becomes a directory
+/// name: 1-63 letters, digits, '-', '_' or '.', not starting with '.' (so
+/// never `..` or a hidden file).
 pub fn check_sandbox_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 63

@@ -17,7 +17,14 @@
 //! browser), so a namespace is a sandbox's only when it holds the marker,
 //! never merely because it is not the host's.
 
-use crate::procs::proc_file;
+use crate::procfs::proc_file;
+
+/// The environment variable every sandboxed process of berth's carries
+/// (`BERTH_SANDBOX=<name>`). It may only add a refusal: it never tells a
+/// sandbox's processes from the host's (a process can drop it); the kernel
+/// does that (see this module), except for a sandbox run without kernel
+/// restrictions (see `procs::SandboxProcs::Unconfined`).
+pub const SANDBOX_MARKER: &str = "BERTH_SANDBOX";
 
 /// The prefix of the marker mount's source (the sandbox crate writes it).
 pub const MARKER_PREFIX: &str = "berth-sandbox:";
@@ -96,7 +103,7 @@ pub fn sandbox_of(pid: i32) -> Option<String> {
 /// the caller and its parent and stop there.
 fn env_hint(pid: i32) -> Option<String> {
     let me = std::process::id() as i32;
-    let marker = format!("{}=", crate::backend::SANDBOX_MARKER);
+    let marker = format!("{}=", SANDBOX_MARKER);
     let mut walked = Vec::new();
     let mut at = pid;
     // Whether the walk reached its top (init, this server, or a process
@@ -108,7 +115,7 @@ fn env_hint(pid: i32) -> Option<String> {
             whole = true;
             break;
         }
-        let Some(s) = crate::procs::stat(at) else {
+        let Some(s) = crate::procfs::stat(at) else {
             break;
         };
         if CLEAN.lock().is_ok_and(|c| c.contains(&(at, s.start))) {
@@ -240,7 +247,7 @@ pub fn tcp_peer(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> TcpP
         return TcpPeer::Elsewhere;
     };
     let want = format!("socket:[{inode}]");
-    let pids = crate::procs::pids()
+    let pids = crate::procfs::pids()
         .filter(|pid| {
             std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
                 fds.flatten().any(|fd| {
@@ -392,7 +399,7 @@ mod tests {
         // calling berth by mistake), though the kernel says it is the host's.
         let mut c = Command::new("sleep")
             .arg("30")
-            .env(crate::backend::SANDBOX_MARKER, "box")
+            .env(SANDBOX_MARKER, "box")
             .spawn()
             .unwrap();
         // Between its fork and its exec the child shows this process's

@@ -15,6 +15,7 @@ pub mod identity;
 pub mod job_state;
 pub mod jobs;
 pub mod owner;
+mod procfs;
 pub mod procs;
 pub mod session;
 
