@@ -232,6 +232,18 @@ fn followers_carry_on_through_a_server_killed_and_a_server_stopped() -> TestResu
         unsafe { libc::kill(first as libc::pid_t, libc::SIGKILL) },
         0
     );
+    // The kill is delivered, not yet done: until the process is gone, its
+    // socket may still take a connection and then reset it, which a call
+    // rightly reports as lost mid-way. Wait for it to go.
+    wait_for("the killed server to be gone", || {
+        Ok(
+            std::fs::read_to_string(format!("/proc/{first}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            }),
+        )
+    })?;
     // A new server (started by this call, or by a follower reconnecting).
     d.ok(&["job", "send", "f", "go\n"])?;
     logs.until_stdout("lines 11 to 20 after the kill", |s| s.contains("line 20\n"))?;
