@@ -780,3 +780,46 @@ fn approvals_print_control_characters_escaped() -> TestResult {
     assert!(out.contains("\\r\\x1b[2J"), "{out}");
     Ok(())
 }
+
+/// Issue 49 item 10: a function bash calls on its own, planted in the
+/// session's saved functions by a command that then kills its shell, runs in
+/// the restored shell for any word that names no command. The gate judges it
+/// with every command of the session, so `nosuchcmd` meets `deny rm`.
+#[test]
+fn a_planted_command_not_found_handler_is_judged_with_every_command() -> TestResult {
+    let env = Env::new(GUARD)?;
+    let o = env.run(&["exec", "--", "touch keep && mine() { echo mine; }"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"n=0; for f in "$__berth_dir"/defs.0 "$__berth_dir"/defs.1; do [ -f "$f" ] || continue; t=$(<"$f"); last=${t##*$'\n'}; printf '%s\ncommand_not_found_handle () \n{ \n    %s keep\n}\n%s\n' "${t%$'\n'*}" "r""m" "$last" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#,
+    ])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("planted 1")
+            || String::from_utf8_lossy(&o.stdout).contains("planted 2"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["exec", "--", "nosuchcmd"])?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        env.work().join("keep").exists(),
+        "the handler ran `rm keep`"
+    );
+    // A command whose every word is found (a builtin, a session function, a
+    // path) cannot reach the handler, and runs: so does its removal.
+    let o = env.run(&["exec", "--", "mine; /bin/echo path"])?;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "mine\npath\n",
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["exec", "--", "unset -f command_not_found_handle"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["exec", "--", "nosuchcmd; true"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(env.work().join("keep").exists());
+    Ok(())
+}

@@ -410,7 +410,7 @@ async fn a_process_past_the_memory_bound_is_killed_and_the_call_says_why() {
 /// steps; joining then failed with ENODEV and the sandbox's first command
 /// failed. 64 sandboxes started at the same moment must each run, confined
 /// and in a pids cgroup of its own.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_sandboxes_started_at_once_all_run_confined() {
     const N: usize = 64;
     // SAFETY: geteuid has no preconditions.
@@ -443,26 +443,28 @@ async fn sixty_four_sandboxes_started_at_once_all_run_confined() {
                 .sandbox,
         );
     }
-    // Every shell starts at the same moment: the futures are polled together.
-    let runs = names
-        .iter()
-        .cloned()
-        .zip(sandboxes)
-        .map(|(n, sb)| async move {
+    // Every shell starts at the same moment: nothing is awaited in between.
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(N));
+    let mut set = tokio::task::JoinSet::new();
+    for (n, sb) in names.iter().cloned().zip(sandboxes) {
+        let start = start.clone();
+        set.spawn(async move {
+            start.wait().await;
             let run = async {
                 let mut s = Session::open(sb, SessionConfig::named("t")).await?;
                 s.exec(
                     "grep -E '^[0-9]+:pids:' /proc/self/cgroup; grep Seccomp: /proc/self/status; \
-                 cat /etc/shadow >/dev/null 2>&1 || echo dark",
+                     cat /etc/shadow >/dev/null 2>&1 || echo dark",
                     ExecOpts::default(),
                 )
                 .await
             };
             (n, run.await)
         });
-    let results = futures::future::join_all(runs).await;
+    }
     let mut failed = Vec::new();
-    for (n, r) in results {
+    while let Some(joined) = set.join_next().await {
+        let (n, r) = joined.unwrap();
         match r {
             Ok(r) => {
                 let out = r.output.text();
@@ -483,4 +485,65 @@ async fn sixty_four_sandboxes_started_at_once_all_run_confined() {
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// A command that detaches a process from itself (`(setsid sleep &)`: a
+/// session of its own, and its parent exits at once, so it is neither in
+/// the shell's session nor below the shell) is still stopped with the
+/// command on its timeout (#49 item 19): the shell adopts it (the wrapper
+/// makes it a child subreaper) and the stop finds it there. Before, it
+/// outlived a report that said every process the command started was
+/// stopped. Control: one an earlier command detached, and that command
+/// ended normally, is not this command's and lives on.
+#[tokio::test]
+async fn a_process_a_command_detached_with_setsid_is_stopped_on_timeout() {
+    let o = open_wrapped("rd").await;
+    let mut s = o.session;
+    let r = s
+        .exec(
+            "(setsid sleep 101.33 >/dev/null 2>&1 &); echo detached",
+            ExecOpts::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.output.text(), "detached\n");
+    let r = s
+        .exec(
+            "(setsid sleep 101.32 >/dev/null 2>&1 &); (setsid -f sleep 101.32 >/dev/null 2>&1); sleep 101.34",
+            ExecOpts {
+                timeout: Some(Duration::from_millis(500)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(r.timed_out, "{}", r.output.text());
+    let left = sleepers("101.32");
+    assert_eq!(
+        left, 0,
+        "{left} detached process(es) outlived the report: {:?}",
+        r.notices
+    );
+    assert_eq!(sleepers("101.34"), 0);
+    assert_eq!(
+        sleepers("101.33"),
+        1,
+        "an earlier command's detached process was taken for this one's"
+    );
+    let r = s.exec("echo alive", ExecOpts::default()).await.unwrap();
+    assert_eq!(r.output.text(), "alive\n", "{:?}", r.notices);
+    kill_sleepers("101.33");
+}
+
+/// KILL the test's own marker processes, `sleep SECS`, by pid.
+fn kill_sleepers(secs: &str) {
+    let marker = format!("sleep\0{secs}\0");
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == marker.as_bytes())
+            && let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok())
+        {
+            // SAFETY: kill takes a pid and a signal number; no memory.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
 }

@@ -532,14 +532,47 @@ impl Runtime {
         call_id: &str,
         first: berth_policies::Action,
     ) -> Result<()> {
+        // A shell that died or was never started has unknown names: start
+        // it (restored from its snapshot) so they are known, or the first
+        // command after a restore would meet none of what the snapshot files
+        // define, which the sandbox can write.
+        if session.names().is_none() {
+            let startup = req
+                .timeout
+                .unwrap_or(crate::session::STARTUP_DEADLINE)
+                .min(crate::session::STARTUP_DEADLINE);
+            session.prepare(startup).await?;
+        }
         let Some(names) = session.names() else {
             return Ok(());
         };
-        if !names.iter().any(|n| req.command.contains(n.as_str())) {
+        // Functions bash calls without their name in the text: the handler
+        // runs for any word that names no command, which the gate cannot
+        // tell from the text alone. A session that defines one has it
+        // judged with every command, as though the command called it.
+        let implicit: Vec<&str> = crate::session::script::IMPLICIT_FUNCTIONS
+            .iter()
+            .copied()
+            .filter(|f| names.contains(*f))
+            .collect();
+        let implicit = if implicit.is_empty()
+            || crate::session::script::may_miss_a_command(&req.command, names)
+        {
+            implicit
+        } else {
+            Vec::new()
+        };
+        if implicit.is_empty() && !names.iter().any(|n| req.command.contains(n.as_str())) {
             return Ok(());
         }
         let defined = session.definitions().await;
-        let verdict = gate.check_in(&req.command, &req.backend, &defined);
+        let mut verdict = gate.check_in(&req.command, &req.backend, &defined);
+        for f in implicit {
+            let called = gate.check_in(f, &req.backend, &defined);
+            if called.action > verdict.action {
+                verdict = called;
+            }
+        }
         if verdict.action <= first {
             return Ok(());
         }

@@ -213,6 +213,7 @@ fn program_env() -> Result<Option<Vec<(String, String)>>> {
 }
 
 fn exec(argv: &[OsString], env: Option<Vec<(String, String)>>) -> Result<Never> {
+    set_child_subreaper()?;
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);
     match env {
@@ -252,6 +253,25 @@ fn check_support(profile: &SandboxProfile, abi: i32) -> Result<()> {
     if mode < 0 {
         return Err(Error::Unsupported(
             "seccomp is not available (kernel built without CONFIG_SECCOMP)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Make the program berth starts (the flag outlives exec) the adopter of
+/// every orphan of its tree: a process that a command detaches from itself
+/// (`(setsid sleep 1000 &)`: its parent exits at once) is then the
+/// program's child, not init's, and the session shell's stop finds it by its
+/// parents (`berth_core::session::tree`). Without this it would be no
+/// process of the shell's session or tree, and outlive every stop.
+fn set_child_subreaper() -> Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer and no pointers; it
+    // only sets a flag of this process.
+    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if r != 0 {
+        return Err(Error::setup(
+            "making the program a child subreaper (PR_SET_CHILD_SUBREAPER)",
+            std::io::Error::last_os_error(),
         ));
     }
     Ok(())

@@ -435,9 +435,14 @@ impl Session {
         let mut stop: Option<Stop> = None;
         let mut stage = 0usize;
 
+        let host_processes = self.sandbox.host_processes();
         let Some(shell) = self.shell.as_mut() else {
             return Err(self.session_error("no shell"));
         };
+        shell.command_sent = Some(std::time::Instant::now());
+        if host_processes {
+            shell.children_before = super::tree::children(shell.info.pid);
+        }
         // The shell is idle at its `read`, so the frame drains promptly; a shell that
         // does not take it within the deadline is wedged and gets replaced.
         let write = async {

@@ -46,7 +46,7 @@ pub use stop::SURVIVED;
 use stop::Stop;
 
 /// How long a new shell may take to answer its handshake and restore.
-const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 /// How much of the shell's own stderr is kept for diagnostics.
 const STDERR_KEEP: usize = 4096;
 /// How much of a shell's output one read takes: large output costs a wakeup
@@ -249,21 +249,13 @@ impl Session {
     }
 
     /// Run one command in the persistent shell.
-    pub async fn exec(&mut self, command: &str, opts: ExecOpts) -> Result<ExecResult> {
-        if command.contains('\0') {
-            return Err(Error::InvalidInput(
-                "the command contains a NUL byte, which no shell command can hold; remove it"
-                    .into(),
-            ));
-        }
-        let started = Instant::now();
-        // One deadline for the whole call: starting and restoring a shell count
-        // against the caller's timeout too, so a shell that cannot start (say, one
-        // a snapshot breaks) cannot hold the caller past it.
-        let startup = opts
-            .timeout
-            .unwrap_or(STARTUP_DEADLINE)
-            .min(STARTUP_DEADLINE);
+    /// Have a live shell, restored from the last snapshot, within `startup`:
+    /// replace one that died while idle, start one if there is none. Its
+    /// names are known afterwards (a restore ends with a snapshot), so the
+    /// gate can judge a command against what the restored shell defines
+    /// before it is sent (issue 49 item 10: a handler planted in the
+    /// snapshot files runs for the first unknown word after a restore).
+    pub async fn prepare(&mut self, startup: Duration) -> Result<()> {
         if self.shell_gone() {
             // It died while idle (killed, or its transport dropped): replace it
             // now rather than fail a command that never reached it.
@@ -282,6 +274,25 @@ impl Session {
         }
         self.ensure_shell(startup).await?;
         self.resync(startup).await?;
+        Ok(())
+    }
+
+    pub async fn exec(&mut self, command: &str, opts: ExecOpts) -> Result<ExecResult> {
+        if command.contains('\0') {
+            return Err(Error::InvalidInput(
+                "the command contains a NUL byte, which no shell command can hold; remove it"
+                    .into(),
+            ));
+        }
+        let started = Instant::now();
+        // One deadline for the whole call: starting and restoring a shell count
+        // against the caller's timeout too, so a shell that cannot start (say, one
+        // a snapshot breaks) cannot hold the caller past it.
+        let startup = opts
+            .timeout
+            .unwrap_or(STARTUP_DEADLINE)
+            .min(STARTUP_DEADLINE);
+        self.prepare(startup).await?;
         let stdin_path = match &opts.stdin {
             Some(data) => {
                 let path = format!("{}/stdin", self.state_dir());

@@ -566,6 +566,96 @@ fn templates() -> String {
     )
 }
 
+/// Functions bash calls on its own, without their name in a command's text:
+/// `command_not_found_handle` runs for every word that names no command. The
+/// gate judges them with every command of a session that defines one.
+pub const IMPLICIT_FUNCTIONS: &[&str] = &["command_not_found_handle"];
+
+/// bash's builtins: a command word among them is always found.
+const BASH_BUILTINS: &[&str] = &[
+    ".",
+    ":",
+    "[",
+    "alias",
+    "bg",
+    "bind",
+    "break",
+    "builtin",
+    "caller",
+    "cd",
+    "command",
+    "compgen",
+    "complete",
+    "compopt",
+    "continue",
+    "declare",
+    "dirs",
+    "disown",
+    "echo",
+    "enable",
+    "eval",
+    "exec",
+    "exit",
+    "export",
+    "false",
+    "fc",
+    "fg",
+    "getopts",
+    "hash",
+    "help",
+    "history",
+    "jobs",
+    "kill",
+    "let",
+    "local",
+    "logout",
+    "mapfile",
+    "popd",
+    "printf",
+    "pushd",
+    "pwd",
+    "read",
+    "readarray",
+    "readonly",
+    "return",
+    "set",
+    "shift",
+    "shopt",
+    "source",
+    "suspend",
+    "test",
+    "times",
+    "trap",
+    "true",
+    "type",
+    "typeset",
+    "ulimit",
+    "umask",
+    "unalias",
+    "unset",
+    "wait",
+];
+
+/// Whether running `text` may call an [`IMPLICIT_FUNCTIONS`] handler: some
+/// command word is not a literal builtin, a name the session defines, or a
+/// path (bash looks a word with a slash up as a file, never as a command).
+/// Text the reader cannot read may.
+pub fn may_miss_a_command(text: &str, names: &std::collections::HashSet<String>) -> bool {
+    let Ok(script) = berth_policies::shell::parse(text) else {
+        return true;
+    };
+    if !script.opaque.is_empty() {
+        return true;
+    }
+    script.commands.iter().any(|c| match c.argv.first() {
+        None => false,
+        Some(w) => {
+            c.literal.first() != Some(&true)
+                || !(BASH_BUILTINS.contains(&w.as_str()) || names.contains(w) || w.contains('/'))
+        }
+    })
+}
+
 /// Functions of this and earlier berth versions, which snapshots carry: they are
 /// left out when a snapshot is replayed (see [`strip_own`]).
 pub fn is_own_function(name: &str) -> bool {
@@ -615,9 +705,18 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///
 /// Arguments: `$1` the shell's pid, `$2` its session id, `$3` the shell's
-/// watermark as its end markers report it, `$4` the signal name, `$5` (optional)
-/// the signal that makes the shell abandon the rest of the command (see
-/// [`traps`]), or `KILL` to kill the shell itself.
+/// watermark as its end markers report it, `$4` the signal name, `$5` (optional,
+/// may be empty) the signal that makes the shell abandon the rest of the
+/// command (see [`traps`]), or `KILL` to kill the shell itself, `$6`
+/// (optional) how long ago the command was sent, in hundredths of a second.
+///
+/// A process a command detached from itself (`(setsid sleep 1000 &)`) is in
+/// no session of the shell's and, once its parent exits, below no process
+/// of the shell's: it is adopted by the nearest child subreaper above it.
+/// That is the shell itself on the local backend (the wrapper makes it one)
+/// and the exec's first process on docker (`tini -s`); the script counts a
+/// process adopted by either as the command's when it started after the
+/// command was sent (`$6`).
 ///
 /// The watermark is taken when the shell starts and whenever a command leaves a
 /// background job (`$!` changed); reading it before every command cost more than
@@ -637,9 +736,14 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 /// (a busy machine wraps 32768 pids in minutes), and start times alone are too
 /// coarse to tell two quick commands apart. A watermark with no time (0) falls
 /// back to pids.
-pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4; cut=${5-}
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4; cut=${5-}; age=${6-}
 start=$((10#${start:-0})); wt=$((start / 4194304)); start=$((start % 4194304))
 IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
+# Outside the shell's session, only what started since the command was sent
+# ($6 hundredths ago) is the command's: an orphan an earlier command left is
+# adopted as the command's own are.
+since=0; age=$((10#${age:-0}))
+if [ "$age" -gt 0 ]; then IFS=' ' read -r up _ < /proc/uptime 2>/dev/null; up=${up/./}; since=$((10#${up:-0} - age)); fi
 # USER_HZ, the unit of /proc/PID/stat times: 100 on every Linux port berth
 # runs on. (getconf would say so, but nothing here may fork: see below.)
 hz=100
@@ -655,28 +759,43 @@ new() {
 }
 # Everything below uses builtins only, no fork: a command that filled its
 # sandbox's process bound (a fork bomb) leaves no room for one.
-declare -A parent
+declare -A parent old
 me=$$; spare=" $shell $me "
 p=$PPID; while [ -n "$p" ] && [ "$p" -gt 1 ]; do spare+="$p "; read -r l < "/proc/$p/stat" 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; p=${f[1]}; done
+# Where orphans of the shell's tree go when the shell is not their adopter:
+# the first process of the shell's exec (a container's `tini -s`), its
+# parent or grandparent whose own parent is outside the pid namespace (0).
+anchor=-1; a=$shell
+for _ in 1 2; do
+  read -r l < "/proc/$a/stat" 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"; a=${f[1]}
+  [ "$a" -gt 1 ] || break
+  read -r l < "/proc/$a/stat" 2>/dev/null || break; l=${l##*) }; read -r -a f <<< "$l"
+  if [ "${f[1]}" = 0 ]; then anchor=$a; break; fi
+done
 # One pass over /proc: the command's live processes, into `out`.
+# Outside the shell's session, a process is the command's when its parents
+# lead up to the shell through new processes or ones of the shell's session;
+# an old process of another session (a job of an earlier command) ends the walk.
 scan() {
-  parent=(); victims=(); out=()
+  parent=(); old=(); victims=(); out=()
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     read -r l < "$d/stat" 2>/dev/null || continue
     l=${l##*) }; read -r -a f <<< "$l"
     parent[$p]=${f[1]}
+    if ! new "$p" "${f[19]}"; then [ "${f[3]}" = "$sid" ] || old[$p]=1; continue; fi
     case "$spare" in *" $p "*) continue;; esac
     [ "${f[0]}" = Z ] && continue
-    new "$p" "${f[19]}" || continue
     if [ "${f[3]}" = "$sid" ] && [ "$sid" = "$shell" ]; then victims+=("$p"); continue; fi
+    [ $(( f[19] * 100 / hz )) -ge "$since" ] || continue
     victims+=("?$p")
   done
   for v in "${victims[@]}"; do
     case "$v" in
       \?*) p=${v#\?}; q=${parent[$p]}; n=0
            while [ -n "$q" ] && [ "$q" -gt 1 ] && [ $n -lt 64 ]; do
-             if [ "$q" = "$shell" ]; then out+=("$p"); break; fi
+             if [ "$q" = "$shell" ] || [ "$q" = "$anchor" ]; then out+=("$p"); break; fi
+             [ -n "${old[$q]-}" ] && break
              q=${parent[$q]}; n=$((n+1))
            done ;;
       *) out+=("$v") ;;

@@ -52,6 +52,16 @@ pub(super) struct Shell {
     pub(super) journal_len: usize,
     /// The shell's watermark (time and pid), from its last end marker (see `KILL_TREE`).
     pub(super) watermark: u64,
+    /// When berth sent the running (or last) command; `None` before the
+    /// first. A process outside the shell's session that is older is not
+    /// the command's (see `tree::Tree::adopted_since`).
+    pub(super) command_sent: Option<std::time::Instant>,
+    /// The shell's children when the command was sent, where the sandbox's
+    /// processes are berth's: orphans of earlier commands and jobs that the
+    /// shell (a child subreaper) adopted, which a stop must leave alone even
+    /// when they started a moment before the command (the start times of
+    /// `/proc` count in ticks of 10 ms).
+    pub(super) children_before: Vec<i32>,
     /// cwd and the length of `PATH` from the last end marker, and as of the last
     /// snapshot. When they differ after a command that skipped its snapshot, the
     /// engine asks for one: a backstop behind the reading of command texts.
@@ -307,6 +317,8 @@ impl Session {
             always_snapshot: false,
             journal_len: 0,
             watermark: 0,
+            command_sent: None,
+            children_before: Vec::new(),
             last_place: Default::default(),
             saved_place: None,
             resync: false,

@@ -55,17 +55,31 @@ impl Session {
         };
         let watermark = watermark.unwrap_or(shell.watermark);
         let (pid, sid) = (shell.info.pid, shell.info.sid);
+        // How long ago the command was sent, in hundredths: where the shell
+        // adopts orphans, one outside its session older than that is not
+        // the command's. Told as an age, not a time, since the sandbox's
+        // clock since boot is not berth's (a remote host).
+        let age = shell
+            .command_sent
+            .map_or(0, |t| t.elapsed().as_millis() / 10 + 1);
+        let age = u64::try_from(age).unwrap_or(u64::MAX);
         // Where the sandbox's processes are berth's, berth signals them: a
         // helper spawned there may signal only its own tree (the kernel
         // scopes each spawn's signals), and needs room for a process that a
         // command which filled its process limit leaves none of.
         if self.sandbox.host_processes() {
-            let tree = super::tree::Tree::new(pid, sid, watermark);
+            let since = match age {
+                0 => 0,
+                age => super::tree::boot_hundredths().saturating_sub(age),
+            };
+            let tree = super::tree::Tree::new(pid, sid, watermark)
+                .adopted_since(since)
+                .children_before(&shell.children_before);
             let out = tree.signal(sig, cut).await?;
             debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
             return Ok(out);
         }
-        let mut argv = vec![
+        let argv = vec![
             "bash".to_string(),
             "-c".to_string(),
             script::KILL_TREE.to_string(),
@@ -74,8 +88,15 @@ impl Session {
             sid.to_string(),
             watermark.to_string(),
             sig.to_string(),
+            cut.unwrap_or("").to_string(),
+            // No age: it is measured here, before the helper starts, and a
+            // helper's start (a `docker exec`) takes tens of milliseconds, so
+            // the sandbox's clock would put the command's own first processes
+            // before it. Orphans there go to the container's PID 1 and are
+            // not found (see docs/POLICIES.md), so there is nothing to tell
+            // apart by age.
+            "0".to_string(),
         ];
-        argv.extend(cut.map(str::to_string));
         let out = self.run_helper(&argv).await?;
         debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
         Ok(out)

@@ -31,6 +31,41 @@ pub(super) struct Tree {
     now: u64,
     hz: u64,
     spare: HashSet<i32>,
+    /// When the command began (hundredths since boot; 0: unknown): a
+    /// process outside the shell's session must be no older to be its.
+    since: u64,
+    /// Processes that were the shell's children before the command began:
+    /// not the command's, and neither is what they start.
+    before: HashSet<i32>,
+}
+
+/// The direct children of `pid` (its main thread's, which is where a
+/// single-threaded shell's children are), from
+/// `/proc/PID/task/PID/children`: one read, cheap enough for every command.
+/// Empty when unreadable.
+pub(super) fn children(pid: u32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|t| {
+            t.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The time since boot in hundredths of a second, the clock of
+/// `/proc/PID/stat`'s start times (boot time, suspend included); 0 if
+/// unreadable.
+pub(super) fn boot_hundredths() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `t` is, and nothing else.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) } != 0 {
+        return 0;
+    }
+    u64::try_from(t.tv_sec).unwrap_or(0) * 100 + u64::try_from(t.tv_nsec).unwrap_or(0) / 10_000_000
 }
 
 impl Tree {
@@ -50,7 +85,28 @@ impl Tree {
             // port berth runs on, as the script assumes.
             hz: 100,
             spare: HashSet::from([shell, std::process::id() as i32]),
+            since: 0,
+            before: HashSet::new(),
         }
+    }
+
+    /// Leave alone the shell's children from before the command (see
+    /// [`children`]) and what they start.
+    pub(super) fn children_before(mut self, pids: &[i32]) -> Self {
+        self.before.extend(pids.iter().copied());
+        self.spare.extend(pids.iter().copied());
+        self
+    }
+
+    /// Count a process outside the shell's session as the command's only if
+    /// it started at `since` (hundredths since boot) or later. The shell
+    /// adopts every orphan of its tree, those of earlier commands and of
+    /// jobs too (an `ssh-agent` an earlier command started, a daemon a job
+    /// forked): the watermark, taken only when `$!` changes, is older than
+    /// the command, and the start time tells them apart.
+    pub(super) fn adopted_since(mut self, since: u64) -> Self {
+        self.since = since;
+        self
     }
 
     /// Created since the watermark.
@@ -70,32 +126,51 @@ impl Tree {
     }
 
     /// One pass over `/proc`: the command's live processes.
+    ///
+    /// Outside the shell's session, a process is the command's when its
+    /// parents lead up to the shell through processes that are new, or in
+    /// the shell's session. A process a command detached from itself
+    /// (`(setsid sleep 1000 &)`: its parent exits at once) is adopted by the
+    /// shell, which the sandbox's wrapper made a child subreaper
+    /// (`berth_sandbox::exec`), so its parent is the shell. An old process
+    /// of another session (a job an earlier command started, adopted by the
+    /// shell the same way) ends the walk: what it starts now is the job's.
     fn scan(&self) -> Vec<i32> {
+        // pid -> (parent, ends a walk).
         let mut parent = HashMap::new();
         let mut victims = Vec::new();
         let mut maybe = Vec::new();
         for pid in pids() {
             let Some(s) = stat(pid) else { continue };
-            parent.insert(pid, s.ppid);
-            if self.spare.contains(&pid) || s.state == b'Z' || !self.new_since(pid, s.start) {
+            let new = self.new_since(pid, s.start);
+            parent.insert(
+                pid,
+                (
+                    s.ppid,
+                    (!new && s.sid != self.sid) || self.before.contains(&pid),
+                ),
+            );
+            if self.spare.contains(&pid) || s.state == b'Z' || !new {
                 continue;
             }
             if s.sid == self.sid && self.sid == self.shell {
                 victims.push(pid);
-            } else {
+            } else if s.start * 100 / self.hz >= self.since {
                 maybe.push(pid);
             }
         }
-        // Outside the shell's session: the shell's descendants only.
         for p in maybe {
-            let mut q = parent.get(&p).copied();
+            let mut q = parent.get(&p).map(|v| v.0);
             for _ in 0..64 {
                 match q {
                     Some(q) if q == self.shell => {
                         victims.push(p);
                         break;
                     }
-                    Some(q2) if q2 > 1 => q = parent.get(&q2).copied(),
+                    Some(q2) if q2 > 1 => match parent.get(&q2) {
+                        Some(&(_, true)) | None => break,
+                        Some(&(up, false)) => q = Some(up),
+                    },
                     _ => break,
                 }
             }
@@ -235,6 +310,8 @@ mod tests {
             now,
             hz: 100,
             spare: HashSet::new(),
+            before: HashSet::new(),
+            since: 0,
         };
         let a = t(500, 1000, 2000);
         assert!(
