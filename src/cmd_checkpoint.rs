@@ -33,13 +33,56 @@ fn source(c: &CheckpointRow) -> String {
     }
 }
 
+/// What a checkpoint of a sandbox leaves out beside its workspace: files
+/// under `~/.local` (where `pip install --user` puts packages) when the home
+/// lies outside the workspace. A checkpoint and a clone carry the workspace
+/// only; this says so instead of dropping them without a word. `None` when
+/// there are none, or the sandbox could not be asked (then nothing is
+/// claimed).
+async fn home_left_out(rt: &Runtime, backend: &str, name: &str) -> Option<String> {
+    const PROBE: &str = r#"W=$1 h=${HOME:-}
+[ -n "$h" ] || exit 0
+d=${h%/}/.local
+case "$d/" in "${W%/}"/*) exit 0;; esac
+[ -d "$d" ] || exit 0
+n=$(find "$d" -type f 2>/dev/null | head -n 100000 | wc -l)
+[ "$n" -gt 0 ] && printf '%s\t%s' "$n" "$d"
+exit 0"#;
+    let sb = rt.attach(backend, name).await.ok()?;
+    let workdir = sb.layout().workdir.clone();
+    let argv = [
+        "bash".to_string(),
+        "-c".into(),
+        PROBE.into(),
+        "berth-probe".into(),
+        workdir.clone(),
+    ];
+    let c = berth_core::backend::run_to_end(
+        &*sb,
+        &argv,
+        None,
+        4096,
+        std::time::Duration::from_secs(20),
+    )
+    .await
+    .ok()?;
+    let out = String::from_utf8_lossy(&c.stdout).into_owned();
+    let (n, dir) = out.trim().split_once('\t')?;
+    Some(format!(
+        "{n} files under {dir} (where `pip install --user` puts packages) are outside the workspace {workdir}, so checkpoints and clones do not carry them; install into a venv in the workspace instead (`python3 -m venv .venv`), which they do"
+    ))
+}
+
 /// `berth sandbox checkpoint NAME`.
 pub async fn checkpoint(rt: &Runtime, a: CheckpointArgs) -> Result<u8> {
     let c = rt
         .checkpoint(&a.backend, &a.name, a.label.as_deref(), None)
         .await?;
+    let left_out = home_left_out(rt, &a.backend, &a.name).await;
     if a.json {
-        context::print_json(&serde_json::to_value(&c)?);
+        let mut v = serde_json::to_value(&c)?;
+        v["outside_workspace"] = json!(left_out);
+        context::print_json(&v);
     } else {
         outln!(
             "checkpoint {} of sandbox {}: {} files, {}; stored {} changed ({}) in {} ms",
@@ -53,6 +96,9 @@ pub async fn checkpoint(rt: &Runtime, a: CheckpointArgs) -> Result<u8> {
         );
         if !c.skipped.is_empty() {
             outln!("left out (special files): {}", c.skipped.join(", "));
+        }
+        if let Some(n) = left_out {
+            outln!("left out: {n}");
         }
     }
     Ok(0)
@@ -132,10 +178,12 @@ pub async fn clone(rt: &Runtime, a: CloneArgs) -> Result<u8> {
     let c = rt
         .clone_sandbox(&a.backend, &a.src, &to, &a.dst, a.at.as_deref())
         .await?;
+    let left_out = home_left_out(rt, &a.backend, &a.src).await;
     if a.json {
         context::print_json(&json!({
             "sandbox": a.dst, "backend": to, "from": a.src,
             "checkpoint": c.origin, "first_checkpoint": c.id, "took_ms": c.took_ms,
+            "outside_workspace": left_out,
         }));
     } else {
         outln!(
@@ -149,6 +197,9 @@ pub async fn clone(rt: &Runtime, a: CloneArgs) -> Result<u8> {
             mib(c.bytes),
             c.took_ms
         );
+        if let Some(n) = left_out {
+            outln!("not carried over: {n}");
+        }
     }
     Ok(0)
 }

@@ -1,4 +1,4 @@
-//! `berth sandbox create|ls|rm|gc`, and the checkpoint subcommands
+//! `berth sandbox create|ls|inspect|rm|gc` (inspect in `crate::cmd_inspect`), and the checkpoint subcommands
 //! (`crate::cmd_checkpoint`).
 
 use std::collections::BTreeMap;
@@ -68,11 +68,12 @@ pub async fn run_on(rt: &Runtime, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
                     layout.workdir
                 );
                 if let Some(r) = recreated {
-                    outln!("note: recreated: {r}");
+                    outln!("note: the sandbox was brought back: {r}");
                 }
             }
         }
         SandboxCmd::Ls(a) => return ls(rt, a).await,
+        SandboxCmd::Inspect(a) => return crate::cmd_inspect::run(rt, dir, a).await,
         SandboxCmd::Reap(a) => return crate::cmd_reap::run(rt, a).await,
         SandboxCmd::Gc(a) => return gc(rt, dir, a).await,
         SandboxCmd::Checkpoint(a) => return crate::cmd_checkpoint::checkpoint(rt, a).await,

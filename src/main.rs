@@ -14,6 +14,7 @@ mod cmd_checkpoint;
 mod cmd_events;
 mod cmd_exec;
 mod cmd_image;
+mod cmd_inspect;
 mod cmd_job;
 mod cmd_job_logs;
 mod cmd_memory;

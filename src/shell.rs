@@ -145,7 +145,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
     crate::server::client::forget(&dir, &a.backend, &a.sandbox).await;
     let (session, recreated) = rt.named_session(&a.backend, &a.sandbox, &a.session).await?;
     if let Some(why) = recreated {
-        eprintln!("berth: the sandbox was recreated: {why}");
+        eprintln!("berth: the sandbox was brought back: {why}");
     }
     let workdir = session.lock().await.sandbox().layout().workdir.clone();
     drop(session);

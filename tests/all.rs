@@ -24,6 +24,8 @@ mod checkpoints;
 mod cli;
 mod context;
 mod delegate;
+#[cfg(feature = "docker")]
+mod docker_settings;
 mod e2b_backend;
 mod follow;
 mod mcp;

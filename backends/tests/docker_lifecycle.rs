@@ -440,3 +440,77 @@ async fn gc_collects_orphaned_volumes_of_its_own_installation() -> TestResult {
     assert!(volume_exists(&other, &other.names().workspace_volume(foreign.name())).await?);
     Ok(())
 }
+
+/// A container is used only with its spec's settings: provisioning an
+/// existing sandbox with any one setting other than its container's is
+/// refused, names that setting, and leaves the container as it was; a
+/// stopped one is not started with other settings either (issue 50).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_is_never_used_with_other_settings() -> TestResult {
+    let b = backend().await?;
+    let name = unique("settings");
+    let _g = Cleanup::of(&b, name.clone());
+    let made = SandboxSpec::named(&name);
+    b.provision(&made).await?;
+    type Change = Box<dyn Fn(&mut SandboxSpec)>;
+    let variants: Vec<(&str, Change)> = vec![
+        ("network", Box::new(|s| s.network = true)),
+        ("memory", Box::new(|s| s.limits.memory_mb = Some(300))),
+        ("cpus", Box::new(|s| s.limits.milli_cpu = Some(500))),
+        ("pids", Box::new(|s| s.limits.pids = Some(64))),
+        (
+            "user",
+            Box::new(|s| {
+                s.options.insert("user".into(), "root".into());
+            }),
+        ),
+        (
+            "read_only",
+            Box::new(|s| {
+                s.options.insert("read_only".into(), "true".into());
+            }),
+        ),
+        (
+            "cap_add",
+            Box::new(|s| {
+                s.options.insert("cap_add".into(), "CHOWN".into());
+            }),
+        ),
+        (
+            "image",
+            Box::new(|s| s.image = Some("berth-sandbox:latest".into())),
+        ),
+    ];
+    for stopped in [false, true] {
+        if stopped {
+            b.client()
+                .stop_container(&b.names().container(&name), None)
+                .await?;
+        }
+        for (setting, change) in &variants {
+            let mut other = made.clone();
+            change(&mut other);
+            match b.provision(&other).await {
+                Ok(_) => return Err(format!("{setting} (stopped: {stopped}): accepted").into()),
+                Err(e) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.contains(&format!("  {setting}")) && text.contains("--keep-workspace"),
+                        "{setting}: {text}"
+                    );
+                }
+            }
+        }
+        let c = b
+            .client()
+            .inspect_container(&b.names().container(&name), None)
+            .await?;
+        let running = c.state.and_then(|s| s.running) == Some(true);
+        assert_eq!(running, !stopped, "the container was left as it was");
+        let hc = c.host_config.ok_or("no host config")?;
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+    }
+    // Its own settings: started again.
+    assert!(b.provision(&made).await?.recreated.is_some());
+    Ok(())
+}

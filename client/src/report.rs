@@ -69,7 +69,7 @@ pub fn print_notice_lines(
     timeout: Duration,
 ) {
     if let Some(why) = recreated {
-        eprintln!("berth: the sandbox was recreated: {why}");
+        eprintln!("berth: the sandbox was brought back: {why}");
     }
     for n in notices {
         eprintln!("berth: {n}");

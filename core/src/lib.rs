@@ -18,6 +18,7 @@ pub mod owner;
 mod procfs;
 pub mod procs;
 pub mod session;
+pub mod spec_diff;
 
 pub mod reaper;
 pub mod runtime;

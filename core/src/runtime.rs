@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod checkpoints;
+mod hints;
 mod sandboxes;
 mod spool;
 
@@ -384,13 +385,31 @@ impl Runtime {
         // while a command runs.
         for slot in self.slots(backend, sandbox).await {
             let existing = self.open_session(&slot);
-            if let Some(Ok(s)) = existing.as_ref().map(|s| s.try_lock()) {
+            // A shell that ended while idle may mean a stopped sandbox:
+            // provision it then (idempotent), which starts it again.
+            if let Some(Ok(mut s)) = existing.as_ref().map(|s| s.try_lock())
+                && !s.shell_gone()
+            {
                 return Ok(s.sandbox().clone());
             }
         }
         let b = self.backend(backend).await?;
         let row = self.sandbox_row(b.as_ref(), backend, sandbox, true)?;
         Ok(b.provision(&row.spec).await?.sandbox)
+    }
+
+    /// True when the session's shell ended while idle and its sandbox is not
+    /// alive: the sandbox stopped under it. Costs nothing while the shell
+    /// lives (a poll of its output); one backend call when it has ended.
+    async fn sandbox_stopped_under(&self, session: &Arc<Mutex<Session>>) -> bool {
+        let sandbox = {
+            let mut s = session.lock().await;
+            if !s.shell_gone() {
+                return false;
+            }
+            s.sandbox().clone()
+        };
+        matches!(sandbox.alive().await, Ok(false))
     }
 
     /// Forget a sandbox's sessions (after it died), so the next call in any
@@ -598,9 +617,20 @@ impl Runtime {
         call_id: &str,
         admitted_as: Option<berth_policies::Action>,
     ) -> Result<ExecReport> {
-        let (session, recreated) = self
+        let (mut session, mut recreated) = self
             .named_session(&req.backend, &req.sandbox, req.session_name())
             .await?;
+        // A shell that ended while idle because its sandbox stopped (a
+        // `docker kill`, a host reboot): the command has not been sent, so
+        // provision the sandbox again (which starts or recreates it, and
+        // says so) instead of failing the call.
+        if self.sandbox_stopped_under(&session).await {
+            info!(call = %call_id, sandbox = %req.sandbox, "the sandbox stopped while idle; provisioning it again");
+            self.forget_session(&req.backend, &req.sandbox).await;
+            (session, recreated) = self
+                .named_session(&req.backend, &req.sandbox, req.session_name())
+                .await?;
+        }
         let mut session = session.lock().await;
         if let (Some(g), Some(first)) = (&self.gate, admitted_as) {
             self.readmit_with_session(g, &mut session, req, call_id, first)
@@ -641,6 +671,13 @@ impl Runtime {
         };
         if let Some(n) = oom_notice(memory_before, sandbox.memory()) {
             result.notices.push(n);
+        }
+        if result.exit_code != 0
+            && let Ok(Some(row)) = self.store.sandbox(&req.backend, &req.sandbox)
+            && let Some(h) =
+                hints::network_hint(&req.backend, &row.spec, result.exit_code, &result.output)
+        {
+            result.notices.push(h);
         }
         // The sandbox and session are marked used with the call's end event
         // (`Store::record_call_end`), in one transaction.

@@ -49,7 +49,15 @@ pub(crate) async fn run(call: &Call<'_>, a: SandboxArgs) -> ToolOutcome {
                 Ok(n) => n,
                 Err(o) => return o,
             };
-            match rt.create_sandbox(&backend, SandboxSpec::named(&n)).await {
+            // The tool asks for no settings: a sandbox that exists is
+            // attached to with its own (a new one gets the defaults), never
+            // refused for settings the caller did not ask to change.
+            let spec = match rt.store().sandbox(&backend, &n) {
+                Ok(Some(row)) => row.spec,
+                Ok(None) => SandboxSpec::named(&n),
+                Err(e) => return e.into(),
+            };
+            match rt.create_sandbox(&backend, spec).await {
                 Ok((_, created, recreated)) => ToolOutcome::ok(
                     format!(
                         "sandbox `{n}` ({backend}) {}",

@@ -162,7 +162,7 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
     }
     if let Some(why) = &r.recreated {
         text.push_str(&format!(
-            "[berth: the sandbox was recreated first: {why}]\n"
+            "[berth: the sandbox was brought back first: {why}]\n"
         ));
     }
     let kind = if res.timed_out {

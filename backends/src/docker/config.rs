@@ -7,7 +7,8 @@
 //!   allow-list, no namespaces, no io_uring, no setuid/setgid mode bits;
 //! - pids, memory and CPU limits (`spec.limits`);
 //! - network mode `none` unless `spec.network`;
-//! - a non-root user (`user` option, default uid:gid 1000:1000, `berth` in our image);
+//! - a non-root user (`user` option, default uid:gid 1000:1000, `berth` in our
+//!   image); `user=root` adds [`ROOT_CAPS`] unless `cap_add` is given;
 //! - optional read-only root filesystem with a tmpfs `/tmp` (`read_only` option).
 //!
 //! Nothing of berth's own environment is copied in: the container gets a fixed
@@ -30,6 +31,22 @@ pub const DEFAULT_PIDS: u64 = 512;
 /// Size of the tmpfs `/tmp` on a read-only root filesystem, MiB.
 pub const TMPFS_MB: u64 = 512;
 
+/// The capabilities a sandbox running as root gets when its spec names none
+/// (`cap_add`): what a package manager needs (dpkg changes owners and
+/// modes of files it does not own, apt drops to its `_apt` user to
+/// download). Still no-new-privileges, berth's seccomp profile, and none of
+/// the capabilities that reach past the container (no SYS_ADMIN, NET_ADMIN,
+/// SYS_PTRACE, MKNOD).
+pub const ROOT_CAPS: &[&str] = &[
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+];
+
 /// The options a docker sandbox understands in `SandboxSpec::options`.
 pub const OPTIONS: &[&str] = &["read_only", "cap_add", "user"];
 
@@ -45,7 +62,8 @@ pub struct SandboxUser {
 }
 
 impl SandboxUser {
-    fn parse(s: &str) -> Result<Self> {
+    /// Read `uid:gid`, `root` or `berth` (either side).
+    pub fn parse(s: &str) -> Result<Self> {
         let (u, g) = s.split_once(':').unwrap_or((s, s));
         let num = |x: &str| -> Option<u64> {
             match x {
@@ -106,10 +124,18 @@ impl ContainerPlan {
         // files and processes need no capability, and with no-new-privileges no
         // setuid binary can pick one up. A workload that runs as root inside the
         // sandbox (an sshd, a package install) names what it needs, e.g.
-        // `cap_add=CHOWN,SETUID,SETGID,SYS_CHROOT,NET_BIND_SERVICE`.
+        // `cap_add=CHOWN,SETUID,SETGID,SYS_CHROOT,NET_BIND_SERVICE`. Root
+        // without a `cap_add` gets what installing packages takes
+        // ([`ROOT_CAPS`]); a `cap_add` of its own must keep DAC_OVERRIDE.
+        let root_caps = ROOT_CAPS.join(",");
+        let default_caps = if user.uid == 0 {
+            root_caps.as_str()
+        } else {
+            ""
+        };
         let cap_add = spec
             .option("cap_add")
-            .unwrap_or("")
+            .unwrap_or(default_caps)
             .split(',')
             .map(|c| c.trim().to_ascii_uppercase())
             .filter(|c| !c.is_empty())
@@ -121,6 +147,17 @@ impl ContainerPlan {
         {
             return Err(Error::InvalidInput(format!(
                 "docker option cap_add: `{bad}` is not a capability name"
+            )));
+        }
+        // The workspace and berth's state in the sandbox are volumes owned
+        // by the image's user (1000), which root can write only with
+        // DAC_OVERRIDE: without it the session could not save its state, and
+        // each command would fail with "Permission denied".
+        if user.uid == 0 && !cap_add.iter().any(|c| c == "DAC_OVERRIDE") {
+            return Err(Error::InvalidInput(format!(
+                "docker option user=root with cap_add={}: root needs DAC_OVERRIDE to write the workspace and berth's state, which belong to the image's user (uid 1000); add DAC_OVERRIDE to cap_add, or leave cap_add out (root then gets {})",
+                cap_add.join(","),
+                ROOT_CAPS.join(",")
             )));
         }
         Ok(Self {
@@ -271,6 +308,22 @@ mod tests {
         let mut spec = SandboxSpec::named("t");
         spec.options.insert("user".into(), "nobody".into());
         assert!(ContainerPlan::from_spec(&spec).is_err());
+        // Root gets what a package manager needs, unless it names its own.
+        let mut spec = SandboxSpec::named("t");
+        spec.options.insert("user".into(), "root".into());
+        let plan = ContainerPlan::from_spec(&spec);
+        assert!(matches!(plan, Ok(ref p) if p.cap_add == ROOT_CAPS && p.user.uid == 0));
+        // Root without DAC_OVERRIDE could not write its own workspace.
+        spec.options.insert("cap_add".into(), "".into());
+        let plan = ContainerPlan::from_spec(&spec);
+        assert!(
+            matches!(plan, Err(Error::InvalidInput(ref m)) if m.contains("add DAC_OVERRIDE")),
+            "{plan:?}"
+        );
+        spec.options
+            .insert("cap_add".into(), "chown,dac_override".into());
+        let plan = ContainerPlan::from_spec(&spec);
+        assert!(matches!(plan, Ok(ref p) if p.cap_add == ["CHOWN", "DAC_OVERRIDE"]));
     }
 
     #[test]

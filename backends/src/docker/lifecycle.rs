@@ -22,6 +22,7 @@ use bollard::query_parameters::{
 use tracing::{debug, info};
 
 use super::config::{self, ContainerPlan};
+use super::inspect::{self, ContainerSettings};
 use super::{
     DockerBackend, DockerSandbox, KIND, LABEL_INSTALLATION, LABEL_SANDBOX, Names, api_error,
     failure_of, status_of, unreachable,
@@ -39,11 +40,12 @@ pub struct GcReport {
     pub kept: usize,
 }
 
-/// What `provision` found under the sandbox's name.
+/// What `provision` found under the sandbox's name: its state, and the
+/// settings the engine has for it.
 enum Found {
-    Running,
-    Paused,
-    Stopped(String),
+    Running(ContainerSettings),
+    Paused(ContainerSettings),
+    Stopped(String, ContainerSettings),
     Missing,
 }
 
@@ -64,12 +66,13 @@ impl DockerBackend {
                         self.names.filter()
                     )));
                 }
+                let settings = ContainerSettings::inspected(&c);
                 let state = c.state.unwrap_or_default();
                 if state.paused == Some(true) {
-                    return Ok(Found::Paused);
+                    return Ok(Found::Paused(settings));
                 }
                 if state.running == Some(true) {
-                    return Ok(Found::Running);
+                    return Ok(Found::Running(settings));
                 }
                 let status = state
                     .status
@@ -81,7 +84,7 @@ impl DockerBackend {
                     }
                     _ => format!("its container was {status}"),
                 };
-                Ok(Found::Stopped(how))
+                Ok(Found::Stopped(how, settings))
             }
             Err(e) if status_of(&e) == Some(404) => Ok(Found::Missing),
             Err(e) => Err(api_error(&self.host, name, "inspecting the container", e)),
@@ -308,16 +311,25 @@ impl Backend for DockerBackend {
         let name = spec.name.as_str();
         let mut created = false;
         let mut recreated = None;
-        match self.find(name).await? {
-            Found::Running => {}
-            Found::Paused => {
+        let found = self.find(name).await?;
+        // A container is used only with the settings its spec gives: one
+        // that differs is refused, never attached to, started or unpaused.
+        if let Found::Running(has) | Found::Paused(has) | Found::Stopped(_, has) = &found {
+            let diff = inspect::differences(&ContainerSettings::planned(spec, &plan), has);
+            if !diff.is_empty() {
+                return Err(inspect::mismatch(name, &diff));
+            }
+        }
+        match found {
+            Found::Running(_) => {}
+            Found::Paused(_) => {
                 self.docker
                     .unpause_container(&self.names.container(name))
                     .await
                     .map_err(|e| api_error(&self.host, name, "unpausing its container", e))?;
                 recreated = Some("its container was paused; it was unpaused".to_string());
             }
-            Found::Stopped(how) => {
+            Found::Stopped(how, _) => {
                 info!(sandbox = %name, %how, "starting stopped container");
                 match self.start(name).await {
                     Ok(()) => recreated = Some(format!("{how}; it was started again")),

@@ -22,6 +22,7 @@ pub mod bench;
 pub mod config;
 pub mod files;
 pub mod image;
+pub mod inspect;
 pub mod lifecycle;
 pub mod process;
 pub mod seccomp;

@@ -11,6 +11,10 @@ pub enum SandboxCmd {
     Create(CreateArgs),
     /// List berth's sandboxes, with their live state.
     Ls(LsArgs),
+    /// Show a sandbox's settings and size as the sandbox itself has them (on
+    /// docker, the container's config read from the engine), beside the
+    /// settings on record, and any difference between the two.
+    Inspect(InspectArgs),
     /// Remove a sandbox.
     Rm(RmArgs),
     /// Remove sandboxes idle longer than the policy's idle lifetime.
@@ -114,6 +118,18 @@ pub struct LsArgs {
     #[arg(long, short = 'a')]
     #[serde(default)]
     pub all: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Serialize, Deserialize)]
+pub struct InspectArgs {
+    /// The sandbox's name.
+    pub name: String,
+    /// Backend it lives on.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
+    pub backend: String,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -93,7 +93,10 @@ exit 0
 );
 
 /// Args: WORKDIR BERTH_DIR PRUNE-EXPR... The second half of a restore,
-/// after [`SCAN`]: it reads the plan's
+/// after [`SCAN`]. Extracted files belong to the sandbox's own user
+/// (`--no-same-owner`): a checkpoint taken as uid 1000 restores into a
+/// sandbox running as root, or as another uid, without a chown that its
+/// missing capabilities would refuse. It reads the plan's
 /// records (see `plan`) to EOF; no plan, no change. It extracts the files
 /// and the session state (`Z`, base64) aside and checks every digest first,
 /// then changes the workspace and the state files, and prints the
@@ -103,6 +106,7 @@ pub(super) const RESTORE: &str = concat!(
 cd -- "$W" || { echo "cannot enter the workspace $W" >&2; exit 3; }
 S=$B/restore.$$ p=$B/restore.$$.plan n=
 tidy() { rm -rf -- "$S" "$p" "$S.list" "$S.sums" "$S.err" ${n:+"$n"}; }
+errs() { head -n 3 -- "$S.err" | tr '\n' ' '; l=$(wc -l < "$S.err"); [ "$l" -le 3 ] || printf '(and %s more lines)' "$((l - 3))"; }
 bad() { echo "$*" >&2; tidy; exit 7; }
 fail() { echo "$*" >&2; tidy; exit 8; }
 cat > "$p" || { rm -f -- "$p"; exit 4; }
@@ -112,16 +116,16 @@ for id in $(sed -z -n 's/^Q//p' "$p" | tr '\0' ' '); do
   f=$B/packs/$id.tar
   [ -f "$f" ] || bad "pack $id is missing"
   sed -z -n "s/^P$id://p" "$p" > "$S.list"
-  tar -xf "$f" -C "$S" --null --verbatim-files-from -T "$S.list" 2> "$S.err" || bad "pack $id cannot be read: $(head -c 400 "$S.err")"
+  tar -xf "$f" -C "$S" --no-same-owner --null --verbatim-files-from -T "$S.list" 2> "$S.err" || bad "pack $id cannot be read: $(errs)"
 done
 if grep -qz '^V' "$p"; then
   sed -z -n 's/^V//p' "$p" | tr '\0' '\n' > "$S.sums"
-  (cd -- "$S" && sha256sum -c --quiet --strict "$S.sums") > "$S.err" 2>&1 || bad "a stored file does not match its digest: $(head -c 400 "$S.err")"
+  (cd -- "$S" && sha256sum -c --quiet --strict "$S.sums") > "$S.err" 2>&1 || bad "a stored file does not match its digest: $(errs)"
 fi
 if grep -qz '^Z' "$p"; then
   n=$B/.session.$$
   rm -rf -- "$n"; mkdir -- "$n" || fail "cannot stage the session state"
-  sed -z -n 's/^Z//p' "$p" | base64 -d | tar -xf - -C "$n" 2> "$S.err" || bad "the session state cannot be read: $(head -c 400 "$S.err")"
+  sed -z -n 's/^Z//p' "$p" | base64 -d | tar -xf - -C "$n" --no-same-owner 2> "$S.err" || bad "the session state cannot be read: $(errs)"
   if grep -qz '^X' "$p"; then
     from=$(sed -z -n 's/^X//p' "$p" | tr -d '\0') to=$(sed -z -n 's/^Y//p' "$p" | tr -d '\0')
     find "$n" -type f -exec sed -i -e "s|$from|$to|g" {} + || fail "cannot move the session's paths"

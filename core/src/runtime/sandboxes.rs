@@ -35,6 +35,20 @@ impl Runtime {
         // with it, and must agree with those an existing one keeps.
         let stored = self.store.sandbox(backend, &spec.name)?;
         b.settle_spec(&mut spec, stored.as_ref().map(|r| &r.spec))?;
+        // A sandbox's settings are fixed when it is made: asking for others
+        // is an error naming each, never an attach that keeps the old ones
+        // while the record takes the new (a later clone or recreate would
+        // then come up with settings the sandbox never had).
+        if let Some(row) = &stored {
+            let diff = crate::spec_diff::differences(&row.spec, &spec);
+            if !diff.is_empty() {
+                let name = &spec.name;
+                return Err(Error::InvalidInput(format!(
+                    "sandbox `{name}` ({backend}) already exists with other settings:\n  {}\nA sandbox keeps the settings it was made with. To use it as it is, leave those options out or give them as shown (`berth sandbox inspect {name} -b {backend}` shows them); to change them, remove it (`berth sandbox rm {name} -b {backend}`, with --keep-workspace on docker to keep the files) and create it again",
+                    diff.join("\n  ")
+                )));
+            }
+        }
         // Written first: if berth dies mid-provision, `ls` still shows the sandbox
         // and `rm` can clean up whatever the backend made.
         self.store.put_sandbox(backend, &spec)?;
