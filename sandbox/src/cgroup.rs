@@ -479,10 +479,15 @@ mod tests {
                     let (stop, dir) = (stop.clone(), dir.clone());
                     std::thread::spawn(move || {
                         let mut removed = 0u32;
+                        // A sweep every 100 µs, far more often than
+                        // sandboxes start: a sweeper that spins without a
+                        // pause starves the joiner on a loaded 2-core
+                        // machine (CI), which no wrapper's sweep does.
                         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                             if !populated(&dir) && std::fs::remove_dir(&dir).is_ok() {
                                 removed += 1;
                             }
+                            std::thread::sleep(std::time::Duration::from_micros(100));
                         }
                         removed
                     })
