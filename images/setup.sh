@@ -7,6 +7,14 @@ set -eu
 groupadd --gid 1000 berth
 useradd --uid 1000 --gid 1000 --create-home --shell /bin/bash berth
 
+# A copy of bash its users may run but not read. berth runs a session's shell
+# from it: the kernel leaves a process that executes a file it cannot read
+# non-dumpable, so the programs a command starts (dumpable, as any other)
+# cannot read the shell's memory or open its descriptors through /proc, where
+# they would find what ends a command's report before the command has ended.
+install -d -m 0755 /usr/local/libexec/berth
+install -m 0711 -o root -g root /bin/bash /usr/local/libexec/berth/bash
+
 # Mount points of the sandbox's volumes. A new named volume copies the
 # ownership of the directory it is mounted over, so these decide who owns the
 # workspace and berth's private state.

@@ -1104,6 +1104,19 @@ pub async fn no_function_named_like_a_builtin_breaks_the_session(h: &Harness) ->
     survives_redefinitions(h, "functions", table.collect()).await
 }
 
+/// Every builtin the loop uses as an alias and a function at once, the
+/// form of issue 49 item 22 (`alias builtin=echo; builtin() { echo x; }`):
+/// the alias must not reach the engine's text, nor the function its calls.
+pub async fn no_alias_and_function_of_one_name_breaks_the_session(h: &Harness) -> TestResult {
+    let table = BUILTINS.iter().map(|n| {
+        (
+            n.to_string(),
+            format!("alias '{n}'='echo hijacked'; function '{n}' {{ echo hijacked; }}"),
+        )
+    });
+    survives_redefinitions(h, "shadowed", table.collect()).await
+}
+
 /// Every builtin the loop uses, disabled.
 pub async fn no_disabled_builtin_breaks_the_session(h: &Harness) -> TestResult {
     let table = BUILTINS
@@ -1788,5 +1801,82 @@ pub async fn checkpoint_restore_and_clone_bring_back_files_git_and_session(
     kg.close().await;
     k.close().await;
     g.remove().await?;
+    f.remove().await
+}
+
+/// A child that reads its shell's memory for the end nonce, as a red team
+/// did: it scans every writable mapping of its parent through
+/// `/proc/$PPID/mem` for nonces (16 hex digits after `__berth_n=N` or a frame
+/// header's `N`) and prints an end marker with exit 0 and cwd `/etc` for each.
+/// Where the kernel refuses it the memory, it prints `denied`.
+pub const FORGER: &str = r#"import os, re
+p = os.getppid()
+try:
+    maps = open('/proc/%d/maps' % p).read().splitlines()
+    mem = open('/proc/%d/mem' % p, 'rb', 0)
+except OSError as e:
+    print('denied', e.errno)
+    raise SystemExit(0)
+seen = set()
+for line in maps:
+    parts = line.split()
+    if len(parts) < 2 or not parts[1].startswith('rw'):
+        continue
+    a, b = (int(x, 16) for x in parts[0].split('-'))
+    try:
+        mem.seek(a)
+        data = mem.read(b - a)
+    except (OSError, ValueError, OverflowError):
+        continue
+    for m in re.finditer(rb'(?:__berth_n=|[0-9a-f]{8}[0-4][01][01][g.])N([0-9a-f]{16})', data):
+        seen.add(m.group(1).decode())
+os.write(1, ''.join('\x1e%s:0\x1f-\x1f0\x1f0\x1f/etc:%s\x1e' % (n, n) for n in seen).encode())
+print('forged', len(seen))
+"#;
+
+/// Issue 49 item 8: a command's child forges the end of its report from its
+/// shell's memory. berth reports the command's real exit code and cwd, and
+/// stops it at its timeout, because the shell is not dumpable.
+pub async fn a_child_cannot_forge_the_end_from_its_shells_memory(
+    sandbox: &std::sync::Arc<dyn berth_core::backend::Sandbox>,
+    s: &mut Session,
+) -> TestResult {
+    let script = format!("{}/berth-forger.py", sandbox.layout().workdir);
+    sandbox
+        .write_file(&script, FORGER.as_bytes(), 0o644)
+        .await?;
+    let r = s
+        .exec(
+            &format!("/usr/bin/python3 {script}; /bin/sleep 1; cd /; exit 7"),
+            with_timeout(30),
+        )
+        .await?;
+    let out = r.output.text();
+    assert_eq!(r.exit_code, 7, "the forged end was believed: {out:?}");
+    assert_eq!(r.cwd.as_deref(), Some("/"), "{out:?}");
+    assert!(
+        out.contains("denied"),
+        "the shell's memory was readable: {out:?}"
+    );
+    let short = ExecOpts {
+        timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let r = s
+        .exec(&format!("/usr/bin/python3 {script}; /bin/sleep 30"), short)
+        .await?;
+    assert!(r.timed_out, "{:?}", r.output.text());
+    assert_eq!(r.exit_code, 124);
+    Ok(())
+}
+
+#[cfg(feature = "docker")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_a_child_cannot_forge_the_end_from_its_shells_memory() -> TestResult {
+    let h = crate::support::docker_harness().await?;
+    let f = h.sandbox("forge").await?;
+    let mut s = open(&f).await?;
+    a_child_cannot_forge_the_end_from_its_shells_memory(&f.sandbox, &mut s).await?;
+    s.close().await;
     f.remove().await
 }

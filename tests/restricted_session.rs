@@ -547,3 +547,15 @@ fn kill_sleepers(secs: &str) {
         }
     }
 }
+
+/// Issue 49 item 8 on the local backend: the restricted shell is not
+/// dumpable, so a command's child cannot read the end nonce from its memory.
+#[tokio::test]
+async fn a_child_cannot_forge_the_end_from_its_shells_memory() {
+    let o = open_wrapped("fg").await;
+    let (sb, mut s) = (o.sb.clone(), o.session);
+    crate::conformance::a_child_cannot_forge_the_end_from_its_shells_memory(&sb, &mut s)
+        .await
+        .unwrap();
+    s.close().await;
+}

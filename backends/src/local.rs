@@ -419,12 +419,19 @@ impl Sandbox for LocalSandbox {
                 detail: format!("working directory {cwd} does not exist"),
             });
         }
+        // A session's shell runs from a private copy, so the processes its
+        // commands start cannot read its memory (see `berth_sandbox::private`).
+        let shell = opts
+            .replaces
+            .as_deref()
+            .is_some_and(|r| r.starts_with("berth-shell:"));
         let full: Vec<std::ffi::OsString> = match &self.wrapper {
             Some(w) => w
                 .argv(&SpawnTarget {
                     dir: &self.dir,
                     name: &self.name,
                     network: self.network,
+                    nondumpable: shell,
                 })
                 .into_iter()
                 .chain(argv.iter().map(Into::into))
@@ -438,7 +445,27 @@ impl Sandbox for LocalSandbox {
         if opts.tty && !opts.env.iter().any(|(k, _)| k == "TERM") {
             env.push(("TERM".into(), "xterm-256color".into()));
         }
-        let mut cmd = Command::new(&full[0]);
+        // Without the wrapper, berth makes the copy itself.
+        let copy = if shell && self.wrapper.is_none() {
+            let path = env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v);
+            berth_sandbox::private::resolve(full[0].as_ref(), path.map(|p| p.as_ref()))
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+                .and_then(|exe| berth_sandbox::private::PrivateCopy::of(&exe))
+                .map_err(|e| {
+                    tracing::warn!(sandbox = %self.name, error = %e, "the shell runs dumpable: no private copy");
+                })
+                .ok()
+        } else {
+            None
+        };
+        let mut cmd = match &copy {
+            Some(c) => {
+                let mut cmd = Command::new(c.path());
+                cmd.arg0(&full[0]);
+                cmd
+            }
+            None => Command::new(&full[0]),
+        };
         cmd.args(&full[1..]).env_clear().current_dir(&cwd);
         if self.wrapper.is_some() {
             // The wrapper runs unconfined until it execs: it gets the

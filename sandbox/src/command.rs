@@ -32,6 +32,9 @@ pub struct SpawnTarget<'a> {
     pub name: &'a str,
     /// Whether the sandbox's own spec asks for network (the policy can also).
     pub network: bool,
+    /// Run the program from a private copy, not dumpable (see
+    /// [`crate::private`]): a session's shell.
+    pub nondumpable: bool,
 }
 
 impl WrapperCommand {
@@ -100,6 +103,9 @@ impl WrapperCommand {
             v.push("--memory-max".into());
             v.push(m.to_string().into());
         }
+        if t.nondumpable {
+            v.push("--nondumpable".into());
+        }
         v.push("--".into());
         v
     }
@@ -130,6 +136,7 @@ mod tests {
             dir: Path::new("/s/d"),
             name: "d",
             network: true,
+            nondumpable: true,
         };
         let argv = w.argv(&t);
         assert_eq!(argv[1], SUBCOMMAND);
@@ -144,6 +151,7 @@ mod tests {
             "the spec's network reaches the policy"
         );
         assert!(!parsed.unrestricted);
+        assert!(parsed.nondumpable);
         assert_eq!(parsed.argv, vec![OsString::from("true")]);
     }
 
@@ -163,6 +171,7 @@ mod tests {
                 dir: Path::new("/s/d"),
                 name,
                 network: false,
+                nondumpable: false,
             };
             let mut full: Vec<OsString> = w.argv(&t)[2..].to_vec();
             full.push("true".into());

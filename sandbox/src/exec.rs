@@ -94,6 +94,10 @@ pub(crate) struct Args {
     /// its memory cgroup, where there is one.
     #[arg(long)]
     pub memory_max: Option<u64>,
+    /// Run the program from a private copy nobody can read, so the process is
+    /// not dumpable (see [`crate::private`]): a session's shell.
+    #[arg(long)]
+    pub nondumpable: bool,
     /// Kill what is left of the sandbox and remove its pids cgroup, then exit.
     #[arg(long)]
     pub remove_cgroup: bool,
@@ -139,13 +143,18 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     }
     crate::env::close_inherited_fds()?;
     let env = program_env()?;
+    // Read now, while every file is still in reach.
+    let copy = args
+        .nondumpable
+        .then(|| private_copy(&args.argv[0], env.as_ref()))
+        .flatten();
     if args.unrestricted || !args.policy.restricted {
         eprintln!(
             "berth: WARNING: sandbox `{}` runs WITHOUT kernel restrictions (no Landlock, no seccomp, no rlimits): \
              its processes can read and write anything this user can, including ~/.ssh and berth's state.",
             args.name
         );
-        return exec(&args.argv, env);
+        return exec(&args.argv, env, copy.as_ref());
     }
     let mut profile = args
         .policy
@@ -198,7 +207,37 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     // once it knows them to be the sandbox's (`berth_core::procs`).
     crate::landlock::apply(&profile, abi)?;
     crate::seccomp::apply(&profile)?;
-    exec(&args.argv, env)
+    exec(&args.argv, env, copy.as_ref())
+}
+
+/// The program's private copy, or `None` (and a warning on stderr, which a
+/// session keeps for its diagnostics) when one cannot be made: the program
+/// then runs as it is, dumpable.
+fn private_copy(
+    program: &OsStr,
+    env: Option<&Vec<(String, String)>>,
+) -> Option<crate::private::PrivateCopy> {
+    let path = match env {
+        Some(pairs) => pairs
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| OsString::from(v)),
+        None => std::env::var_os("PATH"),
+    };
+    let made = crate::private::resolve(program, path.as_deref())
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+        .and_then(|exe| crate::private::PrivateCopy::of(&exe));
+    match made {
+        Ok(copy) => Some(copy),
+        Err(e) => {
+            eprintln!(
+                "berth: warning: cannot run {:?} from a private copy ({e}); it runs dumpable, so processes it starts can read its memory",
+                program.to_string_lossy()
+            );
+            None
+        }
+    }
 }
 
 /// The sandboxed program's environment: from [`ENV_CARRIER`] when berth
@@ -212,9 +251,20 @@ fn program_env() -> Result<Option<Vec<(String, String)>>> {
     Ok(Some(pairs))
 }
 
-fn exec(argv: &[OsString], env: Option<Vec<(String, String)>>) -> Result<Never> {
+fn exec(
+    argv: &[OsString],
+    env: Option<Vec<(String, String)>>,
+    copy: Option<&crate::private::PrivateCopy>,
+) -> Result<Never> {
     set_child_subreaper()?;
-    let mut cmd = std::process::Command::new(&argv[0]);
+    let mut cmd = match copy {
+        Some(c) => {
+            let mut cmd = std::process::Command::new(c.path());
+            cmd.arg0(&argv[0]);
+            cmd
+        }
+        None => std::process::Command::new(&argv[0]),
+    };
     cmd.args(&argv[1..]);
     match env {
         Some(pairs) => {

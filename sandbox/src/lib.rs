@@ -25,6 +25,7 @@ mod error;
 pub mod exec;
 pub mod landlock;
 pub mod mounts;
+pub mod private;
 #[cfg(test)]
 mod readback;
 pub mod rlimits;

@@ -43,6 +43,10 @@ const STREAM_END_GRACE: Duration = Duration::from_secs(2);
 /// The size of the daemon-stream read buffer.
 const READ_CAPACITY: usize = 64 * 1024;
 
+/// The image's copy of bash that its user may execute but not read (see
+/// `images/setup.sh`): a process running it is not dumpable.
+pub(crate) const PRIVATE_BASH: &str = "/usr/local/libexec/berth/bash";
+
 /// Start `argv` in the sandbox as an attached exec.
 pub(crate) async fn spawn(
     sb: &DockerSandbox,
@@ -72,7 +76,25 @@ pub(crate) async fn spawn(
     } else {
         cmd.extend(["setsid".to_string(), "-w".to_string()]);
     }
-    cmd.extend(argv.iter().cloned());
+    let shell = opts
+        .replaces
+        .as_deref()
+        .is_some_and(|r| r.starts_with("berth-shell:"));
+    if shell && program == "bash" && !opts.tty {
+        // A session's shell runs from the image's execute-only copy of bash
+        // (see `images/setup.sh`), which leaves it non-dumpable: the
+        // processes its commands start cannot read its memory or open its
+        // descriptors. An image without the copy runs bash as it is.
+        cmd.extend([
+            "sh".to_string(),
+            "-c".to_string(),
+            format!(r#"p={PRIVATE_BASH}; [ -x "$p" ] || p=bash; exec "$p" "$@""#),
+            "bash".to_string(),
+        ]);
+        cmd.extend(argv[1..].iter().cloned());
+    } else {
+        cmd.extend(argv.iter().cloned());
+    }
     // The environment travels in the API request, never in argv.
     let mut env = vec![format!("BERTH_SANDBOX={}", sb.name)];
     if opts.tty && !opts.env.iter().any(|(k, _)| k == "TERM") {
