@@ -55,6 +55,7 @@ macro_rules! conformance_suite {
             case!(no_alias_of_a_name_the_loop_uses_breaks_the_session);
             case!(no_function_named_like_a_builtin_breaks_the_session);
             case!(no_disabled_builtin_breaks_the_session);
+            case!(no_alias_and_function_of_one_name_breaks_the_session);
             case!(fifos_where_berth_keeps_its_files_do_not_hang_it);
             case!(a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout);
             case!(a_command_added_to_a_snapshot_is_not_replayed);
