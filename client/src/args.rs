@@ -24,7 +24,7 @@ pub struct ExecArgs {
     /// (cwd, environment, snapshot) beside the others, sharing the sandbox's files.
     #[arg(long, value_name = "NAME", default_value = crate::MAIN_SESSION)]
     pub session: String,
-    /// Stop the command (and every process it started) after SECS seconds
+    /// Stop the command (and its process tree) after SECS seconds
     /// [default: the policy's `default_timeout_secs`, 600].
     #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true)]
     pub timeout: Option<f64>,

@@ -85,7 +85,7 @@ pub fn print_notice_lines(
         );
     } else if timed_out {
         eprintln!(
-            "berth: command timed out after {}s; it and every process it started were stopped (exit 124). Raise --timeout if it needs longer.",
+            "berth: command timed out after {}s; it and the processes of its tree were stopped (exit 124). Raise --timeout if it needs longer.",
             timeout.as_secs_f64()
         );
     }

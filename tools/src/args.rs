@@ -15,7 +15,7 @@ use super::{Tool, ToolOutcome, ToolSpec};
 pub struct TerminalArgs {
     /// The command line, run by bash in the session's shell.
     pub command: String,
-    /// Seconds before the command and every process it started are stopped
+    /// Seconds before the command and its process tree are stopped
     /// (default: the sandbox's default timeout, 600 s unless the policy says
     /// otherwise). The session itself survives a timeout.
     #[serde(default)]
@@ -266,7 +266,7 @@ fn schema<A: JsonSchema>() -> Value {
     v
 }
 
-const TERMINAL: &str = "Run a bash command in the sandbox's persistent shell session. State persists between calls: the working directory (cd), exported variables, shell functions and aliases, and activated virtualenvs. Output is stdout and stderr interleaved; long output keeps its head and tail. A timeout stops the command and every process it started, and the session survives it. For servers, watchers or anything longer than a few minutes, set background=true and follow the job with the `process` tool. Each result ends with the exit code.";
+const TERMINAL: &str = "Run a bash command in the sandbox's persistent shell session. State persists between calls: the working directory (cd), exported variables, shell functions and aliases, and activated virtualenvs. Output is stdout and stderr interleaved; long output keeps its head and tail. A timeout stops the command and its process tree, and the session survives it. For servers, watchers or anything longer than a few minutes, set background=true and follow the job with the `process` tool. Each result ends with the exit code.";
 const PROCESS: &str = "Manage background jobs started with terminal(background=true). Jobs run detached from the session and survive restarts of berth. Actions: list; status (state, exit code); log (output from a byte offset, with the offset to read from next); wait (until the job ends or `timeout` seconds pass; the job keeps running after a timeout); kill (signal the job's whole process group); send (write to the job's stdin, eof=true closes it).";
 const READ_FILE: &str = "Read a text file in the sandbox. Relative paths are under the workspace. Returns lines offset..offset+limit (default the first 2000) and says how to read on; secrets are masked. Prefer it to `cat` for files you mean to edit.";
 const WRITE_FILE: &str = "Create or replace a file in the sandbox with the given content, creating parent directories. Relative paths are under the workspace.";
