@@ -85,3 +85,52 @@ async fn a_replaced_shell_leaves_nothing_behind() -> TestResult {
     s.close().await;
     Ok(())
 }
+
+/// Whether a process whose command line starts with `prefix` runs in the
+/// container.
+async fn running(sb: &dyn Sandbox, prefix: &str) -> TestResult<bool> {
+    Ok(processes(sb).await?.iter().any(|l| l.starts_with(prefix)))
+}
+
+/// #49 item 19 on docker: `(setsid sleep 7777 &)` leaves a process in a
+/// session of its own whose parent exits at once, so it is neither in the
+/// shell's session nor below the shell; a timeout must stop it all the
+/// same. An orphan an earlier command left the same way (`sleep 8888`) is
+/// not this command's, and is spared. Failed before the shell ran under a
+/// `tini -s` of its own: the orphan went to the container's PID 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_a_command_detached_with_setsid_is_stopped_on_timeout() -> TestResult {
+    let b = backend().await?;
+    let (sb, _g) = sandbox(&b, "detach").await?;
+    let mut s = Session::open(sb.clone(), cfg("detach")).await?;
+    let r = s.exec("(setsid sleep 8888 &)", ExecOpts::default()).await?;
+    assert_eq!(r.exit_code, 0, "{}", r.output.text());
+    assert!(running(&*sb, "sleep 8888").await?, "the control never ran");
+    let r = s
+        .exec("(setsid sleep 7777 &); sleep 60", timeout(1500))
+        .await?;
+    assert!(r.timed_out, "{}", r.output.text());
+    // The stop has signalled it; its end is the kernel's, and tini reaps it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while running(&*sb, "sleep 7777").await? {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the detached process outlived the timeout: {:#?}",
+            processes(&*sb).await?
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        running(&*sb, "sleep 8888").await?,
+        "an earlier command's orphan was killed with this one"
+    );
+    assert_eq!(
+        s.exec("echo alive", ExecOpts::default())
+            .await?
+            .output
+            .text(),
+        "alive\n"
+    );
+    s.close().await;
+    Ok(())
+}

@@ -47,6 +47,9 @@ const READ_CAPACITY: usize = 64 * 1024;
 /// `images/setup.sh`): a process running it is not dumpable.
 pub(crate) const PRIVATE_BASH: &str = "/usr/local/libexec/berth/bash";
 
+/// The image's tini (also its entrypoint).
+const TINI: &str = "/usr/bin/tini";
+
 /// Start `argv` in the sandbox as an attached exec.
 pub(crate) async fn spawn(
     sb: &DockerSandbox,
@@ -56,8 +59,32 @@ pub(crate) async fn spawn(
     let Some(program) = argv.first() else {
         return Err(Error::InvalidInput("empty argv".into()));
     };
+    let shell = opts
+        .replaces
+        .as_deref()
+        .is_some_and(|r| r.starts_with("berth-shell:"))
+        && program == "bash"
+        && !opts.tty;
     let mut cmd = Vec::new();
-    if opts.tty {
+    if shell {
+        // A session's shell runs under a `tini -s` of its own, a child
+        // subreaper: a process a command detaches (`(setsid sleep 1000 &)`)
+        // is adopted by it, not by the container's PID 1, and the tree kill
+        // finds it there (see `KILL_TREE`'s anchor). It runs from the
+        // image's execute-only copy of bash (see `images/setup.sh`), which
+        // leaves it non-dumpable: the processes its commands start cannot
+        // read its memory or open its descriptors. An image without tini or
+        // the copy runs without them.
+        cmd.extend([
+            "sh".to_string(),
+            "-c".to_string(),
+            format!(
+                r#"p={PRIVATE_BASH}; [ -x "$p" ] || p=bash; if [ -x {TINI} ]; then exec {TINI} -s -- setsid -w "$p" "$@"; fi; exec setsid -w "$p" "$@""#
+            ),
+            "bash".to_string(),
+        ]);
+        cmd.extend(argv[1..].iter().cloned());
+    } else if opts.tty {
         // An exec with a terminal already leads its own session, with that
         // terminal as its controlling one (the runtime sets both up), so no
         // setsid here: it could not take the terminal from that session.
@@ -76,23 +103,7 @@ pub(crate) async fn spawn(
     } else {
         cmd.extend(["setsid".to_string(), "-w".to_string()]);
     }
-    let shell = opts
-        .replaces
-        .as_deref()
-        .is_some_and(|r| r.starts_with("berth-shell:"));
-    if shell && program == "bash" && !opts.tty {
-        // A session's shell runs from the image's execute-only copy of bash
-        // (see `images/setup.sh`), which leaves it non-dumpable: the
-        // processes its commands start cannot read its memory or open its
-        // descriptors. An image without the copy runs bash as it is.
-        cmd.extend([
-            "sh".to_string(),
-            "-c".to_string(),
-            format!(r#"p={PRIVATE_BASH}; [ -x "$p" ] || p=bash; exec "$p" "$@""#),
-            "bash".to_string(),
-        ]);
-        cmd.extend(argv[1..].iter().cloned());
-    } else {
+    if !shell {
         cmd.extend(argv.iter().cloned());
     }
     // The environment travels in the API request, never in argv.

@@ -708,7 +708,9 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 /// watermark as its end markers report it, `$4` the signal name, `$5` (optional,
 /// may be empty) the signal that makes the shell abandon the rest of the
 /// command (see [`traps`]), or `KILL` to kill the shell itself, `$6`
-/// (optional) how long ago the command was sent, in hundredths of a second.
+/// (optional) how long ago the command was sent, in hundredths of a second,
+/// `$7` (optional) when, in hundredths since boot by berth's clock (taken
+/// when the two clocks agree).
 ///
 /// A process a command detached from itself (`(setsid sleep 1000 &)`) is in
 /// no session of the shell's and, once its parent exits, below no process
@@ -736,7 +738,7 @@ pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__bert
 /// (a busy machine wraps 32768 pids in minutes), and start times alone are too
 /// coarse to tell two quick commands apart. A watermark with no time (0) falls
 /// back to pids.
-pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4; cut=${5-}; age=${6-}
+pub const KILL_TREE: &str = r#"shell=$1; sid=$2; start=$3; sig=$4; cut=${5-}; age=${6-}; sent=${7-}
 start=$((10#${start:-0})); wt=$((start / 4194304)); start=$((start % 4194304))
 IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
 # Outside the shell's session, only what started since the command was sent
@@ -744,6 +746,14 @@ IFS=' ' read -r _ _ _ _ now < /proc/loadavg 2>/dev/null; now=$((10#${now:-0}))
 # adopted as the command's own are.
 since=0; age=$((10#${age:-0}))
 if [ "$age" -gt 0 ]; then IFS=' ' read -r up _ < /proc/uptime 2>/dev/null; up=${up/./}; since=$((10#${up:-0} - age)); fi
+# $7, when given, is when berth sent the command by its own clock since boot.
+# This helper started later than berth measured the age (a `docker exec`
+# takes tens of milliseconds), so `since` above is late by that much, and the
+# command's first detached processes would look older than it. Where the
+# two clocks are one (the same kernel: they agree to within the helper's
+# start), berth's own reading is the exact one.
+sent=$((10#${sent:-0}))
+if [ "$sent" -gt 0 ] && [ "$since" -gt 0 ] && [ "$sent" -le "$since" ] && [ $((since - sent)) -lt 500 ]; then since=$sent; fi
 # USER_HZ, the unit of /proc/PID/stat times: 100 on every Linux port berth
 # runs on. (getconf would say so, but nothing here may fork: see below.)
 hz=100

@@ -89,13 +89,16 @@ impl Session {
             watermark.to_string(),
             sig.to_string(),
             cut.unwrap_or("").to_string(),
-            // No age: it is measured here, before the helper starts, and a
-            // helper's start (a `docker exec`) takes tens of milliseconds, so
-            // the sandbox's clock would put the command's own first processes
-            // before it. Orphans there go to the container's PID 1 and are
-            // not found (see docs/POLICIES.md), so there is nothing to tell
-            // apart by age.
-            "0".to_string(),
+            // The age, and when the command was sent by berth's own clock:
+            // the helper starts later than the age was measured, and where
+            // the sandbox's clock is berth's (a local docker daemon) the
+            // script takes this exact time instead (see `KILL_TREE`).
+            age.to_string(),
+            match age {
+                0 => 0,
+                age => super::tree::boot_hundredths().saturating_sub(age),
+            }
+            .to_string(),
         ];
         let out = self.run_helper(&argv).await?;
         debug!(session = %self.cfg.name, sig, killed = %out.trim(), "signalled command tree");
