@@ -27,6 +27,7 @@ mod cmd_server;
 mod cmd_ui;
 mod config;
 mod context;
+mod cp;
 mod detached;
 mod exec_report;
 mod io;
@@ -74,6 +75,8 @@ pub(crate) enum Command {
     // Jobs, sandboxes, events and approvals: run by the server when one serves.
     #[command(flatten)]
     Served(served::Served),
+    /// Copy files and directory trees into or out of a sandbox, streamed, of any size.
+    Cp(cp::CpArgs),
     /// Connect your terminal to a terminal job (`job start --pty`) until Ctrl-].
     Attach(cmd_attach::AttachArgs),
     /// Serve berth's tools (terminal, process, the file tools, memory) over MCP on stdio.
@@ -153,6 +156,7 @@ fn main() -> ExitCode {
             },
             Command::Shell(a) => shell::run(state_dir, a).await,
             Command::Attach(a) => cmd_attach::run(state_dir, a).await,
+            Command::Cp(a) => cp::run(state_dir, a).await,
             Command::Bench(a) if a.cli => bench_cli::run(state_dir, &a).await,
             Command::Bench(a) if a.checkpoint => bench_checkpoint::run(state_dir, a).await,
             Command::Bench(a) => bench::run(state_dir, a).await,

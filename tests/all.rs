@@ -9,6 +9,8 @@
 //!   `context` keeps a run inside a small context window.
 //! - `memory`: notes across runs and the search over past transcripts.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
+//! - `cp`: `berth cp` both ways on local, docker and ssh: trees, large files,
+//!   ownership, archives on stdin and stdout, errors, the file rules.
 //! - `ssh_cli`: the `berth` binary on the ssh backend, against a real sshd.
 //! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
 //! - `ui`: `berth ui` in headless Chromium against a real server, and its
@@ -23,6 +25,7 @@ mod agent;
 mod checkpoints;
 mod cli;
 mod context;
+mod cp;
 mod delegate;
 #[cfg(feature = "docker")]
 mod docker_settings;

@@ -1149,7 +1149,7 @@ fn a_large_stdin_goes_through_and_one_past_the_limit_is_refused_with_what_to_do(
     assert_eq!(o.status.code(), Some(125), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("--stdin carries at most 32 MiB") && err.contains("in parts"),
+        err.contains("--stdin carries at most 32 MiB") && err.contains("berth cp FILE :PATH"),
         "{err}"
     );
     assert!(!err.contains("lost the berth server"), "{err}");

@@ -31,7 +31,8 @@ pub struct ExecArgs {
     /// Print one JSON object instead of the raw output.
     #[arg(long)]
     pub json: bool,
-    /// Feed berth's stdin to the command, up to 32 MiB (otherwise its stdin is /dev/null).
+    /// Feed berth's stdin to the command, up to 32 MiB (otherwise its stdin
+    /// is /dev/null); `berth cp` moves larger files.
     #[arg(long, conflicts_with = "background")]
     pub stdin: bool,
     /// Run it as a background job with the session's cwd and environment, and
@@ -152,7 +153,7 @@ fn read_limited(r: &mut impl std::io::Read, max: usize) -> anyhow::Result<Vec<u8
     if buf.len() > max {
         anyhow::bail!(
             "--stdin carries at most {} MiB to a command, and more came; nothing ran. \
-             Send a larger input in parts (`berth exec --stdin -- 'cat >> /tmp/input'` for each), \
+             Copy a larger input into the sandbox with `berth cp FILE :PATH` (streamed, of any size), \
              then run the command on the file",
             max >> 20
         );
@@ -172,7 +173,7 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("at most 0 MiB") && e.contains("in parts"), "{e}");
+        assert!(e.contains("at most 0 MiB") && e.contains("berth cp"), "{e}");
         Ok(())
     }
 }

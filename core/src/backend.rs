@@ -91,6 +91,28 @@ impl Layout {
     }
 }
 
+/// `path` made absolute against `base` (a directory in the sandbox) with
+/// `.` and `..` applied as text, the way the file tools and `berth cp` name
+/// what a policy's file rules judge. `..` at the root stays at the root.
+pub fn normalize_path(base: &str, path: &str) -> String {
+    let joined = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{}/{path}", base.trim_end_matches('/'))
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for p in joined.split('/') {
+        match p {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 /// The backends berth knows, by name: what `--backend` takes and what the
 /// store records. A build may leave some out (`berth_backends::available`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -606,7 +628,15 @@ pub fn now_unix_secs() -> i64 {
 
 #[cfg(test)]
 mod kind_tests {
-    use super::BackendKind;
+    use super::{BackendKind, normalize_path};
+
+    #[test]
+    fn paths_are_normalized_against_the_base_as_text() {
+        assert_eq!(normalize_path("/workspace", "a/./b/../c"), "/workspace/a/c");
+        assert_eq!(normalize_path("/workspace/", "."), "/workspace");
+        assert_eq!(normalize_path("/workspace", "/etc//x/"), "/etc/x");
+        assert_eq!(normalize_path("/workspace", "../../../.."), "/");
+    }
 
     #[test]
     fn every_backend_kind_reads_back_as_itself() {

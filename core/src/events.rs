@@ -55,6 +55,12 @@ pub enum EventKind {
     ToolFinished,
     /// An agent run stopped (done, paused on an approval, failed...).
     RunEnded,
+    /// `berth cp` was admitted and starts copying.
+    CopyStarted,
+    /// `berth cp` copied everything (files and bytes are in the event).
+    CopyFinished,
+    /// `berth cp` failed part way or before it began (the detail says why).
+    CopyFailed,
 }
 
 impl EventKind {
@@ -91,11 +97,14 @@ impl EventKind {
             EventKind::ToolStarted => "tool.started",
             EventKind::ToolFinished => "tool.finished",
             EventKind::RunEnded => "run.ended",
+            EventKind::CopyStarted => "copy.started",
+            EventKind::CopyFinished => "copy.finished",
+            EventKind::CopyFailed => "copy.failed",
         }
     }
 
     /// Every kind, for parsing and for tests.
-    pub const ALL: [EventKind; 30] = [
+    pub const ALL: [EventKind; 33] = [
         EventKind::ExecStarted,
         EventKind::ExecFinished,
         EventKind::ExecFailed,
@@ -126,6 +135,9 @@ impl EventKind {
         EventKind::ToolStarted,
         EventKind::ToolFinished,
         EventKind::RunEnded,
+        EventKind::CopyStarted,
+        EventKind::CopyFinished,
+        EventKind::CopyFailed,
     ];
 
     /// The kind a stored text names; `None` for one this berth does not know

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use berth_policies::redact::RedactStream;
 use berth_policies::shell::Defined;
-use berth_policies::{Action, Limits, Policy, Redactor, Verdict};
+use berth_policies::{Action, FileOp, Limits, Policy, Redactor, Verdict};
 use serde_json::json;
 
 use crate::approvals::{self, Approval, ApprovalState, NewApproval};
+use crate::backend::Layout;
 use crate::error::{Error, Result};
 use crate::events::EventKind;
 use crate::session::capture::{FilterFactory, OutputFilter};
@@ -106,6 +107,40 @@ impl Gate {
     pub fn limits(&self, sandbox: &str) -> &Limits {
         self.policy.limits.for_sandbox(sandbox)
     }
+}
+
+/// The verdict on a file access by berth's tools or `berth cp`: `op` on
+/// `abs` (absolute, `.` and `..` applied) in a sandbox laid out as `layout`,
+/// shown as `subject`. berth's own directory in the sandbox (snapshots, job
+/// state) is refused whatever the policy says: a planted or clobbered file
+/// there would break the session for everyone. Otherwise the policy's file
+/// rules decide; `None` without a gate and outside berth's directory.
+pub fn judge_file(
+    gate: Option<&Gate>,
+    op: FileOp,
+    abs: &str,
+    layout: &Layout,
+    subject: &str,
+) -> Option<Verdict> {
+    if berth_policies::files::is_under(abs, &layout.berth_dir) {
+        return Some(Verdict {
+            action: Action::Deny,
+            rule: "builtin:berth-dir".into(),
+            reason: format!("`{abs}` is berth's private directory in the sandbox ({op})"),
+            part: subject.to_string(),
+            argv: Vec::new(),
+        });
+    }
+    gate.map(|g| {
+        let v = g.policy().files.check(op, abs, &layout.workdir);
+        Verdict {
+            action: v.action,
+            rule: v.rule,
+            reason: v.reason,
+            part: subject.to_string(),
+            argv: Vec::new(),
+        }
+    })
 }
 
 /// Text longer than this is read off the async worker (see [`reading`]).

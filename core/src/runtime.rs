@@ -229,6 +229,43 @@ impl Runtime {
         Ok(())
     }
 
+    /// [`Runtime::admit`] for a verdict already reached (a file rule's, see
+    /// [`crate::gate::judge_file`]): `subject` is what the event log and an
+    /// approval show. Without a gate, anything but *allow* is refused.
+    pub async fn admit_verdict(
+        &self,
+        call_id: &str,
+        backend: &str,
+        sandbox: &str,
+        subject: &str,
+        verdict: berth_policies::Verdict,
+    ) -> Result<crate::gate::Admission> {
+        match &self.gate {
+            Some(g) => {
+                g.admit_verdict(
+                    verdict,
+                    &self.store,
+                    call_id,
+                    backend,
+                    sandbox,
+                    subject,
+                    self.approval_notice.as_ref(),
+                )
+                .await
+            }
+            None if verdict.action == berth_policies::Action::Allow => Ok(crate::gate::Admission {
+                verdict,
+                approval: None,
+            }),
+            None => Err(Error::Denied {
+                rule: verdict.rule,
+                reason: verdict.reason,
+                part: verdict.part,
+                hint: String::new(),
+            }),
+        }
+    }
+
     /// Check every command against `gate`, give sandboxes only its allowed
     /// environment, apply its limits and redact output and events with it.
     pub fn with_gate(mut self, gate: Arc<Gate>) -> Self {
@@ -396,6 +433,16 @@ impl Runtime {
         let b = self.backend(backend).await?;
         let row = self.sandbox_row(b.as_ref(), backend, sandbox, true)?;
         Ok(b.provision(&row.spec).await?.sandbox)
+    }
+
+    /// [`Runtime::attach`] for a call that gives the sandbox's settings on
+    /// its own command line (the CLI's `--host`): as for `exec`, settings
+    /// that differ from the sandbox's are an error that names them, not
+    /// passed over, and only `default` is made on first use.
+    pub async fn attach_as_called(&self, backend: &str, sandbox: &str) -> Result<Arc<dyn Sandbox>> {
+        let b = self.backend(backend).await?;
+        self.sandbox_row(b.as_ref(), backend, sandbox, false)?;
+        self.attach(backend, sandbox).await
     }
 
     /// True when the session's shell ended while idle and its sandbox is not

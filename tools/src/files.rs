@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use berth_policies::{Action, FileOp, Verdict};
+use berth_policies::{Action, FileOp};
 use serde_json::json;
 
 use super::args::{EditFileArgs, ReadFileArgs, WriteFileArgs};
@@ -34,22 +34,7 @@ pub(crate) fn resolve(workdir: &str, path: &str) -> Result<String, ToolOutcome> 
             "invalid argument `path`: it contains a NUL byte",
         ));
     }
-    let joined = if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("{}/{path}", workdir.trim_end_matches('/'))
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for p in joined.split('/') {
-        match p {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    Ok(format!("/{}", parts.join("/")))
+    Ok(berth_core::backend::normalize_path(workdir, path))
 }
 
 /// The directory a relative path starts from: the cwd of the session
@@ -98,28 +83,8 @@ async fn gated(
         FileOp::Write => "write_file",
     };
     let subject = format!("{tool} {abs}");
-    // berth's own files (snapshots, job state) are not the model's to touch:
-    // a planted or clobbered one would break the session for everyone.
-    let verdict = if berth_policies::files::is_under(&abs, &layout.berth_dir) {
-        Some(Verdict {
-            action: Action::Deny,
-            rule: "builtin:berth-dir".into(),
-            reason: format!("`{abs}` is berth's private directory in the sandbox ({op})"),
-            part: subject.clone(),
-            argv: Vec::new(),
-        })
-    } else {
-        rt.gate().map(|g| {
-            let v = g.policy().files.check(op, &abs, &layout.workdir);
-            Verdict {
-                action: v.action,
-                rule: v.rule,
-                reason: v.reason,
-                part: subject.clone(),
-                argv: Vec::new(),
-            }
-        })
-    };
+    let verdict =
+        berth_core::gate::judge_file(rt.gate().map(|g| g.as_ref()), op, &abs, &layout, &subject);
     match verdict {
         Some(v) if rt.gate().is_some() => admit(call, &subject, Some(v)).await?,
         Some(v) if v.action != Action::Allow => {
