@@ -92,6 +92,20 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// Whether every thread of `pid` has exited (a zombie leader counts as gone).
+fn gone(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with(['Z', 'X']))
+        })
+    })
+}
+
 /// Poll `cond` every 20 ms until it holds, failing after 60 s.
 fn wait_for(what: &str, mut cond: impl FnMut() -> Result<bool, BoxError>) -> TestResult {
     let end = Instant::now() + Duration::from_secs(60);
@@ -234,16 +248,9 @@ fn followers_carry_on_through_a_server_killed_and_a_server_stopped() -> TestResu
     );
     // The kill is delivered, not yet done: until the process is gone, its
     // socket may still take a connection and then reset it, which a call
-    // rightly reports as lost mid-way. Wait for it to go.
-    wait_for("the killed server to be gone", || {
-        Ok(
-            std::fs::read_to_string(format!("/proc/{first}/stat")).map_or(true, |s| {
-                s.rsplit(')')
-                    .next()
-                    .is_some_and(|r| r.trim_start().starts_with('Z'))
-            }),
-        )
-    })?;
+    // rightly reports as lost mid-way. Wait for it to go: for every thread,
+    // since a leader shows `Z` while its other threads still hold the socket.
+    wait_for("the killed server to be gone", || Ok(gone(first)))?;
     // A new server (started by this call, or by a follower reconnecting).
     d.ok(&["job", "send", "f", "go\n"])?;
     logs.until_stdout("lines 11 to 20 after the kill", |s| s.contains("line 20\n"))?;
