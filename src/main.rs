@@ -37,6 +37,7 @@ mod served;
 mod server;
 mod shell;
 mod ssh_flags;
+mod terminal;
 mod ui;
 
 use std::path::PathBuf;

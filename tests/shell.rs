@@ -106,6 +106,17 @@ impl Tmux {
     }
 }
 
+impl Tmux {
+    /// Close the terminal, as closing its window does: what runs in it gets SIGHUP.
+    fn close(&self) -> TestResult {
+        let o = self.cmd().arg("kill-server").output()?;
+        if !o.status.success() {
+            return Err(format!("tmux kill-server: {}", String::from_utf8_lossy(&o.stderr)).into());
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = self.cmd().arg("kill-server").output();
@@ -290,6 +301,280 @@ fn berth_attach_drives_a_terminal_job_and_detaches() -> TestResult {
         }
         t.type_line("exit()")?;
         t.wait_count("second-attach-exit-0", 1)?;
+    }
+    Ok(())
+}
+
+/// The `berth` binary with this state dir, on the local backend, in-process.
+fn berth_in(state: &Path, args: &[&str]) -> Result<std::process::Output, BoxError> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env("BERTH_STATE_DIR", state)
+        .env("BERTH_POLICY", state.join("policy.toml"))
+        .env("BERTH_SERVER", "off")
+        .stdin(std::process::Stdio::null())
+        .args(args)
+        .output()?)
+}
+
+/// One `berth shell` in tmux, then its exit status.
+fn one_shell_script(state: &Path) -> String {
+    let bin = env!("CARGO_BIN_EXE_berth");
+    let state = state.display();
+    format!(
+        "export BERTH_STATE_DIR='{state}' BERTH_POLICY='{state}/policy.toml' BERTH_SERVER=off; \
+         '{bin}' shell; echo \"shell-exit-$?\"; exec sleep 600"
+    )
+}
+
+/// Lines that need a terminal get one, as with `ssh -t`: python3's REPL
+/// (on a terminal of this one's size, in the session's cwd and exported
+/// environment), `tty read`, vim. `$?` is the program's, the session is
+/// intact after each, Ctrl-] detaches, and an ended line's job is gone
+/// from `berth job ls`.
+#[test]
+fn berth_shell_runs_terminal_programs_on_a_terminal() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let t = Tmux::start(&one_shell_script(dir.path()))?;
+    let s = t.wait_count(PROMPT, 1)?;
+    assert!(
+        s.contains("without a terminal") && s.contains("tty COMMAND"),
+        "the banner does not say how to get a terminal:\n{s}"
+    );
+    t.type_line("mkdir -p sub && cd sub && export KEEP=kept")?;
+    let sub = "berth:default:~/sub $";
+    t.wait_count(sub, 1)?;
+
+    // python3, as typed, gets a REPL.
+    t.type_line("python3")?;
+    t.wait(">>> prompt", |s| s.lines().any(|l| l.starts_with(">>>")))?;
+    t.type_line(
+        "import os; print('seen', os.getcwd().endswith('/sub'), os.environ.get('KEEP'), \
+         os.isatty(0), tuple(os.get_terminal_size()))",
+    )?;
+    t.wait("python's view of its terminal", |s| {
+        s.contains("seen True kept True (120, 40)")
+    })?;
+    t.type_line("6*7")?;
+    t.wait("42", |s| s.lines().any(|l| l.trim() == "42"))?;
+    t.type_line("exit()")?;
+    t.wait_count(sub, 2)?;
+    t.type_line("echo pwd=$PWD keep=$KEEP status=$?")?;
+    let s = t.wait_count("keep=kept status=0", 1)?;
+    assert!(s.contains("/sub keep=kept status=0"), "{s}");
+    t.wait_count(sub, 3)?;
+
+    // `tty` puts any line on a terminal: `read` reads what is typed, and
+    // the line's status is `$?`.
+    t.type_line("tty read -p 'name? ' x; echo \"got=$x\"; exit 3")?;
+    t.wait("read's prompt", |s| {
+        s.lines().any(|l| l.trim_end().ends_with("name?"))
+    })?;
+    t.type_line("berth")?;
+    t.wait_count("got=berth", 1)?;
+    t.wait_count("berth:default:~/sub [3] $", 1)?;
+    t.type_line("echo status=$?")?;
+    t.wait_count("status=3", 1)?;
+    t.wait_count(sub, 4)?;
+
+    // vim opens full screen, takes keys, and `:wq` comes back to the prompt.
+    t.type_line("vim notes.txt")?;
+    let vim_screen = |s: &str| s.lines().filter(|l| l.starts_with('~')).count() >= 10;
+    wait_visible(&t, "vim's screen", vim_screen)?;
+    t.keys(&["i"])?;
+    wait_visible(&t, "insert mode", |s| s.contains("-- INSERT --"))?;
+    t.keys(&["-l", "hello from vim"])?;
+    t.keys(&["Escape"])?;
+    wait_visible(&t, "normal mode", |s| {
+        s.contains("hello from vim") && !s.contains("-- INSERT --")
+    })?;
+    t.type_line(":wq")?;
+    t.wait_count(sub, 5)?;
+    t.type_line("tr a-z A-Z < notes.txt")?;
+    t.wait_count("HELLO FROM VIM", 1)?;
+    t.wait_count(sub, 6)?;
+
+    // Ctrl-] detaches: the program goes on as a job, and the prompt is back.
+    t.type_line("tty python3 -q -i -c 'print(\"py-\" + \"ready\")'")?;
+    t.wait_count("py-ready", 1)?;
+    t.keys(&["C-]"])?;
+    t.wait("the detach", |s| s.contains("goes on as job"))?;
+    t.wait_count(sub, 7)?;
+    let o = berth_in(dir.path(), &["job", "ls", "--json"])?;
+    let jobs: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    let jobs = jobs.as_array().ok_or("job ls --json is not a list")?;
+    // Only the detached one: the others were pruned when they ended.
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0]["name"], "shell-tty", "{jobs:?}");
+    assert_eq!(jobs[0]["state"], "running", "{jobs:?}");
+    assert_eq!(jobs[0]["pty"], "120x40", "{jobs:?}");
+    let o = berth_in(dir.path(), &["job", "kill", "shell-tty"])?;
+    assert!(o.status.success(), "{o:?}");
+
+    // The shell is intact after all of it.
+    t.type_line("echo still=$KEEP")?;
+    t.wait_count("still=kept", 1)?;
+    t.type_line("exit")?;
+    t.wait_count("shell-exit-0", 1)?;
+    Ok(())
+}
+
+/// Wait until the visible screen (the alternate one, under a full-screen
+/// program) satisfies `what`.
+fn wait_visible(t: &Tmux, label: &str, what: impl Fn(&str) -> bool) -> Result<String, BoxError> {
+    let start = Instant::now();
+    loop {
+        let s = t.visible()?;
+        if what(&s) {
+            return Ok(s);
+        }
+        if start.elapsed() > DEADLINE {
+            return Err(format!("the terminal never showed {label}; it shows:\n{s}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A terminal line passes the policy gate like any line: a denied program
+/// never starts, and the shell goes on.
+#[test]
+fn a_terminal_line_is_judged_by_the_policy() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(
+        dir.path().join("policy.toml"),
+        "[[rules]]\nname = \"no-nano\"\naction = \"deny\"\nprefix = \"nano\"\n",
+    )?;
+    let t = Tmux::start(&one_shell_script(dir.path()))?;
+    t.wait_count(PROMPT, 1)?;
+    t.type_line("nano notes.txt")?;
+    let s = t.wait("the refusal", |s| s.contains("policy refused"))?;
+    assert!(s.contains("no-nano"), "{s}");
+    t.wait_count(PROMPT, 2)?;
+    let o = berth_in(dir.path(), &["job", "ls", "--json"])?;
+    let jobs: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(jobs, serde_json::json!([]), "a refused line left a job");
+    t.type_line("exit")?;
+    t.wait_count("shell-exit-0", 1)?;
+    Ok(())
+}
+
+/// Without a terminal (piped input), nothing runs on one: a detected
+/// program runs as before with a note, and `tty` says why it cannot.
+#[test]
+fn piped_berth_shell_never_opens_a_terminal() -> TestResult {
+    use std::io::Write;
+    let dir = tempfile::tempdir()?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env("BERTH_STATE_DIR", dir.path())
+        .env("BERTH_POLICY", dir.path().join("policy.toml"))
+        .env("BERTH_SERVER", "off")
+        .arg("shell")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    {
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        stdin.write_all(b"python3\necho after-python-$?\ntty read x\necho after-tty-$?\n")?;
+    }
+    let o = child.wait_with_output()?;
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{out}\n{err}");
+    // python3 read EOF from /dev/null and ended at once, as before.
+    assert!(out.contains("after-python-0"), "{out}\n{err}");
+    assert!(
+        err.contains("python3 runs without a terminal")
+            && err.contains("berth job start --pty -- python3"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`tty` needs berth shell on a terminal"),
+        "{err}"
+    );
+    assert!(out.contains("after-tty-2"), "{out}\n{err}");
+    assert!(
+        !err.contains("commands here run without a terminal"),
+        "a banner without a terminal:\n{err}"
+    );
+    let o = berth_in(dir.path(), &["job", "ls", "--json"])?;
+    let jobs: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(jobs, serde_json::json!([]), "piped lines started jobs");
+    Ok(())
+}
+
+/// The same on docker: python3 at the prompt of a docker sandbox's shell
+/// gets a REPL on a terminal in the session's cwd, and the session is
+/// intact after it.
+#[test]
+fn berth_shell_runs_a_repl_on_a_terminal_on_docker() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let berth = |args: &[&str]| berth_in(dir.path(), args);
+    let o = berth(&["sandbox", "create", "shelltty", "-b", "docker"])?;
+    assert!(o.status.success(), "{o:?}");
+    // Removed however the test ends, a failed assertion included.
+    struct Remove<'a>(&'a dyn Fn(&[&str]) -> Result<std::process::Output, BoxError>);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["sandbox", "rm", "shelltty", "-b", "docker"]);
+        }
+    }
+    let _remove = Remove(&berth);
+    let bin = env!("CARGO_BIN_EXE_berth");
+    let state = dir.path().display();
+    let t = Tmux::start(&format!(
+        "export BERTH_STATE_DIR='{state}' BERTH_POLICY='{state}/policy.toml' BERTH_SERVER=off; \
+         '{bin}' shell -b docker -s shelltty; echo \"shell-exit-$?\"; exec sleep 600"
+    ))?;
+    let prompt = "berth(docker):shelltty:~/sub $";
+    t.wait_count("berth(docker):shelltty:~ $", 1)?;
+    t.type_line("mkdir -p sub && cd sub && export KEEP=kept")?;
+    t.wait_count(prompt, 1)?;
+    t.type_line("python3")?;
+    t.wait(">>> prompt", |s| s.lines().any(|l| l.starts_with(">>>")))?;
+    t.type_line("import os; print('seen', os.getcwd(), os.environ.get('KEEP'), os.isatty(0))")?;
+    t.wait("python's view", |s| {
+        s.contains("seen /workspace/sub kept True")
+    })?;
+    t.type_line("6*7")?;
+    t.wait("42", |s| s.lines().any(|l| l.trim() == "42"))?;
+    t.type_line("exit()")?;
+    t.wait_count(prompt, 2)?;
+    t.type_line("echo pwd=$PWD keep=$KEEP")?;
+    t.wait_count("pwd=/workspace/sub keep=kept", 1)?;
+    let o = berth(&["job", "ls", "--json"])?;
+    let jobs: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(jobs, serde_json::json!([]), "the ended line's job was kept");
+    t.type_line("exit")?;
+    t.wait_count("shell-exit-0", 1)?;
+    Ok(())
+}
+
+/// A closed terminal ends the program a terminal line runs, as ssh does:
+/// it does not go on unseen in the sandbox.
+#[test]
+fn closing_the_terminal_ends_a_terminal_lines_program() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let t = Tmux::start(&one_shell_script(dir.path()))?;
+    t.wait_count(PROMPT, 1)?;
+    t.type_line("python3 -q")?;
+    t.wait(">>> prompt", |s| s.lines().any(|l| l.starts_with(">>>")))?;
+    let jobs = |dir: &Path| -> Result<serde_json::Value, BoxError> {
+        let o = berth_in(dir, &["job", "ls", "--json"])?;
+        Ok(serde_json::from_slice(&o.stdout)?)
+    };
+    let running = jobs(dir.path())?;
+    assert_eq!(running[0]["state"], "running", "{running}");
+    t.close()?;
+    let start = Instant::now();
+    loop {
+        let now = jobs(dir.path())?;
+        if now == serde_json::json!([]) {
+            break;
+        }
+        if start.elapsed() > DEADLINE {
+            return Err(format!("the program outlived its terminal: {now}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
     Ok(())
 }

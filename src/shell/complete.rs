@@ -86,11 +86,9 @@ impl Word {
                 quote(&rustyline::completion::unescape(&self.text, Some('\\')))
             ),
         };
-        let status = last_status.clamp(0, 255);
-        let restore = if status == 0 {
-            String::new()
-        } else {
-            format!("; case $- in *e*) ;; *) (exit {status}) ;; esac")
+        let restore = match last_status.clamp(0, 255) {
+            0 => String::new(),
+            _ => format!("; {}", set_status(last_status)),
         };
         format!(
             "{{ {list}; }} 2>/dev/null | {{ head -n {MAX_CANDIDATES}; cat >/dev/null; }} || :{restore}"
@@ -123,6 +121,13 @@ impl Word {
         }
         out
     }
+}
+
+/// The bash line that leaves `$?` at `status` (0 to 255). Under `set -e` a
+/// non-zero status would end the shell, so there it leaves `$?` alone.
+pub fn set_status(status: i32) -> String {
+    let status = status.clamp(0, 255);
+    format!("case $- in *e*) ;; *) (exit {status}) ;; esac")
 }
 
 /// `s` in single quotes for bash.
