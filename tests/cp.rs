@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::support::{BoxError, TestResult};
+use crate::support::{BoxError, TestResult, text};
 
 /// A state dir, a policy and a working directory on this side; sandboxes
 /// made here and the server a call started go when the test ends.
@@ -173,15 +173,6 @@ impl Drop for Berth {
         }
         let _ = self.run(&["server", "stop"]);
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn sha256_file(p: &Path) -> Result<String, BoxError> {
@@ -663,49 +654,23 @@ fn files_and_trees_go_both_ways_on_docker_owned_by_the_sandbox_user() -> TestRes
 #[cfg(feature = "ssh")]
 mod over_ssh {
     use super::*;
-    use berth_backends::ssh::testing::{Sshd, SshdConfig};
 
     /// berth with a test sshd known as `box1` in its `~/.ssh/config`.
     struct Box1 {
-        sshd: Sshd,
-        home: PathBuf,
+        host: crate::support::box1::Box1,
         berth: Berth,
-        _remote: tempfile::TempDir,
     }
 
     impl Box1 {
         fn start() -> Result<Box1, BoxError> {
-            let remote = tempfile::tempdir()?;
-            let sshd = Sshd::start_with(SshdConfig {
-                extra: format!("SetEnv HOME={} SHLVL=1\n", remote.path().display()),
-                ..SshdConfig::default()
-            })?;
-            let home = sshd.home();
-            std::fs::write(
-                home.join(".ssh/config"),
-                format!(
-                    "Host box1\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n",
-                    sshd.port(),
-                    sshd.user(),
-                    sshd.user_key().display(),
-                    sshd.known_hosts().display()
-                ),
-            )?;
             Ok(Box1 {
-                sshd,
-                home,
+                host: crate::support::box1::Box1::start()?,
                 berth: Berth::new("off")?,
-                _remote: remote,
             })
         }
 
         fn run(&self, args: &[&str]) -> std::io::Result<Output> {
-            self.berth
-                .cmd(args)
-                .env("HOME", &self.home)
-                .env_remove("SSH_AUTH_SOCK")
-                .env_remove("BERTH_SSH_HOST")
-                .output()
+            self.host.apply(&mut self.berth.cmd(args)).output()
         }
 
         fn ok(&self, args: &[&str]) -> Result<String, BoxError> {
@@ -751,7 +716,7 @@ mod over_ssh {
         assert_eq!(o.status.code(), Some(125), "{}", text(&o));
         assert!(text(&o).contains("keeps its host `box1`"), "{}", text(&o));
         // The host gone: the copy fails, saying what to check.
-        b.sshd.stop();
+        b.host.sshd.stop();
         let o = b.run(&["cp", "-b", "ssh", "data.csv", "cpbox:again.csv"])?;
         assert_eq!(o.status.code(), Some(125), "{}", text(&o));
         assert!(
@@ -759,7 +724,7 @@ mod over_ssh {
             "{}",
             text(&o)
         );
-        b.sshd.restart()?;
+        b.host.sshd.restart()?;
         b.ok(&["sandbox", "rm", "cpbox", "-b", "ssh"])?;
         Ok(())
     }

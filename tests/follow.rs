@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{BoxError, TestResult};
+use crate::support::{BoxError, TestResult, text};
 
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
@@ -81,15 +81,6 @@ impl Drop for Dir {
     fn drop(&mut self) {
         let _ = self.run(&["server", "stop"]);
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Whether every thread of `pid` has exited (a zombie leader counts as gone).

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{BoxError, TestResult};
+use crate::support::{BoxError, TestResult, text};
 
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
@@ -36,15 +36,6 @@ fn host_address() -> Result<String, BoxError> {
         })
         .map(str::to_string)
         .ok_or_else(|| "this host has no non-loopback IPv4 address (`hostname -I`) to bind".into())
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn is_root() -> bool {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::TestResult;
+use crate::support::{TestResult, text};
 
 const OPENAI: &str = "sk-proj-T3stOpenAiKeyValue0123456789abcdef";
 const AWS: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYTESTKEYVALUE";
@@ -101,15 +101,6 @@ impl Drop for Env {
             let _ = self.run(&["sandbox", "rm", "default"]);
         }
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn assert_no_secret(haystack: &str) {

@@ -13,6 +13,8 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::support::text;
+
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
 struct Sandbox {
@@ -100,15 +102,6 @@ impl Sandbox {
     fn unrestricted(&self, script: &str) -> Output {
         self.run_with("{}", &["--unrestricted"], script)
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The wrapper must have run the script (not refused for a missing feature).

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{BoxError, TestResult};
+use crate::support::{BoxError, TestResult, text};
 
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
@@ -85,15 +85,6 @@ impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.run(&["server", "stop"]);
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Poll `cond` until it holds, failing after `limit`.

@@ -6,56 +6,33 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use berth_backends::ssh::testing::{Sshd, SshdConfig};
 use serde_json::Value;
 
-use crate::support::{BoxError, TestResult};
+use crate::support::{self, BoxError, TestResult, text};
 
-/// A test sshd whose sessions see `remote` as their home (so sandboxes land
-/// in the test's own directory), a local home whose `~/.ssh/config` names it
-/// `box1`, and a state dir; the server a call started is stopped on drop.
+/// `box1` and a state dir; the server a call started is stopped on drop.
 struct Box1 {
-    sshd: Sshd,
-    home: PathBuf,
+    host: support::box1::Box1,
     state: tempfile::TempDir,
-    _remote: tempfile::TempDir,
 }
 
 impl Box1 {
     fn start() -> Result<Box1, BoxError> {
-        let remote = tempfile::tempdir()?;
-        let sshd = Sshd::start_with(SshdConfig {
-            extra: format!("SetEnv HOME={} SHLVL=1\n", remote.path().display()),
-            ..SshdConfig::default()
-        })?;
-        let home = sshd.home();
-        std::fs::write(
-            home.join(".ssh/config"),
-            format!(
-                "Host box1\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n",
-                sshd.port(),
-                sshd.user(),
-                sshd.user_key().display(),
-                sshd.known_hosts().display()
-            ),
-        )?;
         Ok(Box1 {
-            sshd,
-            home,
+            host: support::box1::Box1::start()?,
             state: tempfile::tempdir()?,
-            _remote: remote,
         })
     }
 
     fn run(&self, args: &[&str]) -> std::io::Result<Output> {
-        Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(args)
-            .env("BERTH_STATE_DIR", self.state.path())
-            .env("BERTH_POLICY", self.state.path().join("policy.toml"))
-            .env("HOME", &self.home)
-            .env_remove("SSH_AUTH_SOCK")
-            .env_remove("BERTH_SSH_HOST")
-            .stdin(Stdio::null())
+        self.host
+            .apply(
+                Command::new(env!("CARGO_BIN_EXE_berth"))
+                    .args(args)
+                    .env("BERTH_STATE_DIR", self.state.path())
+                    .env("BERTH_POLICY", self.state.path().join("policy.toml"))
+                    .stdin(Stdio::null()),
+            )
             .output()
     }
 
@@ -88,15 +65,6 @@ impl Drop for Box1 {
     fn drop(&mut self) {
         let _ = self.run(&["server", "stop"]);
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\n{}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Issue 50, item 1, as it was reported: a job started with `--host` is
@@ -196,7 +164,7 @@ fn a_sandbox_made_with_host_keeps_it() -> TestResult {
 }
 
 fn remote_dir(b: &Box1, name: &str) -> PathBuf {
-    b._remote.path().join(".berth/sandboxes").join(name)
+    b.host.remote.path().join(".berth/sandboxes").join(name)
 }
 
 /// A host that does not answer leaves its job `unknown`, not `lost`, and
@@ -207,14 +175,14 @@ fn an_unreachable_host_leaves_a_job_unknown_not_lost() -> TestResult {
     b.ok(&[
         "job", "start", "-b", "ssh", "--host", "box1", "--name", "nap", "--", "sleep", "300",
     ])?;
-    b.sshd.stop();
+    b.host.sshd.stop();
     let j = b.job("nap")?;
     assert_eq!(j["state"], "unknown", "{j}");
     assert!(
         j["reason"].as_str().unwrap_or("").contains("may still run"),
         "{j}"
     );
-    b.sshd.restart()?;
+    b.host.sshd.restart()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let j = b.job("nap")?;

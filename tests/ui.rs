@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
-use crate::support::{BoxError, TestResult};
+use crate::support::{BoxError, TestResult, text};
 
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
@@ -121,15 +121,6 @@ impl Drop for Dash {
     fn drop(&mut self) {
         let _ = self.cmd(&["server", "stop"]).output();
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The base of a dashboard URL: `http://127.0.0.1:PORT`.

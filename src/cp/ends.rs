@@ -235,81 +235,107 @@ mod tests {
             dir: dir.into(),
             name: name.into(),
         };
-        // A file onto a directory goes inside it; onto a file or nothing, takes the name.
-        let l = landing(
-            Kind::Single,
-            plain,
-            Some("a.csv"),
-            "/w/data",
-            "data/",
-            Found::Dir,
-        )?;
-        assert_eq!(l, named("/w/data", "a.csv"));
-        let l = landing(
-            Kind::Single,
-            plain,
-            Some("a.csv"),
-            "/w/b.csv",
-            "b.csv",
-            Found::NotDir,
-        )?;
-        assert_eq!(l, named("/w", "b.csv"));
-        let l = landing(
-            Kind::Single,
-            plain,
-            Some("a.csv"),
-            "/w/new",
-            "new",
-            Found::Nothing,
-        )?;
-        assert_eq!(l, named("/w", "new"));
-        // ...but a trailing slash promises a directory.
-        let e = landing(
-            Kind::Single,
-            plain,
-            Some("a"),
-            "/w/new",
-            "new/",
-            Found::Nothing,
-        );
-        assert!(e.is_err_and(|e| e.to_string().contains("does not exist")));
-        // A tree onto a directory goes inside; onto nothing, takes the name.
-        let l = landing(Kind::Dir, plain, Some("src"), "/w/app", "app", Found::Dir)?;
-        assert_eq!(l, named("/w/app", "src"));
-        let l = landing(
-            Kind::Dir,
-            plain,
-            Some("src"),
-            "/w/app",
-            "app",
-            Found::Nothing,
-        )?;
-        assert_eq!(l, named("/w", "app"));
-        let l = landing(
-            Kind::Dir,
-            Shape::of("src/."),
-            Some("src"),
-            "/w/app",
-            "app",
-            Found::Dir,
-        )?;
-        assert_eq!(
-            l,
-            Landing::Into {
-                dir: "/w/app".into()
-            }
-        );
-        let e = landing(Kind::Dir, plain, Some("src"), "/w/f", "f", Found::NotDir);
-        assert!(e.is_err_and(|e| e.to_string().contains("not a directory")));
-        let e = landing(
-            Kind::Single,
-            plain,
-            Some("a"),
-            "/w/no/a",
-            "no/a",
-            Found::NoParent,
-        );
-        assert!(e.is_err_and(|e| e.to_string().contains("`/w/no` does not exist")));
+        let into = Landing::Into {
+            dir: "/w/app".into(),
+        };
+        // (kind, shape, source name, target, as typed, what is there, landing)
+        let lands = [
+            // A file onto a directory goes inside it; onto a file or nothing, takes the name.
+            (
+                Kind::Single,
+                plain,
+                "a.csv",
+                "/w/data",
+                "data/",
+                Found::Dir,
+                named("/w/data", "a.csv"),
+            ),
+            (
+                Kind::Single,
+                plain,
+                "a.csv",
+                "/w/b.csv",
+                "b.csv",
+                Found::NotDir,
+                named("/w", "b.csv"),
+            ),
+            (
+                Kind::Single,
+                plain,
+                "a.csv",
+                "/w/new",
+                "new",
+                Found::Nothing,
+                named("/w", "new"),
+            ),
+            // A tree onto a directory goes inside; onto nothing, takes the name.
+            (
+                Kind::Dir,
+                plain,
+                "src",
+                "/w/app",
+                "app",
+                Found::Dir,
+                named("/w/app", "src"),
+            ),
+            (
+                Kind::Dir,
+                plain,
+                "src",
+                "/w/app",
+                "app",
+                Found::Nothing,
+                named("/w", "app"),
+            ),
+            (
+                Kind::Dir,
+                Shape::of("src/."),
+                "src",
+                "/w/app",
+                "app",
+                Found::Dir,
+                into,
+            ),
+        ];
+        for (kind, shape, name, target, typed, found, want) in lands {
+            assert_eq!(
+                landing(kind, shape, Some(name), target, typed, found)?,
+                want,
+                "{typed}"
+            );
+        }
+        // (kind, source name, target, as typed, what is there, the error says)
+        let refused = [
+            // A trailing slash promises a directory.
+            (
+                Kind::Single,
+                "a",
+                "/w/new",
+                "new/",
+                Found::Nothing,
+                "does not exist",
+            ),
+            (
+                Kind::Dir,
+                "src",
+                "/w/f",
+                "f",
+                Found::NotDir,
+                "not a directory",
+            ),
+            (
+                Kind::Single,
+                "a",
+                "/w/no/a",
+                "no/a",
+                Found::NoParent,
+                "`/w/no` does not exist",
+            ),
+        ];
+        for (kind, name, target, typed, found, says) in refused {
+            let e = landing(kind, plain, Some(name), target, typed, found);
+            assert!(e.is_err_and(|e| e.to_string().contains(says)), "{typed}");
+        }
         Ok(())
     }
 

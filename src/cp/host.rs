@@ -222,6 +222,29 @@ fn archive<R: Read>(r: R) -> tar::Archive<R> {
     a
 }
 
+/// Call `f` with each entry of an archive from the sandbox, its kind and
+/// its checked relative path (see [`checked_rel`]); pax and GNU metadata
+/// entries are skipped.
+fn each_entry<R: Read>(
+    r: R,
+    mut f: impl FnMut(&mut tar::Entry<'_, R>, tar::EntryType, PathBuf) -> Result<()>,
+) -> Result<()> {
+    let mut a = archive(r);
+    let entries = a
+        .entries()
+        .context("cannot read the archive from the sandbox")?;
+    for entry in entries {
+        let mut e = entry.context("cannot read the archive from the sandbox")?;
+        let kind = e.header().entry_type();
+        if is_meta(kind) {
+            continue;
+        }
+        let rel = checked_rel(&e.path()?)?;
+        f(&mut e, kind, rel)?;
+    }
+    Ok(())
+}
+
 /// Unpack a stream of a directory's entries (`./`, `./a`, `./a/b`...) into
 /// `root`, made first when `make_root`. Directories the archive makes
 /// unwritable get their mode at the end, so what they hold can be written.
@@ -235,24 +258,14 @@ pub fn unpack_tree(r: impl Read, root: &Path, make_root: bool) -> Result<Counts>
     let mut counts = Counts::default();
     // Directory modes to set once everything under them is written.
     let mut modes: Vec<(PathBuf, u32)> = Vec::new();
-    let mut a = archive(r);
-    let entries = a
-        .entries()
-        .context("cannot read the archive from the sandbox")?;
-    for entry in entries {
-        let mut e = entry.context("cannot read the archive from the sandbox")?;
-        let kind = e.header().entry_type();
-        if is_meta(kind) {
-            continue;
-        }
-        let rel = checked_rel(&e.path()?)?;
+    each_entry(r, |e, kind, rel| {
         let mode = e.header().mode().unwrap_or(0o755) & 0o777;
         let at = root.join(&rel);
         if is_special(kind) {
             counts
                 .left_out
                 .push(format!("{} (not a file, directory or link)", at.display()));
-            continue;
+            return Ok(());
         }
         if rel.as_os_str().is_empty() {
             if !kind.is_dir() {
@@ -261,7 +274,7 @@ pub fn unpack_tree(r: impl Read, root: &Path, make_root: bool) -> Result<Counts>
             if make_root {
                 modes.push((at, mode));
             }
-            continue;
+            return Ok(());
         }
         let size = e.header().size().unwrap_or(0);
         e.unpack_in(root)
@@ -272,7 +285,8 @@ pub fn unpack_tree(r: impl Read, root: &Path, make_root: bool) -> Result<Counts>
             modes.push((at, mode));
         }
         counts.count(kind, size);
-    }
+        Ok(())
+    })?;
     for (p, mode) in modes.iter().rev() {
         fs::set_permissions(p, fs::Permissions::from_mode(*mode))
             .with_context(|| format!("cannot set the mode of `{}`", p.display()))?;
@@ -293,17 +307,7 @@ pub fn unpack_one(r: impl Read, name: &str, target: &Path) -> Result<Counts> {
         .tempdir_in(parent)
         .with_context(|| format!("cannot write in `{}`", parent.display()))?;
     let mut counts = Counts::default();
-    let mut a = archive(r);
-    let entries = a
-        .entries()
-        .context("cannot read the archive from the sandbox")?;
-    for entry in entries {
-        let mut e = entry.context("cannot read the archive from the sandbox")?;
-        let kind = e.header().entry_type();
-        if is_meta(kind) {
-            continue;
-        }
-        let rel = checked_rel(&e.path()?)?;
+    each_entry(r, |e, kind, rel| {
         if rel != Path::new(name) || counts.files > 0 {
             bail!(
                 "the archive from the sandbox has `{}` where only `{name}` was asked for; nothing was written",
@@ -319,7 +323,8 @@ pub fn unpack_one(r: impl Read, name: &str, target: &Path) -> Result<Counts> {
         e.unpack_in(stage.path())
             .with_context(|| format!("cannot write `{}`", target.display()))?;
         counts.count(kind, size);
-    }
+        Ok(())
+    })?;
     if counts.files == 0 {
         bail!("the archive from the sandbox was empty: `{name}` was not sent; nothing was written");
     }

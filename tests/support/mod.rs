@@ -9,6 +9,19 @@ use berth_core::backend::{Backend, RemoveOpts, Sandbox, SandboxSpec};
 pub type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+#[cfg(feature = "ssh")]
+pub mod box1;
+
+/// A finished `berth` call, for an assertion's message.
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// A backend plus whatever keeps it alive (a temp dir, a server).
 pub struct Harness {
     pub backend: Arc<dyn Backend>,
