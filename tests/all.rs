@@ -11,6 +11,7 @@
 //! - `cli`: the `berth` binary from the outside, on the local backend.
 //! - `cp`: `berth cp` both ways on local, docker and ssh: trees, large files,
 //!   ownership, archives on stdin and stdout, errors, the file rules.
+//! - `readme`: the README's tour, Docker and SSH blocks, line by line as shown.
 //! - `ssh_cli`: the `berth` binary on the ssh backend, against a real sshd.
 //! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
 //! - `ui`: `berth ui` in headless Chromium against a real server, and its
@@ -42,6 +43,7 @@ mod listeners;
 mod modal_faults;
 mod modal_sdk;
 mod policy_cli;
+mod readme;
 mod restricted_session;
 mod schedules;
 mod shell;
