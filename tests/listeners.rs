@@ -665,3 +665,56 @@ fn a_dashboard_that_moves_takes_no_cookie_of_its_old_address() -> TestResult {
     assert!(get(&new, &fresh)?.starts_with("HTTP/1.1 200"));
     Ok(())
 }
+
+/// Item 8 and its siblings, through the CLI, as root and as an ordinary
+/// user (berth run by uid 65534): a command's child reads its shell's
+/// memory for the end marker's nonce, its descriptors (where they lead,
+/// and the frames of the calls to come) and its environment. (Root may
+/// still list the descriptors' numbers: a non-dumpable process's `/proc`
+/// entries belong to root; they tell nothing more.) Each is refused, because the
+/// session's shell is not dumpable, so berth reports the command's own
+/// exit code and cwd.
+#[test]
+fn a_childs_look_into_its_shell_is_refused_as_root_and_as_a_user() -> TestResult {
+    assert!(
+        is_root(),
+        "this test runs berth as uid 65534 too and must run as root (as CI does)"
+    );
+    for nobody in [false, true] {
+        let who = if nobody { "nobody" } else { "root" };
+        let s = State::new("", nobody)?;
+        s.ok(&[
+            "exec",
+            "--",
+            &format!("cat > forger.py <<'EOF'\n{}EOF", crate::conformance::FORGER),
+        ])?;
+        let o = s
+            .cmd(&[
+                "exec",
+                "--json",
+                "--",
+                "/usr/bin/python3 forger.py; \
+                 readlink /proc/$PPID/fd/1 >/dev/null 2>&1 && echo READ-FDS; \
+                 head -c1 /proc/$PPID/fd/0 >/dev/null 2>&1 && echo READ-FRAMES; \
+                 head -c1 /proc/$PPID/environ >/dev/null 2>&1 && echo READ-ENVIRON; \
+                 /bin/sleep 1; cd /; exit 7",
+            ])
+            .output()?;
+        let v: Value =
+            serde_json::from_slice(&o.stdout).map_err(|e| format!("{who}: {e}: {}", text(&o)))?;
+        let out = v["output"].as_str().unwrap_or_default();
+        assert_eq!(v["exit_code"], 7, "{who}: the forged end was believed: {v}");
+        assert_eq!(v["cwd"], "/", "{who}: {v}");
+        assert!(
+            out.contains("denied"),
+            "{who}: the shell's memory was readable: {out}"
+        );
+        for bad in ["READ-FDS", "READ-FRAMES", "READ-ENVIRON"] {
+            assert!(!out.contains(bad), "{who}: {bad}: {out}");
+        }
+        // The session is whole: the next call runs and reports as ever.
+        assert_eq!(s.ok(&["exec", "--", "echo $((6*7))"])?, "42\n", "{who}");
+        let _ = s.cmd(&["server", "stop"]).output();
+    }
+    Ok(())
+}
