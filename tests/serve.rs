@@ -1148,3 +1148,53 @@ fn a_large_stdin_goes_through_and_one_past_the_limit_is_refused_with_what_to_do(
     assert_eq!(s.exec("echo ${FED:-none}")?, "none\n");
     Ok(())
 }
+
+/// Issue 51 item 5: the server's identity is berth's build, the policy and
+/// the variables that change what berth does. A call from another `PATH`
+/// and venv reuses the running server; one with another docker host, a
+/// secret, or another value of a variable the policy passes into sandboxes
+/// replaces it.
+#[test]
+fn a_call_from_another_path_or_venv_keeps_the_server_and_settings_replace_it() -> TestResult {
+    let s = Served::new()?;
+    std::fs::write(
+        s.path().join("policy.toml"),
+        "[env]\nallow = [\"MY_TOOL_*\"]\n",
+    )?;
+    s.exec("true")?;
+    let first = s.pid()?;
+    let path = std::env::var("PATH")?;
+    let o = s
+        .cmd(&["exec", "--", "true"])
+        .env("PATH", format!("/tmp/berth-venv/bin:/opt/other/bin:{path}"))
+        .env("VIRTUAL_ENV", "/tmp/berth-venv")
+        .env("CONDA_DEFAULT_ENV", "base")
+        .env("PS1", "(berth-venv) $ ")
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(s.pid()?, first, "another PATH and venv replaced the server");
+    for (k, v) in [
+        ("DOCKER_HOST", "unix:///tmp/berth-other-docker.sock"),
+        ("SOME_API_TOKEN", "0123456789abcdef0123"),
+        ("MY_TOOL_MODE", "fast"),
+    ] {
+        let before = s.pid()?;
+        let o = s.cmd(&["exec", "--", "true"]).env(k, v).output()?;
+        assert_eq!(o.status.code(), Some(0), "{k}: {}", text(&o));
+        let after = s.pid()?;
+        assert_ne!(after, before, "another {k} kept the server");
+    }
+    Ok(())
+}
+
+/// The server's identity counts every variable the redactor treats as a
+/// secret: the client's list holds each of the redactor's name parts.
+#[test]
+fn the_identity_counts_every_secret_the_redactor_masks() {
+    for part in berth_policies::redact::SECRET_NAME_PARTS {
+        assert!(
+            berth_client::SECRET_PARTS.contains(part),
+            "{part} marks a secret for the redactor but not for the server's identity"
+        );
+    }
+}

@@ -258,30 +258,66 @@ pub fn exe_id() -> String {
         .unwrap_or_default()
 }
 
-/// Variables that differ between terminals of one user without changing what
-/// berth does; they are left out of the configuration key, so two terminals
-/// share one server.
-const VOLATILE_ENV: &[&str] = &[
-    "PWD",
-    "OLDPWD",
-    "_",
-    "SHLVL",
-    "COLUMNS",
-    "LINES",
-    "SSH_TTY",
-    "SSH_CLIENT",
-    "SSH_CONNECTION",
-    "WINDOWID",
-    "GPG_TTY",
-    "COLORTERM",
-    "BERTH_SERVER",
-    "BERTH_SERVER_IDLE",
-    "BERTH_STATE_DIR",
-    "BERTH_LOG",
+/// The variables that change what a server does, by name or as `PREFIX*`:
+/// berth's own settings; the backends' (the docker daemon, the ssh agent,
+/// E2B and Modal); where berth's files are; the proxies and CA files its
+/// HTTP clients follow; the locale and time zone a sandbox is given; the
+/// browser the dashboard opens. Besides these, every variable whose name
+/// marks a secret (see [`SECRET_PARTS`]) and every variable the policy's
+/// `[env] allow` passes into sandboxes count. Nothing else does: another
+/// `PATH`, venv, conda env or prompt uses the same server.
+pub const KEY_ENV: &[&str] = &[
+    "BERTH_*",
+    "DOCKER_*",
+    "SSH_AUTH_SOCK",
+    "SSH_ASKPASS",
+    "E2B_*",
+    "MODAL_*",
+    "HOME",
+    "USER",
+    "XDG_CONFIG_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CACHE_HOME",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "BROWSER",
 ];
 
-/// Prefixes of terminal emulators' and multiplexers' per-window variables.
-const VOLATILE_PREFIXES: &[&str] = &[
+/// Parts of a variable's name (in upper case) that mark a secret: the server
+/// redacts such values from output, and a provider's key is one of them.
+/// The redactor's own list (`berth_policies::redact::SECRET_NAME_PARTS`; a
+/// test keeps the two alike), without its exceptions, so no secret is missed.
+pub const SECRET_PARTS: &[&str] = &[
+    "KEY",
+    "SECRET",
+    "TOKEN",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "AUTH",
+    "PRIVATE",
+    "COOKIE",
+    "SESSION",
+    "API",
+];
+
+/// Prefixes of terminal emulators' and multiplexers' per-window variables,
+/// which may look like secrets (`KITTY_PUBLIC_KEY`, `TERM_SESSION_ID`) but
+/// differ between terminals of one user and change nothing berth does.
+const TERMINAL_PREFIXES: &[&str] = &[
     "TERM",
     "TMUX",
     "STY",
@@ -291,22 +327,76 @@ const VOLATILE_PREFIXES: &[&str] = &[
     "WEZTERM_",
     "KITTY_",
     "XDG_SESSION_",
+    "WINDOWID",
+    "SSH_TTY",
+    "SSH_CLIENT",
+    "SSH_CONNECTION",
 ];
 
-fn volatile(name: &str) -> bool {
-    VOLATILE_ENV.contains(&name) || VOLATILE_PREFIXES.iter().any(|p| name.starts_with(p))
+/// Variables of [`KEY_ENV`] that differ between calls of one user without
+/// changing what the server does: how this call reaches a server, and its
+/// log filter.
+const VOLATILE_ENV: &[&str] = &[
+    "BERTH_SERVER",
+    "BERTH_SERVER_IDLE",
+    "BERTH_STATE_DIR",
+    "BERTH_LOG",
+];
+
+fn glob_match(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
 }
 
-/// A digest of what shapes the server's runtime: berth's environment (the
-/// gate passes parts of it to sandboxes and redacts its secrets) and the
-/// policy file. A client whose key differs restarts the server, so a server
-/// never runs a call under another caller's settings.
+/// Whether the variable `name` is part of the server's identity, given the
+/// policy's `[env] allow` patterns `allowed`.
+fn keyed(name: &str, allowed: &[String]) -> bool {
+    if VOLATILE_ENV.contains(&name) || TERMINAL_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        return false;
+    }
+    let up = name.to_ascii_uppercase();
+    KEY_ENV.iter().any(|p| glob_match(p, name))
+        || SECRET_PARTS.iter().any(|p| up.contains(p))
+        || allowed.iter().any(|p| glob_match(p, name))
+}
+
+/// The `[env] allow` patterns of the policy file at `path` (none when it is
+/// missing or unreadable: the server then fails on it with a clear error).
+fn policy_env_allow(path: &Path) -> Vec<String> {
+    #[derive(serde::Deserialize, Default)]
+    struct Env {
+        #[serde(default)]
+        allow: Vec<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Policy {
+        #[serde(default)]
+        env: Env,
+    }
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| toml::from_str::<Policy>(&t).ok())
+        .map(|p| p.env.allow)
+        .unwrap_or_default()
+}
+
+/// A digest of what shapes the server's runtime: the policy file, and the
+/// variables of berth's environment that change what it does ([`KEY_ENV`],
+/// secrets, what the policy passes into sandboxes). A client whose key
+/// differs restarts the server, so a server never runs a call under another
+/// caller's settings; a call from another `PATH` or venv reuses it.
 pub fn config_key() -> String {
-    let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| !volatile(k)).collect();
+    let policy = policy_path().ok();
+    let allowed = policy.as_deref().map(policy_env_allow).unwrap_or_default();
+    let mut vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| keyed(k, &allowed))
+        .collect();
     vars.sort();
     let mut h = std::hash::DefaultHasher::new();
     vars.hash(&mut h);
-    if let Ok(p) = policy_path() {
+    if let Some(p) = policy {
         use std::os::unix::fs::MetadataExt;
         p.hash(&mut h);
         if let Ok(m) = std::fs::metadata(&p) {
@@ -318,23 +408,37 @@ pub fn config_key() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::volatile;
+    use super::keyed;
 
     #[test]
-    fn per_terminal_variables_do_not_split_the_server() {
+    fn only_variables_that_change_what_berth_does_key_the_server() {
+        let allowed = vec!["MY_TOOL_*".to_string()];
         for v in [
+            "PATH",
+            "VIRTUAL_ENV",
+            "CONDA_PREFIX",
+            "PS1",
             "PWD",
             "TERM",
-            "TERM_SESSION_ID",
             "TMUX_PANE",
-            "WINDOWID",
+            "SHLVL",
             "BERTH_SERVER",
+            "BERTH_STATE_DIR",
         ] {
-            assert!(volatile(v), "{v}");
+            assert!(!keyed(v, &allowed), "{v}");
         }
-        // These change what berth does (the ssh agent, the policy, secrets).
-        for v in ["SSH_AUTH_SOCK", "BERTH_POLICY", "HOME", "PATH", "API_TOKEN"] {
-            assert!(!volatile(v), "{v}");
+        for v in [
+            "SSH_AUTH_SOCK",
+            "BERTH_POLICY",
+            "HOME",
+            "DOCKER_HOST",
+            "API_TOKEN",
+            "OPENAI_API_KEY",
+            "LC_ALL",
+            "https_proxy",
+            "MY_TOOL_HOME",
+        ] {
+            assert!(keyed(v, &allowed), "{v}");
         }
     }
 }

@@ -12,7 +12,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use regex::bytes::Regex;
 
 /// Name fragments that mark a variable's value as secret.
-const SECRET_NAME_PARTS: &[&str] = &[
+pub const SECRET_NAME_PARTS: &[&str] = &[
     "KEY",
     "SECRET",
     "TOKEN",
