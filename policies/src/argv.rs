@@ -2,23 +2,6 @@
 //! leading assignments are peeled off, program paths are reduced to their
 //! names, and strings handed to a shell (`bash -c`, `eval`, …) are found.
 
-/// `NAME=value` as (name, value), if `w` is an assignment word. `NAME+=value`,
-/// `NAME[i]=value` and `NAME[i]+=value` are assignments too; the name returned
-/// keeps any subscript and drops the `+`.
-pub fn assignment(w: &str) -> Option<(&str, &str)> {
-    let (k, v) = w.split_once('=')?;
-    let k = k.strip_suffix('+').unwrap_or(k);
-    let name = match k.find('[') {
-        Some(i) if k.ends_with(']') => &k[..i],
-        Some(_) => return None,
-        None => k,
-    };
-    let mut cs = name.chars();
-    let ok = matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && cs.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    ok.then_some((k, v))
-}
-
 /// A program word reduced to its name: `/usr/bin/rm` → `rm`.
 pub fn program_name(w: &str) -> &str {
     w.rsplit('/').next().unwrap_or(w)
@@ -56,7 +39,7 @@ pub fn inner(argv: &[String]) -> Vec<String> {
 fn normalize(argv: &[String]) -> Vec<String> {
     let mut v: Vec<String> = argv
         .iter()
-        .skip_while(|w| assignment(w).is_some())
+        .skip_while(|w| crate::shell::assignment(w).is_some())
         .cloned()
         .collect();
     if let Some(first) = v.first_mut() {

@@ -201,9 +201,7 @@ pub fn command_strings(prog: &str, args: &[String]) -> Vec<String> {
             .iter()
             .flat_map(|s| sed(s).commands)
             .collect(),
-        "apt" | "apt-get" | "apt-cache" | "aptitude" | "apt-mark" => {
-            crate::sources::apt_commands(args)
-        }
+        "apt" | "apt-get" | "apt-cache" | "aptitude" | "apt-mark" => crate::apt::commands(args),
         _ => Vec::new(),
     }
 }

@@ -14,6 +14,7 @@
 //! Nothing here runs commands or touches the kernel; enforcement lives at the
 //! seams that use these decisions.
 
+pub mod apt;
 pub mod argv;
 pub mod caution;
 pub mod checkpoints;

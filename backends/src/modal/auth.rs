@@ -15,10 +15,14 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
+use berth_core::backend::BackendKind;
 use berth_core::error::{BackendFailure, Error, Result};
 
-use super::KIND;
 use crate::ModalSettings;
+
+/// [`BackendKind`] rather than taken from the parent module, which uses this
+/// one's client.
+const KIND: &str = BackendKind::Modal.as_str();
 
 /// Modal's public API endpoint.
 pub const DEFAULT_SERVER_URL: &str = "https://api.modal.com:443";

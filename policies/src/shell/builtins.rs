@@ -33,7 +33,7 @@ impl Parser<'_, '_> {
     ) -> Result<(), ParseError> {
         // Subscripts of assignments (`a[i]=x`, `a=([i]=x)`) are arithmetic.
         for w in &words[..assigns] {
-            if let Some((name, value)) = argv::assignment(w) {
+            if let Some((name, value)) = super::assignment(w) {
                 self.check_assignment(idx, name, value, Attrs::default());
             }
         }
@@ -146,7 +146,7 @@ impl Parser<'_, '_> {
             if functions || a == "--" {
                 continue;
             }
-            match argv::assignment(a) {
+            match super::assignment(a) {
                 Some((name, value)) => self.check_assignment(idx, name, value, attrs),
                 None if attrs.assoc => {
                     self.sh.assoc.insert(a.clone());

@@ -133,7 +133,7 @@ pub fn of_script(script: &Script, names: &HashSet<String>) -> Effects {
         may_redefine: false,
     };
     for cmd in &script.commands {
-        let first = cmd.argv.iter().position(|w| argv::assignment(w).is_none());
+        let first = cmd.argv.iter().position(|w| super::assignment(w).is_none());
         let Some(first) = first else {
             continue;
         };
@@ -246,9 +246,9 @@ fn journal_names(script: &Script) -> Option<Vec<String>> {
         Some(())
     };
     for cmd in &script.commands {
-        let first = cmd.argv.iter().position(|w| argv::assignment(w).is_none());
+        let first = cmd.argv.iter().position(|w| super::assignment(w).is_none());
         for w in &cmd.argv[..first.unwrap_or(cmd.argv.len())] {
-            let (key, value) = argv::assignment(w)?;
+            let (key, value) = super::assignment(w)?;
             // An array's subscripts are arithmetic, which can assign.
             if value.starts_with('(') {
                 return None;
@@ -271,10 +271,10 @@ fn journal_names(script: &Script) -> Option<Vec<String>> {
                 "export" if depth == 0 && cmd.argv[first] == "export" => {
                     for i in first + 1..cmd.argv.len() {
                         let w = &cmd.argv[i];
-                        if !cmd.is_literal(i) && argv::assignment(w).is_none() {
+                        if !cmd.is_literal(i) && super::assignment(w).is_none() {
                             return None;
                         }
-                        match argv::assignment(w) {
+                        match super::assignment(w) {
                             Some((_, value)) if value.starts_with('(') => return None,
                             Some((key, _)) => add(key.strip_suffix('+').unwrap_or(key))?,
                             None if w == "--" => {}
@@ -298,7 +298,7 @@ fn journal_names(script: &Script) -> Option<Vec<String>> {
 fn names_functions(cmd: &super::Command, args: usize) -> bool {
     let start = cmd.argv.len().saturating_sub(args.saturating_sub(1));
     cmd.argv.iter().enumerate().skip(start).any(|(i, w)| {
-        if argv::assignment(w).is_some() {
+        if super::assignment(w).is_some() {
             return false;
         }
         if !cmd.is_literal(i) {

@@ -137,6 +137,23 @@ impl Command {
     }
 }
 
+/// `NAME=value` as (name, value), if `w` is an assignment word. `NAME+=value`,
+/// `NAME[i]=value` and `NAME[i]+=value` are assignments too; the name returned
+/// keeps any subscript and drops the `+`.
+pub fn assignment(w: &str) -> Option<(&str, &str)> {
+    let (k, v) = w.split_once('=')?;
+    let k = k.strip_suffix('+').unwrap_or(k);
+    let name = match k.find('[') {
+        Some(i) if k.ends_with(']') => &k[..i],
+        Some(_) => return None,
+        None => k,
+    };
+    let mut cs = name.chars();
+    let ok = matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && cs.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    ok.then_some((k, v))
+}
+
 /// Quote a word so that it reads back as itself; `$` stays bare so that an
 /// expansion kept as text is still seen as one when re-read.
 pub(crate) fn quote_for_display(w: &str) -> String {
@@ -292,7 +309,7 @@ pub fn declarations_only(text: &str) -> Result<(), String> {
         let words: Vec<&str> = c
             .argv
             .iter()
-            .skip_while(|w| crate::argv::assignment(w).is_some())
+            .skip_while(|w| assignment(w).is_some())
             .map(String::as_str)
             .collect();
         let ok = matches!(

@@ -26,7 +26,7 @@ impl Parser<'_, '_> {
         let literal = cmd.literal.clone();
         let assigns = argv
             .iter()
-            .take_while(|w| argv::assignment(w).is_some())
+            .take_while(|w| super::assignment(w).is_some())
             .count();
         if assigns > 0 {
             self.sh.state.push("a variable assignment");
@@ -35,7 +35,7 @@ impl Parser<'_, '_> {
         self.evaluated_operands(idx, &argv, assigns)?;
         if assigns == argv.len() {
             for (w, lit) in argv.iter().zip(&literal) {
-                if let Some((k, v)) = argv::assignment(w) {
+                if let Some((k, v)) = super::assignment(w) {
                     self.sh.numeric.remove(k);
                     // A value whose expansions were all of values the text
                     // set (`x="${IFS}"`, `y=$x`) is known too: no expansion
@@ -172,7 +172,7 @@ impl Parser<'_, '_> {
                 );
             }
             if DECLARERS.contains(&prog) {
-                let named = (at + 1..argv.len()).filter(|&i| argv::assignment(&argv[i]).is_some());
+                let named = (at + 1..argv.len()).filter(|&i| super::assignment(&argv[i]).is_some());
                 declared.extend(named.clone());
                 words.extend(named);
             }
@@ -305,7 +305,7 @@ impl Parser<'_, '_> {
         let assigns = cmd
             .argv
             .iter()
-            .take_while(|w| argv::assignment(w).is_some())
+            .take_while(|w| super::assignment(w).is_some())
             .count();
         let Some(word) = cmd.argv.get(assigns) else {
             return Ok(false);
@@ -427,7 +427,7 @@ impl Parser<'_, '_> {
             let start = self.i;
             let (w, lit) = self.word_allowing_array(in_assignments || declaring)?;
             let split = std::mem::take(&mut self.split_word);
-            if in_assignments && argv::assignment(&w).is_none() {
+            if in_assignments && super::assignment(&w).is_none() {
                 in_assignments = false;
                 declaring = DECLARERS.contains(&argv::program_name(&w));
             }
