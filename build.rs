@@ -22,18 +22,33 @@
 //!    binary's relative relocations stored as a bitmap, read in a fraction
 //!    of the time. A static PIE relocates itself too.
 //!
-//! The thin client's other start-up choices are in src/thin.rs: its entry
-//! is its own (`#![no_main]`), and in a dynamic link the unwinder comes from
-//! libgcc_eh, not libgcc_s (a `#[link]` there: a library named here would
-//! be linked into every binary of the package).
+//! Each applies only where the linker here takes it (a probe link for
+//! DT_RELR; libgcc_eh must exist); elsewhere the client links as cargo's
+//! default does. The thin client's other start-up choice is in src/thin.rs:
+//! in a dynamic link the unwinder comes from libgcc_eh, not libgcc_s (a
+//! `#[link]` there, behind the `thin_gcc_eh` cfg set here: a library named
+//! here would be linked into every binary of the package).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo::rustc-link-arg-bin=berth=-Wl,-z,pack-relative-relocs");
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-env-changed=BERTH_THIN_DYNAMIC");
+    println!("cargo::rerun-if-env-changed=CC");
+    println!("cargo::rustc-check-cfg=cfg(thin_gcc_eh)");
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let linux_gnu = var("CARGO_CFG_TARGET_OS") == "linux" && var("CARGO_CFG_TARGET_ENV") == "gnu";
+    let native = var("TARGET") == var("HOST");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    // Each option only where the linker here takes it: older linkers, macOS
+    // and clang-only hosts have no DT_RELR or no libgcc_eh.
+    if native && links_with(&cc, "-Wl,-z,pack-relative-relocs") {
+        println!("cargo::rustc-link-arg-bin=berth=-Wl,-z,pack-relative-relocs");
+    }
+    if linux_gnu && native && archive(&cc, "libgcc_eh.a").is_some() {
+        println!("cargo::rustc-cfg=thin_gcc_eh");
+    }
     if std::env::var_os("BERTH_THIN_DYNAMIC").is_some_and(|v| !v.is_empty() && v != "0") {
         return;
     }
@@ -97,6 +112,22 @@ fn static_libs() -> Result<PathBuf, String> {
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(out)
+}
+
+/// Whether the C compiler's driver links a program with `flag` here.
+fn links_with(cc: &str, flag: &str) -> bool {
+    let dir = PathBuf::from(std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into()));
+    let src = dir.join("berth-link-probe.c");
+    if std::fs::write(&src, "int main(void) { return 0; }\n").is_err() {
+        return false;
+    }
+    Command::new(cc)
+        .arg(flag)
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.join("berth-link-probe"))
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// The path the C compiler's driver links `name` from, if it has one: it

@@ -17,11 +17,6 @@
 //! parse `exec`, the served subcommands and the global options with the same
 //! types ([`berth_client::args`], [`berth_client::served`]).
 
-// The entry is ours, not std's: see `main` below. The test harness brings
-// its own, so what only the entry reaches is unused in a test build.
-#![cfg_attr(not(test), no_main)]
-#![cfg_attr(test, allow(dead_code))]
-
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 
@@ -38,7 +33,9 @@ use clap::{Parser, Subcommand};
 // of the start: libgcc_s's constructor alone asks the CPU what it is
 // (`cpuid`, which a hypervisor traps) for about 0.1 ms per start on a VM. So
 // the unwinder is linked in from libgcc_eh, and `--as-needed` leaves
-// libgcc_s out. Only this binary: the engine links it as usual.
+// libgcc_s out, where build.rs finds libgcc_eh. Only this binary: the
+// engine links it as usual.
+#[cfg(thin_gcc_eh)]
 #[link(name = "gcc_eh", kind = "static", modifiers = "-bundle")]
 unsafe extern "C" {}
 
@@ -59,54 +56,17 @@ enum ThinCommand {
     Other(Vec<OsString>),
 }
 
-/// The process's entry, in place of std's (`#![no_main]`).
-///
-/// std's start does three things before `main`: it ignores SIGPIPE, reopens
-/// any of the descriptors 0-2 that is closed on `/dev/null`, and finds the
-/// main thread's stack (glibc reads and parses all of `/proc/self/maps` for
-/// it) to install a handler that names a stack overflow, with its own
-/// signal stack. The first two this client needs and does itself; the third
-/// is most of std's start-up cost, and a short-lived client with no deep
-/// recursion does without it: an overflow still ends the process with
-/// SIGSEGV, unnamed. After `main`, std flushes stdout; so does this.
-#[cfg(not(test))]
-#[unsafe(no_mangle)]
-extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
-    // std reads the arguments and environment itself, from its own
-    // `.init_array` entry, so `std::env` works here as under std's start.
-    start_as_std_does();
+/// std's entry: SIGPIPE ignored (a closed pipe is an EPIPE, reported), closed
+/// descriptors 0-2 reopened on `/dev/null` (the socket never takes one), and
+/// the arguments read by std itself on every libc. Its own entry saved this
+/// client about 0.1 ms a start and relied on glibc filling in `args_os`
+/// from `.init_array` (under musl it got no arguments); see
+/// docs/PERFORMANCE.md.
+fn main() -> std::process::ExitCode {
     berth_client::quiet_on_closed_stdout();
     let code = thin();
     let _ = std::io::Write::flush(&mut std::io::stdout());
     code.into()
-}
-
-/// What std's start does that this client relies on: writes to a closed pipe
-/// fail with EPIPE (reported) instead of killing the process, and a closed
-/// standard descriptor is never reused by the socket (the server's output
-/// must not land in it).
-#[cfg(not(test))]
-fn start_as_std_does() {
-    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
-        fd,
-        events: 0,
-        revents: 0,
-    });
-    // SAFETY: `fds` is a valid array of three pollfd for the call's length;
-    // a zero timeout returns at once.
-    let polled = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
-    if polled > 0 {
-        for _closed in fds.iter().filter(|p| p.revents & libc::POLLNVAL != 0) {
-            // SAFETY: the path is a NUL-terminated literal. The descriptors
-            // are visited in order, so this closed one is the lowest free
-            // descriptor and open returns it; should open fail, it stays
-            // closed, as under std.
-            let _ = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
-        }
-    }
-    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler
-    // code; the process is single-threaded here.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }
 
 fn thin() -> u8 {
