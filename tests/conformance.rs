@@ -32,6 +32,7 @@ macro_rules! conformance_suite {
             case!(persists_cwd_env_functions_aliases);
             case!(exit_codes_are_exact);
             case!(timeout_kills_the_whole_tree_and_keeps_the_session);
+            case!(a_process_a_command_detached_with_setsid_is_stopped_on_timeout);
             case!(a_command_that_ignores_term_is_stopped_all_the_same);
             case!(after_a_kill_the_next_output_is_only_the_next_commands);
             case!(stdin_is_dev_null_unless_given);
@@ -1116,6 +1117,93 @@ pub async fn no_alias_and_function_of_one_name_breaks_the_session(h: &Harness) -
         )
     });
     survives_redefinitions(h, "shadowed", table.collect()).await
+}
+
+/// Whether a process whose command line starts with `prefix` runs in the
+/// sandbox, seen by a helper of its own there.
+async fn runs_in(f: &Fixture, prefix: &str) -> Result<bool, BoxError> {
+    let argv: Vec<String> = [
+        "sh",
+        "-c",
+        "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline 2>/dev/null; echo; done",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let c =
+        berth_core::backend::run_to_end(&*f.sandbox, &argv, None, 1 << 20, Duration::from_secs(20))
+            .await?;
+    Ok(String::from_utf8_lossy(&c.stdout)
+        .lines()
+        .any(|l| l.starts_with(prefix)))
+}
+
+/// #49 item 19, on every backend: `(setsid sleep N &)` leaves a process in a
+/// session of its own whose parent exits at once, so it is neither in the
+/// shell's session nor below the shell; a timeout stops it all the same,
+/// because the session's shell is a child subreaper that adopts it (the
+/// wrapper or berth on local, `tini -s` on docker, the sandbox's python3 on
+/// ssh, E2B and Modal). An orphan an earlier command left the same way is
+/// not this command's, and is spared.
+pub async fn a_process_a_command_detached_with_setsid_is_stopped_on_timeout(
+    h: &Harness,
+) -> TestResult {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let f = h.sandbox("detached").await?;
+    let mut s = open(&f).await?;
+    // Durations no other test uses: this test binary's pid and a count.
+    let tag = format!("{}{n}", std::process::id());
+    let earlier = format!("sleep 8888.{tag}");
+    let detached = format!("sleep 7777.{tag}");
+    let r = s
+        .exec(&format!("(setsid {earlier} &)"), ExecOpts::default())
+        .await?;
+    assert_eq!(r.exit_code, 0, "{}", r.output.text());
+    assert!(runs_in(&f, &earlier).await?, "the control never ran");
+    // Start times count in hundredths: an orphan left in the same hundredth
+    // as the next command is sent is not told from its own (docs/POLICIES.md).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = s
+        .exec(
+            &format!("(setsid {detached} &); sleep 60"),
+            ExecOpts {
+                timeout: Some(Duration::from_millis(1500)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.timed_out, "{}", r.output.text());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runs_in(&f, &detached).await? {
+        assert!(
+            Instant::now() < deadline,
+            "the detached process outlived the timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        runs_in(&f, &earlier).await?,
+        "an earlier command's orphan was stopped with this one"
+    );
+    assert_eq!(
+        s.exec("echo alive", ExecOpts::default())
+            .await?
+            .output
+            .text(),
+        "alive\n"
+    );
+    let _ = s
+        .exec(
+            &format!(
+                "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
+                 case $c in '{earlier}'*) kill ${{p#/proc/}};; esac; done"
+            ),
+            ExecOpts::default(),
+        )
+        .await;
+    s.close().await;
+    f.remove().await
 }
 
 /// Every builtin the loop uses, disabled.

@@ -25,6 +25,8 @@ mod local_pty;
 pub mod modal;
 #[cfg(feature = "ssh")]
 pub mod ssh;
+#[cfg(any(feature = "ssh", feature = "e2b", feature = "modal"))]
+mod subreaper;
 
 /// The file in the state dir that holds the installation id.
 pub const INSTALLATION_FILE: &str = "installation-id";

@@ -497,13 +497,21 @@ impl Sandbox for LocalSandbox {
             None
         };
         let tty = pty.is_some();
-        // SAFETY: setsid and the TIOCSCTTY ioctl are async-signal-safe and touch
-        // no memory of the parent; setsid makes the child a session leader so the
-        // engine can find its whole tree, and on a terminal that terminal becomes
-        // the session's controlling one.
+        // Without the wrapper (which does it for every program it starts), a
+        // session's shell becomes a child subreaper here, so it adopts what
+        // its commands detach (`(setsid sleep 1000 &)`) and the tree kill
+        // finds it below the shell; an exec keeps the flag.
+        let subreaper = shell && self.wrapper.is_none() && !tty;
+        // SAFETY: setsid, prctl and the TIOCSCTTY ioctl are async-signal-safe
+        // and touch no memory of the parent; setsid makes the child a session
+        // leader so the engine can find its whole tree, and on a terminal that
+        // terminal becomes the session's controlling one.
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if tty {
                     crate::local_pty::Pty::make_controlling()?;
                 }

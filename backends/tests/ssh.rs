@@ -716,3 +716,80 @@ async fn proxy_jump_through_a_bastion_checks_every_host_key()
     assert!(msg.contains("jump host"), "{msg}");
     Ok(())
 }
+
+/// Whether a process whose command line starts with `prefix` runs on this
+/// host (the test sshd's sessions run here).
+fn running_here(prefix: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|d| {
+            std::fs::read(d.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .is_ok_and(|c| c.starts_with(prefix))
+        })
+}
+
+/// #49 item 19 on ssh: `(setsid sleep N &)` leaves a process in a session of
+/// its own whose parent exits at once, so it is neither in the shell's
+/// session nor below the shell; a timeout must stop it all the same. An
+/// orphan an earlier command left the same way is not this command's, and
+/// is spared. Failed before the shell ran as a child subreaper: the orphan
+/// went to the host's PID 1 and outlived the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_a_command_detached_with_setsid_is_stopped_on_timeout() -> TestResult {
+    let sshd = Sshd::start()?;
+    let (_b, sb) = provision(sshd.options(), "detach").await?;
+    let mut cfg = SessionConfig::named("detach");
+    cfg.grace = Duration::from_millis(300);
+    let mut s = Session::open(sb.clone(), cfg).await?;
+    // Durations no other test uses, told apart by this test's pid.
+    let earlier = format!("sleep 8888.{}", std::process::id());
+    let detached = format!("sleep 7777.{}", std::process::id());
+    let r = s
+        .exec(&format!("(setsid {earlier} &)"), ExecOpts::default())
+        .await?;
+    assert_eq!(r.exit_code, 0, "{}", r.output.text());
+    wait_for("the control to run", Duration::from_secs(10), || {
+        running_here(&earlier)
+    })
+    .await;
+    // Start times count in hundredths: an orphan left in the same hundredth
+    // as the next command is sent cannot be told from that command's own
+    // (docs/POLICIES.md). A person's next command comes later than that.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = s
+        .exec(
+            &format!("(setsid {detached} &); sleep 60"),
+            ExecOpts {
+                timeout: Some(Duration::from_millis(1500)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.timed_out, "{}", r.output.text());
+    wait_for(
+        "the detached process to be stopped",
+        Duration::from_secs(10),
+        || !running_here(&detached),
+    )
+    .await;
+    assert!(
+        running_here(&earlier),
+        "an earlier command's orphan was killed with this one"
+    );
+    assert_eq!(
+        s.exec("echo alive", ExecOpts::default())
+            .await?
+            .output
+            .text(),
+        "alive\n"
+    );
+    s.close().await;
+    // The control, left by the test: gone with the test's sshd user's tree.
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", &earlier])
+        .status();
+    Ok(())
+}

@@ -383,6 +383,15 @@ impl Sandbox for E2bSandbox {
         if opts.tty && !env.iter().any(|(k, _)| k == "TERM") {
             env.push(("TERM".into(), "xterm-256color".into()));
         }
+        // A session's shell adopts what its commands detach (see
+        // `crate::subreaper`).
+        let subreaped;
+        let argv = if crate::subreaper::is_shell(argv, opts.replaces.as_deref(), opts.tty) {
+            subreaped = crate::subreaper::as_subreaper(argv);
+            &subreaped[..]
+        } else {
+            argv
+        };
         let tag = match &opts.replaces {
             Some(key) => {
                 self.inner.end_orphans(key).await;
