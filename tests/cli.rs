@@ -360,6 +360,7 @@ fn a_job_outlives_a_kill_9_of_berth() -> TestResult {
     let mut follower = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(["job", "logs", "--follow", &id])
         .env("BERTH_STATE_DIR", dir.path())
+        .env("BERTH_POLICY", dir.path().join("policy.toml"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -100,7 +100,7 @@ impl Backend for LocalBackend {
             berth_core::store::private_dir(&p)
                 .map_err(|e| Error::io("creating sandbox directory", &p, e))?;
         }
-        let record = if existed {
+        let mut record = if existed {
             match std::fs::read(&record_path)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
@@ -123,7 +123,18 @@ impl Backend for LocalBackend {
         if !existed || recreated.is_some() {
             let json = serde_json::to_vec_pretty(&record)
                 .map_err(|e| Error::InvalidInput(format!("sandbox spec: {e}")))?;
-            write_atomic(&record_path, &json)?;
+            // A new record is linked into place, so of two calls that make
+            // the same sandbox at once the first one's stands and the other
+            // reads it; an unreadable one is replaced.
+            let placed = write_atomic(&record_path, &json, recreated.is_some())?;
+            if !placed {
+                let found = std::fs::read(&record_path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
+                if let Some(r) = found {
+                    record = r;
+                }
+            }
         }
         let sandbox = LocalSandbox::new(
             spec.name.clone(),
@@ -206,10 +217,31 @@ async fn remove_tree(dir: &Path) -> Result<()> {
     }
 }
 
-fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
+/// Write `data` to `path` whole or not at all, through a temporary file of
+/// this call's own (a shared name let two provisions of one sandbox rename
+/// each other's file away: "renaming sandbox.json: No such file"). With
+/// `replace`, over what is there; without, only if nothing is (a hard
+/// link fails on an existing name). Whether `data` was placed.
+fn write_atomic(path: &Path, data: &[u8], replace: bool) -> Result<bool> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
     std::fs::write(&tmp, data).map_err(|e| Error::io("writing", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming", path, e))
+    let placed = if replace {
+        std::fs::rename(&tmp, path).map(|()| true)
+    } else {
+        let linked = match std::fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&tmp);
+        linked
+    };
+    placed.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io("placing", path, e)
+    })
 }
 
 /// A local sandbox.
@@ -747,5 +779,37 @@ mod tests {
             berth_sandbox::mounts::MARKER_PREFIX,
             berth_core::identity::MARKER_PREFIX
         );
+    }
+
+    /// Many calls that make one new sandbox at once all get it (a shared
+    /// temporary name once failed some with "renaming sandbox.json: No such
+    /// file or directory"), and its record is whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_sandbox_made_by_many_calls_at_once() -> Result<(), Box<dyn std::error::Error>> {
+        use berth_core::backend::{Backend, SandboxSpec};
+        let dir = tempfile::tempdir()?;
+        let backend = std::sync::Arc::new(super::LocalBackend::new(dir.path()));
+        for round in 0..20 {
+            let name = format!("same{round}");
+            let calls: Vec<_> = (0..8)
+                .map(|_| {
+                    let b = backend.clone();
+                    let spec = SandboxSpec::named(&name);
+                    tokio::spawn(async move { b.provision(&spec).await.map(|_| ()) })
+                })
+                .collect();
+            for c in calls {
+                c.await??;
+            }
+            let record = std::fs::read(backend.dir(&name).join("sandbox.json"))?;
+            let parsed: serde_json::Value = serde_json::from_slice(&record)?;
+            assert_eq!(parsed["spec"]["name"], name.as_str());
+        }
+        let left: Vec<_> = std::fs::read_dir(backend.dir("same0"))?
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+        Ok(())
     }
 }

@@ -304,6 +304,19 @@ pub fn append_allow_rule(
             detail: "cannot add an allow rule for an empty command".into(),
         });
     }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    // Two answers at once (the dashboard and `berth approve --always`) each
+    // read the file, add their rule and write it back: without the lock, one
+    // rule is lost. Held until this function returns.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path.with_extension("toml.lock"))
+        .map_err(io)?;
+    lock.lock().map_err(io)?;
     let before = match std::fs::read_to_string(path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -327,10 +340,7 @@ pub fn append_allow_rule(
             detail: format!("adding the rule would break the file ({e}); add it by hand"),
         });
     }
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io)?;
-    }
-    let tmp = path.with_extension("toml.tmp");
+    let tmp = path.with_extension(format!("toml.tmp.{}", std::process::id()));
     std::fs::write(&tmp, &text).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
 }

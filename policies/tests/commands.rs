@@ -388,3 +388,30 @@ fn always_rule_is_appended_and_takes_effect() {
         "{v}"
     );
 }
+
+/// Answers given at once (the dashboard's Always and `berth approve
+/// --always` from a terminal) each add their rule: none is lost to another's
+/// read-modify-write of the file.
+#[test]
+fn always_rules_added_at_once_are_all_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = std::sync::Arc::new(dir.path().join("policy.toml"));
+    std::fs::write(&*path, "default = \"ask\"\n").expect("write");
+    let writers: Vec<_> = (0..16)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let argv = vec!["tool".to_string(), format!("n{i}")];
+                berth_policies::append_allow_rule(&path, &format!("approved-{i}"), &argv, "at once")
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().expect("joined").expect("appended");
+    }
+    let p = Policy::load(&path).expect("still valid");
+    for i in 0..16 {
+        let v = p.rules.check(&format!("tool n{i}"), "local");
+        assert_eq!(v.action, Action::Allow, "rule {i} was lost: {v}");
+    }
+}

@@ -238,7 +238,9 @@ fn write_cursor(path: &Path, id: i64) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension("tmp");
+    // A name of this process's own: a draining server and its successor
+    // may both write a hook's cursor.
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, format!("{id}\n"))?;
     std::fs::rename(&tmp, path)
 }
