@@ -446,8 +446,11 @@ fn a_terminal_line_is_judged_by_the_policy() -> TestResult {
     let t = Tmux::start(&one_shell_script(dir.path()))?;
     t.wait_count(PROMPT, 1)?;
     t.type_line("nano notes.txt")?;
-    let s = t.wait("the refusal", |s| s.contains("policy refused"))?;
-    assert!(s.contains("no-nano"), "{s}");
+    // The whole refusal, rule and all: the screen is read while it is drawn.
+    let s = t.wait("the refusal", |s| {
+        s.contains("policy refused") && s.contains("no-nano")
+    })?;
+    assert!(s.contains("matches `nano`"), "{s}");
     t.wait_count(PROMPT, 2)?;
     let o = berth_in(dir.path(), &["job", "ls", "--json"])?;
     let jobs: serde_json::Value = serde_json::from_slice(&o.stdout)?;

@@ -170,9 +170,16 @@ pub(super) fn signal_one(
 
 /// Whether the process whose pid is in the job's file `file` is gone (the
 /// job's wrapper stops its stdin's holder when the job ends).
+/// A process that has exited but is not yet reaped (a zombie) is gone: its
+/// descriptors are closed.
 pub(super) fn gone(base: &Path, id: &str, file: &str) -> bool {
     read_num(base, &format!("{id}/{file}")).is_some_and(|pid| {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(Errno::ESRCH)
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                st.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with(['Z', 'X']))
+            })
     })
 }
 

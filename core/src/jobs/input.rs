@@ -55,8 +55,18 @@ impl Runtime {
                 nix::sys::signal::Signal::SIGTERM,
             );
             // Stopped by the job's wrapper when the job ended (a job that
-            // read what was sent and exited): its stdin is closed already.
-            if !stopped && !here::gone(std::path::Path::new(&base), &job.id, "holder") {
+            // read what was sent and exited): its stdin is closed already,
+            // or will be within moments (the wrapper's stop is in flight).
+            let gone = || here::gone(std::path::Path::new(&base), &job.id, "holder");
+            let mut closed = stopped || gone();
+            for _ in 0..50 {
+                if closed {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                closed = gone();
+            }
+            if !closed {
                 return Err(Error::backend(
                     sb.kind(),
                     BackendFailure::Rejected,
