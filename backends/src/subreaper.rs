@@ -39,6 +39,20 @@ pub(crate) fn as_subreaper(argv: &[String]) -> Vec<String> {
     out
 }
 
+/// `argv` as a spawn should run it: a session's shell wrapped by
+/// [`as_subreaper`], anything else as given.
+pub(crate) fn wrap<'a>(
+    argv: &'a [String],
+    replaces: Option<&str>,
+    tty: bool,
+) -> std::borrow::Cow<'a, [String]> {
+    if is_shell(argv, replaces, tty) {
+        std::borrow::Cow::Owned(as_subreaper(argv))
+    } else {
+        std::borrow::Cow::Borrowed(argv)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -385,13 +385,8 @@ impl Sandbox for E2bSandbox {
         }
         // A session's shell adopts what its commands detach (see
         // `crate::subreaper`).
-        let subreaped;
-        let argv = if crate::subreaper::is_shell(argv, opts.replaces.as_deref(), opts.tty) {
-            subreaped = crate::subreaper::as_subreaper(argv);
-            &subreaped[..]
-        } else {
-            argv
-        };
+        let wrapped = crate::subreaper::wrap(argv, opts.replaces.as_deref(), opts.tty);
+        let argv = &wrapped[..];
         let tag = match &opts.replaces {
             Some(key) => {
                 self.inner.end_orphans(key).await;

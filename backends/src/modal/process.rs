@@ -71,11 +71,11 @@ pub(crate) async fn spawn(
     };
     // A session's shell adopts what its commands detach (see
     // `crate::subreaper`).
-    if crate::subreaper::is_shell(argv, opts.replaces.as_deref(), opts.tty) {
-        command_args.extend(crate::subreaper::as_subreaper(argv));
-    } else {
-        command_args.extend(argv.iter().cloned());
-    }
+    command_args.extend(
+        crate::subreaper::wrap(argv, opts.replaces.as_deref(), opts.tty)
+            .iter()
+            .cloned(),
+    );
     let size = opts.tty_size.unwrap_or_default();
     let mut env = sb.env.clone();
     env.insert("BERTH_SANDBOX".into(), sb.name.clone());

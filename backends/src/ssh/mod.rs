@@ -440,13 +440,8 @@ impl Sandbox for SshSandbox {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         }
-        let subreaped;
-        let argv = if crate::subreaper::is_shell(argv, opts.replaces.as_deref(), opts.tty) {
-            subreaped = crate::subreaper::as_subreaper(argv);
-            &subreaped[..]
-        } else {
-            argv
-        };
+        let wrapped = crate::subreaper::wrap(argv, opts.replaces.as_deref(), opts.tty);
+        let argv = &wrapped[..];
         let spawned = if opts.tty {
             let size = opts.tty_size.unwrap_or_default();
             process::spawn_terminal(&self.link.conn, argv, &env, &cwd, size).await
