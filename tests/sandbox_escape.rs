@@ -694,6 +694,81 @@ fn etc_files_others_cannot_read_are_secrets_by_default() {
     );
 }
 
+/// A root sandbox runs as a uid of its own (#49 item 13): a file root owns
+/// and others may not read is out of its reach wherever Landlock grants
+/// reads (`/opt`, `/usr/local`, not only `/etc`), a file's mode is the
+/// kernel's second line behind Landlock. Its workspace is still its own to
+/// write, and what it writes is root's on disk, so berth's side sees no
+/// change. Control: with `run_as_root` the same sandbox is uid 0 and reads
+/// the file, as before.
+#[test]
+fn a_root_sandbox_runs_as_a_uid_of_its_own() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test plants a root-only file in /opt and reads it through a root sandbox: it must run as root (as CI does)"
+    );
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let base = PathBuf::from(format!("/opt/berth-test-{}", std::process::id()));
+    let _gone = Gone(base.clone());
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = base.join("secret.env");
+    std::fs::write(&secret, "TOKEN=s3cret\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let script = format!(
+        "echo \"uid $(id -u) gid $(id -g)\"; cat {s} && echo READ; echo mine > mine && echo WROTE; \
+         mkdir -p d/e && echo sub > d/e/f && echo NESTED; echo \"owner $(stat -c %u mine)\"; \
+         echo t > \"$TMPDIR/t\" && echo TMP_OK; cd / && cd \"$OLDPWD\" && echo BACK",
+        s = secret.display()
+    );
+    let sb = Sandbox::new();
+    let o = sb.run(&script);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let uid: u32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("uid "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|u| u.parse().ok())
+        .unwrap_or_else(|| panic!("no uid: {}", text(&o)));
+    assert!(
+        (0x6000_0000..0x7000_0000).contains(&uid),
+        "the sandbox runs as uid {uid}: {}",
+        text(&o)
+    );
+    assert!(out.contains(&format!("gid {uid}")), "{}", text(&o));
+    assert!(!out.contains("READ"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{}",
+        text(&o)
+    );
+    for ok in ["WROTE", "NESTED", "TMP_OK", "BACK"] {
+        assert!(out.contains(ok), "{ok}: {}", text(&o));
+    }
+    // Inside, its files are its own; on disk, root's.
+    assert!(out.contains(&format!("owner {uid}")), "{}", text(&o));
+    for f in ["mine", "d/e/f", "d"] {
+        let m = std::fs::metadata(sb.work().join(f)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (0, 0), "{f} on disk");
+    }
+    assert_eq!(std::fs::metadata(sb.dir.join("tmp/t")).unwrap().uid(), 0);
+    // Control: the policy keeps uid 0, which reads the file as before.
+    let o = sb.run_with(r#"{"run_as_root":true}"#, &[], &script);
+    ran(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("uid 0 gid 0"), "control: {}", text(&o));
+    assert!(out.contains("READ"), "control: {}", text(&o));
+}
+
 const XATTR: &str = r#"
 import os, sys
 for p in sys.argv[1:]:
@@ -1062,6 +1137,121 @@ fn a_mount_the_user_cannot_reach_does_not_stop_its_sandbox() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("STARTED"), "{}", text(&o));
     assert!(!out.contains("LISTED"), "{}", text(&o));
+}
+
+/// SysV shared memory (and semaphores and message queues, and POSIX
+/// message queues) is named by a key, not a path: Landlock never sees it,
+/// and its modes are checked by uid. A segment of mode 0600 made by a
+/// process of berth's user (root, or an ordinary user) was open to that
+/// user's sandboxes. Each sandbox process now gets an IPC namespace of its
+/// own, so a host key names nothing inside. Control: unconfined, the same
+/// user attaches the segment and reads it.
+#[test]
+fn sysv_shared_memory_of_the_host_is_out_of_reach() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test runs as root and as uid 65534 (setpriv): it must run as root (as CI does)"
+    );
+    use std::io::{BufRead, Write};
+    use std::os::unix::fs::PermissionsExt;
+    const SHM: &str = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+key = int(sys.argv[2])
+if sys.argv[1] == "make":
+    i = libc.shmget(key, 4096, 0o1000 | 0o600)
+    a = libc.shmat(i, None, 0)
+    ctypes.memmove(a, b"s3cret", 6)
+    print("MADE", i, flush=True)
+    sys.stdin.read()
+    libc.shmctl(i, 0, None)
+else:
+    i = libc.shmget(key, 0, 0)
+    if i < 0:
+        print("NOSEG", ctypes.get_errno()); sys.exit(0)
+    a = libc.shmat(i, None, 0o10000)
+    if a is None or a == ctypes.c_void_p(-1).value:
+        print("NOATTACH", ctypes.get_errno()); sys.exit(0)
+    print("READ", ctypes.string_at(a, 6).decode())
+"#;
+    for nobody in [false, true] {
+        let key = (std::process::id() as i32 & 0xffff) * 16 + i32::from(nobody) + 0x4000_0000;
+        let who = |mut c: Command| {
+            if nobody {
+                let mut n = as_nobody();
+                n.arg(c.get_program()).args(c.get_args());
+                n.env_clear().env("PATH", "/usr/bin:/bin");
+                if let Some(d) = c.get_current_dir() {
+                    n.current_dir(d);
+                }
+                c = n;
+            }
+            c
+        };
+        let mut maker = who({
+            let mut c = Command::new("python3");
+            c.args(["-c", SHM, "make", &key.to_string()]);
+            c
+        })
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(maker.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("MADE"), "maker: {line}");
+        let root = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = root.path().join("s");
+        for d in ["work", "tmp", ".berth"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        if nobody {
+            chown_to_nobody(root.path());
+        }
+        let look = format!("python3 -c '{}' look {key}", SHM.replace('\'', "'\\''"));
+        let run = |extra: &[&str]| {
+            let mut c = Command::new(BERTH);
+            c.arg("__sandbox-exec")
+                .arg("--sandbox-dir")
+                .arg(&dir)
+                .args(["--name", "ipc-test"])
+                .args(extra)
+                .args(["--", "bash", "-c", &look])
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .current_dir(dir.join("work"));
+            who(c).output().unwrap()
+        };
+        let o = run(&[]);
+        ran(&o);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !out.contains("READ"),
+            "nobody={nobody}: the sandbox read the host's segment: {}",
+            text(&o)
+        );
+        assert!(out.contains("NOSEG"), "nobody={nobody}: {}", text(&o));
+        let o = run(&["--unrestricted"]);
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("READ s3cret"),
+            "control, nobody={nobody}: {}",
+            text(&o)
+        );
+        let _ = maker.stdin.take().map(|mut i| i.write_all(b""));
+        maker.wait().unwrap();
+        let _ = Command::new(BERTH)
+            .arg("__sandbox-exec")
+            .arg("--sandbox-dir")
+            .arg(&dir)
+            .args(["--name", "ipc-test", "--remove-cgroup"])
+            .status();
+    }
 }
 
 /// Give `path` and everything under it to the user nobody.

@@ -97,6 +97,10 @@ pub struct LocalPolicy {
     /// On a kernel without Landlock scopes (ABI < 6), run anyway, though a
     /// sandbox can then signal every process of berth's user. Off: refuse.
     pub unscoped_signals: bool,
+    /// When berth runs as root: run local sandboxes as uid 0 (with no
+    /// capabilities) instead of a uid of their own. Off: each sandbox runs as
+    /// its own unprivileged uid, so root's private files are not its own.
+    pub run_as_root: bool,
 }
 
 impl Default for LocalPolicy {
@@ -108,6 +112,7 @@ impl Default for LocalPolicy {
             write: Vec::new(),
             rlimits: RLimits::default(),
             unscoped_signals: false,
+            run_as_root: false,
         }
     }
 }

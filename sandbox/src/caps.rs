@@ -1,5 +1,6 @@
-//! Capabilities: a sandbox running as root keeps root's uid but none of its
-//! powers. The bounding, ambient, inheritable, permitted and effective sets are
+//! Capabilities: a sandbox started by root keeps none of root's powers
+//! (and, unless the policy says `run_as_root`, not its uid either: see
+//! [`crate::own_uid`]). The bounding, ambient, inheritable, permitted and effective sets are
 //! emptied, so nothing can raise an rlimit, bypass file modes, or regain a
 //! capability through exec of a file that carries one.
 
@@ -7,11 +8,10 @@ use caps::CapSet;
 
 use crate::error::{Error, Result};
 
-/// Empty every capability set of the calling thread.
-pub fn drop_all() -> Result<()> {
-    let err = |what: &str, e: caps::errors::CapsError| {
-        Error::setup(what.to_string(), std::io::Error::other(e.to_string()))
-    };
+/// Empty the bounding set, where this thread may (it holds CAP_SETPCAP).
+/// Before a change of uid, which takes that right away: a sandbox that runs
+/// as a uid of its own ([`crate::own_uid`]) drops it first.
+pub fn drop_bounding() -> Result<()> {
     // Dropping from the bounding set needs CAP_SETPCAP; without it there is
     // nothing held worth dropping (an ordinary user's sets are empty).
     let can_drop = caps::has_cap(None, CapSet::Effective, caps::Capability::CAP_SETPCAP)
@@ -23,6 +23,16 @@ pub fn drop_all() -> Result<()> {
                 .map_err(|e| err(&format!("dropping {cap} from the bounding set"), e))?;
         }
     }
+    Ok(())
+}
+
+fn err(what: &str, e: caps::errors::CapsError) -> Error {
+    Error::setup(what.to_string(), std::io::Error::other(e.to_string()))
+}
+
+/// Empty every capability set of the calling thread.
+pub fn drop_all() -> Result<()> {
+    drop_bounding()?;
     caps::clear(None, CapSet::Ambient).map_err(|e| err("clearing ambient capabilities", e))?;
     for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
         caps::clear(None, set).map_err(|e| err("clearing capabilities", e))?;

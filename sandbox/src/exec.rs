@@ -198,6 +198,21 @@ fn run(args: Vec<OsString>) -> Result<Never> {
                 .map(std::path::PathBuf::from),
         );
     }
+    // Root's powers are gone below; as root, so is root's ownership of
+    // root's files: the sandbox becomes a uid of its own, its grants
+    // idmapped so its files stay root's on disk.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0
+        && !args.policy.run_as_root
+        && matches!(view, crate::mounts::View::Made { .. })
+    {
+        crate::caps::drop_bounding()?;
+        crate::own_uid::become_own(
+            crate::own_uid::uid_for(&args.name, &args.sandbox_dir),
+            &crate::landlock::write_grants(&profile),
+            &crate::landlock::read_grants(&profile),
+        )?;
+    }
     crate::caps::drop_all()?;
     set_no_new_privs()?;
     // Every process of the sandbox, berth's helpers too, may signal only its

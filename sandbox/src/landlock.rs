@@ -161,6 +161,11 @@ pub fn write_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
     out
 }
 
+/// The paths the profile lets the sandbox read, secrets carved out.
+pub fn read_grants(profile: &SandboxProfile) -> Vec<PathBuf> {
+    without_secrets(&profile.read_exec)
+}
+
 /// Restrict the calling thread (and all it execs) to the profile, signals
 /// and abstract unix sockets to its own tree where the kernel can scope them.
 pub fn apply(profile: &SandboxProfile, abi_num: i32) -> Result<()> {

@@ -8,7 +8,8 @@
 //!   threaded, and [`exec`] restricts itself, one module per mechanism:
 //!   [`env`] (inherited fds), [`cgroup`] (pids bound), [`rlimits`],
 //!   [`mounts`] (a mount namespace where all but the write grants is
-//!   read-only, so no metadata outside them changes), [`caps`], no_new_privs,
+//!   read-only, so no metadata outside them changes), [`own_uid`] (berth
+//!   run as root: the sandbox runs as a uid of its own), [`caps`], no_new_privs,
 //!   [`landlock`] (files, TCP, signal and socket scopes) and [`seccomp`]
 //!   (syscalls and their arguments);
 //! - then it execs the real argv, so the restrictions hold for the whole
@@ -25,6 +26,7 @@ mod error;
 pub mod exec;
 pub mod landlock;
 pub mod mounts;
+pub mod own_uid;
 pub mod private;
 #[cfg(test)]
 mod readback;

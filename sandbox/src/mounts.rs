@@ -14,6 +14,11 @@
 //! the grants the metadata is as fixed as the contents. Extended attributes
 //! are refused by seccomp already.
 //!
+//! With it comes an IPC namespace of the process's own: SysV shared memory,
+//! semaphores and message queues, and POSIX message queues, are named by
+//! keys Landlock never sees and checked by uid, so a host process's segment
+//! of berth's uid would otherwise be the sandbox's to attach.
+//!
 //! As root the namespace is a plain `unshare(CLONE_NEWNS)`. An ordinary user
 //! gets it inside a user namespace that maps only its own uid and gid to
 //! themselves, so every file keeps its owner and every check its outcome.
@@ -59,7 +64,7 @@ pub fn read_only_view(grants: &[PathBuf]) -> Result<View> {
     let (euid, uid, gid) = unsafe { (libc::geteuid(), libc::getuid(), libc::getgid()) };
     if euid == 0 {
         // SAFETY: unshare only changes this process's namespaces.
-        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) } != 0 {
             return Ok(View::Unavailable(format!(
                 "no mount namespace: {}",
                 io::Error::last_os_error()
@@ -67,7 +72,9 @@ pub fn read_only_view(grants: &[PathBuf]) -> Result<View> {
         }
     } else {
         // SAFETY: as above; the process is single-threaded (the caller's promise).
-        if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } != 0 {
+        if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWIPC) }
+            != 0
+        {
             return Ok(View::Unavailable(format!(
                 "no user namespace: {}",
                 io::Error::last_os_error()
@@ -131,6 +138,32 @@ pub fn read_only_view(grants: &[PathBuf]) -> Result<View> {
             .map_err(|e| Error::setup(format!("re-entering {}", cwd.display()), e))?;
     }
     Ok(View::Made { terminals })
+}
+
+/// Cover directory `c` with an empty tmpfs (mode 0711, so the sandbox's
+/// uid may pass through it to the grants bound below it, and list nothing),
+/// in this namespace only. See [`crate::own_uid`].
+pub fn cover(c: &Path) -> Result<()> {
+    mount_fs(
+        "tmpfs",
+        c,
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        "mode=0711,size=64k",
+    )
+}
+
+/// Make cover `c` read-only once its mount points are made.
+pub fn seal(c: &Path) -> Result<()> {
+    mount(
+        None,
+        c,
+        libc::MS_REMOUNT
+            | libc::MS_BIND
+            | libc::MS_RDONLY
+            | libc::MS_NOSUID
+            | libc::MS_NODEV
+            | libc::MS_NOEXEC,
+    )
 }
 
 /// The prefix of a marker mount's source (`berth_core::identity` reads it).
