@@ -814,3 +814,50 @@ fn a_planted_command_not_found_handler_is_judged_with_every_command() -> TestRes
     assert!(env.work().join("keep").exists());
     Ok(())
 }
+
+/// Issue 49 item 10's siblings: an export that makes programs load code
+/// (`BASH_ENV`, `LD_PRELOAD`, `GIT_SSH_COMMAND`, ...), planted in the
+/// session's saved state by a command that then kills its shell, is
+/// restored with the rest, and every program a later command starts would
+/// run code the gate never read: `bash -c true` would run `rm keep`. The
+/// shell reports such exports with its names, and while one is set every
+/// command that may start a program is opaque (here: denied). A command of
+/// inert builtins still runs, so `unset BASH_ENV` clears the way.
+#[test]
+fn a_planted_code_loading_export_makes_programs_opaque() -> TestResult {
+    let env = Env::new(GUARD)?;
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"touch keep && printf '%s keep\n' "r""m" > evil.sh && export A=1"#,
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"n=0; for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] || continue; t=$(<"$f"); head=${t%%# berth aliases*}; [ "$head" != "$t" ] || continue; printf '%sdeclare -x BASH_ENV="%s/evil.sh"\n%s\n' "$head" "$PWD" "${t#"$head"}" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#,
+    ])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("planted 1")
+            || String::from_utf8_lossy(&o.stdout).contains("planted 2"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["exec", "--", "bash -c true"])?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("BASH_ENV"),
+        "{}",
+        text(&o)
+    );
+    assert!(env.work().join("keep").exists(), "BASH_ENV ran `rm keep`");
+    // The restore kept the rest of the state.
+    let o = env.run(&["exec", "--", "echo $A"])?;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "1\n", "{}", text(&o));
+    let o = env.run(&["exec", "--", "unset BASH_ENV"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["exec", "--", "bash -c true; echo ran"])?;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{}", text(&o));
+    assert!(env.work().join("keep").exists());
+    Ok(())
+}

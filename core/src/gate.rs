@@ -88,6 +88,19 @@ impl Gate {
         })
     }
 
+    /// The verdict for running code the gate did not read, `why` in words:
+    /// the policy's `opaque` action.
+    pub fn opaque_verdict(&self, why: &str) -> Verdict {
+        let action = self.policy.rules.opaque;
+        Verdict {
+            action,
+            rule: "opaque".into(),
+            reason: format!("{why}; the policy's verdict for what berth cannot read is {action}"),
+            part: String::new(),
+            argv: Vec::new(),
+        }
+    }
+
     /// The part of berth's environment a sandbox may see.
     pub fn sandbox_env(&self) -> &BTreeMap<String, String> {
         &self.sandbox_env

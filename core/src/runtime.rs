@@ -628,11 +628,41 @@ impl Runtime {
         } else {
             Vec::new()
         };
-        if implicit.is_empty() && !names.iter().any(|n| req.command.contains(n.as_str())) {
+        // Exported variables that load code into the programs a command
+        // starts (`LD_PRELOAD`, `BASH_ENV`, ...), which the shell reports as
+        // `$NAME`: restored from a snapshot the sandbox can write, or set by
+        // a command judged opaque, they run text the gate never read.
+        // Those berth sets itself (`PAGER=cat`, what the policy passes) are
+        // berth's (a planted new value of one is not caught: POLICIES.md).
+        let mut loaders: Vec<&str> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix('$'))
+            .filter(|n| !session.sets_env(n))
+            .collect();
+        loaders.sort_unstable();
+        let loaded = (!loaders.is_empty()
+            && crate::session::script::may_start_a_program(&req.command))
+        .then(|| {
+            gate.opaque_verdict(&format!(
+                "the session exports {}, which make the programs a command starts run code berth did not read; \
+                 `unset` {} first",
+                loaders.join(", "),
+                if loaders.len() == 1 { "it" } else { "them" }
+            ))
+        });
+        if implicit.is_empty()
+            && loaded.is_none()
+            && !names.iter().any(|n| req.command.contains(n.as_str()))
+        {
             return Ok(());
         }
         let defined = session.definitions().await;
         let mut verdict = gate.check_in(&req.command, &req.backend, &defined);
+        if let Some(v) = loaded
+            && v.action > verdict.action
+        {
+            verdict = v;
+        }
         for f in implicit {
             let called = gate.check_in(f, &req.backend, &defined);
             if called.action > verdict.action {

@@ -154,12 +154,22 @@ pub(super) struct Names {
     /// Function names; `None` when the snapshot left the functions out, since
     /// the command could not have changed one.
     pub(super) functions: Option<HashSet<String>>,
+    /// Alias names, and after them, as `$NAME`, the exported variables that
+    /// make programs run code berth did not read (`LD_PRELOAD`, `BASH_ENV`,
+    /// `GIT_SSH_COMMAND`, …): a snapshot restores them, and a sandbox can
+    /// write its snapshot.
     pub(super) aliases: HashSet<String>,
 }
 
 fn name_list(list: &str) -> HashSet<String> {
     list.lines()
         .filter(|n| !n.is_empty() && !n.starts_with("__berth_"))
+        .filter(|n| match n.strip_prefix('$') {
+            // An exported variable (`$NAME`, no alias can hold a `$`): kept
+            // only when it makes programs run code, see [`Names::loaders`].
+            Some(var) => berth_policies::embedded::variable_code(var).is_some(),
+            None => true,
+        })
         .map(str::to_string)
         .collect()
 }
@@ -680,6 +690,21 @@ mod tests {
                     functions: None,
                     aliases: "alias ll='ls'\n".into()
                 })
+            ),
+            _ => panic!("no marker"),
+        }
+    }
+
+    #[test]
+    fn exports_that_load_code_are_kept_among_the_names_and_no_others() {
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
+        match parse_marker(
+            "0\x1f~ll\n$PATH\n$LD_PRELOAD\n$HOME\n$BASH_ENV\n\x1f1\x1f0\x1f/",
+            "n",
+        ) {
+            Ending::Marker { names, .. } => assert_eq!(
+                names.map(|n| n.aliases),
+                Some(set(&["ll", "$LD_PRELOAD", "$BASH_ENV"]))
             ),
             _ => panic!("no marker"),
         }

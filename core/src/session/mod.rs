@@ -639,6 +639,13 @@ impl Session {
         self.shell.as_ref()?.names.as_ref()
     }
 
+    /// Whether berth itself puts variable `name` in the shell's environment
+    /// (`PAGER=cat`, what the policy passes): its value is berth's, not a
+    /// command's.
+    pub fn sets_env(&self, name: &str) -> bool {
+        self.cfg.env.iter().any(|(k, _)| k == name)
+    }
+
     /// What the session's aliases and functions run, so the policy gate can
     /// judge a call of one by its body. They come from the shell's end
     /// markers, which carry them after every snapshot (and every command that

@@ -382,6 +382,7 @@ case ${__berth_h:8:1} in
   builtin compgen -A function || :
   builtin printf '\035'
   builtin compgen -A alias || :
+  builtin compgen -e -P '$' || :
   builtin printf '\037%s\037%s\037%s\036%sF' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"
   builtin declare -f
   builtin printf '\036%sA' "${__berth_n:1}"
@@ -391,6 +392,7 @@ case ${__berth_h:8:1} in
 1)
   builtin printf '\036%s:%s\037%s~' "${__berth_n:1}" "$__berth_rc" "${1-}"
   builtin compgen -A alias || :
+  builtin compgen -e -P '$' || :
   builtin printf '\037%s\037%s\037%s\036%sA' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"
   builtin alias -p
   builtin printf ':%s\036' "${__berth_n:1}" ;;
@@ -570,6 +572,32 @@ fn templates() -> String {
 /// `command_not_found_handle` runs for every word that names no command. The
 /// gate judges them with every command of a session that defines one.
 pub const IMPLICIT_FUNCTIONS: &[&str] = &["command_not_found_handle"];
+
+/// Builtins that run no program and read no code: a command made of them
+/// alone loads nothing through the environment (`unset LD_PRELOAD` must run
+/// in a session that exports it). Text the reader flags as opaque (an array
+/// subscript a builtin evaluates) is never made of them alone.
+const INERT_BUILTINS: &[&str] = &[
+    ":", "true", "false", "echo", "printf", "pwd", "cd", "unset", "export", "declare", "typeset",
+    "local", "readonly", "alias", "unalias", "set", "shopt", "umask", "type", "hash", "jobs",
+    "wait", "test", "[", "shift", "return", "exit", "break", "continue", "dirs", "pushd", "popd",
+];
+
+/// Whether running `text` may start a program (or a shell that reads a
+/// file), which an exported variable such as `LD_PRELOAD` or `BASH_ENV`
+/// loads code into: anything but [`INERT_BUILTINS`] as literal words may.
+pub fn may_start_a_program(text: &str) -> bool {
+    let Ok(script) = berth_policies::shell::parse(text) else {
+        return true;
+    };
+    if !script.opaque.is_empty() {
+        return true;
+    }
+    script.commands.iter().any(|c| match c.argv.first() {
+        None => false,
+        Some(w) => c.literal.first() != Some(&true) || !INERT_BUILTINS.contains(&w.as_str()),
+    })
+}
 
 /// bash's builtins: a command word among them is always found.
 const BASH_BUILTINS: &[&str] = &[
@@ -841,6 +869,30 @@ printf '%s %s\n' "$killed" "${#out[@]}"
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn only_inert_builtins_start_no_program() {
+        for inert in [
+            "unset BASH_ENV",
+            "export A=1; cd /tmp",
+            "echo hi; pwd",
+            "true",
+        ] {
+            assert!(!may_start_a_program(inert), "{inert}");
+        }
+        for runs in [
+            "bash -c true",
+            "ls",
+            "unset X; make",
+            "$cmd",
+            "echo $(id)",
+            "eval true",
+            "source f",
+            "test -v 'a[$(id)]'",
+        ] {
+            assert!(may_start_a_program(runs), "{runs}");
+        }
+    }
     use super::*;
 
     #[test]
