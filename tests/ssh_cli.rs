@@ -150,6 +150,20 @@ fn a_sandbox_made_with_host_keeps_it() -> TestResult {
             (f("backend"), f("name"), f("state"))
         })
         .collect();
+    // Each ssh sandbox is shown on its host as the user named it.
+    for s in all.as_array().ok_or("not a list")? {
+        if s["backend"] == "ssh" {
+            let id = s["id"].as_str().unwrap_or("");
+            assert!(id.starts_with("box1:"), "{s}");
+        }
+    }
+    let table = b.ok(&["sandbox", "ls", "--all"])?;
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("srv ") && l.contains(" box1:")),
+        "{table}"
+    );
     for want in [("local", "default"), ("ssh", "srv"), ("ssh", "home")] {
         assert!(
             got.iter()

@@ -259,7 +259,7 @@ impl Backend for SshBackend {
     async fn list(&self) -> Result<Vec<SandboxInfo>> {
         let host = host_of(&self.opts)?;
         let link = self.link(&host)?;
-        self.list_on(&link).await
+        self.list_on(&link, &host).await
     }
 
     async fn remove(&self, name: &str, opts: RemoveOpts) -> Result<()> {
@@ -339,7 +339,7 @@ impl Backend for SshBackend {
                     s
                 });
             let found = match self.link_for(&spec) {
-                Ok((_, link)) => self.list_on(&link).await,
+                Ok((_, link)) => self.list_on(&link, &host).await,
                 Err(e) => Err(e),
             };
             match found {
@@ -370,8 +370,10 @@ impl Backend for SshBackend {
 }
 
 impl SshBackend {
-    /// berth's sandboxes on `link`'s host.
-    async fn list_on(&self, link: &HostLink) -> Result<Vec<SandboxInfo>> {
+    /// berth's sandboxes on `link`'s host, whose ids name it `shown`: as
+    /// the user typed it (`box1`, not the `root@127.0.0.1:2222` it resolves
+    /// to), as `ssh` and `~/.ssh/config` name hosts.
+    async fn list_on(&self, link: &HostLink, shown: &str) -> Result<Vec<SandboxInfo>> {
         let (code, out, err) = run_script(link, LIST_SCRIPT, &[&self.root()]).await?;
         if code != 0 {
             return Err(Error::backend(
@@ -383,7 +385,6 @@ impl SshBackend {
                 ),
             ));
         }
-        let label = link.conn.target().label();
         let mut v: Vec<SandboxInfo> = out
             .lines()
             .filter_map(|l| l.split_once('\t'))
@@ -391,7 +392,7 @@ impl SshBackend {
                 let marker = serde_json::from_str::<Marker>(json).ok();
                 SandboxInfo {
                     name: name.to_string(),
-                    id: format!("{label}:{}/{name}", self.root()),
+                    id: format!("{shown}:{}/{name}", self.root()),
                     state: if marker.is_some() { "ready" } else { "broken" }.into(),
                     created_unix: marker.map(|m| m.created_unix),
                 }
