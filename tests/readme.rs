@@ -1,7 +1,8 @@
 //! The README's examples, run as shown (issue 50): the tour on the local
-//! backend, the Docker block against the real engine, and the SSH block of
+//! backend, the Docker block against the real engine, the SSH block of
 //! "What a sandbox keeps" against a real sshd that `~/.ssh/config` calls
-//! `box1`, as the README does.
+//! `box1`, as the README does, and the E2B and Modal blocks against the
+//! stand-in binaries the README offers to those without an account.
 //!
 //! Each line of a block is read from README.md itself and run with `bash -c`,
 //! the built `berth` first on `PATH`, from a directory holding what the
@@ -95,6 +96,8 @@ fn parse(raw: &str) -> Option<Line> {
 struct Reader {
     dir: tempfile::TempDir,
     home: Option<PathBuf>,
+    /// Variables every line gets (a stand-in's settings, as exported).
+    env: Vec<(String, String)>,
     /// The run of each line, by its command.
     seen: HashMap<String, Output>,
 }
@@ -106,6 +109,7 @@ impl Reader {
         Ok(Reader {
             dir,
             home: None,
+            env: Vec::new(),
             seen: HashMap::new(),
         })
     }
@@ -130,6 +134,7 @@ impl Reader {
             .env_remove("BERTH_SERVER")
             .env_remove("BERTH_SERVER_IDLE")
             .env_remove("BERTH_SSH_HOST")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         if let Some(h) = &self.home {
             c.env("HOME", h).env_remove("SSH_AUTH_SOCK");
@@ -390,5 +395,98 @@ fn the_ssh_block_runs_as_shown() -> TestResult {
     assert!(!r.stdout("berth exec -b ssh -s srv -- uptime")?.is_empty());
     let all = r.stdout("berth sandbox ls --all")?;
     assert!(all.contains("srv") && all.contains("ssh"), "{all}");
+    Ok(())
+}
+
+/// A stand-in binary (`e2b-standin`, `modal-standin`) started as the README
+/// says, `--port 0`, and the `KEY=VALUE` lines it prints; killed on drop.
+struct StandinBin {
+    child: std::process::Child,
+    vars: Vec<(String, String)>,
+}
+
+impl StandinBin {
+    fn start(name: &str, keys: usize) -> Result<StandinBin, BoxError> {
+        use std::io::BufRead;
+        let bin = Path::new(BERTH).parent().ok_or("no target dir")?.join(name);
+        if !bin.exists() {
+            return Err(format!(
+                "{} is missing: build it with `cargo build -p berth-standins --bins`",
+                bin.display()
+            )
+            .into());
+        }
+        let mut child = Command::new(&bin)
+            .args(["--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let out = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = std::io::BufReader::new(out).lines();
+        let mut vars = Vec::new();
+        while vars.len() < keys {
+            let Some(line) = lines.next() else {
+                let _ = child.kill();
+                return Err(format!("{name} exited before printing its settings").into());
+            };
+            let line = line?;
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| format!("{name} printed `{line}`, not KEY=VALUE"))?;
+            vars.push((k.to_string(), v.to_string()));
+        }
+        Ok(StandinBin { child, vars })
+    }
+}
+
+impl Drop for StandinBin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The E2B block, against `e2b-standin`, whose settings are exported as
+/// the README says to (its own `export` line sets a placeholder key in a
+/// shell of its own, as pasting it alone would).
+#[cfg(feature = "e2b")]
+#[test]
+fn the_e2b_block_runs_against_its_stand_in() -> TestResult {
+    let standin = StandinBin::start("e2b-standin", 3)?;
+    let mut r = Reader::new()?;
+    r.env = standin.vars.clone();
+    let same = |_: &Reader, cmd: &str| Ok(cmd.to_string());
+    let ran = r.follow("### E2B", &same)?;
+    assert_eq!(ran.len(), 4, "{ran:?}");
+    let py = r.stdout("berth exec --backend e2b --sandbox agent -- 'python3 --version'")?;
+    assert!(py.starts_with("Python 3"), "{py}");
+    let ls = r.ok("berth sandbox ls --backend e2b --json")?;
+    let list: Value = serde_json::from_str(&ls)?;
+    assert!(
+        !list
+            .as_array()
+            .is_some_and(|l| l.iter().any(|s| s["name"] == "agent")),
+        "the block's last line removed its sandbox: {ls}"
+    );
+    Ok(())
+}
+
+/// The Modal block, against `modal-standin` (its `--image` left out: the
+/// stand-in pulls nothing).
+#[cfg(feature = "modal")]
+#[test]
+fn the_modal_block_runs_against_its_stand_in() -> TestResult {
+    let standin = StandinBin::start("modal-standin", 3)?;
+    let mut r = Reader::new()?;
+    r.env = standin.vars.clone();
+    // No ~/.modal.toml of the machine's may stand in for the exported token.
+    let home = r.dir.path().join("home");
+    std::fs::create_dir(&home)?;
+    r.home = Some(home);
+    let same = |_: &Reader, cmd: &str| Ok(cmd.to_string());
+    let ran = r.follow("### Modal", &same)?;
+    assert_eq!(ran.len(), 4, "{ran:?}");
+    let uname = r.stdout("berth exec --backend modal --sandbox box -- 'uname -a'")?;
+    assert!(uname.starts_with("Linux "), "{uname}");
     Ok(())
 }
