@@ -718,3 +718,63 @@ fn a_childs_look_into_its_shell_is_refused_as_root_and_as_a_user() -> TestResult
     }
     Ok(())
 }
+
+/// Issue 49 item 19 through the CLI, as root and as uid 65534: a process a
+/// command detached with `setsid` (its parent gone at once) is stopped with
+/// the command at its timeout, and an earlier command's detached process is
+/// left alone. The conformance case runs this on every backend as root; an
+/// ordinary user's sandbox has no pids cgroup to sweep, so only the shell's
+/// adoption of the orphan finds it.
+#[test]
+fn a_detached_process_is_stopped_on_timeout_as_root_and_as_a_user() -> TestResult {
+    assert!(
+        is_root(),
+        "this test runs berth as uid 65534 too and must run as root (as CI does)"
+    );
+    let running = |pattern: &str| -> bool {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").trim() == pattern)
+            })
+    };
+    for nobody in [false, true] {
+        let who = if nobody { "nobody" } else { "root" };
+        let s = State::new("", nobody)?;
+        let tag = format!("{}{}", std::process::id(), u8::from(nobody));
+        let earlier = format!("sleep 8888.{tag}");
+        let detached = format!("sleep 7777.{tag}");
+        s.ok(&["exec", "--", &format!("(setsid {earlier} &)")])?;
+        assert!(running(&earlier), "{who}: the control never ran");
+        std::thread::sleep(Duration::from_millis(200));
+        let o = s
+            .cmd(&[
+                "exec",
+                "--timeout",
+                "2",
+                "--",
+                &format!("(setsid {detached} &); sleep 60"),
+            ])
+            .output()?;
+        assert_eq!(o.status.code(), Some(124), "{who}: {}", text(&o));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running(&detached) {
+            assert!(
+                Instant::now() < deadline,
+                "{who}: the detached process outlived the timeout"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            running(&earlier),
+            "{who}: an earlier command's orphan was stopped with this one"
+        );
+        assert_eq!(s.ok(&["exec", "--", "echo $((6*7))"])?, "42\n", "{who}");
+        let _ = Command::new("pkill").args(["-f", &earlier]).status();
+        let _ = s.cmd(&["server", "stop"]).output();
+    }
+    Ok(())
+}
