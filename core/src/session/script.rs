@@ -587,6 +587,13 @@ const INERT_BUILTINS: &[&str] = &[
 /// file), which an exported variable such as `LD_PRELOAD` or `BASH_ENV`
 /// loads code into: anything but [`INERT_BUILTINS`] as literal words may.
 pub fn may_start_a_program(text: &str) -> bool {
+    some_command_word(text, |w| !INERT_BUILTINS.contains(&w))
+}
+
+/// Whether some command word of `text` is not a literal, or is a literal
+/// `word` for which `outside(word)` holds. Text the reader cannot read, or
+/// reads as opaque, counts as such a word.
+fn some_command_word(text: &str, outside: impl Fn(&str) -> bool) -> bool {
     let Ok(script) = berth_policies::shell::parse(text) else {
         return true;
     };
@@ -595,7 +602,7 @@ pub fn may_start_a_program(text: &str) -> bool {
     }
     script.commands.iter().any(|c| match c.argv.first() {
         None => false,
-        Some(w) => c.literal.first() != Some(&true) || !INERT_BUILTINS.contains(&w.as_str()),
+        Some(w) => c.literal.first() != Some(&true) || outside(w),
     })
 }
 
@@ -669,18 +676,8 @@ const BASH_BUILTINS: &[&str] = &[
 /// path (bash looks a word with a slash up as a file, never as a command).
 /// Text the reader cannot read may.
 pub fn may_miss_a_command(text: &str, names: &std::collections::HashSet<String>) -> bool {
-    let Ok(script) = berth_policies::shell::parse(text) else {
-        return true;
-    };
-    if !script.opaque.is_empty() {
-        return true;
-    }
-    script.commands.iter().any(|c| match c.argv.first() {
-        None => false,
-        Some(w) => {
-            c.literal.first() != Some(&true)
-                || !(BASH_BUILTINS.contains(&w.as_str()) || names.contains(w) || w.contains('/'))
-        }
+    some_command_word(text, |w| {
+        !(BASH_BUILTINS.contains(&w) || names.contains(w) || w.contains('/'))
     })
 }
 
