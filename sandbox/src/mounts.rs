@@ -56,6 +56,14 @@ fn unreachable(point: &Path) -> bool {
     std::fs::symlink_metadata(point).is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied)
 }
 
+/// Whether grant `p` can be bound onto itself: a directory or a regular
+/// file, named by its real path (no link on the way, which a bind would
+/// follow to elsewhere).
+pub(crate) fn bindable(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() || m.is_file())
+        && std::fs::canonicalize(p).is_ok_and(|real| real == p)
+}
+
 /// Make the read-only view for `grants` (directories and files the sandbox
 /// may write). Must run while the process is single-threaded (a user
 /// namespace requires it), before capabilities are dropped.
@@ -90,14 +98,7 @@ pub fn read_only_view(grants: &[PathBuf]) -> Result<View> {
     }
     // Nothing done below reaches the host's mount table.
     mount(None, Path::new("/"), libc::MS_REC | libc::MS_PRIVATE)?;
-    let grants: Vec<PathBuf> = grants
-        .iter()
-        .filter(|g| {
-            std::fs::symlink_metadata(g).is_ok_and(|m| m.is_dir() || m.is_file())
-                && std::fs::canonicalize(g).is_ok_and(|real| real == **g)
-        })
-        .cloned()
-        .collect();
+    let grants: Vec<PathBuf> = grants.iter().filter(|g| bindable(g)).cloned().collect();
     for g in &grants {
         mount(Some(g), g, libc::MS_BIND | libc::MS_REC)?;
     }

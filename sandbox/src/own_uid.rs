@@ -97,10 +97,7 @@ pub fn become_own(id: u32, write: &[PathBuf], read: &[PathBuf]) -> Result<()> {
     // read grant under a cover bound into it (idmapped too: what the policy
     // grants below a root-only directory, root could read).
     let eligible = |p: &&PathBuf| {
-        !p.starts_with("/dev")
-            && !p.starts_with("/proc")
-            && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() || m.is_file())
-            && std::fs::canonicalize(p).is_ok_and(|real| real == **p)
+        !p.starts_with("/dev") && !p.starts_with("/proc") && crate::mounts::bindable(p)
     };
     let mut covers: Vec<PathBuf> = Vec::new();
     let mut binds: Vec<(PathBuf, OwnedFd, bool)> = Vec::new();
