@@ -1160,7 +1160,12 @@ pub async fn a_process_a_command_detached_with_setsid_is_stopped_on_timeout(
         .exec(&format!("(setsid {earlier} &)"), ExecOpts::default())
         .await?;
     assert_eq!(r.exit_code, 0, "{}", r.output.text());
-    assert!(runs_in(&f, &earlier).await?, "the control never ran");
+    // The subshell returns before its child has exec'd `sleep`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !runs_in(&f, &earlier).await? {
+        assert!(Instant::now() < deadline, "the control never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Start times count in hundredths: an orphan left in the same hundredth
     // as the next command is sent is not told from its own (docs/POLICIES.md).
     tokio::time::sleep(Duration::from_millis(200)).await;

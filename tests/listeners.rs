@@ -748,7 +748,13 @@ fn a_detached_process_is_stopped_on_timeout_as_root_and_as_a_user() -> TestResul
         let earlier = format!("sleep 8888.{tag}");
         let detached = format!("sleep 7777.{tag}");
         s.ok(&["exec", "--", &format!("(setsid {earlier} &)")])?;
-        assert!(running(&earlier), "{who}: the control never ran");
+        // The subshell returns before its child has exec'd `sleep`: wait
+        // for the control to show under its own name.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !running(&earlier) {
+            assert!(Instant::now() < deadline, "{who}: the control never ran");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         std::thread::sleep(Duration::from_millis(200));
         let o = s
             .cmd(&[
