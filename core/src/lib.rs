@@ -6,6 +6,7 @@
 
 pub mod approvals;
 pub mod backend;
+pub mod bell;
 pub mod checkpoint;
 pub mod clock;
 pub mod error;

@@ -81,6 +81,9 @@ pub struct Store {
     events_keep: AtomicU64,
 }
 
+/// How long a waiter on the store's bell lets a burst of writes settle.
+const BELL_SETTLE: Duration = Duration::from_millis(30);
+
 /// Connections a store opens at most.
 const POOL: usize = 4;
 
@@ -126,6 +129,14 @@ impl Store {
         let _ = store.pool[0].set(Mutex::new(conn));
         store.migrate()?;
         Ok(store)
+    }
+
+    /// A bell that rings when anyone, in this process or another, writes
+    /// the store (see [`crate::bell`]); a timer of `fallback` where the
+    /// kernel cannot watch it.
+    pub fn bell(&self, fallback: Duration) -> crate::bell::Bell {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        crate::bell::Bell::files(dir, &["berth.db", "berth.db-wal"], fallback).settle(BELL_SETTLE)
     }
 
     /// Keep the newest `n` events (`events_keep` under `[limits]`); 0 keeps all.
