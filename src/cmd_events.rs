@@ -56,7 +56,10 @@ pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {
     // job ends, so its `job.exited` shows up at once, not at the next refresh.
     let mut waits = FuturesUnordered::new();
     let mut watched: HashSet<String> = HashSet::new();
-    let mut ticks = 0u32;
+    // An appended event rings the store's bell: it is printed at once, not
+    // at the next tick.
+    let mut bell = store.bell(Duration::from_millis(200));
+    let mut scanned = std::time::Instant::now();
     loop {
         for j in store.jobs()?.into_iter().filter(|j| !j.state.is_final()) {
             if watched.insert(j.id.clone()) {
@@ -68,13 +71,14 @@ pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {
         }
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(0),
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                // Watch patterns match output, not endings: scan about once a second.
-                ticks += 1;
-                if ticks.is_multiple_of(5)
-                    && let Err(e) = rt.list_jobs().await
-                {
-                    tracing::debug!(error = %e, "refreshing jobs");
+            _ = bell.wait(SCAN) => {
+                // Watch patterns match output, which is in the sandbox, not
+                // the store: scan about once a second.
+                if scanned.elapsed() >= SCAN {
+                    scanned = std::time::Instant::now();
+                    if let Err(e) = rt.list_jobs().await {
+                        tracing::debug!(error = %e, "refreshing jobs");
+                    }
                 }
             }
             Some((id, err)) = waits.next(), if !waits.is_empty() => {
@@ -95,6 +99,9 @@ pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {
         io::drained().await;
     }
 }
+
+/// How often a follower scans running jobs' output for watch patterns.
+const SCAN: Duration = Duration::from_secs(1);
 
 fn print_event(e: &Event, json: bool) -> Result<()> {
     // A client that loses the server resumes after the last event it printed.

@@ -324,9 +324,13 @@ impl Store {
 }
 
 /// Wait until approval `id` is decided or `timeout` passes (then it expires).
-/// `poll` is how often the row is read; answers come from other processes.
+/// Answers come from other processes: the store's bell wakes the wait, and
+/// `poll` is how often the row is read where the kernel cannot watch it.
 pub async fn wait(store: &Store, id: i64, timeout: Duration, poll: Duration) -> Result<Approval> {
     let deadline = Instant::now() + timeout;
+    // Woken by the answer's write, whoever writes it; `poll` only where the
+    // kernel cannot watch the store.
+    let mut bell = store.bell(poll);
     loop {
         let a = store.approval(id)?;
         if a.state != ApprovalState::Pending {
@@ -336,7 +340,7 @@ pub async fn wait(store: &Store, id: i64, timeout: Duration, poll: Duration) -> 
         if now >= deadline {
             return store.expire_approval(id);
         }
-        tokio::time::sleep(poll.min(deadline - now)).await;
+        bell.wait(deadline - now).await;
     }
 }
 

@@ -3,7 +3,9 @@
 //! Nothing of a job lives in berth's process, so a job's end is seen when its
 //! sandbox is asked: while this sandbox has unfinished jobs, they are brought up
 //! to date every [`POLL`], which writes `job.*` events; every new event of this
-//! sandbox's jobs is then sent to every connected client.
+//! sandbox's jobs is then sent to every connected client. With no job to
+//! ask about (or a server that records their ends), a write of the store
+//! wakes the loop, not a timer.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -64,8 +66,16 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
         .ok()
         .and_then(|e| e.last().map(|e| e.id))
         .unwrap_or(0);
+    // Events are written to the store, which rings; only jobs this process
+    // must ask about are looked at on a timer.
+    let mut bell = store.bell(POLL);
+    let mut asks = false;
     loop {
-        tokio::time::sleep(POLL).await;
+        if asks {
+            tokio::time::sleep(POLL).await;
+        } else {
+            bell.wait(Duration::from_secs(60)).await;
+        }
         let own = |b: &Option<String>, s: &Option<String>| {
             b.as_deref() == Some(shared.backend.as_str())
                 && s.as_deref() == Some(shared.sandbox.as_str())
@@ -80,6 +90,7 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
             .collect();
         // A berth server records job endings as they happen; with none, ask.
         let running = if shared.served { Vec::new() } else { running };
+        asks = !running.is_empty();
         for id in running {
             if let Err(e) = shared.rt.job(&id).await {
                 tracing::debug!(job = %id, error = %e, "could not refresh a job");

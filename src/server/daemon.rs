@@ -740,7 +740,9 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
         shutdown: CancellationToken::new(),
     });
     info!(pid = std::process::id(), socket = %socket.display(), idle_secs = idle.as_secs(), "berth server listening");
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    // The socket and the idle time are looked at on this tick; everything
+    // else the server does is woken by what it waits for.
+    let mut tick = tokio::time::interval((idle / 2).clamp(Duration::from_millis(500), IDLE_TICK));
     let mut sigterm = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot watch for SIGINT")?;
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -749,10 +751,12 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     let watcher = {
         let s = shared.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            // A job started by any process is a write of the store, which
+            // rings; the slow look retries a watch that ended in an error.
+            let mut bell = s.rt.store().bell(Duration::from_millis(500));
             loop {
-                tick.tick().await;
                 watch_jobs(&s);
+                bell.wait(RETRY_WATCH).await;
             }
         })
     };
@@ -869,6 +873,11 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     Ok(0)
 }
 
+/// The longest the server goes without looking at its socket and idle time.
+const IDLE_TICK: Duration = Duration::from_secs(5);
+/// How often unfinished jobs are looked at with no write of the store.
+const RETRY_WATCH: Duration = Duration::from_secs(10);
+
 /// How long an exiting server waits for its clients to hang up.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -899,7 +908,7 @@ fn watch_jobs(shared: &Arc<Shared>) {
                 let id = job.id;
                 match s.rt.wait_job(&id, None).await {
                     Ok(j) => info!(job = %id, state = j.state.as_str(), "job ended"),
-                    // Tried again at the next tick; a sandbox that is gone marks
+                    // Tried again at the next look; a sandbox that is gone marks
                     // its jobs lost, which ends the watch.
                     Err(e) => {
                         warn!(job = %id, error = %e, "waiting for a job");

@@ -1,4 +1,4 @@
-//! Schedules in the server: every second, each due slot of each schedule
+//! Schedules in the server: at each slot's time, each due slot of each schedule
 //! (see [`crate::schedules`]) either starts a run, or is recorded as
 //! `overlap` (a run of the schedule is still going: it is reported, not
 //! doubled) or `missed` (it passed while no server ran, and the schedule
@@ -23,8 +23,12 @@ use crate::schedules::{self, Missed, Schedule};
 pub const GRACE_MS: i64 = 30_000;
 /// A slot this late passed while no server ran.
 const LATE_MS: i64 = 60_000;
-/// How often the schedules are looked at.
+/// How soon the schedules are looked at again after an error, and how often
+/// where the kernel cannot watch the store.
 const TICK: Duration = Duration::from_millis(500);
+/// The longest the loop sleeps with no write: a clock set forward is seen
+/// within it.
+const BACKSTOP: Duration = Duration::from_secs(30);
 
 /// Start the loop; `active` counts the schedules not paused (a server with
 /// one is not idle).
@@ -35,32 +39,49 @@ pub fn spawn(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        // A schedule added, changed or paused by any process is a write of
+        // the store, which rings; else the loop sleeps to the next slot.
+        let mut bell = rt.store().bell(TICK);
+        let mut sleep = Duration::ZERO;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(TICK) => {}
+                _ = bell.wait(sleep) => {}
             }
             let store = rt.store().clone();
             let dir = state_dir.clone();
             let n = tokio::task::spawn_blocking(move || tick(&store, &dir)).await;
-            match n {
-                Ok(Ok(n)) => active.store(n, Ordering::SeqCst),
-                Ok(Err(e)) => warn!(error = %format!("{e:#}"), "schedules"),
-                Err(_) => {}
+            sleep = match n {
+                Ok(Ok((n, next))) => {
+                    active.store(n, Ordering::SeqCst);
+                    next.map_or(BACKSTOP, |at| {
+                        Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64)
+                    })
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %format!("{e:#}"), "schedules");
+                    TICK
+                }
+                Err(_) => TICK,
             }
+            .min(BACKSTOP);
         }
     })
 }
 
-/// Deal with every due slot; returns how many schedules are live.
-fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<usize> {
+/// Deal with every due slot; returns how many schedules are live, and the
+/// time of the nearest slot to come.
+fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<(usize, Option<i64>)> {
     let list = schedules::list(store)?;
     let now = now_ms();
+    let mut nearest: Option<i64> = None;
     for s in list.iter().filter(|s| !s.paused) {
         let Some(slot) = s.next_ms.filter(|n| *n <= now) else {
+            nearest = sooner(nearest, s.next_ms);
             continue;
         };
         let next = schedules::next_slot(&s.cron, &s.tz, now)?;
+        nearest = sooner(nearest, Some(next));
         let late = now - slot > LATE_MS;
         if late && s.missed == Missed::Skip {
             schedules::fired(
@@ -96,7 +117,14 @@ fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<usize> {
             }
         }
     }
-    Ok(list.iter().filter(|s| !s.paused).count())
+    Ok((list.iter().filter(|s| !s.paused).count(), nearest))
+}
+
+fn sooner(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Start schedule `s`'s run as a process of its own; returns its pid.

@@ -1,15 +1,16 @@
 //! Triggers: the server holds the waits of runs that sleep on an event
 //! (`wait_for`, `berth run --on`), and resumes each run when its event comes.
 //!
-//! Flow at a glance, every [`TICK`]: read the open waits from the store; for
-//! each, check its events (an approval's answer, a job's output from where
-//! the last look stopped, the job's end, the deadline); the first that
-//! happened is written as the wait's outcome (once: a second server finds it
-//! written), and the run is started again as its own process (`berth-engine
-//! run --resume ID`, logging to `runs/ID.log` in the state dir), then marked
-//! resumed. A server that dies between the two finds the wait fired and not
-//! resumed, and resumes it. A waiting run holds no process: only this loop
-//! and a row.
+//! Flow at a glance, whenever the store is written (its bell rings), at the
+//! nearest deadline, and every [`TICK`] while a job's output is searched:
+//! read the open waits from the store; for each, check its events (an
+//! approval's answer, a job's output from where the last look stopped, the
+//! job's end, the deadline); the first that happened is written as the
+//! wait's outcome (once: a second server finds it written), and the run is
+//! started again as its own process (`berth-engine run --resume ID`, logging
+//! to `runs/ID.log` in the state dir), then marked resumed. A server that
+//! dies between the two finds the wait fired and not resumed, and resumes
+//! it. A waiting run holds no process: only this loop and a row.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// How often the waits are checked.
+/// How often a job's output is searched for a wait's pattern.
 const TICK: Duration = Duration::from_millis(250);
 /// The most of a job's output read per look.
 const READ: usize = 1 << 20;
@@ -39,21 +40,28 @@ pub fn spawn(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut bell = rt.store().bell(TICK);
+        let mut next = Look::Now;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(TICK) => {}
+                _ = next.wait(&mut bell) => {}
             }
             let s = rt.store().clone();
             let list = match tokio::task::spawn_blocking(move || waits::open(&s)).await {
                 Ok(Ok(l)) => l,
                 Ok(Err(e)) => {
                     warn!(error = %e, "waits: cannot read them");
+                    next = Look::Poll;
                     continue;
                 }
-                Err(_) => continue,
+                Err(_) => {
+                    next = Look::Poll;
+                    continue;
+                }
             };
             open.store(list.len(), Ordering::SeqCst);
+            next = Look::after(&list);
             for w in list {
                 if stop.is_cancelled() {
                     break;
@@ -77,6 +85,50 @@ pub fn spawn(
             }
         }
     })
+}
+
+/// When the waits are next looked at.
+enum Look {
+    Now,
+    /// A job's output is searched, or a run is to be started again: its
+    /// output and its process are not in the store, so no write rings for
+    /// them.
+    Poll,
+    /// At the next write of the store (an answer, a job's end), or at the
+    /// nearest deadline.
+    Bell(Duration),
+}
+
+/// The longest the loop sleeps with no write and no deadline.
+const BACKSTOP: Duration = Duration::from_secs(60);
+
+impl Look {
+    fn after(list: &[Wait]) -> Look {
+        if list
+            .iter()
+            .any(|w| w.outcome.is_some() || (w.pattern.is_some() && w.job.is_some()))
+        {
+            return Look::Poll;
+        }
+        let now = now_ms();
+        let nearest = list
+            .iter()
+            .filter_map(|w| w.deadline_ms)
+            .map(|d| Duration::from_millis(d.saturating_sub(now).max(0) as u64))
+            .min()
+            .unwrap_or(BACKSTOP);
+        Look::Bell(nearest.min(BACKSTOP))
+    }
+
+    async fn wait(&self, bell: &mut berth_core::bell::Bell) {
+        match self {
+            Look::Now => {}
+            Look::Poll => tokio::time::sleep(TICK).await,
+            Look::Bell(d) => {
+                bell.wait(*d).await;
+            }
+        }
+    }
 }
 
 /// What happened, if anything yet.
@@ -163,7 +215,10 @@ async fn search(rt: &Runtime, w: &Wait, job: &str, pattern: &str) -> Option<Valu
             break;
         }
     }
-    let _ = waits::set_offset(rt.store(), &w.run_id, from + used as i64);
+    // Written only when it moves: a write rings the store's bell.
+    if used > 0 {
+        let _ = waits::set_offset(rt.store(), &w.run_id, from + used as i64);
+    }
     hit
 }
 

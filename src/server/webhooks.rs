@@ -43,8 +43,14 @@ const ATTEMPTS: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// One POST's limit.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often an idle task looks for new events.
+/// How often an idle task looks for new events where the kernel cannot
+/// watch the store; elsewhere an append wakes it.
 const POLL: Duration = Duration::from_millis(250);
+/// How often the config file is looked at where its directory cannot be
+/// watched.
+const CONFIG_POLL: Duration = Duration::from_secs(5);
+/// The longest a task sleeps with nothing written.
+const BACKSTOP: Duration = Duration::from_secs(60);
 
 /// Start the supervisor; it stops with `shutdown`.
 pub fn spawn(rt: Arc<Runtime>, state_dir: PathBuf, shutdown: CancellationToken) -> JoinHandle<()> {
@@ -68,6 +74,11 @@ async fn supervise(rt: Arc<Runtime>, state_dir: PathBuf, shutdown: CancellationT
             return;
         }
     };
+    // Woken by an edit of the config file; a stat every few seconds where
+    // the kernel cannot watch its directory.
+    let mut bell = config_path()
+        .ok()
+        .map(|p| berth_core::bell::Bell::file(&p, CONFIG_POLL));
     loop {
         let now = config_path().ok().map(|p| stamp(&p)).unwrap_or(None);
         if seen.as_ref() != Some(&now) {
@@ -106,7 +117,14 @@ async fn supervise(rt: Arc<Runtime>, state_dir: PathBuf, shutdown: CancellationT
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = async {
+                match &mut bell {
+                    Some(b) => {
+                        b.wait(BACKSTOP).await;
+                    }
+                    None => tokio::time::sleep(CONFIG_POLL).await,
+                }
+            } => {}
         }
     }
     for (t, stop) in tasks {
@@ -145,6 +163,8 @@ impl Hook {
 
     async fn run(self) {
         let store = self.rt.store().clone();
+        // An appended event is a write of the store, which rings.
+        let mut bell = store.bell(POLL);
         let mut cursor = match read_cursor(&self.cursor) {
             Some(c) => c,
             // A new webhook starts at the newest event: it is not sent history.
@@ -175,7 +195,7 @@ impl Hook {
             if events.is_empty() {
                 tokio::select! {
                     _ = self.stop.cancelled() => break,
-                    _ = tokio::time::sleep(POLL) => {}
+                    _ = bell.wait(BACKSTOP) => {}
                 }
                 continue;
             }

@@ -21,8 +21,20 @@ use super::data::{self, EventFilter};
 use super::seen::{Seen, SeenQuery, digest};
 use super::{Busy, Ui, pages};
 
-/// How often a stream looks for changes.
+/// How often a stream looks at what is not in the store (a terminal job's
+/// screen), and at the store where the kernel cannot watch it.
 const POLL: Duration = Duration::from_millis(700);
+/// The longest a stream goes without a look when nothing is written: job
+/// sizes and sandboxes change where no write rings.
+const BACKSTOP: Duration = Duration::from_secs(5);
+/// The least time between two looks: a burst of writes makes one.
+const GAP: Duration = Duration::from_millis(150);
+
+/// Wait for the next look: a write of the store (its bell), or `backstop`.
+async fn next_look(bell: &mut berth_core::bell::Bell, backstop: Duration) {
+    bell.wait(backstop).await;
+    tokio::time::sleep(GAP).await;
+}
 /// The newest part of a job's log a page starts with.
 const LOG_START: u64 = 64 << 10;
 /// Log text queued for a client before the reader waits for it.
@@ -85,6 +97,7 @@ pub async fn overview(
     let u = ui.clone();
     let mut last = Seen::of(&headers, &q);
     stream(&ui, move |tx| async move {
+        let mut bell = u.rt.store().bell(POLL);
         loop {
             if let Ok(o) = data::overview(&u.rt).await {
                 let parts = [
@@ -99,7 +112,7 @@ pub async fn overview(
                     }
                 }
             }
-            tokio::time::sleep(POLL).await;
+            next_look(&mut bell, BACKSTOP).await;
         }
     })
 }
@@ -113,13 +126,14 @@ pub async fn run(
     let u = ui.clone();
     let mut last = Seen::of(&headers, &q);
     stream(&ui, move |tx| async move {
+        let mut bell = u.rt.store().bell(POLL);
         loop {
             if let Ok(Some(v)) = data::run(&u.rt, &id).await
                 && !changed(&tx, &mut last, "run", pages::run_body(&v).into_string()).await
             {
                 return;
             }
-            tokio::time::sleep(POLL).await;
+            next_look(&mut bell, BACKSTOP).await;
         }
     })
 }
@@ -131,6 +145,7 @@ pub async fn events(State(ui): State<Arc<Ui>>, Query(mut f): Query<EventFilter>)
         // the rows after its newest.
         f.after = None;
         let mut name = "table";
+        let mut bell = u.rt.store().bell(POLL);
         loop {
             if let Ok(list) = data::events(&u.rt, f.clone()).await
                 && (name == "table" || !list.is_empty())
@@ -148,7 +163,8 @@ pub async fn events(State(ui): State<Arc<Ui>>, Query(mut f): Query<EventFilter>)
                 }
                 name = "rows";
             }
-            tokio::time::sleep(POLL).await;
+            // Events are only ever written to the store.
+            next_look(&mut bell, Duration::from_secs(60)).await;
         }
     })
 }
@@ -180,6 +196,7 @@ pub async fn job(
             first.job.out_bytes.max(0) as u64,
         );
         let state = async {
+            let mut bell = u.rt.store().bell(POLL);
             loop {
                 let Ok(Some(v)) = data::job(&u.rt, &id).await else {
                     tokio::time::sleep(POLL).await;
@@ -200,7 +217,12 @@ pub async fn job(
                 {
                     return;
                 }
-                tokio::time::sleep(if v.job.pty.is_some() { POLL / 2 } else { POLL }).await;
+                // A terminal's screen is in the sandbox, not the store.
+                if v.job.pty.is_some() {
+                    tokio::time::sleep(POLL / 2).await;
+                } else {
+                    next_look(&mut bell, BACKSTOP).await;
+                }
             }
         };
         tokio::join!(log, state);

@@ -243,13 +243,20 @@ pub fn watch(
     tokio::spawn(
         async move {
             let mut running: Option<Running> = None;
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            // Woken by a write of `ui.json` (`berth ui` on, off, a new
+            // token); a dashboard that would not start is tried again.
+            let mut bell = berth_core::bell::Bell::file(
+                &settings_path(&state_dir),
+                Duration::from_millis(500),
+            );
             let mut last_error: Option<(String, Instant)> = None;
+            let mut next = Duration::ZERO;
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = tick.tick() => {}
+                    _ = bell.wait(next) => {}
                 }
+                next = Duration::from_secs(60);
                 let want = settings(&state_dir);
                 if running.as_ref().map(|r| &r.settings) == want.as_ref() {
                     continue;
@@ -268,6 +275,7 @@ pub fn watch(
                 match start(&rt, &state_dir, &want, &busy).await {
                     Ok(r) => running = Some(r),
                     Err(e) => {
+                        next = Duration::from_secs(2);
                         // Said once a minute, not every tick.
                         let text = berth_client::error_text(&e);
                         let again = last_error.as_ref().is_none_or(|(t, at)| {
