@@ -10,6 +10,7 @@ use berth_agent::journal::{self, CallRow, RunRow, StepRow};
 use berth_agent::provider::{Message, Role};
 use berth_core::approvals::Approval;
 use berth_core::checkpoint::record::{self, CheckpointRow};
+use berth_core::events::EventKind;
 use berth_core::jobs::Job;
 use berth_core::runtime::Runtime;
 use berth_core::store::{Event, SandboxRow};
@@ -77,17 +78,7 @@ pub async fn overview(rt: &Arc<Runtime>) -> Result<Overview> {
                 None => a.clone(),
             })
             .collect();
-        let sessions = store.with_db(|c| {
-            let mut st =
-                c.prepare("SELECT backend, sandbox, COUNT(*) FROM sessions GROUP BY 1, 2")?;
-            let rows = st.query_map([], |r| {
-                Ok((
-                    (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
-                    r.get::<_, i64>(2)?,
-                ))
-            })?;
-            Ok(rows.collect::<rusqlite::Result<BTreeMap<_, _>>>()?)
-        })?;
+        let sessions = store.session_counts()?;
         Ok((rows, jobs, runs, approvals, sessions))
     })
     .await?;
@@ -145,25 +136,17 @@ pub async fn job(rt: &Arc<Runtime>, id: &str) -> Result<Option<JobView>> {
         };
         job.command = rt.redact(&job.command);
         job.reason = job.reason.map(|r| rt.redact(&r));
-        let matches = store.with_db(|c| {
-            let mut st = c.prepare(
-                "SELECT ts_ms, detail FROM events WHERE kind = 'job.watch' AND call_id = ?1
-                 ORDER BY id DESC LIMIT 50",
-            )?;
-            let rows = st.query_map([&job.id], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, Option<String>>(1)?))
-            })?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })?;
-        let matches = matches
+        let matches = store
+            .events_of_call(EventKind::JobWatch.as_str(), &job.id, 50)?
             .into_iter()
-            .map(|(ts, d)| {
-                let v: serde_json::Value = d
+            .map(|e| {
+                let v: serde_json::Value = e
+                    .detail
                     .and_then(|d| serde_json::from_str(&d).ok())
                     .unwrap_or_default();
                 let w = &v["detail"];
                 (
-                    ts,
+                    e.ts_ms,
                     w["pattern"].as_str().unwrap_or("").to_string(),
                     w["line"].as_str().unwrap_or("").to_string(),
                 )

@@ -313,6 +313,15 @@ impl Store {
             .flatten())
     }
 
+    /// How many sessions each sandbox has, by (backend, sandbox).
+    pub fn session_counts(&self) -> Result<std::collections::BTreeMap<(String, String), i64>> {
+        let conn = self.conn()?;
+        let mut st =
+            conn.prepare("SELECT backend, sandbox, COUNT(*) FROM sessions GROUP BY 1, 2")?;
+        let rows = st.query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Append an event; returns its id.
     pub fn append(&self, e: &Event) -> Result<i64> {
         append_in(&*self.conn()?, e, self.events_keep())
@@ -392,6 +401,19 @@ impl Store {
             params![after, sandbox, kind_prefix, since_ms, limit as i64],
             row_to_event,
         )?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
+    /// The newest `limit` events of `kind` about call (or job) `call_id`,
+    /// newest first.
+    pub fn events_of_call(&self, kind: &str, call_id: &str, limit: usize) -> Result<Vec<Event>> {
+        let conn = self.conn()?;
+        let mut stmt = conn.prepare(
+            "SELECT id, ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
+                    exit_code, duration_ms, bytes_out, detail
+             FROM events WHERE kind = ?1 AND call_id = ?2 ORDER BY id DESC LIMIT ?3",
+        )?;
+        let rows = stmt.query_map(params![kind, call_id, limit as i64], row_to_event)?;
         Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     }
 
