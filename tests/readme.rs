@@ -1,8 +1,10 @@
 //! The README's examples, run as shown (issue 50): the tour on the local
 //! backend, the Docker block against the real engine, the SSH block of
 //! "What a sandbox keeps" against a real sshd that `~/.ssh/config` calls
-//! `box1`, as the README does, and the E2B and Modal blocks against the
-//! stand-in binaries the README offers to those without an account.
+//! `box1`, as the README does, the E2B and Modal blocks against the
+//! stand-in binaries the README offers to those without an account, the
+//! agent block against the provider stand-in (its chat in tmux), and the
+//! MCP block with the official SDK's client.
 //!
 //! Each line of a block is read from README.md itself and run with `bash -c`,
 //! the built `berth` first on `PATH`, from a directory holding what the
@@ -34,6 +36,13 @@ const INTERACTIVE: [(&str, &str); 3] = [
     ("berth ui", "tests/ui.rs, in headless Chromium"),
 ];
 
+/// Lines that are a person's only when they are the whole line, and where
+/// each is driven in a real terminal.
+const INTERACTIVE_WHOLE: [(&str, &str); 1] = [(
+    "berth run",
+    "the_agent_block_runs_against_the_provider_stand_in, in tmux",
+)];
+
 /// The lines of the first `sh` block after the heading `heading`.
 fn block(heading: &str) -> Result<Vec<String>, BoxError> {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))?;
@@ -48,7 +57,21 @@ fn block(heading: &str) -> Result<Vec<String>, BoxError> {
     let len = rest[start..]
         .find("```\n")
         .ok_or_else(|| format!("the sh block under `{heading}` does not end"))?;
-    Ok(rest[start..start + len].lines().map(String::from).collect())
+    // A line that ends in `\` goes on in the next, as in a shell.
+    let mut lines: Vec<String> = Vec::new();
+    let mut open = false;
+    for l in rest[start..start + len].lines() {
+        match lines.last_mut() {
+            Some(last) if open => {
+                last.pop();
+                last.push(' ');
+                last.push_str(l.trim_start());
+            }
+            _ => lines.push(l.to_string()),
+        }
+        open = l.ends_with('\\');
+    }
+    Ok(lines)
 }
 
 /// One line of a block: the command as it runs, and the status it promises.
@@ -194,7 +217,9 @@ impl Reader {
         let mut ran = Vec::new();
         for raw in block(heading)? {
             let Some(line) = parse(&raw) else { continue };
-            if INTERACTIVE.iter().any(|(p, _)| line.cmd.starts_with(p)) {
+            if INTERACTIVE.iter().any(|(p, _)| line.cmd.starts_with(p))
+                || INTERACTIVE_WHOLE.iter().any(|(w, _)| line.cmd == *w)
+            {
                 continue;
             }
             let cmd = fill(self, &line.cmd)?;
@@ -488,5 +513,260 @@ fn the_modal_block_runs_against_its_stand_in() -> TestResult {
     assert_eq!(ran.len(), 4, "{ran:?}");
     let uname = r.stdout("berth exec --backend modal --sandbox box -- 'uname -a'")?;
     assert!(uname.starts_with("Linux "), "{uname}");
+    Ok(())
+}
+
+/// The first `lang` block after the heading `heading`, whole.
+fn fenced(heading: &str, lang: &str) -> Result<String, BoxError> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))?;
+    let at = readme
+        .find(&format!("\n{heading}\n"))
+        .ok_or_else(|| format!("README.md has no heading `{heading}`"))?;
+    let rest = &readme[at..];
+    let open = format!("```{lang}\n");
+    let start = rest
+        .find(&open)
+        .ok_or_else(|| format!("no {lang} block under `{heading}`"))?
+        + open.len();
+    let len = rest[start..]
+        .find("```\n")
+        .ok_or_else(|| format!("the {lang} block under `{heading}` does not end"))?;
+    Ok(rest[start..start + len].to_string())
+}
+
+/// "An agent: `berth run`", each line against the provider stand-in, which
+/// speaks the OpenAI and the Anthropic API alike: every endpoint a line names
+/// (a local server, api.openai.com, api.anthropic.com) is the stand-in's
+/// URL here, so no key goes anywhere. The line without `--base-url` uses the
+/// config file the README shows next, with the same URLs put in. The docker
+/// line runs in the sandbox `web` the Docker section makes. The chat (`berth
+/// run` alone, on a terminal) runs in tmux: a task, an answer, one more turn.
+#[test]
+fn the_agent_block_runs_against_the_provider_stand_in() -> TestResult {
+    use berth_standins::provider::{ProviderStandin, Reply};
+    let standin = ProviderStandin::start(vec![
+        Reply::call(
+            "c1",
+            "terminal",
+            r#"{"command": "find . -name '*.rs' | xargs cat | wc -l"}"#,
+        ),
+        Reply::text("LINES-COUNTED"),
+        Reply::text("OPENAI-ANSWERED"),
+        Reply::call(
+            "c2",
+            "terminal",
+            r#"{"command": "cat /etc/hostname; id -u"}"#,
+        ),
+        Reply::text("ANTHROPIC-ANSWERED"),
+        Reply::text("CONFIG-ANSWERED"),
+        Reply::text("CHAT-FIRST"),
+        Reply::text("CHAT-SECOND"),
+    ])?;
+    let url = standin.url();
+    let mut r = Reader::new()?;
+    let endpoints = [
+        "http://127.0.0.1:8080/v1",
+        "https://api.openai.com/v1",
+        "https://api.anthropic.com/v1",
+    ];
+    let here_url = |t: &str| {
+        endpoints
+            .iter()
+            .fold(t.to_string(), |t, e| t.replace(e, &url))
+    };
+    let config = r.dir.path().join("config.toml");
+    let shown = fenced("## An agent: `berth run`", "toml")?;
+    assert!(
+        shown.contains("[[providers]]"),
+        "the README's config block moved: {shown}"
+    );
+    std::fs::write(&config, here_url(&shown))?;
+    r.env = vec![
+        ("BERTH_CONFIG".into(), config.display().to_string()),
+        ("ANTHROPIC_API_KEY".into(), "sk-ant-readme".into()),
+    ];
+    r.ok("berth sandbox create web --backend docker")?;
+    // Something to count in the sandbox the first line works in.
+    r.ok("berth exec -- 'mkdir -p src && printf \"fn main() {}\\n// two\\n\" > src/main.rs'")?;
+    let fill = |_: &Reader, cmd: &str| Ok(here_url(cmd));
+    let ran = r.follow("## An agent: `berth run`", &fill)?;
+    assert_eq!(ran.len(), 4, "{ran:?}");
+    let said = |line: &str| -> Result<String, BoxError> {
+        let o = r
+            .seen
+            .get(line)
+            .ok_or_else(|| format!("the README line `{line}` did not run"))?;
+        Ok(text(o))
+    };
+    let first = said(
+        "berth run --base-url http://127.0.0.1:8080/v1 --model local \"count the lines of every .rs file\"",
+    )?;
+    assert!(first.contains("LINES-COUNTED"), "{first}");
+    let reqs = standin.requests();
+    // The first line's tool ran in its sandbox: the model was given the count.
+    assert!(
+        reqs.get(1).is_some_and(|q| q
+            .body
+            .to_string()
+            .contains(r#""content":"2\n[exit code 0]""#)),
+        "the line count never reached the model: {:?}",
+        reqs.get(1).map(|q| q.body.to_string())
+    );
+    // Each API as its endpoint expects it, with the key of its line.
+    let openai = reqs.get(2).ok_or("no request of the second line")?;
+    assert!(
+        openai.path.ends_with("/chat/completions"),
+        "{}",
+        openai.path
+    );
+    assert_eq!(openai.header("authorization"), Some("Bearer sk-…"));
+    let anthropic = reqs.get(3).ok_or("no request of the third line")?;
+    assert!(anthropic.path.ends_with("/messages"), "{}", anthropic.path);
+    assert_eq!(anthropic.header("x-api-key"), Some("…"));
+    // The third line's tool ran in the docker sandbox as uid 1000.
+    let docker = reqs.get(4).map(|q| q.body.to_string()).unwrap_or_default();
+    assert!(docker.contains("1000"), "{docker}");
+    // The config's default provider (the first of `claude,local`) answered
+    // the line that names none, as JSON lines.
+    let json = r.stdout("berth run --json \"…\"")?;
+    assert!(
+        json.lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok())
+            && json.contains("CONFIG-ANSWERED"),
+        "{json}"
+    );
+    let by_config = reqs.get(5).ok_or("no request of the fourth line")?;
+    assert!(by_config.path.ends_with("/messages"), "{}", by_config.path);
+    assert_eq!(by_config.header("x-api-key"), Some("sk-ant-readme"));
+
+    // The chat, as a person has it.
+    let script = r.dir.path().join("chat.sh");
+    let bin = Path::new(BERTH).parent().ok_or("berth has no directory")?;
+    write_exec(
+        &script,
+        &format!(
+            "cd '{here}' && export PATH='{bin}':\"$PATH\" BERTH_STATE_DIR='{state}' \
+             BERTH_POLICY='{policy}' BERTH_CONFIG='{config}' ANTHROPIC_API_KEY=sk-ant-readme \
+             && berth run; echo CHAT-EXIT-$?; sleep 600\n",
+            here = r.here().display(),
+            bin = bin.display(),
+            state = r.dir.path().join("state").display(),
+            policy = r.dir.path().join("policy.toml").display(),
+            config = config.display(),
+        ),
+    )?;
+    let t = crate::shell::Tmux::start(&format!("bash {}", script.display()))?;
+    t.wait("the task prompt", |s| s.contains("task>"))?;
+    t.type_line("say something")?;
+    t.wait("the first answer and the next prompt", |s| {
+        s.contains("CHAT-FIRST") && s.contains("you>")
+    })?;
+    t.type_line("and again")?;
+    t.wait("the second answer", |s| s.contains("CHAT-SECOND"))?;
+    // An empty line ends the chat, with the run done.
+    t.type_line("")?;
+    t.wait("the chat's end", |s| s.contains("CHAT-EXIT-0"))?;
+    r.kill_jobs("docker");
+    let _ = r.sh("berth sandbox rm web --backend docker");
+    Ok(())
+}
+
+/// "Agents over MCP": the sandbox and the token file made as shown, the HTTP
+/// server started as shown (its port a free one here), and the official SDK's client
+/// (rmcp) over it with the token from the file: the session keeps its cwd
+/// from one `terminal` call to the next. Without the token it is refused.
+#[test]
+fn the_mcp_block_serves_the_sdk_client() -> TestResult {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let mut r = Reader::new()?;
+    let home = r.dir.path().join("home");
+    std::fs::create_dir(&home)?;
+    r.home = Some(home.clone());
+    let lines: Vec<Line> = block("## Agents over MCP")?
+        .iter()
+        .filter_map(|l| parse(l))
+        .collect();
+    let [create, make, serve] = &lines[..] else {
+        return Err(format!("the MCP block is not three lines: {lines:?}").into());
+    };
+    r.ok(&create.cmd)?;
+    r.ok(&make.cmd)?;
+    let token = std::fs::read_to_string(home.join(".berth-mcp-token"))?;
+    let token = token.trim().to_string();
+    assert_eq!(token.len(), 48, "{token}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let cmd = serve.cmd.replace(":8765", &format!(":{port}"));
+    assert_ne!(
+        cmd, serve.cmd,
+        "the MCP block no longer listens on 8765: {cmd}"
+    );
+    let mut child = r
+        .command(&cmd)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let _server = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(url) = line
+                .split("at ")
+                .nth(1)
+                .filter(|u| u.starts_with("http://"))
+            {
+                let _ = tx.send(url.trim().to_string());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(60))
+        .map_err(|_| format!("`{cmd}` never said where it listens"))?;
+    assert_eq!(url, format!("http://127.0.0.1:{port}/mcp"));
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let call = |command: &str| {
+            let mut p = CallToolRequestParams::new("terminal");
+            if let Value::Object(m) = serde_json::json!({ "command": command }) {
+                p = p.with_arguments(m);
+            }
+            p
+        };
+        // Without the token: refused before any tool.
+        let anonymous = ().serve(StreamableHttpClientTransport::from_uri(url.clone())).await;
+        assert!(anonymous.is_err(), "a client without the token was served");
+        let client = ()
+            .serve(StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(token),
+            ))
+            .await?;
+        let first = client
+            .peer()
+            .call_tool(call("mkdir -p sub && cd sub"))
+            .await?;
+        assert_ne!(first.is_error, Some(true), "{first:?}");
+        let second = client.peer().call_tool(call("pwd")).await?;
+        let said = serde_json::to_string(&second.content)?;
+        assert!(said.contains("/sub"), "the cwd was not kept: {said}");
+        let _ = client.cancel().await;
+        Ok::<(), BoxError>(())
+    })?;
     Ok(())
 }

@@ -11,13 +11,13 @@ use crate::support::{BoxError, TestResult};
 const DEADLINE: Duration = Duration::from_secs(90);
 
 /// A tmux server of its own (its own socket), killed when the test ends.
-struct Tmux {
+pub(crate) struct Tmux {
     socket: String,
 }
 
 impl Tmux {
     /// Start a 120x40 terminal running `script` under `sh`.
-    fn start(script: &str) -> Result<Tmux, BoxError> {
+    pub(crate) fn start(script: &str) -> Result<Tmux, BoxError> {
         let socket = format!("berth-test-{}-{}", std::process::id(), rand_suffix());
         let t = Tmux { socket };
         let o = t
@@ -55,7 +55,7 @@ impl Tmux {
         Ok(())
     }
 
-    fn type_line(&self, text: &str) -> TestResult {
+    pub(crate) fn type_line(&self, text: &str) -> TestResult {
         self.keys(&["-l", text])?;
         self.keys(&["Enter"])
     }
@@ -84,7 +84,11 @@ impl Tmux {
     }
 
     /// Wait until the screen satisfies `what`; fail with the screen if it never does.
-    fn wait(&self, label: &str, what: impl Fn(&str) -> bool) -> Result<String, BoxError> {
+    pub(crate) fn wait(
+        &self,
+        label: &str,
+        what: impl Fn(&str) -> bool,
+    ) -> Result<String, BoxError> {
         let start = Instant::now();
         loop {
             let s = self.screen()?;
