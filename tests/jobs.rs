@@ -63,7 +63,7 @@ struct One(Arc<dyn Backend>);
 #[async_trait]
 impl BackendSource for One {
     async fn open(&self, kind: &str) -> berth_core::Result<Arc<dyn Backend>> {
-        if kind == self.0.kind() {
+        if kind == self.0.kind().as_str() {
             Ok(self.0.clone())
         } else {
             Err(berth_core::Error::InvalidInput(format!(

@@ -79,8 +79,8 @@ struct Record {
 
 #[async_trait]
 impl Backend for LocalBackend {
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Local
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
@@ -381,8 +381,8 @@ impl Sandbox for LocalSandbox {
         &self.name
     }
 
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Local
     }
 
     fn layout(&self) -> &Layout {

@@ -195,8 +195,8 @@ pub struct RemoveOpts {
 /// A kind of sandbox transport: local, docker, ssh, modal, e2b.
 #[async_trait]
 pub trait Backend: Send + Sync {
-    /// The backend's short name, as used on the command line.
-    fn kind(&self) -> &'static str;
+    /// The backend: its name is what `--backend` takes.
+    fn kind(&self) -> BackendKind;
 
     /// Create the sandbox, or re-attach to the one with this name. Idempotent.
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned>;
@@ -426,8 +426,8 @@ impl Pipes {
 pub trait Sandbox: Send + Sync {
     /// The sandbox's name.
     fn name(&self) -> &str;
-    /// The backend's short name.
-    fn kind(&self) -> &'static str;
+    /// The backend it belongs to.
+    fn kind(&self) -> BackendKind;
     /// Where the workspace and berth's private directory are.
     fn layout(&self) -> &Layout;
     /// Start `argv` inside the sandbox with piped stdio.
@@ -533,7 +533,7 @@ pub async fn run_to_end(
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
         Err(_) => Err(Error::backend(
-            sandbox.kind(),
+            sandbox.kind().as_str(),
             BackendFailure::Timeout,
             format!(
                 "helper `{}` in sandbox `{}` did not finish within {}s",
@@ -588,7 +588,7 @@ pub async fn mkdir_p(sandbox: &dyn Sandbox, dir: &str) -> Result<()> {
         return Ok(());
     }
     Err(Error::backend(
-        sandbox.kind(),
+        sandbox.kind().as_str(),
         BackendFailure::Rejected,
         format!(
             "sandbox `{}`: cannot create directory `{dir}`: {}",

@@ -301,8 +301,8 @@ impl DockerBackend {
 
 #[async_trait]
 impl Backend for DockerBackend {
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Docker
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {

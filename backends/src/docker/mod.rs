@@ -392,8 +392,8 @@ impl Sandbox for DockerSandbox {
         &self.name
     }
 
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Docker
     }
 
     fn layout(&self) -> &Layout {

@@ -350,8 +350,8 @@ fn check_envd_version(v: &str) -> Result<()> {
 
 #[async_trait]
 impl Backend for E2bBackend {
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::E2b
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {

@@ -364,8 +364,8 @@ impl Sandbox for E2bSandbox {
         &self.inner.name
     }
 
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::E2b
     }
 
     fn layout(&self) -> &Layout {

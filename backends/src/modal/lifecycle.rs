@@ -488,8 +488,8 @@ pub(crate) async fn terminate(cp: &ControlPlane, id: &str) -> Result<()> {
 
 #[async_trait]
 impl Backend for ModalBackend {
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Modal
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {

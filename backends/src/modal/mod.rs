@@ -224,8 +224,8 @@ impl Sandbox for ModalSandbox {
         &self.name
     }
 
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Modal
     }
 
     fn layout(&self) -> &Layout {

@@ -199,8 +199,8 @@ async fn run_script(link: &HostLink, script: &str, args: &[&str]) -> Result<(i32
 
 #[async_trait]
 impl Backend for SshBackend {
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Ssh
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
@@ -426,8 +426,8 @@ impl Sandbox for SshSandbox {
         &self.name
     }
 
-    fn kind(&self) -> &'static str {
-        KIND
+    fn kind(&self) -> berth_core::backend::BackendKind {
+        berth_core::backend::BackendKind::Ssh
     }
 
     fn layout(&self) -> &Layout {

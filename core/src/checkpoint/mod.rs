@@ -113,7 +113,7 @@ async fn script(
 
 fn failed(sb: &dyn Sandbox, what: &str, why: String) -> Error {
     Error::backend(
-        sb.kind(),
+        sb.kind().as_str(),
         BackendFailure::Rejected,
         format!("sandbox `{}`: {what}: {why}", sb.name()),
     )

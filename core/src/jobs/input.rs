@@ -34,7 +34,7 @@ impl Runtime {
             .await?;
             if c.status.code != Some(0) {
                 return Err(Error::backend(
-                    sb.kind(),
+                    sb.kind().as_str(),
                     BackendFailure::Rejected,
                     format!(
                         "could not write to job {}'s stdin (is it still reading?)",
@@ -68,7 +68,7 @@ impl Runtime {
             }
             if !closed {
                 return Err(Error::backend(
-                    sb.kind(),
+                    sb.kind().as_str(),
                     BackendFailure::Rejected,
                     format!("could not close job {}'s stdin (already closed?)", job.id),
                 ));
@@ -78,7 +78,7 @@ impl Runtime {
             let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
             if c.status.code != Some(0) {
                 return Err(Error::backend(
-                    sb.kind(),
+                    sb.kind().as_str(),
                     BackendFailure::Rejected,
                     format!("could not close job {}'s stdin (already closed?)", job.id),
                 ));
@@ -152,7 +152,7 @@ impl Runtime {
         let c = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await?;
         if c.status.code != Some(0) {
             return Err(Error::backend(
-                sb.kind(),
+                sb.kind().as_str(),
                 BackendFailure::Rejected,
                 format!(
                     "could not resize job {}'s terminal: {}",
@@ -194,7 +194,7 @@ impl Runtime {
             .await?;
         let gone = || {
             Error::backend(
-                sb.kind(),
+                sb.kind().as_str(),
                 BackendFailure::Rejected,
                 format!(
                     "could not resize job {}'s terminal: the job's terminal is gone",
@@ -219,7 +219,7 @@ impl Runtime {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Err(Error::backend(
-            sb.kind(),
+            sb.kind().as_str(),
             BackendFailure::Timeout,
             format!(
                 "could not resize job {}'s terminal: it did not take the new size within 5s",
@@ -278,7 +278,7 @@ impl Runtime {
         let mut process = sb.spawn(&argv(&["bash", "-c", &cmd]), opts).await?;
         let stdin = process.take_stdin().ok_or_else(|| {
             Error::backend(
-                sb.kind(),
+                sb.kind().as_str(),
                 BackendFailure::Protocol,
                 "the input helper has no stdin",
             )

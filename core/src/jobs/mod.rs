@@ -292,14 +292,14 @@ impl Runtime {
         let out = report.result.output.text();
         if report.result.exit_code != 0 {
             return Err(Error::backend(
-                sb.kind(),
+                sb.kind().as_str(),
                 BackendFailure::Rejected,
                 format!("launching the job failed: {}", out.trim()),
             ));
         }
         let pid = launcher_pid(&out).ok_or_else(|| {
             Error::backend(
-                sb.kind(),
+                sb.kind().as_str(),
                 BackendFailure::Protocol,
                 format!("the job launcher printed {out:?} instead of a pid"),
             )
@@ -643,7 +643,7 @@ fi"#;
             .and_then(|l| l.trim().parse::<u64>().ok())
             .ok_or_else(|| {
                 Error::backend(
-                    sb.kind(),
+                    sb.kind().as_str(),
                     BackendFailure::Protocol,
                     format!(
                         "could not read job {}'s output size: {}",
@@ -719,7 +719,7 @@ fi"#;
                 return Ok(KillOutcome::AlreadyEnded(now.state, now.exit_code));
             }
             return Err(Error::backend(
-                sb.kind(),
+                sb.kind().as_str(),
                 BackendFailure::Rejected,
                 format!("could not end job {}: {}", job.id, c.stderr.trim()),
             ));

@@ -419,7 +419,7 @@ impl Session {
                     sh.resync = true;
                 }
                 return Err(Error::unreachable(
-                    self.sandbox.kind(),
+                    self.sandbox.kind().as_str(),
                     BackendFailure::Transport,
                     format!(
                         "sandbox `{}`: the link to the shell broke while the command ran ({why}); berth re-attached to the same shell, which keeps its state, but the command's output and exit status are lost",
@@ -451,7 +451,7 @@ impl Session {
                 if matches!(alive, Ok(false)) {
                     return Err(Error::SandboxGone {
                         sandbox: self.sandbox.name().to_string(),
-                        backend: self.sandbox.kind(),
+                        backend: self.sandbox.kind().as_str(),
                         reason: "the sandbox went away while the command ran".into(),
                         hint: "run the command again: berth recreates the sandbox and restores the session from its last snapshot".into(),
                     });
