@@ -757,6 +757,9 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
             loop {
                 watch_jobs(&s);
                 bell.wait(RETRY_WATCH).await;
+                // Every job is read per look: a busy store (each command
+                // writes) is looked at a few times a second, not per write.
+                tokio::time::sleep(WATCH_GAP).await;
             }
         })
     };
@@ -877,6 +880,8 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
 const IDLE_TICK: Duration = Duration::from_secs(5);
 /// How often unfinished jobs are looked at with no write of the store.
 const RETRY_WATCH: Duration = Duration::from_secs(10);
+/// The least time between two looks at the jobs.
+const WATCH_GAP: Duration = Duration::from_millis(250);
 
 /// How long an exiting server waits for its clients to hang up.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
