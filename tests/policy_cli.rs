@@ -861,3 +861,50 @@ fn a_planted_code_loading_export_makes_programs_opaque() -> TestResult {
     assert!(env.work().join("keep").exists());
     Ok(())
 }
+
+/// The sibling of the one above: a variable berth itself sets (`GIT_PAGER`,
+/// `cat`) given code in a rewritten snapshot. Its name is berth's, its value
+/// is not: a program a later command starts (git runs its pager) would run
+/// text the gate never read, so such commands are opaque until berth's value
+/// is back.
+#[test]
+fn a_planted_value_of_a_variable_berth_sets_makes_programs_opaque() -> TestResult {
+    let env = Env::new(GUARD)?;
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"touch keep && printf '%s keep\n' "r""m" > evil.sh && export A=1"#,
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"n=0; for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] || continue; t=$(<"$f"); head=${t%%# berth aliases*}; [ "$head" != "$t" ] || continue; printf '%sdeclare -x GIT_PAGER="sh %s/evil.sh"\n%s\n' "$head" "$PWD" "${t#"$head"}" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#,
+    ])?;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("planted"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["exec", "--", "echo \"$GIT_PAGER\"; bash -c true"])?;
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("GIT_PAGER"),
+        "{}",
+        text(&o)
+    );
+    assert!(env.work().join("keep").exists());
+    // Gone as the refusal says: programs run again, and nothing is opaque
+    // for a variable berth set and no one changed (PAGER).
+    let o = env.run(&["exec", "--", "unset GIT_PAGER"])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["exec", "--", "bash -c true; echo $A ran"])?;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "1 ran\n",
+        "{}",
+        text(&o)
+    );
+    assert!(env.work().join("keep").exists());
+    Ok(())
+}

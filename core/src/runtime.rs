@@ -633,11 +633,13 @@ impl Runtime {
         // `$NAME`: restored from a snapshot the sandbox can write, or set by
         // a command judged opaque, they run text the gate never read.
         // Those berth sets itself (`PAGER=cat`, what the policy passes) are
-        // berth's (a planted new value of one is not caught: POLICIES.md).
+        // berth's while they keep berth's value; the shell reports one that
+        // changed as `$!NAME`.
         let mut loaders: Vec<&str> = names
             .iter()
             .filter_map(|n| n.strip_prefix('$'))
-            .filter(|n| !session.sets_env(n))
+            .filter(|n| !n.starts_with('!'))
+            .filter(|n| !session.sets_env(n) || names.contains(&format!("$!{n}")))
             .collect();
         loaders.sort_unstable();
         let loaded = (!loaders.is_empty()

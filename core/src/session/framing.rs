@@ -157,7 +157,8 @@ pub(super) struct Names {
     /// Alias names, and after them, as `$NAME`, the exported variables that
     /// make programs run code berth did not read (`LD_PRELOAD`, `BASH_ENV`,
     /// `GIT_SSH_COMMAND`, …): a snapshot restores them, and a sandbox can
-    /// write its snapshot.
+    /// write its snapshot. `$!NAME` says such a variable the shell started
+    /// with (berth's `PAGER=cat`) has another value now.
     pub(super) aliases: HashSet<String>,
 }
 
@@ -165,9 +166,13 @@ fn name_list(list: &str) -> HashSet<String> {
     list.lines()
         .filter(|n| !n.is_empty() && !n.starts_with("__berth_"))
         .filter(|n| match n.strip_prefix('$') {
-            // An exported variable (`$NAME`, no alias can hold a `$`): kept
-            // only when it makes programs run code, see [`Names::loaders`].
-            Some(var) => berth_policies::embedded::variable_code(var).is_some(),
+            // An exported variable (`$NAME`, no alias can hold a `$`), or one
+            // whose value is no longer the one the shell started with
+            // (`$!NAME`): kept only when it makes programs run code.
+            Some(var) => {
+                let var = var.strip_prefix('!').unwrap_or(var);
+                berth_policies::embedded::variable_code(var).is_some()
+            }
             None => true,
         })
         .map(str::to_string)

@@ -383,6 +383,7 @@ case ${__berth_h:8:1} in
   builtin printf '\035'
   builtin compgen -A alias || :
   builtin compgen -e -P '$' || :
+  for __berth_k in "${!__berth_e0[@]}"; do [[ ${!__berth_k-} == "${__berth_e0[$__berth_k]}" ]] || builtin printf '$!%s\n' "$__berth_k"; done
   builtin printf '\037%s\037%s\037%s\036%sF' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"
   builtin declare -f
   builtin printf '\036%sA' "${__berth_n:1}"
@@ -393,6 +394,7 @@ case ${__berth_h:8:1} in
   builtin printf '\036%s:%s\037%s~' "${__berth_n:1}" "$__berth_rc" "${1-}"
   builtin compgen -A alias || :
   builtin compgen -e -P '$' || :
+  for __berth_k in "${!__berth_e0[@]}"; do [[ ${!__berth_k-} == "${__berth_e0[$__berth_k]}" ]] || builtin printf '$!%s\n' "$__berth_k"; done
   builtin printf '\037%s\037%s\037%s\036%sA' "$__berth_wm" "${PATH:+${#PATH}}" "${PWD-}" "${__berth_n:1}"
   builtin alias -p
   builtin printf ':%s\036' "${__berth_n:1}" ;;
@@ -516,13 +518,22 @@ fn main_loop() -> String {
     // One compound command, so bash parses all of it before the `exec` below
     // points its stdin elsewhere.
     format!(
-        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n{functions}{templates}__berth_ae=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
+        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n{functions}{templates}{first_env}__berth_ae=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
         traps = traps(),
         functions = functions(),
         templates = templates(),
+        first_env = FIRST_ENV,
         loop_text = quote(&body),
     )
 }
+
+/// The exported variables the shell starts with (what berth gave it:
+/// `PAGER=cat`, what the policy passes), kept read-only before any command
+/// or snapshot runs. The names reports (`1)` and `3)` in [`POST_BODY`]) list
+/// each whose value is no longer that one as `$!NAME`: a snapshot the sandbox
+/// rewrote, or a command judged opaque, may have put code in berth's own
+/// `PAGER` (docs/POLICIES.md).
+const FIRST_ENV: &str = "builtin declare -A __berth_e0; for __berth_k in $(builtin compgen -e); do __berth_e0[$__berth_k]=${!__berth_k-}; done; builtin readonly __berth_e0\n";
 
 /// What runs a command, one template per input and guard, each ending in
 /// `__berth_n=`: the loop evaluates a template with the frame's end nonce
