@@ -815,6 +815,23 @@ fn a_planted_command_not_found_handler_is_judged_with_every_command() -> TestRes
     Ok(())
 }
 
+/// A sandbox's own attack on its saved state: `keep` and an `evil.sh` that
+/// removes it, `A=1` exported, then `declare -x NAME="PREFIX$PWD/evil.sh"`
+/// written into each snapshot and the shell killed, so the next call
+/// restores it. The output of the planting call.
+fn plant_in_snapshot(env: &Env, name: &str, prefix: &str) -> std::io::Result<Output> {
+    let o = env.run(&[
+        "exec",
+        "--",
+        r#"touch keep && printf '%s keep\n' "r""m" > evil.sh && export A=1"#,
+    ])?;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let plant = format!(
+        r#"n=0; for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] || continue; t=$(<"$f"); head=${{t%%# berth aliases*}}; [ "$head" != "$t" ] || continue; printf '%sdeclare -x {name}="{prefix}%s/evil.sh"\n%s\n' "$head" "$PWD" "${{t#"$head"}}" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#
+    );
+    env.run(&["exec", "--", &plant])
+}
+
 /// Issue 49 item 10's siblings: an export that makes programs load code
 /// (`BASH_ENV`, `LD_PRELOAD`, `GIT_SSH_COMMAND`, ...), planted in the
 /// session's saved state by a command that then kills its shell, is
@@ -826,17 +843,7 @@ fn a_planted_command_not_found_handler_is_judged_with_every_command() -> TestRes
 #[test]
 fn a_planted_code_loading_export_makes_programs_opaque() -> TestResult {
     let env = Env::new(GUARD)?;
-    let o = env.run(&[
-        "exec",
-        "--",
-        r#"touch keep && printf '%s keep\n' "r""m" > evil.sh && export A=1"#,
-    ])?;
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let o = env.run(&[
-        "exec",
-        "--",
-        r#"n=0; for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] || continue; t=$(<"$f"); head=${t%%# berth aliases*}; [ "$head" != "$t" ] || continue; printf '%sdeclare -x BASH_ENV="%s/evil.sh"\n%s\n' "$head" "$PWD" "${t#"$head"}" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#,
-    ])?;
+    let o = plant_in_snapshot(&env, "BASH_ENV", "")?;
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("planted 1")
             || String::from_utf8_lossy(&o.stdout).contains("planted 2"),
@@ -870,17 +877,7 @@ fn a_planted_code_loading_export_makes_programs_opaque() -> TestResult {
 #[test]
 fn a_planted_value_of_a_variable_berth_sets_makes_programs_opaque() -> TestResult {
     let env = Env::new(GUARD)?;
-    let o = env.run(&[
-        "exec",
-        "--",
-        r#"touch keep && printf '%s keep\n' "r""m" > evil.sh && export A=1"#,
-    ])?;
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let o = env.run(&[
-        "exec",
-        "--",
-        r#"n=0; for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] || continue; t=$(<"$f"); head=${t%%# berth aliases*}; [ "$head" != "$t" ] || continue; printf '%sdeclare -x GIT_PAGER="sh %s/evil.sh"\n%s\n' "$head" "$PWD" "${t#"$head"}" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#,
-    ])?;
+    let o = plant_in_snapshot(&env, "GIT_PAGER", "sh ")?;
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("planted"),
         "{}",

@@ -45,22 +45,11 @@ const INTERACTIVE_WHOLE: [(&str, &str); 1] = [(
 
 /// The lines of the first `sh` block after the heading `heading`.
 fn block(heading: &str) -> Result<Vec<String>, BoxError> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))?;
-    let at = readme
-        .find(&format!("\n{heading}\n"))
-        .ok_or_else(|| format!("README.md has no heading `{heading}`"))?;
-    let rest = &readme[at..];
-    let start = rest
-        .find("```sh\n")
-        .ok_or_else(|| format!("no sh block under `{heading}`"))?
-        + "```sh\n".len();
-    let len = rest[start..]
-        .find("```\n")
-        .ok_or_else(|| format!("the sh block under `{heading}` does not end"))?;
+    let text = fenced(heading, "sh")?;
     // A line that ends in `\` goes on in the next, as in a shell.
     let mut lines: Vec<String> = Vec::new();
     let mut open = false;
-    for l in rest[start..start + len].lines() {
+    for l in text.lines() {
         match lines.last_mut() {
             Some(last) if open => {
                 last.pop();
