@@ -65,8 +65,46 @@ macro_rules! conformance_suite {
             case!(nounset_with_pwd_or_path_unset_keeps_the_shell);
             case!(checkpoint_restore_and_clone_bring_back_files_git_and_session);
             case!(stderr_apart_holds_every_byte_and_only_the_commands);
+            case!(the_shell_runs_from_a_copy_its_user_cannot_read);
         }
     };
+}
+
+/// Issue 49 item 8 on every backend: the session's shell runs from a copy
+/// of bash its user may execute but not read (a memfd of mode 0111 on local,
+/// ssh, E2B and Modal; the image's 0711 copy on docker), which leaves it
+/// non-dumpable for a user without CAP_SYS_PTRACE; the tests run as root,
+/// so `subreaper::the_wrapped_shell_is_not_dumpable_for_its_own_user` and
+/// the local and docker forger tests show the refusal itself. The programs
+/// a command runs are ordinary.
+pub async fn the_shell_runs_from_a_copy_its_user_cannot_read(h: &Harness) -> TestResult {
+    let f = h.sandbox("private").await?;
+    let mut s = open(&f).await?;
+    // A user's own non-dumpable process's /proc entries belong to root, and
+    // its exe link is refused to it; root sees where the shell runs from.
+    let out = ok(
+        &mut s,
+        "echo \"$(readlink /proc/$$/exe) $(stat -c %u /proc/$$/mem) $(id -u)\"; bash -c 'readlink /proc/$$/exe; :'",
+    )
+    .await?;
+    let mut lines = out.lines();
+    let mut shell: Vec<&str> = lines.next().unwrap_or_default().rsplitn(3, ' ').collect();
+    shell.reverse();
+    match shell[..] {
+        ["", "0", uid] => assert_ne!(uid, "0", "{out:?}"),
+        [exe, _, "0"] => assert!(
+            exe.starts_with("/memfd:berth-private") || exe == "/usr/local/libexec/berth/bash",
+            "the shell runs from {exe:?}"
+        ),
+        _ => panic!("the shell's own user reads it: {out:?}"),
+    }
+    let child = lines.next().unwrap_or_default();
+    assert!(
+        child.ends_with("/bash") && !child.contains("berth"),
+        "{out:?}"
+    );
+    s.close().await;
+    f.remove().await
 }
 
 fn apart(timeout: Option<Duration>) -> ExecOpts {
