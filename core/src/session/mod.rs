@@ -23,7 +23,6 @@ pub mod effects;
 mod framing;
 pub mod script;
 mod shell;
-mod stderr;
 mod stop;
 mod tree;
 
@@ -128,12 +127,6 @@ pub struct ExecOpts {
     /// A transform every byte of output goes through first (redaction): the
     /// tee, the result and the spool see only its output.
     pub filter: Option<capture::FilterFactory>,
-    /// Keep the command's stderr apart from its stdout: `output` holds its
-    /// stdout, and [`ExecResult::stderr`] its stderr (each in the order it
-    /// was written; how the two interleaved is not kept).
-    pub split_stderr: bool,
-    /// With `split_stderr`: a live copy of the stderr as it arrives.
-    pub stderr_tee: Option<Tee>,
 }
 
 impl std::fmt::Debug for ExecOpts {
@@ -146,7 +139,6 @@ impl std::fmt::Debug for ExecOpts {
             .field("spool_cap", &self.spool_cap)
             .field("tee", &self.tee.is_some())
             .field("filter", &self.filter.is_some())
-            .field("split_stderr", &self.split_stderr)
             .finish()
     }
 }
@@ -156,12 +148,8 @@ impl std::fmt::Debug for ExecOpts {
 pub struct ExecResult {
     /// The exit code; 124 after a timeout, 130 after an interrupt.
     pub exit_code: i32,
-    /// The captured output: stdout and stderr interleaved as written, or
-    /// stdout alone when the caller asked for stderr apart.
+    /// The captured output (stdout and stderr interleaved as written).
     pub output: Output,
-    /// The command's stderr, when the caller asked for it apart
-    /// ([`ExecOpts::split_stderr`]); bounded like `output`, never spooled.
-    pub stderr: Option<Output>,
     /// The shell's cwd after the command, when the shell survived.
     pub cwd: Option<String>,
     /// Wall time.
@@ -322,8 +310,7 @@ impl Session {
             }
             None => None,
         };
-        let mut plan = self.plan(command);
-        plan.stdin = stdin_path.is_some();
+        let plan = self.plan(command);
         let timeout = opts.timeout.map(|t| {
             t.saturating_sub(started.elapsed())
                 .max(Duration::from_millis(1))
@@ -332,27 +319,17 @@ impl Session {
             .with_tee(opts.tee.clone())
             .with_filter(opts.filter.as_ref().map(|f| f()))
             .with_spool_cap(opts.spool_cap.unwrap_or(capture::DEFAULT_SPOOL_CAP));
-        let mut err_capture = if opts.split_stderr {
-            Some(
-                Capture::new(opts.limits, None)?
-                    .with_tee(opts.stderr_tee.clone())
-                    .with_filter(opts.filter.as_ref().map(|f| f())),
-            )
-        } else {
-            None
-        };
         let outcome = self
             .run_framed(
                 command,
+                stdin_path.is_some(),
                 plan,
                 &mut capture,
                 timeout,
                 opts.cancel.clone(),
-                err_capture.as_mut(),
             )
             .await;
         let output = capture.finish()?;
-        let stderr = err_capture.map(Capture::finish).transpose()?;
         let (ending, stopped) = outcome?;
         let mut notices = self.take_notices();
         if output.spool_omitted > 0 {
@@ -532,7 +509,6 @@ impl Session {
         Ok(ExecResult {
             exit_code,
             output,
-            stderr,
             cwd,
             duration: started.elapsed(),
             timed_out,
@@ -562,7 +538,6 @@ impl Session {
             guard: true,
             distrust: true,
             journal: String::new(),
-            stdin: false,
         };
         let Some(shell) = self.shell.as_mut() else {
             return named(SnapshotMode::Force);
@@ -595,7 +570,6 @@ impl Session {
         };
         Plan {
             journal,
-            stdin: false,
             snapshot,
             guard: fx.may_define || shell.always_snapshot || builtins,
             // Not for stickiness: the guard put the handlers back after the
@@ -645,7 +619,7 @@ impl Session {
                 &new_nonce(),
                 "exit 0",
                 SnapshotMode::Never,
-                script::Io::default(),
+                false,
                 true,
                 "",
             );
@@ -705,10 +679,10 @@ impl Session {
         self.shell
             .as_ref()
             .and_then(|s| {
-                s.stderr_feed
+                s.stderr_tail
                     .lock()
                     .ok()
-                    .map(|f| String::from_utf8_lossy(&f.tail).trim().to_string())
+                    .map(|t| String::from_utf8_lossy(&t).trim().to_string())
             })
             .unwrap_or_default()
     }
