@@ -60,6 +60,15 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
             let _ = out.flush();
         }))
     };
+    let stderr_tee: Option<Tee> = if a.json {
+        None
+    } else {
+        Some(Arc::new(|b: &[u8]| {
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(b);
+            let _ = err.flush();
+        }))
+    };
     let req = ExecRequest {
         backend: a.backend.clone(),
         sandbox: a.sandbox.clone(),
@@ -69,6 +78,8 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         cancel: Some(cancel),
         tee,
         session: Some(a.session.clone()),
+        split_stderr: true,
+        stderr_tee,
         ..Default::default()
     };
     let timeout = exec_report::effective_timeout(timeout, rt.gate(), &a.sandbox);

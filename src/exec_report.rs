@@ -49,6 +49,10 @@ pub fn to_proto(r: &ExecReport, backend: &str, sandbox: &str, timeout: Duration)
         spool_omitted_bytes: res.output.spool_omitted,
         backend: backend.into(),
         sandbox: sandbox.into(),
+        stderr: res.stderr.as_ref().map(|e| e.text()),
+        stderr_truncated: res.stderr.as_ref().is_some_and(|e| e.truncated()),
+        stderr_bytes: res.stderr.as_ref().map_or(0, |e| e.total_bytes),
+        stderr_omitted_bytes: res.stderr.as_ref().map_or(0, |e| e.omitted_bytes),
     }
 }
 

@@ -64,8 +64,166 @@ macro_rules! conformance_suite {
             case!(state_changes_are_journaled_and_survive_a_kill);
             case!(nounset_with_pwd_or_path_unset_keeps_the_shell);
             case!(checkpoint_restore_and_clone_bring_back_files_git_and_session);
+            case!(stderr_apart_holds_every_byte_and_only_the_commands);
+            case!(the_shell_runs_from_a_copy_its_user_cannot_read);
         }
     };
+}
+
+/// Issue 49 item 8 on every backend: the session's shell runs from a copy
+/// of bash its user may execute but not read (a memfd of mode 0111 on local,
+/// ssh, E2B and Modal; the image's 0711 copy on docker), which leaves it
+/// non-dumpable for a user without CAP_SYS_PTRACE; the tests run as root,
+/// so `subreaper::the_wrapped_shell_is_not_dumpable_for_its_own_user` and
+/// the local and docker forger tests show the refusal itself. The programs
+/// a command runs are ordinary.
+pub async fn the_shell_runs_from_a_copy_its_user_cannot_read(h: &Harness) -> TestResult {
+    let f = h.sandbox("private").await?;
+    let mut s = open(&f).await?;
+    // A user's own non-dumpable process's /proc entries belong to root, and
+    // its exe link is refused to it; root sees where the shell runs from.
+    let out = ok(
+        &mut s,
+        "echo \"$(readlink /proc/$$/exe) $(stat -c %u /proc/$$/mem) $(id -u)\"; bash -c 'readlink /proc/$$/exe; :'",
+    )
+    .await?;
+    let mut lines = out.lines();
+    let mut shell: Vec<&str> = lines.next().unwrap_or_default().rsplitn(3, ' ').collect();
+    shell.reverse();
+    match shell[..] {
+        ["", "0", uid] => assert_ne!(uid, "0", "{out:?}"),
+        [exe, _, "0"] => assert!(
+            exe.starts_with("/memfd:berth-private") || exe == "/usr/local/libexec/berth/bash",
+            "the shell runs from {exe:?}"
+        ),
+        _ => panic!("the shell's own user reads it: {out:?}"),
+    }
+    let child = lines.next().unwrap_or_default();
+    assert!(
+        child.ends_with("/bash") && !child.contains("berth"),
+        "{out:?}"
+    );
+    s.close().await;
+    f.remove().await
+}
+
+fn apart(timeout: Option<Duration>) -> ExecOpts {
+    ExecOpts {
+        timeout,
+        split_stderr: true,
+        ..ExecOpts::default()
+    }
+}
+
+/// stdout and stderr apart (issue 50): each stream's bytes, exact, on every
+/// backend; a forged fence is the command's output; a stop, a redirection
+/// and a command that asks for one stream keep the next one's apart, and
+/// the shell's own fd 2 stays merged for commands that do not ask.
+pub async fn stderr_apart_holds_every_byte_and_only_the_commands(h: &Harness) -> TestResult {
+    let f = h.sandbox("apart").await?;
+    let mut s = open(&f).await?;
+    let r = s
+        .exec(
+            "echo out; echo err >&2; printf 'no newline' >&2; echo out2; (exit 3)",
+            apart(None),
+        )
+        .await?;
+    let err = r.stderr.as_ref().ok_or("no stderr apart")?;
+    assert_eq!(r.output.text(), "out\nout2\n");
+    assert_eq!(err.text(), "err\nno newline");
+    assert_eq!(r.exit_code, 3);
+    // The fence ends the command's stderr: what a process it left behind
+    // writes later is neither its stderr nor the next command's.
+    let r = s
+        .exec("(sleep 1; echo late >&2) & echo now", apart(None))
+        .await?;
+    assert_eq!(r.output.text(), "now\n");
+    assert_eq!(r.stderr.as_ref().ok_or("no stderr apart")?.text(), "");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = s.exec("echo mine >&2", apart(None)).await?;
+    assert_eq!(r.stderr.as_ref().ok_or("no stderr apart")?.text(), "mine\n");
+    // Asked for nothing: one stream, as written.
+    let r = run(&mut s, "echo a; echo b >&2; echo c").await?;
+    assert_eq!(r.output.text(), "a\nb\nc\n");
+    assert!(r.stderr.is_none());
+    // Large, on both at once: exact counts, bounded kept bytes.
+    let r = s
+        .exec(
+            "head -c 300000 /dev/zero | tr '\\0' e >&2 & head -c 200000 /dev/zero | tr '\\0' o; wait",
+            apart(Some(Duration::from_secs(60))),
+        )
+        .await?;
+    let err = r.stderr.as_ref().ok_or("no stderr apart")?;
+    assert_eq!(r.output.total_bytes, 200_000);
+    assert_eq!(err.total_bytes, 300_000);
+    assert!(err.head.iter().chain(&err.tail).all(|b| *b == b'e'));
+    assert!(r.output.head.iter().all(|b| *b == b'o'));
+    // A fence with a nonce the command made up is its output.
+    let fake = "\u{1e}0123456789abcdefE\u{1e}";
+    let r = s
+        .exec(&format!("printf 'x{fake}y' >&2; echo done"), apart(None))
+        .await?;
+    assert_eq!(
+        r.stderr.as_ref().ok_or("no stderr apart")?.text(),
+        format!("x{fake}y")
+    );
+    assert_eq!(r.output.text(), "done\n");
+    // A command's own redirection of fd 2 lasts for it alone.
+    let r = s
+        .exec("exec 2>/dev/null; echo gone >&2; echo here", apart(None))
+        .await?;
+    assert_eq!(r.output.text(), "here\n");
+    assert_eq!(r.stderr.as_ref().ok_or("no stderr apart")?.text(), "");
+    let r = s.exec("echo back >&2", apart(None)).await?;
+    assert_eq!(r.stderr.as_ref().ok_or("no stderr apart")?.text(), "back\n");
+    // A timeout: what it wrote before the stop is its stderr, and the next
+    // command's streams are its own.
+    let r = s
+        .exec(
+            "echo before >&2; sleep 30",
+            apart(Some(Duration::from_secs(2))),
+        )
+        .await?;
+    assert!(r.timed_out);
+    assert!(
+        r.stderr
+            .as_ref()
+            .ok_or("no stderr apart")?
+            .text()
+            .starts_with("before\n"),
+        "{:?}",
+        r.stderr
+    );
+    let r = s.exec("echo next; echo next-err >&2", apart(None)).await?;
+    assert_eq!(r.output.text(), "next\n");
+    assert_eq!(
+        r.stderr.as_ref().ok_or("no stderr apart")?.text(),
+        "next-err\n"
+    );
+    // Input and stderr apart together.
+    let r = s
+        .exec(
+            "cat; cat /nonexistent-berth",
+            ExecOpts {
+                stdin: Some(b"fed\n".to_vec()),
+                ..apart(None)
+            },
+        )
+        .await?;
+    assert_eq!(r.output.text(), "fed\n");
+    assert!(
+        r.stderr
+            .as_ref()
+            .ok_or("no stderr apart")?
+            .text()
+            .contains("nonexistent-berth"),
+        "{:?}",
+        r.stderr
+    );
+    // The state a command kept apart changes persists as any other.
+    s.exec("cd /tmp && export APART=1", apart(None)).await?;
+    assert_eq!(ok(&mut s, "echo $APART $PWD").await?, "1 /tmp\n");
+    Ok(())
 }
 
 fn cfg(name: &str) -> SessionConfig {

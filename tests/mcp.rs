@@ -407,6 +407,18 @@ async fn core_flow(c: &Client, backend: &str) -> TestResult {
         data(&r)
     );
     assert_eq!(r.is_error, Some(false));
+    // stdout and stderr apart, as E2B and Modal return them (issue 50):
+    // the stderr under a line of its own, each stream counted.
+    let r = c.run("echo out; echo err >&2; echo out2").await?;
+    assert_eq!(text(&r), "out\nout2\n[stderr]\nerr\n[exit code 0]");
+    assert_eq!(
+        (&data(&r)["bytes"], &data(&r)["stderr_bytes"]),
+        (&json!(9), &json!(4)),
+        "{:?}",
+        data(&r)
+    );
+    let r = c.run("echo quiet").await?;
+    assert_eq!(text(&r), "quiet\n[exit code 0]");
     // Back to the workspace, where relative file-tool paths point.
     let r = c.run("cd ../..").await?;
     assert_eq!(data(&r)["exit_code"], 0);

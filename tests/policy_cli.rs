@@ -203,7 +203,15 @@ fn secret_values_are_redacted_in_output_and_events() -> TestResult {
     );
     // Output kept whole needs no spool file.
     assert!(v["spool"].is_null(), "{json}");
-    let masked = v["output"]
+    // stderr, kept apart, is masked as well.
+    assert!(
+        v["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("[REDACTED:")),
+        "{json}"
+    );
+    // The spool holds stdout.
+    let masked = v["stdout"]
         .as_str()
         .unwrap_or("")
         .matches("[REDACTED:")

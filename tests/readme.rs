@@ -349,6 +349,29 @@ fn the_tour_runs_as_shown() -> TestResult {
     );
     let json: Value = serde_json::from_str(&r.stdout("berth exec --json -- make test")?)?;
     assert_eq!(json["exit_code"], 0, "{json}");
+    assert_eq!(json["stdout"], "tests passed\n", "{json}");
+    assert_eq!(json["stderr"], "", "{json}");
+    // stdout and stderr come back apart, served and in-process alike.
+    let out = |cmd: &str| -> Result<String, BoxError> {
+        Ok(String::from_utf8_lossy(&r.sh(cmd)?.stdout).into_owned())
+    };
+    for server in ["", "BERTH_SERVER=off "] {
+        let both = format!("{server}berth exec -- 'echo out; echo err >&2; ls /nonexistent-berth'");
+        assert_eq!(out(&format!("{both} 2>/dev/null"))?, "out\n");
+        let err = out(&format!("{both} 2>&1 >/dev/null"))?;
+        assert!(
+            err.starts_with("err\n") && err.contains("nonexistent-berth"),
+            "{err}"
+        );
+        let json: Value = serde_json::from_str(&out(&format!(
+            "{server}berth exec --json -- 'echo out; echo err >&2'"
+        ))?)?;
+        assert_eq!(
+            (&json["stdout"], &json["stderr"], &json["output"]),
+            (&"out\n".into(), &"err\n".into(), &"out\nerr\n".into()),
+            "{json}"
+        );
+    }
     assert!(
         json["cwd"].as_str().is_some_and(|c| c.ends_with("/app")),
         "{json}"

@@ -12,9 +12,36 @@ pub(crate) fn is_shell(argv: &[String], replaces: Option<&str>, tty: bool) -> bo
 }
 
 /// Makes the process a child subreaper (`PR_SET_CHILD_SUBREAPER`, 36, which
-/// an exec keeps), then execs `argv[1:]`; any failure of the first step is
-/// ignored, so the program runs either way.
-const SUBREAPER_PY: &str = "import ctypes, os, sys\ntry:\n    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\nexcept Exception:\n    pass\nos.execvp(sys.argv[1], sys.argv[1:])";
+/// an exec keeps), then execs `argv[1:]` from a private copy: a close-on-exec
+/// memfd of mode `0111` (`MFD_EXEC` where the kernel wants it said), which
+/// its user may execute but not read, so the kernel leaves the shell
+/// non-dumpable and a command's child cannot read the end nonce from its
+/// memory (issue 49, item 8; `berth_sandbox::private` does the same on
+/// local). Any failure of either step is ignored, so the program runs either
+/// way.
+const SUBREAPER_PY: &str = r#"import ctypes, os, shutil, sys
+try:
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+try:
+    exe = shutil.which(sys.argv[1])
+    with open(exe, "rb") as f:
+        data = f.read()
+    try:
+        fd = os.memfd_create("berth-private", os.MFD_CLOEXEC | 0x10)
+    except OSError:
+        fd = os.memfd_create("berth-private", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    ro = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_CLOEXEC)
+    os.close(fd)
+    os.fchmod(ro, 0o111)
+    os.execv("/proc/self/fd/%d" % ro, sys.argv[1:])
+except Exception:
+    pass
+os.execvp(sys.argv[1], sys.argv[1:])"#;
 
 /// `argv` (a session's shell) started as a child subreaper, so that a
 /// process a command detaches (`(setsid sleep 1000 &)`) is adopted by the
@@ -55,7 +82,47 @@ pub(crate) fn wrap<'a>(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Run `argv` as uid 65534 (the tests run as root, as CI does) and
+    /// return its stdout.
+    fn as_nobody(argv: &[String]) -> String {
+        // SAFETY: geteuid takes no argument and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        assert!(
+            euid == 0,
+            "this test runs a shell as uid 65534 through setpriv; run it as root (as CI does)"
+        );
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(argv)
+            .current_dir("/")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Issue 49 item 8 on ssh, E2B and Modal: the shell the wrapper starts
+    /// is not dumpable, so a child of the same uid cannot read its memory,
+    /// where a plain bash's child can.
+    #[test]
+    fn the_wrapped_shell_is_not_dumpable_for_its_own_user() {
+        let probe = r#"python3 -c 'import os
+try:
+    open("/proc/%d/mem" % os.getppid(), "rb").close(); print("read")
+except OSError as e:
+    print("denied", e.errno)'; exit"#;
+        let shell: Vec<String> = ["bash", "-c", probe]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let plain = as_nobody(&shell);
+        assert_eq!(plain, "read\n", "the control");
+        let wrapped = as_nobody(&as_subreaper(&shell));
+        assert_eq!(wrapped, "denied 13\n");
+    }
 
     #[test]
     fn a_shell_is_wrapped_and_runs_as_given() {
@@ -66,6 +133,7 @@ mod tests {
         let w = as_subreaper(&argv);
         assert_eq!(&w[..2], ["sh", "-c"]);
         assert!(w[4].contains("prctl(36, 1"));
+        assert!(w[4].contains("0o111"));
         assert_eq!(&w[5..], &argv[..]);
         assert!(is_shell(&argv, Some("berth-shell:x"), false));
         assert!(!is_shell(&argv, Some("berth-shell:x"), true));

@@ -409,6 +409,7 @@ pub fn exec_call(a: &ExecArgs) -> Result<ExecCall> {
         timeout_secs: a.timeout,
         stdin: a.read_stdin()?,
         session: a.session.clone(),
+        split_stderr: true,
     })
 }
 

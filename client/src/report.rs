@@ -9,14 +9,29 @@ use serde_json::{Value, json};
 
 use crate::proto::{Report, exec_event};
 
-/// The report as `berth exec --json` prints it.
+/// The report as `berth exec --json` prints it. With stderr kept apart (as
+/// `--json` asks), `stdout` and `stderr` are each stream, `bytes`,
+/// `truncated` and `omitted_bytes` are stdout's, `stderr_*` stderr's, and
+/// `output` is all of it, stdout first (how the two interleaved is not
+/// kept). Otherwise `output` is both as written, and `stdout`/`stderr` are
+/// null.
 pub fn json(r: &Report) -> Value {
+    let output = match &r.stderr {
+        Some(e) => format!("{}{e}", r.output),
+        None => r.output.clone(),
+    };
+    let apart = r.stderr.is_some();
     json!({
         "exit_code": r.exit_code,
-        "output": r.output,
+        "output": output,
+        "stdout": apart.then_some(&r.output),
+        "stderr": r.stderr,
         "truncated": r.truncated,
         "bytes": r.bytes,
         "omitted_bytes": r.omitted_bytes,
+        "stderr_truncated": r.stderr_truncated,
+        "stderr_bytes": r.stderr_bytes,
+        "stderr_omitted_bytes": r.stderr_omitted_bytes,
         "duration_ms": r.duration_ms,
         "cwd": r.cwd,
         "timed_out": r.timed_out,
@@ -126,6 +141,11 @@ pub fn on_exec_event(event: Option<exec_event::Event>, json: bool) -> Result<Ste
             let _ = out.write_all(&b);
             let _ = out.flush();
         }
+        Some(exec_event::Event::Stderr(b)) if !json => {
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(&b);
+            let _ = err.flush();
+        }
         Some(exec_event::Event::Notice(n)) => {
             let n = n.strip_prefix("berth: ").unwrap_or(&n);
             eprintln!("berth: {n}");
@@ -155,7 +175,7 @@ pub fn on_exec_event(event: Option<exec_event::Event>, json: bool) -> Result<Ste
             bail!("{}", f.message);
         }
         // Output under --json: the report carries it.
-        Some(exec_event::Event::Output(_)) | None => {}
+        Some(exec_event::Event::Output(_) | exec_event::Event::Stderr(_)) | None => {}
     }
     Ok(Step::Next)
 }

@@ -106,6 +106,10 @@ pub struct ExecRequest {
     pub call_id: Option<String>,
     /// The sandbox's session to run in: [`MAIN_SESSION`] when `None`.
     pub session: Option<String>,
+    /// Keep stderr apart from stdout (see [`ExecOpts::split_stderr`]).
+    pub split_stderr: bool,
+    /// With `split_stderr`: a live copy of the stderr as it arrives.
+    pub stderr_tee: Option<crate::session::Tee>,
 }
 
 impl ExecRequest {
@@ -538,7 +542,11 @@ impl Runtime {
                 kind: EventKind::ExecFinished.into(),
                 exit_code: Some(r.result.exit_code as i64),
                 duration_ms: Some(r.result.duration.as_millis() as i64),
-                bytes_out: Some(r.result.output.total_bytes as i64),
+                bytes_out: Some(
+                    (r.result.output.total_bytes
+                        + r.result.stderr.as_ref().map_or(0, |e| e.total_bytes))
+                        as i64,
+                ),
                 detail: Some(
                     serde_json::json!({
                         "timed_out": r.result.timed_out,
@@ -734,6 +742,8 @@ impl Runtime {
             cancel: req.cancel.clone(),
             tee: req.tee.clone(),
             filter: self.gate.as_ref().map(|g| g.output_filter()),
+            split_stderr: req.split_stderr,
+            stderr_tee: req.stderr_tee.clone(),
         };
         let sandbox = session.sandbox().clone();
         let memory_before = sandbox.memory();
@@ -753,8 +763,9 @@ impl Runtime {
         }
         if result.exit_code != 0
             && let Ok(Some(row)) = self.store.sandbox(&req.backend, &req.sandbox)
-            && let Some(h) =
-                hints::network_hint(&req.backend, &row.spec, result.exit_code, &result.output)
+            && let Some(h) = std::iter::once(&result.output)
+                .chain(result.stderr.as_ref())
+                .find_map(|o| hints::network_hint(&req.backend, &row.spec, result.exit_code, o))
         {
             result.notices.push(h);
         }

@@ -286,12 +286,16 @@ struct LiveTee {
 }
 
 impl LiveTee {
-    fn push(&self, b: &[u8]) {
+    /// Send a chunk of stdout (or, with `err`, of stderr kept apart).
+    fn push(&self, b: &[u8], err: bool) {
         self.say_left_out();
+        let chunk = if err {
+            exec_event::Event::Stderr(b.to_vec())
+        } else {
+            exec_event::Event::Output(b.to_vec())
+        };
         if self.left_out.load(Ordering::SeqCst) > 0
-            || !self
-                .live
-                .send_if_room(event(exec_event::Event::Output(b.to_vec())), b.len())
+            || !self.live.send_if_room(event(chunk), b.len())
         {
             self.left_out.fetch_add(b.len() as u64, Ordering::SeqCst);
         }
@@ -428,6 +432,7 @@ impl Berth for Conn {
                 left_out: Default::default(),
             });
             let out = tee.clone();
+            let err_out = tee.clone();
             let notices = tx.clone();
             let req = ExecRequest {
                 backend: call.backend.clone(),
@@ -437,7 +442,8 @@ impl Berth for Conn {
                 timeout,
                 stdin: call.stdin,
                 cancel: Some(cancel),
-                tee: Some(Arc::new(move |b: &[u8]| out.push(b))),
+                tee: Some(Arc::new(move |b: &[u8]| out.push(b, false))),
+                stderr_tee: Some(Arc::new(move |b: &[u8]| err_out.push(b, true))),
                 on_approval: Some(Arc::new(move |ap| {
                     notices.send(
                         event(exec_event::Event::Notice(
@@ -447,6 +453,7 @@ impl Berth for Conn {
                     );
                 })),
                 call_id: Some(call_id.clone()),
+                split_stderr: call.split_stderr,
                 ..Default::default()
             };
             let applied =

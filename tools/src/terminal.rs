@@ -142,6 +142,7 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
             tee: Some(tee),
             admitted: rt.gate().is_some(),
             call_id: Some(call.id.clone()),
+            split_stderr: true,
             ..Default::default()
         })
         .await;
@@ -155,10 +156,28 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
     let room =
         super::output::result_cap(rt, &ctx.sandbox).saturating_sub(super::output::TRAILER_ROOM);
     let room = room.max(512);
-    let shown = super::output::spooled(rt, &call.id, &res.output, room);
-    let (mut text, omitted) = super::output::command_output(&shown, room);
+    // stdout, then stderr under a line of its own: each gets the room it
+    // needs, and at most half of it when both need more.
+    let kept = |o: &berth_core::session::Output| o.head.len() + o.tail.len();
+    let err_len = res.stderr.as_ref().map_or(0, kept);
+    let err_room = err_len.min((room / 2).max(room.saturating_sub(kept(&res.output))));
+    let out_room = (room - err_room).max(256);
+    let shown = super::output::spooled(rt, &call.id, &res.output, out_room);
+    let (mut text, omitted) = super::output::command_output(&shown, out_room);
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
+    }
+    let mut err_omitted = 0;
+    if let Some(e) = res.stderr.as_ref().filter(|e| e.total_bytes > 0) {
+        let shown =
+            super::output::spooled(rt, &format!("{}.stderr", call.id), e, err_room.max(256));
+        let (t, o) = super::output::command_output(&shown, err_room.max(256));
+        err_omitted = o;
+        text.push_str("[stderr]\n");
+        text.push_str(&t);
+        if !t.ends_with('\n') {
+            text.push('\n');
+        }
     }
     if let Some(why) = &r.recreated {
         text.push_str(&format!(
@@ -186,9 +205,11 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
         "cwd": res.cwd,
         "timed_out": res.timed_out,
         "cancelled": res.interrupted,
-        "truncated": omitted > 0,
+        "truncated": omitted > 0 || err_omitted > 0,
         "bytes": res.output.total_bytes,
         "omitted_bytes": omitted,
+        "stderr_bytes": res.stderr.as_ref().map_or(0, |e| e.total_bytes),
+        "stderr_omitted_bytes": err_omitted,
         "spool": shown.spool.as_ref().filter(|_| omitted > 0),
         "duration_ms": res.duration.as_millis() as u64,
     }));

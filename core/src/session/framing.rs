@@ -29,6 +29,8 @@ pub(super) struct Plan {
     pub(super) distrust: bool,
     /// For [`SnapshotMode::Journal`]: the names to journal, one space apart.
     pub(super) journal: String,
+    /// The command reads the input berth wrote for it.
+    pub(super) stdin: bool,
 }
 
 /// How a framed command ended.
@@ -369,8 +371,9 @@ impl Session {
             guard: true,
             distrust: false,
             journal: String::new(),
+            stdin: false,
         };
-        let framed = self.run_framed(text, false, plan, &mut capture, None, None);
+        let framed = self.run_framed(text, plan, &mut capture, None, None, None);
         let Ok(framed) = tokio::time::timeout(limit, framed).await else {
             self.replace_shell().await;
             return Err(self.session_error(&format!(
@@ -415,11 +418,11 @@ impl Session {
     pub(super) async fn run_framed(
         &mut self,
         text: &str,
-        with_stdin: bool,
         plan: Plan,
         capture: &mut Capture,
         timeout: Option<Duration>,
         cancel: Option<CancellationToken>,
+        stderr: Option<&mut Capture>,
     ) -> Result<(Option<Ending>, Option<Stop>)> {
         if text.len() > script::MAX_TEXT {
             return Err(Error::InvalidInput(format!(
@@ -434,7 +437,10 @@ impl Session {
             &cut_nonce,
             text,
             plan.snapshot,
-            with_stdin,
+            script::Io {
+                stdin: plan.stdin,
+                stderr_apart: stderr.is_some(),
+            },
             plan.guard,
             &plan.journal,
         );
@@ -455,6 +461,15 @@ impl Session {
             return Err(self.session_error("no shell"));
         };
         shell.command_sent = Some(std::time::Instant::now());
+        let mut err = stderr.map(|c| {
+            super::stderr::ErrSide::new(
+                c,
+                shell.stderr_feed.clone(),
+                shell.stderr_bell.clone(),
+                &nonce,
+                &cut_nonce,
+            )
+        });
         if host_processes {
             shell.children_before = super::tree::children(shell.info.pid);
         }
@@ -482,7 +497,8 @@ impl Session {
             shell.spin(&end_pat.end);
         }
         let (mut streamed, mut last) = (0u64, 0usize);
-        loop {
+        let err_bell = err.as_ref().map(|e| e.bell.clone());
+        let ended = loop {
             // Attribute whatever is pending.
             let found = match self.shell.as_mut() {
                 Some(shell) => scan(&mut shell.pending, &[&end_pat, &cut_pat], capture)?,
@@ -534,13 +550,14 @@ impl Session {
                     // The marker carried the watermark after the command.
                     std::mem::swap(&mut shell.watermark, watermark_before);
                 }
-                return Ok((Some(ending), stop));
+                break Ok((Some(ending), stop));
             }
             let Some(shell) = self.shell.as_mut() else {
-                return Ok((None, stop));
+                break Ok((None, stop));
             };
             shell.reserve();
             shell.settle(streamed, last);
+            let err_open = err.as_ref().is_some_and(|e| !e.done);
             let sleep = async move {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -554,7 +571,7 @@ impl Session {
                 n = shell.stdout.read_buf(&mut shell.pending) => match n {
                     Ok(0) => {
                         capture.push(&std::mem::take(&mut shell.pending))?;
-                        return Ok((Some(Ending::Eof), stop));
+                        break Ok((Some(Ending::Eof), stop));
                     }
                     Ok(n) => {
                         streamed += n as u64;
@@ -563,19 +580,19 @@ impl Session {
                     Err(e) if OutputGap::of(&e).is_some() => {
                         capture.push(&std::mem::take(&mut shell.pending))?;
                         let why = OutputGap::of(&e).map(|g| g.0.clone()).unwrap_or_default();
-                        return Ok((Some(Ending::Gap(why)), stop));
+                        break Ok((Some(Ending::Gap(why)), stop));
                     }
                     Err(e) => {
                         debug!(session = %self.cfg.name, error = %e, "shell stdout failed");
                         capture.push(&std::mem::take(&mut shell.pending))?;
-                        return Ok((Some(Ending::Eof), stop));
+                        break Ok((Some(Ending::Eof), stop));
                     }
                 },
                 _ = sleep => {
                     let why = stop.unwrap_or(Stop::Timeout);
                     stop = Some(why);
                     if !self.escalate(stage, why, distrust).await {
-                        return Ok((None, stop));
+                        break Ok((None, stop));
                     }
                     stage += 1;
                     deadline = Some(tokio::time::Instant::now() + self.cfg.grace);
@@ -583,13 +600,33 @@ impl Session {
                 _ = cancel.cancelled(), if stop.is_none() => {
                     stop = Some(Stop::Interrupt);
                     if !self.escalate(stage, Stop::Interrupt, distrust).await {
-                        return Ok((None, stop));
+                        break Ok((None, stop));
                     }
                     stage += 1;
                     deadline = Some(tokio::time::Instant::now() + self.cfg.grace);
                 }
+                _ = async {
+                    match &err_bell {
+                        Some(b) => b.notified().await,
+                        None => std::future::pending().await,
+                    }
+                }, if err_open => {
+                    if let Some(e) = err.as_mut() {
+                        e.take()?;
+                    }
+                }
             }
+        };
+        if let Some(e) = err.as_mut() {
+            // The fence was written before the end marker; after any other
+            // ending, take what is there.
+            let wait = match &ended {
+                Ok((Some(Ending::Marker { .. }), _)) => super::stderr::FENCE_WAIT,
+                _ => Duration::from_millis(200),
+            };
+            e.settle(wait).await?;
         }
+        ended
     }
 }
 

@@ -23,6 +23,7 @@ pub mod effects;
 mod framing;
 pub mod script;
 mod shell;
+mod stderr;
 mod stop;
 mod tree;
 
@@ -127,6 +128,12 @@ pub struct ExecOpts {
     /// A transform every byte of output goes through first (redaction): the
     /// tee, the result and the spool see only its output.
     pub filter: Option<capture::FilterFactory>,
+    /// Keep the command's stderr apart from its stdout: `output` holds its
+    /// stdout, and [`ExecResult::stderr`] its stderr (each in the order it
+    /// was written; how the two interleaved is not kept).
+    pub split_stderr: bool,
+    /// With `split_stderr`: a live copy of the stderr as it arrives.
+    pub stderr_tee: Option<Tee>,
 }
 
 impl std::fmt::Debug for ExecOpts {
@@ -139,6 +146,7 @@ impl std::fmt::Debug for ExecOpts {
             .field("spool_cap", &self.spool_cap)
             .field("tee", &self.tee.is_some())
             .field("filter", &self.filter.is_some())
+            .field("split_stderr", &self.split_stderr)
             .finish()
     }
 }
@@ -148,8 +156,12 @@ impl std::fmt::Debug for ExecOpts {
 pub struct ExecResult {
     /// The exit code; 124 after a timeout, 130 after an interrupt.
     pub exit_code: i32,
-    /// The captured output (stdout and stderr interleaved as written).
+    /// The captured output: stdout and stderr interleaved as written, or
+    /// stdout alone when the caller asked for stderr apart.
     pub output: Output,
+    /// The command's stderr, when the caller asked for it apart
+    /// ([`ExecOpts::split_stderr`]); bounded like `output`, never spooled.
+    pub stderr: Option<Output>,
     /// The shell's cwd after the command, when the shell survived.
     pub cwd: Option<String>,
     /// Wall time.
@@ -310,7 +322,8 @@ impl Session {
             }
             None => None,
         };
-        let plan = self.plan(command);
+        let mut plan = self.plan(command);
+        plan.stdin = stdin_path.is_some();
         let timeout = opts.timeout.map(|t| {
             t.saturating_sub(started.elapsed())
                 .max(Duration::from_millis(1))
@@ -319,17 +332,27 @@ impl Session {
             .with_tee(opts.tee.clone())
             .with_filter(opts.filter.as_ref().map(|f| f()))
             .with_spool_cap(opts.spool_cap.unwrap_or(capture::DEFAULT_SPOOL_CAP));
+        let mut err_capture = if opts.split_stderr {
+            Some(
+                Capture::new(opts.limits, None)?
+                    .with_tee(opts.stderr_tee.clone())
+                    .with_filter(opts.filter.as_ref().map(|f| f())),
+            )
+        } else {
+            None
+        };
         let outcome = self
             .run_framed(
                 command,
-                stdin_path.is_some(),
                 plan,
                 &mut capture,
                 timeout,
                 opts.cancel.clone(),
+                err_capture.as_mut(),
             )
             .await;
         let output = capture.finish()?;
+        let stderr = err_capture.map(Capture::finish).transpose()?;
         let (ending, stopped) = outcome?;
         let mut notices = self.take_notices();
         if output.spool_omitted > 0 {
@@ -509,6 +532,7 @@ impl Session {
         Ok(ExecResult {
             exit_code,
             output,
+            stderr,
             cwd,
             duration: started.elapsed(),
             timed_out,
@@ -538,6 +562,7 @@ impl Session {
             guard: true,
             distrust: true,
             journal: String::new(),
+            stdin: false,
         };
         let Some(shell) = self.shell.as_mut() else {
             return named(SnapshotMode::Force);
@@ -570,6 +595,7 @@ impl Session {
         };
         Plan {
             journal,
+            stdin: false,
             snapshot,
             guard: fx.may_define || shell.always_snapshot || builtins,
             // Not for stickiness: the guard put the handlers back after the
@@ -619,7 +645,7 @@ impl Session {
                 &new_nonce(),
                 "exit 0",
                 SnapshotMode::Never,
-                false,
+                script::Io::default(),
                 true,
                 "",
             );
@@ -679,10 +705,10 @@ impl Session {
         self.shell
             .as_ref()
             .and_then(|s| {
-                s.stderr_tail
+                s.stderr_feed
                     .lock()
                     .ok()
-                    .map(|t| String::from_utf8_lossy(&t).trim().to_string())
+                    .map(|f| String::from_utf8_lossy(&f.tail).trim().to_string())
             })
             .unwrap_or_default()
     }

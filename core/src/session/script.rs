@@ -18,7 +18,9 @@
 //! unbalanced quotes or a stray heredoc cannot break the framing, and `cd`,
 //! `export`, `declare` and functions act on the shell itself. The shell's own
 //! stdin is `/dev/null` and its stderr is its stdout for good, so a command needs
-//! no redirection of its own (unless it is given input).
+//! no redirection of its own (unless it is given input, or the caller wants
+//! its stderr apart: stdin flag `2`/`3`, which sends fd 2 to the shell's
+//! original stderr and fences it after the command; see `stderr::ErrSide`).
 //!
 //! The two nonces. A command runs in the shell itself, so whatever the loop
 //! can read while the command runs, the command can read too. The end nonce
@@ -130,6 +132,15 @@ pub enum SnapshotMode {
     Never,
 }
 
+/// What a frame's command reads, and where its stderr goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Io {
+    /// It reads the input berth wrote to the session's `stdin` file.
+    pub stdin: bool,
+    /// Its stderr goes to the shell's own, fenced after it, not to stdout.
+    pub stderr_apart: bool,
+}
+
 /// Frame one command for the shell's loop: the header, the end nonce, the
 /// text, and the nonce record the loop reads only when the command did not end
 /// on its own (see the module's notes on the two nonces).
@@ -145,7 +156,7 @@ pub fn frame(
     cut_nonce: &str,
     text: &str,
     snapshot: SnapshotMode,
-    stdin: bool,
+    io: Io,
     guard: bool,
     journal: &str,
 ) -> Vec<u8> {
@@ -172,7 +183,12 @@ pub fn frame(
         SnapshotMode::Force => b'3',
         SnapshotMode::Journal => b'4',
     });
-    out.push(if stdin { b'1' } else { b'0' });
+    out.push(match (io.stdin, io.stderr_apart) {
+        (false, false) => b'0',
+        (true, false) => b'1',
+        (false, true) => b'2',
+        (true, true) => b'3',
+    });
     out.push(if encoded { b'1' } else { b'0' });
     out.push(if guard { b'g' } else { b'.' });
     out.push(b'N');
@@ -376,6 +392,7 @@ else
   [[ $__berth_n == N* ]] || builtin exit 97
   __berth_m=
 fi
+[[ ${__berth_h:9:1} != [23] ]] || builtin printf '\036%sE\036' "${__berth_n:1}" 2>/dev/null >&"$__berth_efd"
 case ${__berth_h:8:1} in
 3)
   builtin printf '\036%s:%s\037%s=' "${__berth_n:1}" "$__berth_rc" "${1-}"
@@ -497,11 +514,18 @@ fn main_loop() -> String {
         // several system calls. The guard only after a command the engine
         // read as one that may define a function or change how builtins
         // resolve (flag `g`).
+        // Flags 2 and 3 (no input, input) keep the command's stderr apart:
+        // it goes to the shell's own stderr, and the report puts a fence
+        // there after it (see [`POST_BODY`]).
         r#"case ${__berth_h:9:1}${__berth_h:11:1} in "#,
         r#"0.) builtin eval "$__berth_T0${__berth_h:12:17}" ;; "#,
         r#"1.) builtin eval "$__berth_T1${__berth_h:12:17}" ;; "#,
         r#"0g) builtin eval "$__berth_G0${__berth_h:12:17}" ;; "#,
-        r#"*) builtin eval "$__berth_G1${__berth_h:12:17}" ;; esac"#,
+        r#"1g) builtin eval "$__berth_G1${__berth_h:12:17}" ;; "#,
+        r#"2.) builtin eval "$__berth_S0${__berth_h:12:17}" ;; "#,
+        r#"3.) builtin eval "$__berth_S1${__berth_h:12:17}" ;; "#,
+        r#"2g) builtin eval "$__berth_H0${__berth_h:12:17}" ;; "#,
+        r#"*) builtin eval "$__berth_H1${__berth_h:12:17}" ;; esac"#,
         "\n",
         &post,
         ";;\n",
@@ -518,7 +542,7 @@ fn main_loop() -> String {
     // One compound command, so bash parses all of it before the `exec` below
     // points its stdin elsewhere.
     format!(
-        "{{ exec {{__berth_fd}}<&0 </dev/null 2>&1\n{traps}\n{functions}{templates}{first_env}__berth_ae=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
+        "{{ exec {{__berth_fd}}<&0 {{__berth_efd}}>&2 </dev/null 2>&1\nbuiltin readonly __berth_efd\n{traps}\n{functions}{templates}{first_env}__berth_ae=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
         traps = traps(),
         functions = functions(),
         templates = templates(),
@@ -555,11 +579,18 @@ const FIRST_ENV: &str = "builtin declare -A __berth_e0; for __berth_k in $(built
 ///   a DEBUG trap sees each statement's text, the nonce's among them.
 fn templates() -> String {
     let rs = r#"case $__berth_rc in 0) ;; *) __berth_rs() { builtin return "$__berth_rc"; }; __berth_rs && : ;; esac; "#;
-    let one = |stdin: bool, guarded: bool| {
-        let redir = if stdin {
-            r#" <"$__berth_dir/stdin""#
-        } else {
-            ""
+    let one = |stdin: bool, guarded: bool, apart: bool| {
+        // The shell's own stderr (`__berth_efd`) is closed for the command
+        // (after it became fd 2 where the caller asked for stderr apart), so
+        // no process the command leaves behind holds it: sshd and envd end a
+        // process's stream only once every copy of its output is closed, and
+        // a shell killed under a job that held it would never be seen to
+        // end. It costs bash about 1.5 us a command.
+        let redir = match (stdin, apart) {
+            (false, false) => r#" {__berth_efd}>&-"#,
+            (true, false) => r#" <"$__berth_dir/stdin" {__berth_efd}>&-"#,
+            (false, true) => r#" 2>&"$__berth_efd" {__berth_efd}>&-"#,
+            (true, true) => r#" <"$__berth_dir/stdin" 2>&"$__berth_efd" {__berth_efd}>&-"#,
         };
         let guard = if guarded {
             format!("{}builtin trap - DEBUG; ", guard())
@@ -571,11 +602,15 @@ fn templates() -> String {
         ))
     };
     format!(
-        "builtin readonly __berth_T0={} __berth_T1={} __berth_G0={} __berth_G1={}\n",
-        one(false, false),
-        one(true, false),
-        one(false, true),
-        one(true, true),
+        "builtin readonly __berth_T0={} __berth_T1={} __berth_G0={} __berth_G1={} __berth_S0={} __berth_S1={} __berth_H0={} __berth_H1={}\n",
+        one(false, false, false),
+        one(true, false, false),
+        one(false, true, false),
+        one(true, true, false),
+        one(false, false, true),
+        one(true, false, true),
+        one(false, true, true),
+        one(true, true, true),
     )
 }
 
@@ -906,17 +941,70 @@ mod tests {
     #[test]
     fn a_frame_is_a_fixed_header_the_end_nonce_the_text_then_the_cut_nonce() {
         let (n, c) = ("0123456789abcdef", "fedcba9876543210");
-        let f = frame(n, c, "echo hi", SnapshotMode::Auto, false, false, "");
+        let f = frame(
+            n,
+            c,
+            "echo hi",
+            SnapshotMode::Auto,
+            Io::default(),
+            false,
+            "",
+        );
         assert_eq!(f, b"00000007000.N0123456789abcdefecho hiNfedcba9876543210");
-        let f = frame(n, c, "", SnapshotMode::Never, true, false, "");
+        let f = frame(
+            n,
+            c,
+            "",
+            SnapshotMode::Never,
+            Io {
+                stdin: true,
+                stderr_apart: false,
+            },
+            false,
+            "",
+        );
         assert_eq!(f, b"00000000210.N0123456789abcdefNfedcba9876543210");
-        let f = frame(n, c, "x", SnapshotMode::State, false, true, "");
+        let f = frame(n, c, "x", SnapshotMode::State, Io::default(), true, "");
         assert_eq!(&f[8..12], b"100g");
-        let f = frame(n, c, "x", SnapshotMode::Force, false, false, "");
+        let f = frame(
+            n,
+            c,
+            "x",
+            SnapshotMode::Never,
+            Io {
+                stdin: true,
+                stderr_apart: true,
+            },
+            false,
+            "",
+        );
+        assert_eq!(&f[8..12], b"230.");
+        let f = frame(
+            n,
+            c,
+            "x",
+            SnapshotMode::Never,
+            Io {
+                stdin: false,
+                stderr_apart: true,
+            },
+            false,
+            "",
+        );
+        assert_eq!(&f[8..12], b"220.");
+        let f = frame(n, c, "x", SnapshotMode::Force, Io::default(), false, "");
         assert_eq!(&f[8..12], b"300.");
         // A journal frame: the names' length and the names, then the text, all
         // counted in the header's length.
-        let f = frame(n, c, "export A=1", SnapshotMode::Journal, false, false, "A");
+        let f = frame(
+            n,
+            c,
+            "export A=1",
+            SnapshotMode::Journal,
+            Io::default(),
+            false,
+            "A",
+        );
         assert_eq!(
             f,
             b"0000000f400.N0123456789abcdef0001Aexport A=1Nfedcba9876543210"
@@ -930,7 +1018,7 @@ mod tests {
             "fedcba9876543210",
             "echo \u{e9}\\c",
             SnapshotMode::Auto,
-            false,
+            Io::default(),
             false,
             "",
         );

@@ -6,14 +6,14 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tracing::{debug, warn};
 
 use super::framing::{Names, SnapshotFile, parse_functions, parse_journal, parse_snapshot};
 use super::script::{self, SnapshotMode};
 use super::{
     BULK, BULK_READ, DID_NOT_EXIT, READ_BUF, SETTLE, SNAPSHOT_LIMIT, SPIN, STARTUP_DEADLINE,
-    STDERR_KEEP, Session, ShellInfo,
+    Session, ShellInfo,
 };
 use crate::backend::{BoxWrite, Process, SpawnOpts};
 use crate::error::{Error, Result};
@@ -27,7 +27,10 @@ pub(super) struct Shell {
     /// Bytes read but not yet attributed to a command. Output is read
     /// straight into its spare room (see [`Shell::reserve`]), not copied in.
     pub(super) pending: Vec<u8>,
-    pub(super) stderr_tail: Arc<Mutex<Vec<u8>>>,
+    /// The shell's own stderr as its reader hands it on (see [`super::stderr::ErrFeed`]).
+    pub(super) stderr_feed: Arc<Mutex<super::stderr::ErrFeed>>,
+    /// Rung for each piece of stderr, and when it ends.
+    pub(super) stderr_bell: Arc<tokio::sync::Notify>,
     /// The task collecting stderr; done once the shell's stderr is closed.
     pub(super) stderr_reader: Option<tokio::task::JoinHandle<()>>,
     pub(super) info: ShellInfo,
@@ -199,31 +202,6 @@ pub(super) fn is_nonblocking(fd: std::os::fd::RawFd) -> bool {
     flags >= 0 && flags & libc::O_NONBLOCK != 0
 }
 
-pub(super) async fn keep_tail(
-    mut err: crate::backend::BoxRead,
-    tail: Arc<Mutex<Vec<u8>>>,
-    name: String,
-) {
-    let mut buf = vec![0u8; 8192];
-    loop {
-        match err.read(&mut buf).await {
-            // A re-attached link: the stream goes on.
-            Err(e) if crate::backend::OutputGap::of(&e).is_some() => continue,
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                debug!(session = %name, stderr = %String::from_utf8_lossy(&buf[..n]), "shell stderr");
-                if let Ok(mut t) = tail.lock() {
-                    t.extend_from_slice(&buf[..n]);
-                    let len = t.len();
-                    if len > STDERR_KEEP {
-                        t.drain(..len - STDERR_KEEP);
-                    }
-                }
-            }
-        }
-    }
-}
-
 impl Session {
     /// Start a shell if there is none, restored from the last snapshot, within
     /// `limit`. A snapshot the shell cannot replay within it is set aside: a
@@ -293,16 +271,24 @@ impl Session {
                 return Err(self.session_error("the backend gave the shell no stdin or stdout"));
             }
         };
-        let stderr_tail = Arc::new(Mutex::new(Vec::new()));
-        let stderr_reader = stderr
-            .map(|err| tokio::spawn(keep_tail(err, stderr_tail.clone(), self.cfg.name.clone())));
+        let stderr_feed = Arc::new(Mutex::new(super::stderr::ErrFeed::default()));
+        let stderr_bell = Arc::new(tokio::sync::Notify::new());
+        let stderr_reader = stderr.map(|err| {
+            tokio::spawn(super::stderr::keep_tail(
+                err,
+                stderr_feed.clone(),
+                stderr_bell.clone(),
+                self.cfg.name.clone(),
+            ))
+        });
         let mut shell = Shell {
             process,
             stdin,
             stdout,
             spin_fd,
             pending: Vec::new(),
-            stderr_tail,
+            stderr_feed,
+            stderr_bell,
             stderr_reader,
             info: ShellInfo {
                 pid: 0,
@@ -333,9 +319,9 @@ impl Session {
                 let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
             }
             let said = shell
-                .stderr_tail
+                .stderr_feed
                 .lock()
-                .map(|t| String::from_utf8_lossy(&t).trim().to_string())
+                .map(|f| String::from_utf8_lossy(&f.tail).trim().to_string())
                 .unwrap_or_default();
             let said = if said.is_empty() {
                 String::new()
