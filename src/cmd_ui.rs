@@ -60,9 +60,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: UiArgs) -> Result<u8> {
     }
     berth_core::store::private_dir(&dir)
         .with_context(|| format!("cannot create the state dir {}", dir.display()))?;
-    let written = SystemTime::now();
-    let changed = before.as_ref() != Some(&want);
-    if changed {
+    if before.as_ref() != Some(&want) {
         ui::write_private(&ui::settings_path(&dir), &want)?;
     }
     if mode == Mode::Off {
@@ -70,7 +68,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: UiArgs) -> Result<u8> {
     }
     let server = berth_client::client::connect(&dir, mode).await?;
     let pid = server.hello.pid;
-    let bound = wait_bound(&dir, pid, changed.then_some(written)).await?;
+    let bound = wait_bound(&dir, pid, &want.tag()).await?;
     show(
         &dir,
         &want,
@@ -98,18 +96,13 @@ fn stop(dir: &Path, json: bool) -> Result<u8> {
 }
 
 /// Wait for server `pid` to serve the dashboard, as `ui.addr` says: written
-/// by that server, and after `since` when the settings just changed.
-async fn wait_bound(dir: &Path, pid: u32, since: Option<SystemTime>) -> Result<ui::Bound> {
+/// by that server, for the settings tagged `serves` ([`ui::Settings::tag`]).
+async fn wait_bound(dir: &Path, pid: u32, serves: &str) -> Result<ui::Bound> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let fresh = since.is_none_or(|t| {
-            std::fs::metadata(ui::bound_path(dir))
-                .and_then(|m| m.modified())
-                .is_ok_and(|m| m >= t)
-        });
         if let Some(b) = ui::bound(dir)
             && b.pid == pid
-            && fresh
+            && b.serves == serves
             && tokio::net::TcpStream::connect(b.addr).await.is_ok()
         {
             return Ok(b);
@@ -190,7 +183,7 @@ async fn foreground(dir: &Path, s: &ui::Settings, a: &UiArgs) -> Result<u8> {
     let stop = tokio_util::sync::CancellationToken::new();
     let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let task = ui::watch(rt.clone(), dir.to_path_buf(), busy, stop.clone());
-    let bound = wait_bound(dir, std::process::id(), None).await?;
+    let bound = wait_bound(dir, std::process::id(), &s.tag()).await?;
     show(
         dir,
         s,

@@ -62,6 +62,23 @@ pub struct Settings {
     pub listen: String,
 }
 
+impl Settings {
+    /// A digest naming these settings, which the server writes beside the
+    /// address it bound ([`Bound::serves`]): `berth ui` knows the dashboard
+    /// serves what it just asked for by this, not by a file's time (a
+    /// file's mtime comes from a coarse clock and can read earlier than
+    /// the moment it was written after).
+    pub fn tag(&self) -> String {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"berth-ui-settings\0");
+        h.update(self.token.as_bytes());
+        h.update(b"\0");
+        h.update(self.listen.as_bytes());
+        hex::encode(&h.finalize()[..16])
+    }
+}
+
 /// Where the server's dashboard listens, written by the server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bound {
@@ -75,6 +92,10 @@ pub struct Bound {
     /// file written before keys existed.
     #[serde(default)]
     pub key: String,
+    /// [`Settings::tag`] of the settings served. Empty in a file written
+    /// before tags existed.
+    #[serde(default)]
+    pub serves: String,
 }
 
 /// The default address: loopback, a port the kernel picks.
@@ -351,6 +372,7 @@ async fn start(
             addr,
             pid: std::process::id(),
             key,
+            serves: settings.tag(),
         },
     )?;
     info!(%addr, "dashboard listening");
