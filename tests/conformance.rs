@@ -57,6 +57,7 @@ macro_rules! conformance_suite {
             case!(no_function_named_like_a_builtin_breaks_the_session);
             case!(no_disabled_builtin_breaks_the_session);
             case!(no_alias_and_function_of_one_name_breaks_the_session);
+            case!(nothing_a_command_plants_in_the_engines_variables_runs_or_lies);
             case!(fifos_where_berth_keeps_its_files_do_not_hang_it);
             case!(a_snapshot_that_hangs_its_replay_is_set_aside_within_the_timeout);
             case!(a_command_added_to_a_snapshot_is_not_replayed);
@@ -1275,6 +1276,89 @@ pub async fn no_alias_and_function_of_one_name_breaks_the_session(h: &Harness) -
         )
     });
     survives_redefinitions(h, "shadowed", table.collect()).await
+}
+
+/// #49: berth's engine keeps its state in `__berth_*` variables of the
+/// session's shell, and evaluates them between commands: counters in
+/// arithmetic, the loop variable, the nonce's variable, `$-`'s letters. A
+/// command can set them like any variable (the gate calls such text
+/// opaque), and what it plants there must never run as berth's own code
+/// after it, hang the session, or change what a later command reports. The
+/// planted text here would create a file; after each plant a later command
+/// that takes every path (a state change, a journal, a timeout) is reported
+/// truly, the file is never made, and the session's state is kept.
+pub async fn nothing_a_command_plants_in_the_engines_variables_runs_or_lies(
+    h: &Harness,
+) -> TestResult {
+    let f = h.sandbox("plant").await?;
+    let mut s = open(&f).await?;
+    ok(&mut s, "export KEPT=1").await?;
+    let home = ok(&mut s, "pwd").await?.trim().to_string();
+    let mark = format!("{home}/pwned");
+    let code = format!("a[$(touch {mark})]");
+    let plants = [
+        format!("__berth_seq='{code}'; cd ."),
+        format!("__berth_sb='{code}'; cd ."),
+        format!("__berth_dn='{code}'; f() {{ :; }}"),
+        format!("__berth_jz='{code}'; PLANTED=1"),
+        "__berth_wm=$'5\\x1f1\\x1f/etc'".to_string(),
+        format!("declare -n __berth_1='{code}'"),
+        format!("declare -n __berth_rc='{code}'; :"),
+        format!("declare -n __berth_xv='{code}'"),
+        format!("declare -i __berth_xv; x='{code}'"),
+        format!("declare -i __berth_J; J='{code}'"),
+        "declare -i __berth_n".to_string(),
+        "declare -u __berth_n".to_string(),
+        "declare -l __berth_h".to_string(),
+        "declare -a __berth_k".to_string(),
+        "readonly __berth_rc=0".to_string(),
+        format!("__berth_L='touch {mark}'"),
+        "__berth_fd=0".to_string(),
+    ];
+    for plant in &plants {
+        let what = format!("after `{plant}`");
+        // The plant itself may end its shell (it is told so), or run on;
+        // either way it is over within its timeout, never hung.
+        match s.exec(plant, with_timeout(20)).await {
+            Ok(r) => assert!(!r.timed_out, "{what}: the plant hung"),
+            Err(e) => eprintln!("{what}: {e}"),
+        }
+        // The plant's own command may have run its text (it is opaque);
+        // from here on nothing may.
+        ok(&mut s, &format!("rm -f {mark}")).await?;
+        let r = s
+            .exec("echo out; X=2; cd .; (exit 7)", with_timeout(20))
+            .await?;
+        assert_eq!(
+            r.exit_code,
+            7,
+            "{what}: {:?} {:?}",
+            r.output.text(),
+            r.notices
+        );
+        assert!(
+            r.output.text().contains("out"),
+            "{what}: {:?}",
+            r.output.text()
+        );
+        assert_eq!(r.cwd.as_deref(), Some(home.as_str()), "{what}");
+        let short = ExecOpts {
+            timeout: Some(Duration::from_millis(200)),
+            ..Default::default()
+        };
+        let r = s.exec("sleep 30", short).await?;
+        assert!(r.timed_out, "{what}: timeout not honoured");
+        assert_eq!(r.exit_code, 124, "{what}");
+        let r = s
+            .exec(
+                &format!("echo \"$KEPT\"; test -e {mark} && echo PLANTED-TEXT-RAN; :"),
+                with_timeout(20),
+            )
+            .await?;
+        assert_eq!(r.output.text(), "1\n", "{what}: {:?}", r.notices);
+    }
+    s.close().await;
+    f.remove().await
 }
 
 /// Whether a process whose command line starts with `prefix` runs in the

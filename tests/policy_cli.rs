@@ -732,7 +732,7 @@ fn an_edited_snapshot_does_not_launder_an_alias() -> TestResult {
     let o = env.run(&[
         "exec",
         "--",
-        r#"for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] && sed -i -e "s/alias ll='rm keep'/alias ll='ls'/" -e "s/alias lz='ls'/alias lz='rm keep'/" "$f"; done; grep -h "alias l[lz]=" "$__berth_dir"/snap.0 "$__berth_dir"/snap.1 2>/dev/null"#,
+        r#"for f in ../.berth/snap.0 ../.berth/snap.1; do [ -f "$f" ] && sed -i -e "s/alias ll='rm keep'/alias ll='ls'/" -e "s/alias lz='ls'/alias lz='rm keep'/" "$f"; done; grep -h "alias l[lz]=" ../.berth/snap.0 ../.berth/snap.1 2>/dev/null"#,
     ])?;
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     // The edit landed.
@@ -792,7 +792,7 @@ fn a_planted_command_not_found_handler_is_judged_with_every_command() -> TestRes
     let o = env.run(&[
         "exec",
         "--",
-        r#"n=0; for f in "$__berth_dir"/defs.0 "$__berth_dir"/defs.1; do [ -f "$f" ] || continue; t=$(<"$f"); last=${t##*$'\n'}; printf '%s\ncommand_not_found_handle () \n{ \n    %s keep\n}\n%s\n' "${t%$'\n'*}" "r""m" "$last" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#,
+        r#"n=0; for f in ../.berth/defs.0 ../.berth/defs.1; do [ -f "$f" ] || continue; t=$(<"$f"); last=${t##*$'\n'}; printf '%s\ncommand_not_found_handle () \n{ \n    %s keep\n}\n%s\n' "${t%$'\n'*}" "r""m" "$last" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#,
     ])?;
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("planted 1")
@@ -835,7 +835,7 @@ fn plant_in_snapshot(env: &Env, name: &str, prefix: &str) -> std::io::Result<Out
     ])?;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let plant = format!(
-        r#"n=0; for f in "$__berth_dir"/snap.0 "$__berth_dir"/snap.1; do [ -f "$f" ] || continue; t=$(<"$f"); head=${{t%%# berth aliases*}}; [ "$head" != "$t" ] || continue; printf '%sdeclare -x {name}="{prefix}%s/evil.sh"\n%s\n' "$head" "$PWD" "${{t#"$head"}}" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#
+        r#"n=0; for f in ../.berth/snap.0 ../.berth/snap.1; do [ -f "$f" ] || continue; t=$(<"$f"); head=${{t%%# berth aliases*}}; [ "$head" != "$t" ] || continue; printf '%sdeclare -x {name}="{prefix}%s/evil.sh"\n%s\n' "$head" "$PWD" "${{t#"$head"}}" > "$f"; n=$((n+1)); done; echo "planted $n"; kill -9 $$"#
     );
     env.run(&["exec", "--", &plant])
 }

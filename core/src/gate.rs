@@ -173,6 +173,15 @@ pub fn reading<T>(text: &str, f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// `command` on one line, at most 120 characters, for a refusal's message.
+fn short_part(command: &str) -> String {
+    let line: String = command.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(120) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line,
+    }
+}
+
 /// A command and the rules' verdict on it.
 #[derive(Clone, Debug)]
 pub struct Judged<'a> {
@@ -250,7 +259,15 @@ impl Gate {
         judged: Judged<'_>,
         notice: Option<&ApprovalNotice>,
     ) -> Result<Admission> {
-        let Judged { command, verdict } = judged;
+        let Judged {
+            command,
+            mut verdict,
+        } = judged;
+        // A verdict on the text as a whole (an opaque reading that belongs
+        // to no one command) names the text, cut short for a message.
+        if verdict.part.is_empty() && verdict.action != Action::Allow {
+            verdict.part = short_part(command);
+        }
         let event = |kind: EventKind, detail: serde_json::Value| Event {
             kind: kind.into(),
             call_id: Some(call_id.into()),

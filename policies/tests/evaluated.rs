@@ -128,6 +128,42 @@ fn values_builtins_evaluate_are_opaque() {
 }
 
 /// Item 11: programs whose code is not on the command line.
+/// berth's engine keeps its state in `__berth_*` variables of the session's
+/// shell and evaluates them between commands (the counters in arithmetic,
+/// the loop variable as a nameref's target, a journal's values): a command
+/// that names one sets up text berth runs without having read it. Every
+/// spelling is opaque, in the command and in a session function it calls.
+#[test]
+fn naming_the_engines_variables_is_opaque() {
+    assert_never_plain_allow(&[
+        "__berth_seq='a[$(rm f)]'",
+        "cd /tmp; __berth_sb='a[$(rm f)]'",
+        "declare -n __berth_1='a[$(rm f)]'",
+        "declare -n r=__berth_seq; r='a[$(rm f)]'",
+        "declare -n r=__ber''th_seq; r='a[$(rm f)]'",
+        "declare -n r=__ber\\th_seq",
+        "declare -n r=$'\\x5f_berth_seq'",
+        "declare -i __berth_xv; x='a[$(rm f)]'; set -x",
+        "readonly __berth_rc=0",
+        ": ${__berth_seq:=x}",
+        "(( __berth_jz = 1 ))",
+        "read __berth_wm < f",
+        "export __berth_dir=/tmp",
+    ]);
+    // Through a session function whose body names one.
+    let defined = berth_policies::shell::Defined::read(
+        ["plant".to_string()].into_iter().collect(),
+        "plant () \n{ \n    __berth_seq='a[$(rm f)]'\n}\n",
+    );
+    let strict = policy(&format!("opaque = \"deny\"\n{DENY_RM}"));
+    let v = strict.rules.check_in("plant", "local", &defined);
+    assert_eq!(v.action, Action::Deny, "{v}");
+    // Text that only mentions the prefix inside a word berth reads exactly
+    // stays read: nothing here is an engine variable.
+    let v = policy(DENY_RM).rules.check("echo berth", "local");
+    assert_eq!(v.action, Action::Allow, "{v}");
+}
+
 #[test]
 fn code_from_files_input_and_loaders_is_opaque() {
     assert_never_plain_allow(&[

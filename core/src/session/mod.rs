@@ -714,10 +714,11 @@ impl Session {
     }
 
     /// The loop found no nonce record where one belongs: a command read the
-    /// loop's private input, and may have ended itself with a forged marker.
+    /// loop's private input (and may have ended itself with a forged marker),
+    /// or changed a variable the loop reports with (`readonly __berth_rc`).
     fn lost_framing(&self) -> Error {
         self.session_error(
-            "the shell lost its framing: a command read berth's private input, so the last result it reported may be false; the shell was replaced, run the command again",
+            "the shell lost its framing: a command read berth's private input or changed berth's variables in the shell, so the last result it reported may be false; the shell was replaced, run the command again",
         )
     }
 

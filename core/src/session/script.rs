@@ -241,16 +241,28 @@ pub fn bootstrap(berth_dir: &str, workdir: &str) -> String {
     format!(
         r#"set +o history 2>/dev/null
 shopt -u expand_aliases 2>/dev/null
+builtin readonly {never}
 __berth_dir={dir}
 __berth_work={work}
 cd -- "$__berth_work" 2>/dev/null
 __berth_seq=${{__berth_seq:-0}} __berth_ds=${{__berth_ds:-0}} __berth_dn=${{__berth_dn:-0}} __berth_sb=${{__berth_sb:-1}} __berth_base=${{__berth_base:-0}} __berth_jn=1 __berth_jz=0
 mkdir -p -- "$__berth_dir" 2>/dev/null
 __berth_rc=0 __berth_busy= __berth_bg= __berth_wm= __berth_up= __berth_n= __berth_m= __berth_xv=
+{blank}
 trap '\__berth_exit' EXIT
 {main_loop}
 "#,
         main_loop = main_loop(),
+        never = NEVER,
+        // Every variable the engine check reads is set, so a user's `set -u`
+        // cannot trip on it (see [`engine_check`]).
+        blank = MUTABLE
+            .iter()
+            .filter(|v| !NUMERIC.contains(v)
+                && !["rc", "busy", "n", "m", "xv", "dir", "work"].contains(v))
+            .map(|v| format!("__berth_{v}="))
+            .collect::<Vec<_>>()
+            .join(" "),
     )
 }
 
@@ -274,7 +286,7 @@ const GUARD: &str = concat!(
     r#"if [[ :$SHELLOPTS: == *:posix:* ]]; then "#,
     r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x"; __berth_gone+=" $__berth_x"; }; done; "#,
     r#"enable builtin 2>/dev/null; "#,
-    r#"else __berth_o=:$BASHOPTS:; POSIXLY_CORRECT=y; "#,
+    r#"else __berth_o=:$BASHOPTS:; POSIXLY_CORRECT=1; "#,
     r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x"; __berth_gone+=" $__berth_x"; }; done; "#,
     r#"enable builtin 2>/dev/null; builtin unset POSIXLY_CORRECT; "#,
     r#"__berth_on= __berth_off=; for __berth_x in expand_aliases inherit_errexit shift_verbose sourcepath interactive_comments; do "#,
@@ -313,9 +325,66 @@ fn traps() -> String {
     )
 }
 
-/// [`GUARD`] and the traps.
+/// The variables the loop assigns and reads between commands (after
+/// `__berth_`). A command runs in the same shell, so it can set any of
+/// them; what matters is that nothing it sets makes berth's own code run
+/// its text or report falsely (see [`engine_check`]).
+const MUTABLE: &[&str] = &[
+    "h", "c", "j", "n", "m", "rc", "xv", "ae", "busy", "cut", "bg", "wm", "up", "x", "k", "r", "q",
+    "J", "s", "o", "on", "off", "f", "gone", "1", "seq", "ds", "dn", "sb", "base", "jn", "jz",
+    "dir", "work",
+];
+
+/// The loop's counters and readings, which its arithmetic evaluates: digits
+/// only (or empty).
+const NUMERIC: &[&str] = &[
+    "seq", "ds", "dn", "sb", "base", "jn", "jz", "wm", "up", "bg",
+];
+
+/// A variable the shell declares read-only and leaves unset when it starts,
+/// before any command: expanding it with `:?` always fails, which ends a
+/// non-interactive shell through no name a command can define.
+const NEVER: &str = "__berth_never";
+
+/// What the shell prints as it ends when a command left berth's variables
+/// in a state its own code must not run with.
+pub const POISONED: &str = "berth: the command changed how the session shell keeps berth variables (__berth_*), so the shell ends; the next command starts a new one from the last snapshot";
+
+/// The first part of the guard, before any other word of berth's: a
+/// variable of the loop that a command made read-only, a nameref, an
+/// array, an integer or case-changing, or a counter it gave a
+/// value that is not a number, would make the loop's own assignments and
+/// arithmetic evaluate text berth never read (`declare -n
+/// __berth_1='a[$(cmd)]'`, `__berth_seq='a[$(cmd)]'`) or report falsely.
+/// The check is `[[ ]]` and expansions alone, which no alias or function
+/// reaches; on a failure the shell ends (see [`NEVER`]) and the engine
+/// starts a new one from the last snapshot, which the command's state never
+/// reached. It runs after every guarded command: one that names a
+/// `__berth_` variable is opaque to the gate and so guarded, as is one
+/// that calls a session function or runs text berth cannot read.
+fn engine_check() -> String {
+    let refs = MUTABLE
+        .iter()
+        .map(|v| format!("-R __berth_{v}"))
+        .chain(std::iter::once("-R POSIXLY_CORRECT".to_string()))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    let attrs: String = MUTABLE
+        .iter()
+        .map(|v| format!("${{__berth_{v}@a}}"))
+        .collect();
+    let numbers: String = NUMERIC
+        .iter()
+        .map(|v| format!("${{__berth_{v}-}}"))
+        .collect();
+    format!(
+        r#"[[ ! ( {refs} ) && "{attrs}" != *[rnaAiluc]* && "${{POSIXLY_CORRECT+${{POSIXLY_CORRECT@a}}}}" != *[rnaAiluc]* && "{numbers}" != *[!0-9]* ]] || ${{{NEVER}:?{POISONED}}}; "#
+    )
+}
+
+/// The engine check, [`GUARD`] and the traps.
 fn guard() -> String {
-    format!("{GUARD}{}", traps())
+    format!("{}{GUARD}{}", engine_check(), traps())
 }
 
 /// What reports a command and writes its snapshot: the text the loop runs
@@ -542,7 +611,7 @@ fn main_loop() -> String {
     // One compound command, so bash parses all of it before the `exec` below
     // points its stdin elsewhere.
     format!(
-        "{{ exec {{__berth_fd}}<&0 {{__berth_efd}}>&2 </dev/null 2>&1\nbuiltin readonly __berth_efd\n{traps}\n{functions}{templates}{first_env}__berth_ae=1 __berth_cut=\n__berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
+        "{{ exec {{__berth_fd}}<&0 {{__berth_efd}}>&2 </dev/null 2>&1\nbuiltin readonly __berth_efd __berth_fd\n{traps}\n{functions}{templates}{first_env}__berth_ae=1 __berth_cut=\nbuiltin readonly __berth_L={loop_text}\nbuiltin eval \"$__berth_L\"\n}}",
         traps = traps(),
         functions = functions(),
         templates = templates(),
@@ -771,7 +840,7 @@ pub fn strip_own(snapshot: &str) -> String {
 }
 
 /// The handshake command: prints the shell's pid and session id.
-pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__berth_stat##*) }; builtin read -r -a __berth_f <<< "$__berth_stat"; builtin printf '%s %s' "$$" "${__berth_f[3]}"; builtin unset __berth_stat __berth_f"#;
+pub const HELLO: &str = r#"__berth_stat=$(</proc/$$/stat); __berth_stat=${__berth_stat##*) }; builtin read -r -a __berth_hf <<< "$__berth_stat"; builtin printf '%s %s' "$$" "${__berth_hf[3]}"; builtin unset __berth_stat __berth_hf"#;
 
 /// Kill a command's process tree, run through a second spawn inside the sandbox.
 ///

@@ -422,7 +422,53 @@ pub fn parse_with(src: &str, defined: &Defined) -> Result<Script, ParseError> {
             at: 0,
         });
     }
-    grammar::parse_script(src, defined, MAX_COMMANDS, true)
+    let mut script = grammar::parse_script(src, defined, MAX_COMMANDS, true)?;
+    if let Some(o) = names_the_engine(src, &script, defined) {
+        script.opaque.push(o);
+    }
+    Ok(script)
+}
+
+/// The prefix of the variables berth's engine keeps in the session's shell.
+pub const ENGINE_PREFIX: &str = "__berth";
+
+/// Text that names a variable of berth's engine (`__berth_seq`, ...), in
+/// the command or in the body of a session function it calls, is opaque:
+/// the engine expands and evaluates those variables between commands
+/// (arithmetic, a nameref's subscript, a journal's values), so their
+/// values are text berth runs without having read it as a command. The
+/// check is on the text with its quote characters removed and on every
+/// word after quote removal, so `__ber''th_seq` and `$'\x5f_berth_seq'`
+/// are caught as well; a name built when the command runs is opaque
+/// already, as any computed name is.
+fn names_the_engine(src: &str, script: &Script, defined: &Defined) -> Option<Opaque> {
+    let bare = |t: &str| -> bool {
+        t.chars()
+            .filter(|c| !matches!(c, '\'' | '"' | '\\'))
+            .collect::<String>()
+            .contains(ENGINE_PREFIX)
+    };
+    let called = script
+        .commands
+        .iter()
+        .filter_map(|c| c.function.as_ref())
+        .filter_map(|f| defined.functions.get(f));
+    let named = bare(src)
+        || called.into_iter().any(|body| bare(body))
+        || script
+            .commands
+            .iter()
+            .any(|c| c.argv.iter().any(|w| w.contains(ENGINE_PREFIX)));
+    named.then(|| Opaque {
+        command: script
+            .commands
+            .iter()
+            .position(|c| c.argv.iter().any(|w| w.contains(ENGINE_PREFIX))),
+        why: format!(
+            "the text names a variable of berth's own shell (`{ENGINE_PREFIX}_*`), which berth evaluates between commands without reading it"
+        ),
+        later: false,
+    })
 }
 
 /// bash's blanks: the only bytes besides newline and the metacharacters that
