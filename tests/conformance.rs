@@ -249,6 +249,14 @@ async fn ok(s: &mut Session, cmd: &str) -> Result<String, BoxError> {
     Ok(r.output.text())
 }
 
+/// Where berth keeps the session's files in the sandbox. The tests that
+/// plant files there name it literally: a command that names a `__berth_`
+/// variable is opaque, and so is snapshotted whole, which would rewrite
+/// what they plant.
+fn berth_dir(f: &Fixture) -> String {
+    f.sandbox.layout().berth_dir.clone()
+}
+
 /// Count processes in the sandbox whose command line contains `needle`.
 async fn count_procs(s: &mut Session, needle: &str) -> Result<usize, BoxError> {
     // The pattern is split so the counting shell's own cmdline never matches.
@@ -1313,6 +1321,9 @@ pub async fn nothing_a_command_plants_in_the_engines_variables_runs_or_lies(
         "declare -a __berth_k".to_string(),
         "readonly __berth_rc=0".to_string(),
         format!("__berth_L='touch {mark}'"),
+        // A function the guard cannot remove, named like what it calls.
+        format!("builtin() {{ touch {mark}; }}; readonly -f builtin"),
+        format!("enable() {{ touch {mark}; }}; readonly -f enable"),
         "__berth_fd=0".to_string(),
     ];
     for plant in &plants {
@@ -1535,8 +1546,11 @@ async fn survives_redefinitions(
 pub async fn fifos_where_berth_keeps_its_files_do_not_hang_it(h: &Harness) -> TestResult {
     let f = h.sandbox("fifo").await?;
     let mut s = open(&f).await?;
-    let plant = r#"cd "$__berth_dir" && rm -f snap.0 snap.1 defs.0 defs.1 journal stdin && mkfifo snap.0 snap.1 defs.0 defs.1 journal stdin && cd - >/dev/null"#;
-    ok(&mut s, plant).await?;
+    let dir = berth_dir(&f);
+    let plant = format!(
+        r#"cd "{dir}" && rm -f snap.0 snap.1 defs.0 defs.1 journal stdin && mkfifo snap.0 snap.1 defs.0 defs.1 journal stdin && cd - >/dev/null"#
+    );
+    ok(&mut s, &plant).await?;
     // Snapshots (and the functions file) are written over the FIFOs.
     let r = s
         .exec(
@@ -1563,7 +1577,7 @@ pub async fn fifos_where_berth_keeps_its_files_do_not_hang_it(h: &Harness) -> Te
     assert_eq!(r.output.text(), "1\nfn\n");
     assert_eq!(r.cwd.as_deref(), Some("/tmp"));
     // Now the FIFOs are there when the engine reads the snapshots back.
-    ok(&mut s, plant).await?;
+    ok(&mut s, &plant).await?;
     kill_shell(&f, &s).await?;
     let mut r = s.exec("echo alive", with_timeout(20)).await?;
     if r.cwd.is_none() {
@@ -1761,11 +1775,8 @@ pub async fn functions_are_saved_apart_and_follow_every_change(h: &Harness) -> T
     // The functions file lost: the rest is restored, and the notice says what
     // was not.
     ok(&mut s, "export LAST=3").await?;
-    ok(
-        &mut s,
-        r#"rm -f "$__berth_dir"/defs.0 "$__berth_dir"/defs.1"#,
-    )
-    .await?;
+    let dir = berth_dir(&f);
+    ok(&mut s, &format!(r#"rm -f "{dir}"/defs.0 "{dir}"/defs.1"#)).await?;
     kill_shell(&f, &s).await?;
     let r = run_after_kill(
         &mut s,
@@ -1878,6 +1889,7 @@ pub async fn state_changes_are_journaled_and_survive_a_kill(h: &Harness) -> Test
 
     // A record cut short (the shell killed while writing it) is dropped, and
     // the ones before it are kept.
+    let dir = berth_dir(&f);
     ok(&mut s, "export KEPT=1").await?;
     let &(base, seq) = journal_records(&f)
         .await?
@@ -1886,7 +1898,7 @@ pub async fn state_changes_are_journaled_and_survive_a_kill(h: &Harness) -> Test
     ok(
         &mut s,
         &format!(
-            "printf '# berth journal base={base} seq={}\\n__berth_seq={}\\ndeclare -x TORN=' >> \"$__berth_dir/journal\"",
+            "printf '# berth journal base={base} seq={}\\n\\x5f_berth_seq={}\\ndeclare -x TORN=' >> \"{dir}/journal\"",
             seq + 1,
             seq + 1
         ),

@@ -276,7 +276,10 @@ trap '\__berth_exit' EXIT
 /// command's output says so. Leaving POSIX mode that way resets five `shopt`
 /// options (`expand_aliases` among them), which are put back as they were
 /// (unconditionally: `BASHOPTS` does not follow that reset).
-/// Builtins a command disabled (`enable -n`) are enabled again.
+/// Builtins a command disabled (`enable -n`) are enabled again. A function
+/// that cannot be removed (`readonly -f builtin`) ends the shell, through
+/// an expansion error (see [`NEVER`]): the engine starts a new one from the
+/// last snapshot, which the function never reached.
 ///
 /// It runs after every command the engine marks (flag `g`: any command that may
 /// define a function, disable a builtin, replace a trap or run text the engine
@@ -284,10 +287,10 @@ trap '\__berth_exit' EXIT
 /// or `enable`). Other state changes (`export`, `cd`) skip it.
 const GUARD: &str = concat!(
     r#"if [[ :$SHELLOPTS: == *:posix:* ]]; then "#,
-    r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x"; __berth_gone+=" $__berth_x"; }; done; "#,
+    r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x" 2>/dev/null; ! export -fn "$__berth_x" 2>/dev/null || ${__berth_never:?berth: a read-only function named builtin or enable would take over the session shell, so the shell ends; the next command starts a new one from the last snapshot}; __berth_gone+=" $__berth_x"; }; done; "#,
     r#"enable builtin 2>/dev/null; "#,
     r#"else __berth_o=:$BASHOPTS:; POSIXLY_CORRECT=1; "#,
-    r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x"; __berth_gone+=" $__berth_x"; }; done; "#,
+    r#"for __berth_x in builtin enable; do ! export -fn "$__berth_x" 2>/dev/null || { unset -f "$__berth_x" 2>/dev/null; ! export -fn "$__berth_x" 2>/dev/null || ${__berth_never:?berth: a read-only function named builtin or enable would take over the session shell, so the shell ends; the next command starts a new one from the last snapshot}; __berth_gone+=" $__berth_x"; }; done; "#,
     r#"enable builtin 2>/dev/null; builtin unset POSIXLY_CORRECT; "#,
     r#"__berth_on= __berth_off=; for __berth_x in expand_aliases inherit_errexit shift_verbose sourcepath interactive_comments; do "#,
     r#"if [[ $__berth_o == *:$__berth_x:* ]]; then __berth_on+=" $__berth_x"; else __berth_off+=" $__berth_x"; fi; done; "#,
