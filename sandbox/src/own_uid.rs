@@ -74,16 +74,42 @@ pub fn swap_map(id: u32) -> String {
 }
 
 /// Where a grant must be reached through a cover: the topmost directory on
-/// its way (itself excluded) that others may not search.
+/// its way (itself excluded) that others may not search. Never `/`: a cover
+/// there would hide the whole file system, so [`become_own`] refuses a root
+/// others may not search before it asks.
 pub fn cover_for(grant: &Path) -> Option<PathBuf> {
-    let mut ancestors: Vec<&Path> = grant.ancestors().skip(1).collect();
+    cover_among(grant, |a| {
+        std::fs::metadata(a).is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o001 == 0)
+    })
+}
+
+/// [`cover_for`] with the "others may not search" test given.
+fn cover_among(grant: &Path, shut: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let mut ancestors: Vec<&Path> = grant
+        .ancestors()
+        .skip(1)
+        .filter(|a| a.parent().is_some())
+        .collect();
     ancestors.reverse();
     ancestors
         .into_iter()
-        .find(|a| {
-            std::fs::metadata(a).is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o001 == 0)
-        })
+        .find(|a| shut(a))
         .map(Path::to_path_buf)
+}
+
+/// Refuse a root directory the sandbox's uid may not search: nothing below
+/// it could be reached, and covering it would hide everything.
+fn root_searchable(mode: u32) -> Result<()> {
+    if mode & 0o001 == 0 {
+        return Err(Error::Unsupported(format!(
+            "the sandbox runs as a uid of its own when berth is root, and `/` (mode {:04o}) may not be \
+             searched by other users, so that uid could reach nothing. Make it searchable \
+             (`chmod o+x /`), or set `run_as_root = true` under [local] in the policy file to run \
+             local sandboxes as uid 0 without capabilities instead",
+            mode & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 /// Switch the calling (single-threaded, still privileged) process to
@@ -92,6 +118,8 @@ pub fn cover_for(grant: &Path) -> Option<PathBuf> {
 /// capabilities are dropped (a bind and a uid change need them); the caller
 /// drops the bounding set first, as only root may.
 pub fn become_own(id: u32, write: &[PathBuf], read: &[PathBuf]) -> Result<()> {
+    let root = std::fs::metadata("/").map_err(|e| Error::setup("reading the mode of `/`", e))?;
+    root_searchable(root.permissions().mode())?;
     let userns = swapped_userns(id)?;
     // The mounts to make: every write grant idmapped where it is, and every
     // read grant under a cover bound into it (idmapped too: what the policy
@@ -433,5 +461,47 @@ mod tests {
         mode(&deep, 0o755);
         // Whatever lies above the temporary dir is searchable by others here.
         assert_eq!(cover_for(&deep.join("work")), None);
+    }
+
+    #[test]
+    fn root_is_never_a_cover_and_a_shut_root_is_refused_by_name() {
+        let grant = Path::new("/root/.local/state/berth/sandboxes/a/work");
+        // Everything shut, `/` included: the cover is the topmost below it.
+        assert_eq!(cover_among(grant, |_| true), Some(PathBuf::from("/root")));
+        // Only `/` shut: no cover at all (and become_own refuses first).
+        assert_eq!(cover_among(grant, |a| a == Path::new("/")), None);
+        assert_eq!(cover_among(Path::new("/work"), |_| true), None);
+        assert!(root_searchable(0o755).is_ok());
+        assert!(root_searchable(0o711).is_ok());
+        let e = root_searchable(0o750)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("`/` (mode 0750)") && e.contains("run_as_root = true"),
+            "{e}"
+        );
+    }
+
+    /// The kernel refuses an idmapped mount of a file system that has none
+    /// (proc); the refusal names the path and the way out.
+    #[test]
+    fn a_refused_idmapping_says_what_to_set() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "this test clones a mount and makes a user namespace, as only root may; run it as root (as CI does)"
+        );
+        let tree = clone_tree(Path::new("/proc")).unwrap_or_else(|e| panic!("{e}"));
+        let userns = swapped_userns(BASE + 1).unwrap_or_else(|e| panic!("{e}"));
+        let e = idmap(&tree, &userns, Path::new("/proc"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("idmapped mount of /proc") && e.contains("run_as_root = true"),
+            "{e}"
+        );
     }
 }
