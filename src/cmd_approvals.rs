@@ -59,7 +59,7 @@ pub fn answer(store: &Store, gate: &Gate, a: AnswerArgs, approve: bool) -> Resul
     } else {
         None
     };
-    let done = crate::answers::answer(store, gate, a.id, approve, a.always, policy, "cli")?;
+    let done = berth_service::answers::answer(store, gate, a.id, approve, a.always, policy, "cli")?;
     let (ap, rule_added) = (done.approval, done.rule_added);
     if a.json {
         context::print_json(&json!({

@@ -38,6 +38,10 @@ pub struct ServeArgs {
 pub enum ServerCmd {
     /// Is a server running for this state dir? Exits 3 when none is.
     Status(JsonArg),
+    /// Start a server for this state dir unless one runs (a program that
+    /// speaks the typed API, such as the Python SDK, then connects to the
+    /// socket it names), and say how it stands, as `status` does.
+    Start(JsonArg),
     /// Stop the server: its running commands are interrupted, its shells closed.
     Stop(JsonArg),
 }
@@ -78,6 +82,15 @@ pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<u8> {
 pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
     let dir = context::state_dir(state_dir)?;
     match cmd {
+        ServerCmd::Start(a) => {
+            if matches!(server::Mode::from_env()?, server::Mode::Off) {
+                anyhow::bail!(
+                    "BERTH_SERVER=off: berth runs every command in-process here, so it starts no server; unset BERTH_SERVER to start one"
+                );
+            }
+            client::connect(&dir, server::Mode::Auto).await?;
+            Box::pin(run(Some(dir), ServerCmd::Status(a))).await
+        }
         ServerCmd::Status(a) => match client::running(&dir).await? {
             None => {
                 let waits = waiting(&dir);

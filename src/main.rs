@@ -3,7 +3,6 @@
 //! The binary is thin: it parses the command line, opens the store and the
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
-mod answers;
 mod bench;
 mod bench_checkpoint;
 mod bench_cli;

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 const ROOTS: &[&str] = &[
     "src",
     "client/src",
+    "service/src",
     "core/src",
     "tools/src",
     "agent/src",
@@ -421,4 +422,13 @@ fn the_crates_go_one_way() {
             .any(|l| l.starts_with("berth-tools")),
         "berth-agent should reach the tools through berth-tools"
     );
+    // The service layer answers typed calls: no command line (clap) and no
+    // front end (the binary, the client, the agent) below it.
+    let service = dependencies("service/Cargo.toml");
+    for above in ["clap", "berth-client", "berth-agent", "berth-tools"] {
+        assert!(
+            !service.lines().any(|l| l.starts_with(above)),
+            "berth-service depends on {above}"
+        );
+    }
 }

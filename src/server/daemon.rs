@@ -81,6 +81,8 @@ struct Shared {
     rt: Arc<Runtime>,
     /// The tools `CallTool` runs, for the runtime's policy.
     registry: berth_tools::Registry,
+    /// The typed API's service (`berth.v1`), over the same runtime.
+    service: Arc<berth_service::Service>,
     state_dir: PathBuf,
     socket: PathBuf,
     /// (device, inode) of the socket this server bound.
@@ -725,6 +727,10 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     let rt = Arc::new(rt);
     let shared = Arc::new(Shared {
         registry: berth_tools::Registry::new(&rt),
+        service: Arc::new(berth_service::Service::new(
+            rt.clone(),
+            berth_client::policy_path().ok(),
+        )),
         rt,
         state_dir: state_dir.clone(),
         socket: socket.clone(),
@@ -953,7 +959,19 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     // A call carries `--stdin` whole: take what the quick framing takes
     // (tonic's default is 4 MiB), so a large input is refused by the client
     // with what to do, not by the decoder as a lost server.
-    let svc = BerthServer::new(conn).max_decoding_message_size(berth_client::quick::MAX_FRAME);
+    let caller = match conn.check_peer() {
+        Ok(()) => berth_service::Caller::allowed(),
+        Err(s) => berth_service::Caller::refused(s.message()),
+    };
+    let service = conn.shared.service.clone();
+    let host: Arc<dyn berth_service::Host> = Arc::new(V1Host(Conn {
+        shared: conn.shared.clone(),
+        peer_uid: conn.peer_uid,
+    }));
+    let berth = BerthServer::new(conn).max_decoding_message_size(berth_client::quick::MAX_FRAME);
+    // The CLI's own service and the typed API, side by side.
+    let svc = berth_service::api::add_to(tonic::service::Routes::new(berth), service, host, caller)
+        .prepare();
     let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .serve_connection(
             hyper_util::rt::TokioIo::new(stream),
@@ -965,3 +983,84 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
 }
 
 pub use berth_client::check_socket_path;
+
+/// What the typed API (`berth.v1`) borrows of the server: the CLI's own
+/// exec path, so an SDK's command is counted, queued, interrupted and
+/// drained as a CLI's is.
+struct V1Host(Conn);
+
+impl berth_service::Host for V1Host {
+    fn exec(
+        &self,
+        req: berth_service::proto::ExecRequest,
+    ) -> berth_service::api::HostFuture<
+        Result<berth_service::api::Replies<berth_service::proto::ExecEvent>, Status>,
+    > {
+        let conn = Conn {
+            shared: self.0.shared.clone(),
+            peer_uid: self.0.peer_uid,
+        };
+        Box::pin(async move {
+            let sandbox = req.sandbox.unwrap_or_default();
+            let backend = berth_service::convert::backend(sandbox.backend)?;
+            let call = ExecCall {
+                backend: backend.as_str().to_string(),
+                sandbox: if sandbox.name.trim().is_empty() {
+                    berth_client::DEFAULT_SANDBOX.to_string()
+                } else {
+                    sandbox.name
+                },
+                command: req.command,
+                timeout_secs: req.timeout_secs,
+                stdin: req.stdin,
+                session: req.session,
+                split_stderr: req.split_stderr,
+            };
+            let events = Berth::exec(&conn, Request::new(call)).await?.into_inner();
+            let typed: berth_service::api::Replies<berth_service::proto::ExecEvent> =
+                Box::pin(futures::StreamExt::map(events, |e| e.map(v1_exec_event)));
+            Ok(typed)
+        })
+    }
+
+    fn interrupt(&self, call_id: &str) -> bool {
+        self.0.shared.interrupt(call_id)
+    }
+
+    fn hold(&self) -> berth_service::api::Held {
+        berth_service::api::Held {
+            guard: Box::new(Serving::new(&self.0.shared)),
+            stopping: self.0.shared.shutdown.clone(),
+        }
+    }
+}
+
+/// One event of the CLI's exec as the typed API's.
+fn v1_exec_event(e: ExecEvent) -> berth_service::proto::ExecEvent {
+    use berth_service::proto::{ExecFailure, ExecResult, exec_event as v1};
+    let event = e.event.map(|e| match e {
+        exec_event::Event::Started(id) => v1::Event::Started(id),
+        exec_event::Event::Output(b) => v1::Event::Stdout(b),
+        exec_event::Event::Stderr(b) => v1::Event::Stderr(b),
+        exec_event::Event::Notice(n) => v1::Event::Notice(n),
+        exec_event::Event::Report(r) => v1::Event::Result(ExecResult {
+            exit_code: r.exit_code,
+            stdout: r.output,
+            stderr: r.stderr,
+            omitted_bytes: r.omitted_bytes,
+            spool: r.spool,
+            cwd: r.cwd,
+            timed_out: r.timed_out,
+            interrupted: r.interrupted,
+            duration_ms: r.duration_ms,
+            notices: r.notices,
+            recreated: r.recreated,
+            call_id: r.call_id,
+        }),
+        exec_event::Event::Failure(f) => v1::Event::Failure(ExecFailure {
+            message: f.message,
+            denied: f.denied,
+        }),
+    });
+    berth_service::proto::ExecEvent { event }
+}

@@ -39,7 +39,7 @@ pub async fn answer(
     let policy = ui.policy.clone();
     let u = ui.clone();
     let done = super::data::blocking(&u.rt, move |rt| {
-        crate::answers::answer(rt.store(), &gate, n, approve, always, policy, "ui")
+        berth_service::answers::answer(rt.store(), &gate, n, approve, always, policy, "ui")
     })
     .await;
     match done {

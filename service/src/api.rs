@@ -1,0 +1,520 @@
+//! `berth.v1` served: each gRPC service a thin map from its messages to
+//! [`Service`] and back.
+//!
+//! Every call first checks its connection's [`Caller`] (the peer's uid, read
+//! from the kernel by the server). Calls that last (`Jobs.Logs` with
+//! `follow`, `Jobs.Wait`) hold the server as a running call does, so it
+//! neither idles out under them nor drains them at a shutdown: a stopping
+//! server ends them with UNAVAILABLE, and a follower asks the next server
+//! from the offset it got to.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use berth_core::backend::{Limits, SandboxSpec};
+use berth_core::jobs::JobOptions;
+use futures::Stream;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::convert::{self, status, status_any, target};
+use crate::proto;
+use crate::proto::approvals_server::{Approvals, ApprovalsServer};
+use crate::proto::commands_server::{Commands, CommandsServer};
+use crate::proto::files_server::{Files, FilesServer};
+use crate::proto::jobs_server::{Jobs, JobsServer};
+use crate::proto::sandboxes_server::{Sandboxes, SandboxesServer};
+use crate::service::{READ_MAX, Service};
+
+/// A stream of a call's replies.
+pub type Replies<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// A boxed future a [`Host`] returns.
+pub type HostFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// A call the server counts as running while this is held.
+pub struct Held {
+    /// Dropped when the call ends.
+    pub guard: Box<dyn Send + Sync>,
+    /// Cancelled when the server stops: end the call, do not drain it.
+    pub stopping: CancellationToken,
+}
+
+/// What the server lends the API: its own exec path (counted, interrupted
+/// at a shutdown or when the client goes away, as the CLI's calls are) and
+/// its count of running calls.
+pub trait Host: Send + Sync + 'static {
+    /// Run `req` as the server runs a CLI `exec`.
+    fn exec(
+        &self,
+        req: proto::ExecRequest,
+    ) -> HostFuture<Result<Replies<proto::ExecEvent>, Status>>;
+    /// Interrupt running call `call_id`; whether it ran.
+    fn interrupt(&self, call_id: &str) -> bool;
+    /// Count a lasting call as running until the guard is dropped.
+    fn hold(&self) -> Held;
+}
+
+/// Who is calling, as the server read it from the kernel: `None` when the
+/// peer may use this server, else why not.
+#[derive(Clone)]
+pub struct Caller {
+    refusal: Option<String>,
+}
+
+impl Caller {
+    /// A peer that may call.
+    pub fn allowed() -> Caller {
+        Caller { refusal: None }
+    }
+
+    /// A peer refused, with why (every call gets PERMISSION_DENIED).
+    pub fn refused(why: impl Into<String>) -> Caller {
+        Caller {
+            refusal: Some(why.into()),
+        }
+    }
+
+    fn check(&self) -> Result<(), Status> {
+        match &self.refusal {
+            None => Ok(()),
+            Some(why) => Err(Status::permission_denied(why.clone())),
+        }
+    }
+}
+
+/// One connection's view of the API.
+#[derive(Clone)]
+struct Api {
+    svc: Arc<Service>,
+    host: Arc<dyn Host>,
+    caller: Caller,
+}
+
+/// Every `berth.v1` service for one connection, to add to the server's
+/// routes beside its own.
+pub fn add_to(
+    routes: tonic::service::Routes,
+    svc: Arc<Service>,
+    host: Arc<dyn Host>,
+    caller: Caller,
+) -> tonic::service::Routes {
+    let api = Api { svc, host, caller };
+    // A file travels whole in one message: take the largest one berth reads.
+    let file_cap = READ_MAX as usize + 64 * 1024;
+    routes
+        .add_service(SandboxesServer::new(api.clone()))
+        .add_service(CommandsServer::new(api.clone()).max_decoding_message_size(file_cap))
+        .add_service(
+            FilesServer::new(api.clone())
+                .max_decoding_message_size(file_cap)
+                .max_encoding_message_size(file_cap),
+        )
+        .add_service(JobsServer::new(api.clone()))
+        .add_service(ApprovalsServer::new(api))
+}
+
+#[tonic::async_trait]
+impl Sandboxes for Api {
+    async fn create(
+        &self,
+        req: Request<proto::CreateSandbox>,
+    ) -> Result<Response<proto::Sandbox>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        let spec = SandboxSpec {
+            name: name.clone(),
+            image: r.image,
+            env: r.env.into_iter().collect(),
+            network: r.network,
+            limits: Limits {
+                memory_mb: r.memory_mb,
+                milli_cpu: r.milli_cpu,
+                pids: r.pids,
+            },
+            options: r.options.into_iter().collect(),
+        };
+        let made = self
+            .svc
+            .create_sandbox(backend, spec)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Sandbox {
+            sandbox: Some(convert::sandbox_ref(backend.as_str(), &name)),
+            workdir: made.workdir,
+            created: made.created,
+            recreated: made.recreated,
+            state: "running".into(),
+            created_at_ms: None,
+            last_used_ms: None,
+        }))
+    }
+
+    async fn list(
+        &self,
+        req: Request<proto::ListSandboxes>,
+    ) -> Result<Response<proto::SandboxList>, Status> {
+        self.caller.check()?;
+        let backend = convert::backend(req.into_inner().backend)?;
+        let rows = self.svc.list_sandboxes(backend).await.map_err(status)?;
+        Ok(Response::new(proto::SandboxList {
+            sandboxes: rows
+                .into_iter()
+                .map(|s| proto::Sandbox {
+                    sandbox: Some(convert::sandbox_ref(&s.backend, &s.name)),
+                    workdir: String::new(),
+                    created: false,
+                    recreated: None,
+                    state: s.state,
+                    created_at_ms: s.created_at,
+                    last_used_ms: s.last_used,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn remove(
+        &self,
+        req: Request<proto::RemoveSandbox>,
+    ) -> Result<Response<proto::Removed>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        self.svc
+            .remove_sandbox(backend, &name, r.keep_workspace)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Removed {}))
+    }
+
+    async fn checkpoint(
+        &self,
+        req: Request<proto::TakeCheckpoint>,
+    ) -> Result<Response<proto::CheckpointInfo>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        let row = self
+            .svc
+            .checkpoint(backend, &name, r.label.as_deref())
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::checkpoint(row)))
+    }
+
+    async fn checkpoints(
+        &self,
+        req: Request<proto::SandboxRef>,
+    ) -> Result<Response<proto::CheckpointList>, Status> {
+        self.caller.check()?;
+        let (backend, name) = target(Some(req.get_ref()))?;
+        let rows = self.svc.checkpoints(backend, &name).map_err(status)?;
+        Ok(Response::new(proto::CheckpointList {
+            checkpoints: rows.into_iter().map(convert::checkpoint).collect(),
+        }))
+    }
+
+    async fn restore(
+        &self,
+        req: Request<proto::RestoreCheckpoint>,
+    ) -> Result<Response<proto::Restored>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        if r.checkpoint.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "name the checkpoint to restore by its id or label (Sandboxes.Checkpoints lists them)",
+            ));
+        }
+        let done = self
+            .svc
+            .restore(backend, &name, &r.checkpoint, r.force)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Restored {
+            checkpoint: Some(convert::checkpoint(done.checkpoint)),
+            written: done.written as u64,
+            removed: done.removed as u64,
+            stopped: done.stopped,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Commands for Api {
+    type ExecStream = Replies<proto::ExecEvent>;
+
+    async fn exec(
+        &self,
+        req: Request<proto::ExecRequest>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        if r.command.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "the command is empty: give the shell text to run, e.g. `ls -la`",
+            ));
+        }
+        convert::seconds("timeout_secs", r.timeout_secs)?;
+        target(r.sandbox.as_ref())?;
+        Ok(Response::new(self.host.exec(r).await?))
+    }
+
+    async fn interrupt(
+        &self,
+        req: Request<proto::InterruptExec>,
+    ) -> Result<Response<proto::Interrupted>, Status> {
+        self.caller.check()?;
+        let found = self.host.interrupt(&req.into_inner().call_id);
+        Ok(Response::new(proto::Interrupted { found }))
+    }
+}
+
+#[tonic::async_trait]
+impl Files for Api {
+    async fn read(
+        &self,
+        req: Request<proto::ReadFile>,
+    ) -> Result<Response<proto::FileData>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        let (path, data) = self
+            .svc
+            .read_file(backend, &name, &r.path, r.limit)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::FileData { data, path }))
+    }
+
+    async fn write(
+        &self,
+        req: Request<proto::WriteFile>,
+    ) -> Result<Response<proto::Written>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        let path = self
+            .svc
+            .write_file(backend, &name, &r.path, &r.data, r.mode)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Written {
+            path,
+            bytes: r.data.len() as u64,
+        }))
+    }
+}
+
+/// How much of a job's output may wait for a slow reader before the read
+/// from the sandbox pauses.
+const LOG_BACKLOG: usize = 4 * 1024 * 1024;
+
+#[tonic::async_trait]
+impl Jobs for Api {
+    async fn start(&self, req: Request<proto::StartJob>) -> Result<Response<proto::Job>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        let opts = JobOptions {
+            name: r.name.filter(|n| !n.is_empty()),
+            watch: r.watch,
+            pty: None,
+            session: Some(r.session).filter(|s| !s.is_empty()),
+        };
+        let job = self
+            .svc
+            .start_job(backend, &name, &r.command, opts)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::job(job)))
+    }
+
+    async fn get(&self, req: Request<proto::JobRef>) -> Result<Response<proto::Job>, Status> {
+        self.caller.check()?;
+        let job = self.svc.job(&req.into_inner().id).await.map_err(status)?;
+        Ok(Response::new(convert::job(job)))
+    }
+
+    async fn list(
+        &self,
+        req: Request<proto::ListJobs>,
+    ) -> Result<Response<proto::JobList>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let only = match r.sandbox.as_ref() {
+            Some(s) => Some(target(Some(s))?),
+            None => None,
+        };
+        let jobs = self
+            .svc
+            .jobs(only.as_ref().map(|(b, n)| (*b, n.as_str())))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::JobList {
+            jobs: jobs.into_iter().map(convert::job).collect(),
+        }))
+    }
+
+    type LogsStream = Replies<proto::LogChunk>;
+
+    async fn logs(
+        &self,
+        req: Request<proto::JobLogs>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        // Unknown jobs are refused now, not as the stream's first item.
+        self.svc.job(&r.id).await.map_err(status)?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<proto::LogChunk, Status>>();
+        // Bytes sent and not yet taken by the client: the read from the
+        // sandbox waits while there are too many.
+        let backlog = Arc::new((AtomicUsize::new(0), Notify::new()));
+        let held = self.host.hold();
+        let svc = self.svc.clone();
+        let pending = backlog.clone();
+        tokio::spawn(async move {
+            let _guard = held.guard;
+            let sent = tx.clone();
+            let counted = pending.clone();
+            let mut sink = move |b: &[u8], offset: u64| {
+                counted.0.fetch_add(b.len(), Ordering::SeqCst);
+                let _ = sent.send(Ok(proto::LogChunk {
+                    data: b.to_vec(),
+                    offset,
+                }));
+            };
+            let waits = pending.clone();
+            let pace: &berth_core::jobs::Pace = &move || {
+                let waits = waits.clone();
+                Box::pin(async move {
+                    while waits.0.load(Ordering::SeqCst) > LOG_BACKLOG {
+                        let notified = waits.1.notified();
+                        if waits.0.load(Ordering::SeqCst) <= LOG_BACKLOG {
+                            break;
+                        }
+                        notified.await;
+                    }
+                })
+            };
+            let read = svc
+                .runtime()
+                .job_logs_at(&r.id, r.offset, r.follow, &mut sink, Some(pace));
+            let end = tokio::select! {
+                done = read => done.err().map(status),
+                _ = tx.closed() => None,
+                _ = held.stopping.cancelled() => Some(Status::unavailable(
+                    "the berth server is stopping: ask again from the last chunk's offset",
+                )),
+            };
+            if let Some(e) = end {
+                let _ = tx.send(Err(e));
+            }
+        });
+        let stream = futures::StreamExt::map(
+            tokio_stream_from(rx),
+            move |item: Result<proto::LogChunk, Status>| {
+                if let Ok(c) = &item {
+                    backlog.0.fetch_sub(c.data.len(), Ordering::SeqCst);
+                    backlog.1.notify_waiters();
+                }
+                item
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn wait(&self, req: Request<proto::WaitJob>) -> Result<Response<proto::Job>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let timeout = convert::seconds("timeout_secs", r.timeout_secs)?;
+        let held = self.host.hold();
+        let _guard = held.guard;
+        let job = tokio::select! {
+            j = self.svc.wait_job(&r.id, timeout) => j.map_err(status)?,
+            _ = held.stopping.cancelled() => {
+                return Err(Status::unavailable("the berth server is stopping: wait again"));
+            }
+        };
+        Ok(Response::new(convert::job(job)))
+    }
+
+    async fn kill(&self, req: Request<proto::KillJob>) -> Result<Response<proto::Job>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let signal = convert::signal(r.signal)?;
+        let grace = match r.grace_secs {
+            Some(0.0) => Some(std::time::Duration::ZERO),
+            g => convert::seconds("grace_secs", g)?,
+        };
+        let job = self
+            .svc
+            .kill_job(&r.id, signal, grace)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::job(job)))
+    }
+
+    async fn send(&self, req: Request<proto::SendInput>) -> Result<Response<proto::Sent>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        self.svc
+            .send_job(&r.id, &r.data, r.eof)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Sent {}))
+    }
+}
+
+/// An unbounded receiver as a stream.
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[tonic::async_trait]
+impl Approvals for Api {
+    async fn list(
+        &self,
+        req: Request<proto::ListApprovals>,
+    ) -> Result<Response<proto::ApprovalList>, Status> {
+        self.caller.check()?;
+        let all = req.into_inner().all;
+        let rows = self.svc.approvals(all).map_err(status)?;
+        let svc = &self.svc;
+        Ok(Response::new(proto::ApprovalList {
+            approvals: rows
+                .into_iter()
+                .map(|a| convert::approval(a, None, |t| svc.redact(t)))
+                .collect(),
+        }))
+    }
+
+    async fn answer(
+        &self,
+        req: Request<proto::AnswerApproval>,
+    ) -> Result<Response<proto::Approval>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        if r.always && !r.allow {
+            return Err(Status::invalid_argument(format!(
+                "`always` goes only with `allow`; deny approval #{} without it to deny this once",
+                r.id
+            )));
+        }
+        let done = self
+            .svc
+            .answer(r.id, r.allow, r.always, "api")
+            .map_err(status_any)?;
+        let svc = &self.svc;
+        Ok(Response::new(convert::approval(
+            done.approval,
+            done.rule_added.map(|(name, _)| name),
+            |t| svc.redact(t),
+        )))
+    }
+}
