@@ -14,6 +14,8 @@
 //! - `readme`: the README's tour, Docker and SSH blocks, line by line as shown.
 //! - `ssh_cli`: the `berth` binary on the ssh backend, against a real sshd.
 //! - `serve`: the CLI as a client of `berth serve`, and the server's faults.
+//! - `sdk`: the Python SDK's pytest suite over the typed API (`berth.v1`),
+//!   against a real server on local and docker.
 //! - `ui`: `berth ui` in headless Chromium against a real server, and its
 //!   refusals (no token, a wrong origin or host, a sandboxed peer).
 //! - `sandbox_escape`, `restricted_session`: the kernel-restricted local shell
@@ -46,6 +48,7 @@ mod policy_cli;
 mod readme;
 mod restricted_session;
 mod schedules;
+mod sdk;
 mod shell;
 mod ssh_cli;
 #[cfg(feature = "docker")]

@@ -1,0 +1,6 @@
+"""Tests import the SDK from this checkout, not from an installed copy."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
