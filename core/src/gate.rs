@@ -508,4 +508,37 @@ mod tests {
             "k=[REDACTED:OPENAI_API_KEY]"
         );
     }
+
+    /// Issue 49, item 9: while a call reads a huge text (judges it, asks
+    /// what it may change), the server's other calls go on. On a runtime of
+    /// one worker, a task spawned just before the reading waits on that
+    /// worker; the reading here waits for that task, so it ends only if
+    /// reading hands the worker's other tasks on. Read in place, the two
+    /// would wait for each other (the bound below only ends the test).
+    #[test]
+    fn reading_a_huge_text_never_holds_up_the_workers_other_calls() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let huge = "v=1 ".repeat(READ_INLINE_BYTES);
+        let other_ran = rt.block_on(async move {
+            tokio::spawn(async move {
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                // Queued on this worker, behind the reading.
+                let other = tokio::spawn(async move { tx.send(()).is_ok() });
+                let seen = reading(&huge, || {
+                    rx.recv_timeout(std::time::Duration::from_secs(60)).is_ok()
+                });
+                seen && other.await.unwrap_or(false)
+            })
+            .await
+            .unwrap()
+        });
+        assert!(
+            other_ran,
+            "a call queued on the worker never ran while a huge text was read"
+        );
+    }
 }
