@@ -1,82 +1,194 @@
 //! `berth approvals ls`, `berth approve ID [--always]`, `berth deny ID`:
 //! answering the commands that wait for a person, from any terminal.
+//!
+//! A client of the typed API's `Approvals` service (`berth.v1`): through
+//! the server, or with `BERTH_SERVER=off` on the same service in this
+//! process. Either way the values are the API's, and this prints them: no
+//! output is captured to form a reply.
 
-use anyhow::Result;
-use berth_core::approvals::Approval;
-use berth_core::gate::Gate;
-use berth_core::store::Store;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Result, anyhow};
 use berth_policies::shell::printable;
+use berth_service::proto;
+use berth_service::proto::approvals_client::ApprovalsClient;
 use serde_json::json;
 
 use crate::context;
-use crate::io::outln;
+use crate::server;
 
+use berth_client::served::Served;
 use berth_client::served::approvals::{AnswerArgs, ApprovalsCmd};
 
-/// `approvals ls` on `store`, redacting with `gate`.
-pub fn ls(store: &Store, gate: &Gate, cmd: ApprovalsCmd) -> Result<u8> {
-    let ApprovalsCmd::Ls(a) = cmd;
-    let list = store.approvals(a.all)?;
-    if a.json {
-        for ap in &list {
-            outln!("{}", serde_json::to_value(gate.redact_approval(ap))?);
-        }
-        return Ok(0);
-    }
-    if list.is_empty() {
-        outln!("no {}approvals", if a.all { "" } else { "pending " });
-        return Ok(0);
-    }
-    let list: Vec<Approval> = list.iter().map(|a| gate.redact_approval(a)).collect();
-    for ap in &list {
-        outln!(
-            "#{:<4} {:<8} {}/{}  {}",
-            ap.id,
-            ap.state,
-            ap.backend,
-            ap.sandbox,
-            printable(&gate.redact(&ap.command))
-        );
-        outln!(
-            "       rule {}: {}",
-            ap.rule,
-            printable(&gate.redact(&ap.reason))
-        );
-    }
-    Ok(0)
+/// Where the answers come from.
+enum Approvals {
+    /// The server's `Approvals` service.
+    Served(ApprovalsClient<tonic::transport::Channel>),
+    /// The service in this process, on its own runtime.
+    Here(Arc<berth_service::Service>),
 }
 
-/// `approve`/`deny` on `store`, redacting with `gate`.
-pub fn answer(store: &Store, gate: &Gate, a: AnswerArgs, approve: bool) -> Result<u8> {
-    if a.always && !approve {
+impl Approvals {
+    async fn open(dir: &Path, mode: server::Mode) -> Result<Approvals> {
+        if mode == server::Mode::Off {
+            let rt = Arc::new(context::runtime(Some(dir.to_path_buf()))?);
+            let policy = context::policy_path().ok();
+            return Ok(Approvals::Here(Arc::new(berth_service::Service::new(
+                rt, policy,
+            ))));
+        }
+        let s = server::client::connect(dir, mode).await?;
+        Ok(Approvals::Served(ApprovalsClient::new(s.channel)))
+    }
+
+    async fn list(&mut self, all: bool) -> Result<Vec<proto::Approval>> {
+        match self {
+            Approvals::Served(c) => Ok(c
+                .list(proto::ListApprovals { all })
+                .await
+                .map_err(|s| anyhow!("{}", s.message()))?
+                .into_inner()
+                .approvals),
+            Approvals::Here(svc) => Ok(svc
+                .approvals(all)?
+                .into_iter()
+                .map(|a| berth_service::convert::approval(a, None, |t| svc.redact(t)))
+                .collect()),
+        }
+    }
+
+    async fn answer(&mut self, id: i64, allow: bool, always: bool) -> Result<proto::Approval> {
+        match self {
+            Approvals::Served(c) => Ok(c
+                .answer(proto::AnswerApproval {
+                    id,
+                    allow,
+                    always,
+                    via: proto::AnsweredVia::Cli as i32,
+                })
+                .await
+                .map_err(|s| anyhow!("{}", s.message()))?
+                .into_inner()),
+            Approvals::Here(svc) => {
+                let done = svc.answer(id, allow, always, "cli")?;
+                Ok(berth_service::convert::approval(
+                    done.approval,
+                    done.rule_added
+                        .map(|(name, file)| (name, file.display().to_string())),
+                    |t| svc.redact(t),
+                ))
+            }
+        }
+    }
+
+    async fn close(self) {
+        if let Approvals::Here(svc) = self {
+            svc.runtime().shutdown().await;
+        }
+    }
+}
+
+/// Run `approvals ls`, `approve` or `deny` against the state dir `dir`.
+pub async fn run(dir: &Path, mode: server::Mode, cmd: Served) -> Result<u8> {
+    if let Served::Deny(a) = &cmd
+        && a.always
+    {
         anyhow::bail!(
             "--always only goes with `berth approve`; `berth deny {}` denies this once",
             a.id
         );
     }
-    let policy = if a.always {
-        Some(context::policy_path()?)
-    } else {
-        None
+    let mut api = Approvals::open(dir, mode).await?;
+    let r = match cmd {
+        Served::Approvals(ApprovalsCmd::Ls(a)) => {
+            let list = api.list(a.all).await;
+            list.map(|l| print_list(&l, a.all, a.json))
+        }
+        Served::Approve(a) => answer(&mut api, &a, true).await,
+        Served::Deny(a) => answer(&mut api, &a, false).await,
+        other => Err(anyhow!("not an approvals command: {other:?}")),
     };
-    let done = berth_service::answers::answer(store, gate, a.id, approve, a.always, policy, "cli")?;
-    let (ap, rule_added) = (done.approval, done.rule_added);
+    api.close().await;
+    r.map(|()| 0)
+}
+
+async fn answer(api: &mut Approvals, a: &AnswerArgs, allow: bool) -> Result<()> {
+    let ap = api.answer(a.id, allow, a.always).await?;
     if a.json {
-        context::print_json(&json!({
-            "approval": ap.id,
-            "state": ap.state,
-            "rule_added": rule_added.as_ref().map(|(n, p)| json!({ "name": n, "file": p })),
-        }));
+        println!(
+            "{}",
+            json!({
+                "approval": ap.id,
+                "state": state(&ap),
+                "rule_added": ap.rule_added.as_ref().map(|n| json!({ "name": n, "file": ap.rule_file })),
+            })
+        );
     } else {
-        outln!(
+        println!(
             "approval #{} {}: {}",
             ap.id,
-            ap.state,
-            printable(&gate.redact(&ap.command))
+            state(&ap),
+            printable(&ap.command)
         );
-        if let Some((name, path)) = &rule_added {
-            outln!("added allow rule `{name}` to {}", path.display());
+        if let (Some(name), Some(file)) = (&ap.rule_added, &ap.rule_file) {
+            println!("added allow rule `{name}` to {file}");
         }
     }
-    Ok(0)
+    Ok(())
+}
+
+fn state(ap: &proto::Approval) -> &'static str {
+    match proto::ApprovalState::try_from(ap.state) {
+        Ok(proto::ApprovalState::ApprovalPending) => "pending",
+        Ok(proto::ApprovalState::ApprovalApproved) => "approved",
+        Ok(proto::ApprovalState::ApprovalDenied) => "denied",
+        Ok(proto::ApprovalState::ApprovalExpired) => "expired",
+        _ => "unknown",
+    }
+}
+
+/// The sandbox's backend and name.
+fn place(ap: &proto::Approval) -> (String, String) {
+    let r = ap.sandbox.clone().unwrap_or_default();
+    let backend = berth_service::convert::backend(r.backend)
+        .map(|b| b.as_str().to_string())
+        .unwrap_or_else(|_| "?".into());
+    (backend, r.name)
+}
+
+fn print_list(list: &[proto::Approval], all: bool, as_json: bool) {
+    if as_json {
+        for ap in list {
+            let (backend, sandbox) = place(ap);
+            println!(
+                "{}",
+                json!({
+                    "id": ap.id, "created_unix": ap.created_unix,
+                    "sandbox": sandbox, "backend": backend,
+                    "command": ap.command, "part": ap.part, "argv": ap.argv,
+                    "rule": ap.rule, "reason": ap.reason, "state": state(ap),
+                    "always": ap.always, "decided_unix": ap.decided_unix,
+                    "decided_by": ap.decided_by,
+                })
+            );
+        }
+        return;
+    }
+    if list.is_empty() {
+        println!("no {}approvals", if all { "" } else { "pending " });
+        return;
+    }
+    for ap in list {
+        let (backend, sandbox) = place(ap);
+        println!(
+            "#{:<4} {:<8} {}/{}  {}",
+            ap.id,
+            state(ap),
+            backend,
+            sandbox,
+            printable(&ap.command)
+        );
+        println!("       rule {}: {}", ap.rule, printable(&ap.reason));
+    }
 }

@@ -115,7 +115,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
                         "active_calls": h.active_calls, "sessions": h.sessions,
                         "idle_secs": h.idle_secs, "state_dir": h.state_dir,
                         "watched_jobs": h.watched_jobs, "served_calls": h.served_calls,
-                        "quick_calls": h.quick_calls,
+                        "quick_calls": h.quick_calls, "api_calls": h.api_calls,
                         "socket": server::socket_path(&dir),
                         "waits": waiting(&dir),
                         "schedules": scheduled(&dir),

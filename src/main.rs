@@ -142,6 +142,16 @@ fn main() -> ExitCode {
     let ssh_flags = ssh.own();
     let result = rt.block_on(async move {
         match cli.command {
+            // Approvals are the typed API's clients (through the server,
+            // or on the same service in-process).
+            Command::Served(
+                c @ (served::Served::Approvals(_)
+                | served::Served::Approve(_)
+                | served::Served::Deny(_)),
+            ) => {
+                let dir = context::state_dir(state_dir)?;
+                cmd_approvals::run(&dir, server_mode(ssh_flags)?, c).await
+            }
             Command::Served(c) => run_served(state_dir, ssh_flags, served::Call::Sub(c)).await,
             Command::Exec(a) if a.background => {
                 run_served(state_dir, ssh_flags, served::Call::Background(a)).await

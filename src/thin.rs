@@ -191,6 +191,8 @@ mod tests {
             &["serve", "--idle", "5"],
             &["server", "status"],
             &["__sandbox-exec"],
+            &["approvals", "ls"],
+            &["approve", "3"],
         ] {
             assert!(!served::names_served(&line(args)), "{args:?}");
         }

@@ -43,6 +43,8 @@ pub use crate::report::EXIT_LOST;
 /// A connected, checked server.
 pub struct Server {
     pub client: BerthClient<Channel>,
+    /// The connection, for the typed API's clients (`berth.v1`) on it.
+    pub channel: Channel,
     /// What the server said about itself.
     pub hello: HelloReply,
 }
@@ -58,6 +60,7 @@ enum ConnectError {
 /// A connection to a server, not yet checked to be the same berth.
 struct Connected {
     client: BerthClient<Channel>,
+    channel: Channel,
     /// The server's pid, from the socket's peer credentials (0 if unknown).
     pid: u32,
 }
@@ -107,7 +110,8 @@ async fn connect_once(socket: &Path) -> std::result::Result<Connected, ConnectEr
             )
         })?;
     Ok(Connected {
-        client: BerthClient::new(channel).max_decoding_message_size(usize::MAX),
+        client: BerthClient::new(channel.clone()).max_decoding_message_size(usize::MAX),
+        channel,
         pid,
     })
 }
@@ -243,9 +247,17 @@ async fn wait_for_server(
 pub async fn running(state_dir: &Path) -> Result<Option<Server>> {
     let socket = crate::socket_path(state_dir);
     match connect_once(&socket).await {
-        Ok(Connected { mut client, .. }) => {
+        Ok(Connected {
+            mut client,
+            channel,
+            ..
+        }) => {
             let hello = hello(&mut client).await?;
-            Ok(Some(Server { client, hello }))
+            Ok(Some(Server {
+                client,
+                channel,
+                hello,
+            }))
         }
         Err(ConnectError::NoServer) => Ok(None),
         Err(ConnectError::Other(e)) => Err(e),
@@ -306,6 +318,7 @@ where
     let Connected {
         mut client,
         mut pid,
+        ..
     } = open(state_dir, mode).await?;
     let id = crate::identity();
     let mut handshaken = false;
@@ -340,10 +353,18 @@ where
 pub async fn connect(state_dir: &Path, mode: Mode) -> Result<Server> {
     // Twice at most: a mismatched server is replaced once.
     for _ in 0..2 {
-        let Connected { mut client, .. } = open(state_dir, mode).await?;
+        let Connected {
+            mut client,
+            channel,
+            ..
+        } = open(state_dir, mode).await?;
         let h = hello(&mut client).await?;
         let Some(why) = mismatch(&h) else {
-            return Ok(Server { client, hello: h });
+            return Ok(Server {
+                client,
+                channel,
+                hello: h,
+            });
         };
         if mode == Mode::Require {
             bail!(

@@ -62,24 +62,33 @@ pub trait Host: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Caller {
     refusal: Option<String>,
+    /// The server's count of typed calls answered (`berth server status`).
+    calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Caller {
-    /// A peer that may call.
-    pub fn allowed() -> Caller {
-        Caller { refusal: None }
+    /// A peer that may call; each call it makes counts in `calls`.
+    pub fn allowed(calls: Arc<std::sync::atomic::AtomicU64>) -> Caller {
+        Caller {
+            refusal: None,
+            calls,
+        }
     }
 
     /// A peer refused, with why (every call gets PERMISSION_DENIED).
     pub fn refused(why: impl Into<String>) -> Caller {
         Caller {
             refusal: Some(why.into()),
+            calls: Arc::default(),
         }
     }
 
     fn check(&self) -> Result<(), Status> {
         match &self.refusal {
-            None => Ok(()),
+            None => {
+                self.calls.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
             Some(why) => Err(Status::permission_denied(why.clone())),
         }
     }
@@ -508,12 +517,21 @@ impl Approvals for Api {
         }
         let done = self
             .svc
-            .answer(r.id, r.allow, r.always, "api")
+            .answer(
+                r.id,
+                r.allow,
+                r.always,
+                match proto::AnsweredVia::try_from(r.via) {
+                    Ok(proto::AnsweredVia::Cli) => "cli",
+                    _ => "api",
+                },
+            )
             .map_err(status_any)?;
         let svc = &self.svc;
         Ok(Response::new(convert::approval(
             done.approval,
-            done.rule_added.map(|(name, _)| name),
+            done.rule_added
+                .map(|(name, file)| (name, file.display().to_string())),
             |t| svc.redact(t),
         )))
     }

@@ -137,13 +137,20 @@ pub fn checkpoint(c: CheckpointRow) -> proto::CheckpointInfo {
     }
 }
 
-/// An approval, its command and reason redacted with `redact`.
+/// An approval, its command, part, reason and words redacted with
+/// `redact`; `rule_added` is the allow rule an `always` answer wrote, and
+/// its file.
 pub fn approval(
     a: Approval,
-    rule_added: Option<String>,
+    rule_added: Option<(String, String)>,
     redact: impl Fn(&str) -> String,
 ) -> proto::Approval {
+    let (rule_added, rule_file) = rule_added.unzip();
     proto::Approval {
+        argv: a.argv.iter().map(|w| redact(w)).collect(),
+        decided_unix: a.decided_unix,
+        decided_by: a.decided_by.clone(),
+        rule_file,
         sandbox: Some(sandbox_ref(&a.backend, &a.sandbox)),
         id: a.id,
         command: redact(&a.command),

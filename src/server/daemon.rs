@@ -102,6 +102,8 @@ struct Shared {
     quick: bool,
     /// `exec` calls taken over the quick framing so far.
     quick_calls: std::sync::atomic::AtomicU64,
+    /// Calls of the typed API (`berth.v1`) answered so far.
+    api_calls: Arc<std::sync::atomic::AtomicU64>,
     last_active: Mutex<Instant>,
     /// Running calls by id, to interrupt them.
     calls: Mutex<HashMap<String, CancellationToken>>,
@@ -357,6 +359,7 @@ impl Berth for Conn {
             watched_jobs: s.watching.lock().map(|w| w.len()).unwrap_or(0) as u32,
             served_calls: s.served.load(Ordering::SeqCst),
             quick_calls: s.quick_calls.load(Ordering::SeqCst),
+            api_calls: s.api_calls.load(Ordering::SeqCst),
         }))
     }
 
@@ -746,6 +749,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
         served: Default::default(),
         quick,
         quick_calls: Default::default(),
+        api_calls: Default::default(),
         last_active: Mutex::new(Instant::now()),
         calls: Mutex::new(HashMap::new()),
         lock: Mutex::new(Some(lock)),
@@ -960,7 +964,7 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     // (tonic's default is 4 MiB), so a large input is refused by the client
     // with what to do, not by the decoder as a lost server.
     let caller = match conn.check_peer() {
-        Ok(()) => berth_service::Caller::allowed(),
+        Ok(()) => berth_service::Caller::allowed(conn.shared.api_calls.clone()),
         Err(s) => berth_service::Caller::refused(s.message()),
     };
     let service = conn.shared.service.clone();

@@ -153,7 +153,9 @@ pub fn parse(argv: &[OsString]) -> Result<Option<(Globals, Call)>, clap::Error> 
 /// global option or an option's value) is one of the served ones: the thin
 /// client parses such a line with [`parse`], and skips that for every other.
 pub fn names_served(rest: &[OsString]) -> bool {
-    const SERVED: &[&str] = &["job", "sandbox", "events", "approvals", "approve", "deny"];
+    // `approvals`, `approve` and `deny` are clients of the typed API
+    // (`berth.v1`), made by the engine.
+    const SERVED: &[&str] = &["job", "sandbox", "events"];
     rest.first()
         .and_then(|n| n.to_str())
         .is_some_and(|n| SERVED.contains(&n))
