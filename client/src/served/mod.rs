@@ -149,12 +149,14 @@ pub fn parse(argv: &[OsString]) -> Result<Option<(Globals, Call)>, clap::Error> 
     Ok(Some((line.globals, call)))
 }
 
+/// The subcommands of [`Served`] that are clients of the typed API
+/// (`berth.v1`), which the engine makes: the thin client hands them on.
+pub const API_CLIENTS: &[&str] = &["approvals", "approve", "deny"];
+
 /// Whether a command line's subcommand (its first argument that is not a
 /// global option or an option's value) is one of the served ones: the thin
 /// client parses such a line with [`parse`], and skips that for every other.
 pub fn names_served(rest: &[OsString]) -> bool {
-    // `approvals`, `approve` and `deny` are clients of the typed API
-    // (`berth.v1`), made by the engine.
     const SERVED: &[&str] = &["job", "sandbox", "events"];
     rest.first()
         .and_then(|n| n.to_str())
@@ -318,10 +320,15 @@ mod tests {
             .collect();
         assert!(!enum_names.is_empty());
         for name in &enum_names {
-            assert!(
+            let api = API_CLIENTS.contains(&name.as_str());
+            assert_eq!(
                 names_served(&[OsString::from(name)]),
-                "{name} is not in names_served"
+                !api,
+                "{name}: served as a subcommand or a client of the typed API, one of the two"
             );
+        }
+        for name in API_CLIENTS {
+            assert!(enum_names.iter().any(|n| n == name), "{name}");
         }
         for name in ["exec", "shell", "run", "mcp", "serve"] {
             assert!(!names_served(&[OsString::from(name)]), "{name}");
