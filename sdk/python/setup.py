@@ -2,6 +2,7 @@
 copied in (in a checkout, `berth/proto/berth/v1.proto` is a link to the
 server's `service/proto/berth/v1.proto`, which a package cannot follow)."""
 
+import importlib.util
 import os
 import shutil
 
@@ -12,31 +13,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO = os.path.realpath(os.path.join(HERE, "berth", "proto", "berth", "v1.proto"))
 
 
+def _stubs():
+    """berth/_stubs.py on its own (importing the package needs the stubs)."""
+    spec = importlib.util.spec_from_file_location("_berth_stubs", os.path.join(HERE, "berth", "_stubs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 class BuildWithStubs(build_py):
     def run(self):
         super().run()
-        from grpc_tools import protoc
-
-        pkg = os.path.join(self.build_lib, "berth")
-        root = os.path.join(pkg, "proto")
-        os.makedirs(os.path.join(root, "berth"), exist_ok=True)
+        root = os.path.join(self.build_lib, "berth", "proto")
         copied = os.path.join(root, "berth", "v1.proto")
+        os.makedirs(os.path.dirname(copied), exist_ok=True)
         if os.path.lexists(copied):
             os.remove(copied)
         shutil.copy2(PROTO, copied)
-        include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-        rc = protoc.main(
-            [
-                "grpc_tools.protoc",
-                f"-I{root}",
-                f"-I{include}",
-                f"--python_out={self.build_lib}",
-                f"--grpc_python_out={self.build_lib}",
-                copied,
-            ]
-        )
-        if rc != 0:
-            raise RuntimeError(f"generating berth's stubs from {PROTO} failed (protoc exit {rc})")
+        _stubs().generate(proto_root=root, out=self.build_lib)
 
 
 setup(cmdclass={"build_py": BuildWithStubs})

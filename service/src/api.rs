@@ -156,7 +156,8 @@ impl Sandboxes for Api {
             workdir: made.workdir,
             created: made.created,
             recreated: made.recreated,
-            state: "running".into(),
+            // Not looked at here: a listing says how a sandbox stands.
+            state: String::new(),
             created_at_ms: None,
             last_used_ms: None,
         }))

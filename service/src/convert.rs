@@ -80,18 +80,12 @@ pub fn status(e: Error) -> Status {
     }
 }
 
-/// An error of the answering path (anyhow) as a status.
+/// An error of the answering path (anyhow) as a status: the runtime's own
+/// error keeps its code; anything else is the state refusing the answer.
 pub fn status_any(e: anyhow::Error) -> Status {
     match e.downcast::<Error>() {
         Ok(e) => status(e),
-        Err(e) => {
-            let text = format!("{e:#}");
-            if text.contains("not found") || text.contains("no approval") {
-                Status::not_found(text)
-            } else {
-                Status::failed_precondition(text)
-            }
-        }
+        Err(e) => Status::failed_precondition(format!("{e:#}")),
     }
 }
 

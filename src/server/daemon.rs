@@ -1005,15 +1005,10 @@ impl berth_service::Host for V1Host {
             peer_uid: self.0.peer_uid,
         };
         Box::pin(async move {
-            let sandbox = req.sandbox.unwrap_or_default();
-            let backend = berth_service::convert::backend(sandbox.backend)?;
+            let (backend, sandbox) = berth_service::convert::target(req.sandbox.as_ref())?;
             let call = ExecCall {
                 backend: backend.as_str().to_string(),
-                sandbox: if sandbox.name.trim().is_empty() {
-                    berth_client::DEFAULT_SANDBOX.to_string()
-                } else {
-                    sandbox.name
-                },
+                sandbox,
                 command: req.command,
                 timeout_secs: req.timeout_secs,
                 stdin: req.stdin,

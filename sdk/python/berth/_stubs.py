@@ -30,8 +30,10 @@ def _stale():
         return False
 
 
-def generate():
-    """Generate the stubs from the protocol file (needs grpcio-tools)."""
+def generate(proto_root=_PROTO_ROOT, out=_OUT):
+    """Generate the stubs from `proto_root`/berth/v1.proto as the package
+    `berth` under `out` (needs grpcio-tools). setup.py calls it too."""
+    proto = os.path.join(proto_root, "berth", "v1.proto")
     try:
         from grpc_tools import protoc
     except ImportError as e:
@@ -43,15 +45,15 @@ def generate():
     rc = protoc.main(
         [
             "grpc_tools.protoc",
-            f"-I{_PROTO_ROOT}",
+            f"-I{proto_root}",
             f"-I{include}",
-            f"--python_out={_OUT}",
-            f"--grpc_python_out={_OUT}",
-            _PROTO,
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            proto,
         ]
     )
     if rc != 0:
-        raise RuntimeError(f"generating berth's stubs from {_PROTO} failed (protoc exit {rc})")
+        raise RuntimeError(f"generating berth's stubs from {proto} failed (protoc exit {rc})")
 
 
 def load():
