@@ -1,115 +1,186 @@
 //! `berth events`: the append-only log of every call.
+//!
+//! A client of the typed API's `Events` service (`berth.v1`): through the
+//! server, or with `BERTH_SERVER=off` on the same service in this process.
+//! It prints the API's values; nothing is captured to form a reply.
+//!
+//! `--follow` outlives its server ([`crate::api_client::Reconnect`]): it
+//! follows on after the last event it printed, so each is printed once.
 
-use std::collections::HashSet;
-use std::time::Duration;
+use std::path::Path;
 
 use anyhow::Result;
 use berth_core::events::EventKind;
 use berth_core::store::Event;
 use berth_policies::shell::printable;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
-
-use berth_core::runtime::Runtime;
-
-use crate::io::{self, outln};
+use berth_service::convert::{event, event_row};
+use berth_service::proto;
+use berth_service::proto::events_client::EventsClient;
 
 use berth_client::served::events::EventsArgs;
 
-/// `berth events` on `rt` (in-process, or in the server for a client).
-pub async fn run_on(rt: &Runtime, a: EventsArgs) -> Result<u8> {
-    let store = rt.store().clone();
-    let mut last = 0;
+use crate::api_client::{self, Api, Reconnect};
+use crate::server;
+
+/// How many events one page of `--after` asks for.
+const PAGE: usize = 1000;
+
+async fn query(api: &Api, limit: usize, kind: &str, after: Option<i64>) -> Result<Vec<Event>> {
+    match api {
+        Api::Served(ch) => Ok(EventsClient::new(ch.clone())
+            .query(proto::EventQuery {
+                limit: u32::try_from(limit).unwrap_or(u32::MAX),
+                kind_prefix: kind.to_string(),
+                after,
+            })
+            .await
+            .map_err(api_client::error)?
+            .into_inner()
+            .events
+            .into_iter()
+            .map(event_row)
+            .collect()),
+        Api::Here(svc) => {
+            let kind = Some(kind).filter(|k| !k.is_empty());
+            // As the API carries them, so both ways print alike.
+            Ok(svc
+                .events(limit, kind, after)?
+                .into_iter()
+                .map(|e| event_row(event(e)))
+                .collect())
+        }
+    }
+}
+
+/// Run `berth events` against the state dir `dir`.
+pub async fn run(dir: &Path, mode: server::Mode, a: EventsArgs) -> Result<u8> {
+    let api = Api::open(dir, mode).await?;
+    let r = run_with(&api, dir, mode, &a).await;
+    api.close().await;
+    r
+}
+
+async fn run_with(api: &Api, dir: &Path, mode: server::Mode, a: &EventsArgs) -> Result<u8> {
+    let kind = a.kind.clone().unwrap_or_default();
+    let mut last = None;
     match a.after {
         // All of them after `after`, a page at a time.
         Some(after) => {
-            last = after;
+            let mut at = after;
             loop {
-                let page = store.events_after(last, 1000)?;
-                let Some(end) = page.last().map(|e| e.id) else {
-                    break;
-                };
-                for e in page
-                    .iter()
-                    .filter(|e| a.kind.as_deref().is_none_or(|k| e.kind.starts_with(k)))
-                {
+                let page = query(api, PAGE, &kind, Some(at)).await?;
+                for e in &page {
                     print_event(e, a.json)?;
+                    at = e.id;
                 }
-                last = end;
-                io::drained().await;
+                if page.len() < PAGE {
+                    break;
+                }
             }
+            last = Some(at);
         }
-        None => {
-            for e in store.events(0, a.limit, a.kind.as_deref())? {
-                last = e.id;
+        None if a.limit > 0 => {
+            for e in query(api, a.limit, &kind, None).await? {
+                last = Some(e.id);
                 print_event(&e, a.json)?;
             }
         }
+        None => {}
     }
     if !a.follow {
         return Ok(0);
     }
-    if last == 0 {
-        last = store.events(0, 1, None)?.last().map(|e| e.id).unwrap_or(0);
+    // From a fixed point, so a follower that reconnects misses nothing.
+    if last.is_none() {
+        last = Some(query(api, 1, "", None).await?.last().map_or(0, |e| e.id));
     }
-    // Each unfinished job has a waiter in its sandbox that wakes the moment the
-    // job ends, so its `job.exited` shows up at once, not at the next refresh.
-    let mut waits = FuturesUnordered::new();
-    let mut watched: HashSet<String> = HashSet::new();
-    // An appended event rings the store's bell: it is printed at once, not
-    // at the next tick.
-    let mut bell = store.bell(Duration::from_millis(200));
-    let mut scanned = std::time::Instant::now();
-    loop {
-        for j in store.jobs()?.into_iter().filter(|j| !j.state.is_final()) {
-            if watched.insert(j.id.clone()) {
-                waits.push(async move {
-                    let r = rt.wait_job(&j.id, None).await;
-                    (j.id, r.err())
-                });
-            }
-        }
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(0),
-            _ = bell.wait(SCAN) => {
-                // Watch patterns match output, which is in the sandbox, not
-                // the store: scan about once a second.
-                if scanned.elapsed() >= SCAN {
-                    scanned = std::time::Instant::now();
-                    if let Err(e) = rt.list_jobs().await {
-                        tracing::debug!(error = %e, "refreshing jobs");
-                    }
+    let kind = Some(kind).filter(|k| !k.is_empty());
+    match api {
+        Api::Here(svc) => {
+            let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+            let follow = svc.follow_events(last, kind, tx);
+            let print = async {
+                while let Some(e) = rx.recv().await {
+                    let e = event_row(event(e));
+                    print_event(&e, a.json)?;
+                    last = Some(e.id);
                 }
+                Ok::<_, anyhow::Error>(())
+            };
+            tokio::select! {
+                r = follow => r?,
+                r = print => r?,
+                _ = tokio::signal::ctrl_c() => {}
             }
-            Some((id, err)) = waits.next(), if !waits.is_empty() => {
-                // A waiter that failed (sandbox gone) is not retried: the
-                // periodic refresh records how the job ended.
-                if let Some(e) = err {
-                    tracing::debug!(job = %id, error = %e, "waiting for a job");
-                }
-            }
+            eprintln!("berth: {}", resume_note(last));
+            Ok(130)
         }
-        for e in store.events_after(last, 1000)? {
-            last = e.id;
-            if a.kind.as_deref().is_none_or(|k| e.kind.starts_with(k)) {
-                print_event(&e, a.json)?;
-            }
-        }
-        // A client that reads slowly holds the follow here, not in memory.
-        io::drained().await;
+        Api::Served(ch) => follow_served(ch.clone(), dir, mode, last, kind, a.json).await,
     }
 }
 
-/// How often a follower scans running jobs' output for watch patterns.
-const SCAN: Duration = Duration::from_secs(1);
+fn resume_note(last: Option<i64>) -> String {
+    match last {
+        Some(l) => format!("last event {l} (resume with --after {l})"),
+        None => "no event printed".to_string(),
+    }
+}
+
+/// Follow through the server, and through the next one when it goes.
+async fn follow_served(
+    channel: tonic::transport::Channel,
+    dir: &Path,
+    mode: server::Mode,
+    mut last: Option<i64>,
+    kind: Option<String>,
+    json: bool,
+) -> Result<u8> {
+    let mut client = EventsClient::new(channel);
+    let mut again = Reconnect::new(dir, mode);
+    loop {
+        let req = proto::FollowEvents {
+            kind_prefix: kind.clone().unwrap_or_default(),
+            after: last,
+        };
+        let why = match client.follow(req).await {
+            Ok(r) => {
+                let mut stream = r.into_inner();
+                again.answered();
+                loop {
+                    tokio::select! {
+                        m = stream.message() => match m {
+                            Ok(Some(e)) => {
+                                let e = event_row(e);
+                                print_event(&e, json)?;
+                                last = Some(e.id);
+                            }
+                            Ok(None) => break "the server ended the follow".to_string(),
+                            Err(s) if api_client::lost(&s) => break s.message().to_string(),
+                            Err(s) => return Err(api_client::error(s)),
+                        },
+                        _ = tokio::signal::ctrl_c() => {
+                            eprintln!("berth: {}", resume_note(last));
+                            return Ok(130);
+                        }
+                    }
+                }
+            }
+            Err(s) if api_client::lost(&s) => s.message().to_string(),
+            Err(s) => return Err(api_client::error(s)),
+        };
+        match again.again(why, &resume_note(last)).await? {
+            Some(ch) => client = EventsClient::new(ch),
+            None => {
+                eprintln!("berth: {}", resume_note(last));
+                return Ok(130);
+            }
+        }
+    }
+}
 
 fn print_event(e: &Event, json: bool) -> Result<()> {
-    // A client that loses the server resumes after the last event it printed.
-    if let Ok(id) = u64::try_from(e.id) {
-        io::position(id);
-    }
     if json {
-        outln!("{}", serde_json::to_string(e)?);
+        println!("{}", serde_json::to_string(e)?);
         return Ok(());
     }
     let secs = e.ts_ms / 1000;
@@ -138,12 +209,12 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
             .unwrap_or_default();
         if let Some(l) = detail["detail"]["line"].as_str() {
             line.push_str(&format!("  match: {}", printable(l)));
-            outln!("{line}");
+            println!("{line}");
             return Ok(());
         }
         if let Some(n) = detail["detail"]["dropped"].as_u64() {
             line.push_str(&format!("  {n} more matches not recorded (rate limit)"));
-            outln!("{line}");
+            println!("{line}");
             return Ok(());
         }
         if let Some(r) = detail["reason"].as_str() {
@@ -163,7 +234,7 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
     {
         line.push_str(&format!("  {}", printable(d)));
     }
-    outln!("{line}");
+    println!("{line}");
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `berth exec`: one command in a sandbox's persistent session.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -16,22 +16,48 @@ pub use berth_client::report::{EXIT_DENIED, exit_byte, timeout_from_secs};
 
 pub use berth_client::args::ExecArgs;
 
-/// `exec --background` on `rt` (in-process, or in the server for a client):
-/// start the command as a job and print its id.
-pub async fn background_on(rt: &berth_core::runtime::Runtime, a: ExecArgs) -> Result<u8> {
+/// `exec --background`: start the command as a job with the session's cwd
+/// and environment, and print its id. A client of the typed API
+/// (`Jobs.Start`), through the server or with `BERTH_SERVER=off` on the
+/// same service in this process.
+pub async fn background(dir: &Path, mode: crate::server::Mode, a: ExecArgs) -> Result<u8> {
+    use crate::api_client::{self, Api};
+    use berth_service::proto;
     let command = a.command_line()?;
     berth_core::runtime::check_session_name(&a.session)?;
-    let opts = berth_core::jobs::JobOptions {
-        session: Some(a.session.clone()),
-        ..Default::default()
+    let api = Api::open(dir, mode).await?;
+    let started = match &api {
+        Api::Served(ch) => proto::jobs_client::JobsClient::new(ch.clone())
+            .start(proto::StartJob {
+                sandbox: Some(api_client::sandbox_ref(&a.backend, &a.sandbox)?),
+                command,
+                session: a.session.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| berth_service::convert::job_row(r.into_inner()))
+            .map_err(api_client::error),
+        Api::Here(svc) => {
+            let opts = berth_core::jobs::JobOptions {
+                session: Some(a.session.clone()),
+                ..Default::default()
+            };
+            svc.start_job(
+                api_client::backend_kind(&a.backend)?,
+                &a.sandbox,
+                &command,
+                opts,
+            )
+            .await
+            .map_err(Into::into)
+        }
     };
-    let job = rt
-        .start_job_with(&a.backend, &a.sandbox, &command, opts)
-        .await?;
+    api.close().await;
+    let job = started?;
     if a.json {
         context::print_json(&json!({ "job": job.id, "state": job.state.as_str(), "pid": job.pid }));
     } else {
-        crate::io::outln!("{}", job.id);
+        println!("{}", job.id);
     }
     Ok(0)
 }

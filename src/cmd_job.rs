@@ -1,124 +1,127 @@
-//! `berth job start|ls|logs|wait|kill|send|screen|resize`: detached background work.
+//! `berth job start|ls|logs|wait|kill|send|screen|resize|prune`: detached
+//! background work.
+//!
+//! A client of the typed API's `Jobs` service (`berth.v1`): through the
+//! server, or with `BERTH_SERVER=off` on the same service in this process.
+//! It prints the API's values (as the runtime's own types, converted back
+//! once); nothing is captured to form a reply. `job logs --follow` and `job
+//! wait` carry on through a restart of the server ([`Reconnect`]).
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use berth_core::backend::Signal;
-use berth_core::backend::TermSize;
-use berth_core::jobs::{Job, JobOptions, JobState, KillOutcome};
+use berth_core::backend::{Signal, TermSize};
+use berth_core::jobs::{Job, JobOptions, JobState};
+use berth_service::convert::{self, job_row};
+use berth_service::proto;
+use berth_service::proto::jobs_client::JobsClient;
 use serde_json::json;
+use tonic::transport::Channel;
 
-use berth_core::runtime::Runtime;
+use crate::api_client::{self, Api, Reconnect, backend_kind, error};
+use crate::{context, server};
 
-use crate::context;
-use crate::io::{errln, outln, outp};
+use berth_client::served::job::{JobCmd, LogsArgs, LsArgs, SignalArg, WaitArgs};
 
-use berth_client::served::job::{JobCmd, LsArgs, SignalArg};
+fn jobs(ch: &Channel) -> JobsClient<Channel> {
+    JobsClient::new(ch.clone())
+}
 
-/// Run a job subcommand on `rt` (in-process, or in the server for a client).
-pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
+/// Run a job subcommand against the state dir `dir`.
+pub async fn run(dir: &Path, mode: server::Mode, cmd: JobCmd) -> Result<u8> {
+    let api = Api::open(dir, mode).await?;
+    let r = run_with(&api, dir, mode, cmd).await;
+    api.close().await;
+    r
+}
+
+/// The job `id` as it stands.
+async fn get(api: &Api, id: &str) -> Result<Job> {
+    Ok(match api {
+        Api::Served(ch) => job_row(
+            jobs(ch)
+                .get(proto::JobRef { id: id.to_string() })
+                .await
+                .map_err(error)?
+                .into_inner(),
+        ),
+        Api::Here(svc) => svc.job(id).await?,
+    })
+}
+
+async fn run_with(api: &Api, dir: &Path, mode: server::Mode, cmd: JobCmd) -> Result<u8> {
     let code = match cmd {
         JobCmd::Start(a) => {
             let command = a.command.join(" ");
-            let opts = JobOptions {
-                name: a.name.clone(),
-                watch: a.watch.clone(),
-                pty: a.pty.then(|| a.size.map(term_size).unwrap_or_default()),
-                session: Some(a.session.clone()),
+            let backend = backend_kind(&a.backend)?;
+            let pty = a.pty.then(|| a.size.map(term_size).unwrap_or_default());
+            let job = match api {
+                Api::Served(ch) => job_row(
+                    jobs(ch)
+                        .start(proto::StartJob {
+                            sandbox: Some(api_client::sandbox_ref(&a.backend, &a.sandbox)?),
+                            command,
+                            name: a.name,
+                            watch: a.watch,
+                            session: a.session,
+                            pty: pty.map(convert::term_size_out),
+                        })
+                        .await
+                        .map_err(error)?
+                        .into_inner(),
+                ),
+                Api::Here(svc) => {
+                    let opts = JobOptions {
+                        name: a.name,
+                        watch: a.watch,
+                        pty,
+                        session: Some(a.session),
+                    };
+                    svc.start_job(backend, &a.sandbox, &command, opts).await?
+                }
             };
-            let job = rt
-                .start_job_with(&a.backend, &a.sandbox, &command, opts)
-                .await?;
             if a.json {
                 context::print_json(&job_json(&job));
             } else {
-                outln!("{}", job.id);
+                println!("{}", job.id);
             }
             0
         }
         JobCmd::Ls(a) => {
-            let keep = ls_filter(&a)?;
-            let jobs: Vec<Job> = rt.list_jobs().await?.into_iter().filter(keep).collect();
+            let list = ls(api, &a, false).await?;
             if a.json {
                 context::print_json(&serde_json::Value::Array(
-                    jobs.iter().map(job_json).collect(),
+                    list.iter().map(job_json).collect(),
                 ));
-            } else if jobs.is_empty()
+            } else if list.is_empty()
                 && (a.backend.is_some() || a.sandbox.is_some() || !a.state.is_empty())
             {
-                outln!("no jobs match; `berth job ls` lists them all");
-            } else if jobs.is_empty() {
-                outln!("no jobs; start one with `berth job start -- COMMAND`");
+                println!("no jobs match; `berth job ls` lists them all");
+            } else if list.is_empty() {
+                println!("no jobs; start one with `berth job start -- COMMAND`");
             } else {
-                outln!(
-                    "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  COMMAND",
-                    "ID",
-                    "NAME",
-                    "SANDBOX",
-                    "STATE",
-                    "EXIT",
-                    "RUNTIME",
-                    "OUTPUT"
-                );
-                for j in &jobs {
-                    let cmd: String = j
-                        .command
-                        .chars()
-                        .take(40)
-                        .map(|c| if c == '\n' { ' ' } else { c })
-                        .collect();
-                    outln!(
-                        "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  {cmd}",
-                        j.id,
-                        j.name.clone().unwrap_or_else(|| "-".into()),
-                        format!("{}/{}", j.backend, j.sandbox),
-                        j.state.as_str(),
-                        j.exit_code
-                            .map(|c| c.to_string())
-                            .unwrap_or_else(|| "-".into()),
-                        human_ms(j.runtime_ms()),
-                        j.out_bytes,
-                    );
-                    if let (JobState::Lost | JobState::Failed | JobState::Unknown, Some(r)) =
-                        (j.state, &j.reason)
-                    {
-                        outln!("           ^ {r}");
-                    } else if j.state == JobState::Killed {
-                        outln!("           ^ {}", how_it_ended(j));
-                    }
-                }
+                print_table(&list);
             }
             0
         }
-        JobCmd::Logs(a) => crate::cmd_job_logs::logs(rt, a).await?,
-        JobCmd::Wait(a) => {
-            let timeout = match a.timeout {
-                Some(s) if !(s.is_finite() && s > 0.0) => {
-                    bail!("--timeout must be a positive number of seconds, e.g. --timeout 30")
-                }
-                Some(s) => Some(Duration::from_secs_f64(s)),
-                None => None,
-            };
-            let job = rt.wait_job(&a.id, timeout).await?;
+        JobCmd::Prune(a) => {
+            let gone = ls(api, &a, true).await?;
             if a.json {
-                context::print_json(&job_json(&job));
-            }
-            if !job.state.is_final() {
-                errln!(
-                    "berth: job {} is still running after the wait's timeout",
-                    job.id
-                );
-                124
+                context::print_json(&serde_json::Value::Array(
+                    gone.iter().map(job_json).collect(),
+                ));
             } else {
-                if !a.json {
-                    errln!("berth: job {} {}", job.id, job.standing());
-                }
-                match (job.state, job.exit_code) {
-                    (_, Some(c)) if (0..=255).contains(&c) => c as u8,
-                    _ => crate::EXIT_BERTH_ERROR,
-                }
+                println!(
+                    "pruned {} ended job{}",
+                    gone.len(),
+                    if gone.len() == 1 { "" } else { "s" }
+                );
             }
+            0
         }
+        JobCmd::Logs(a) => logs(api, dir, mode, a).await?,
+        JobCmd::Wait(a) => wait(api, dir, mode, a).await?,
         JobCmd::Kill(a) => {
             let sig = match a.signal {
                 SignalArg::Term => Signal::Term,
@@ -132,12 +135,32 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
             // whether this kill ended it or it had already ended. The job's
             // own exit code (128+N) is in the message and the JSON, not in
             // berth's status, so a script does not read the kill as failed.
-            // Only a kill that could not stop the job is an error (above).
-            let outcome = rt
-                .kill_job_with_grace(&a.id, sig, Duration::from_secs_f64(a.grace))
-                .await?;
-            let job = rt.job(&a.id).await?;
-            let already = matches!(outcome, KillOutcome::AlreadyEnded(..));
+            // Only a kill that could not stop the job is an error.
+            let (job, already) = match api {
+                Api::Served(ch) => {
+                    let k = jobs(ch)
+                        .kill(proto::KillJob {
+                            id: a.id.clone(),
+                            signal: match sig {
+                                Signal::Term => proto::Signal::Term,
+                                Signal::Kill => proto::Signal::Kill,
+                                Signal::Int => proto::Signal::Int,
+                            } as i32,
+                            grace_secs: Some(a.grace),
+                        })
+                        .await
+                        .map_err(error)?
+                        .into_inner();
+                    let job = k.job.map(job_row).ok_or_else(|| {
+                        anyhow::anyhow!("the server's answer to the kill named no job")
+                    })?;
+                    (job, k.already_ended)
+                }
+                Api::Here(svc) => {
+                    svc.kill_job(&a.id, sig, Some(Duration::from_secs_f64(a.grace)))
+                        .await?
+                }
+            };
             if a.json {
                 let mut v = job_json(&job);
                 v["kill"] = if already {
@@ -148,13 +171,13 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
                 .into();
                 context::print_json(&v);
             } else if already {
-                outln!(
+                println!(
                     "job {} had already ended, {}; nothing to kill",
                     job.id,
                     how_it_ended(&job)
                 );
             } else {
-                outln!("job {} {}", job.id, how_it_ended(&job));
+                println!("job {} {}", job.id, how_it_ended(&job));
             }
             0
         }
@@ -162,66 +185,324 @@ pub async fn run_on(rt: &Runtime, cmd: JobCmd) -> Result<u8> {
             if a.data.is_none() && a.keys.is_empty() && !a.eof {
                 bail!("nothing to send: give DATA, --keys, --eof, or any of them");
             }
-            let text = a.data.unwrap_or_default().into_bytes();
-            rt.send_input(&a.id, &text, &a.keys, a.eof).await?;
-            0
-        }
-        JobCmd::Screen(a) => {
-            let screen = rt.job_screen(&a.id).await?;
-            if a.json {
-                context::print_json(&serde_json::to_value(&screen)?);
-            } else {
-                outp!("{}", screen.text());
-                errln!("berth: screen {}", screen.summary());
+            let data = a.data.unwrap_or_default().into_bytes();
+            match api {
+                Api::Served(ch) => {
+                    jobs(ch)
+                        .send(proto::SendInput {
+                            id: a.id,
+                            data,
+                            eof: a.eof,
+                            keys: a.keys,
+                        })
+                        .await
+                        .map_err(error)?;
+                }
+                Api::Here(svc) => svc.send_job(&a.id, &data, &a.keys, a.eof).await?,
             }
             0
         }
-        JobCmd::Prune(a) => {
-            let keep = ls_filter(&a)?;
-            let jobs: Vec<Job> = rt.list_jobs().await?.into_iter().filter(keep).collect();
-            let gone = rt.prune_jobs(jobs).await?;
+        JobCmd::Screen(a) => {
+            let screen = match api {
+                Api::Served(ch) => convert::screen_row(
+                    jobs(ch)
+                        .screen(proto::JobRef { id: a.id })
+                        .await
+                        .map_err(error)?
+                        .into_inner(),
+                ),
+                Api::Here(svc) => svc.job_screen(&a.id).await?,
+            };
             if a.json {
-                context::print_json(&serde_json::Value::Array(
-                    gone.iter().map(job_json).collect(),
-                ));
+                context::print_json(&serde_json::to_value(&screen)?);
             } else {
-                outln!(
-                    "pruned {} ended job{}",
-                    gone.len(),
-                    if gone.len() == 1 { "" } else { "s" }
-                );
+                print!("{}", screen.text());
+                eprintln!("berth: screen {}", screen.summary());
             }
             0
         }
         JobCmd::Resize(a) => {
-            rt.resize_job(&a.id, term_size(a.size)).await?;
+            let size = term_size(a.size);
+            match api {
+                Api::Served(ch) => {
+                    jobs(ch)
+                        .resize(proto::ResizeJob {
+                            id: a.id,
+                            size: Some(convert::term_size_out(size)),
+                        })
+                        .await
+                        .map_err(error)?;
+                }
+                Api::Here(svc) => svc.resize_job(&a.id, size).await?,
+            }
             0
         }
     };
     Ok(code)
 }
 
-/// Which jobs `job ls` shows, from its filters; an unknown state is an error
-/// that names the states.
-fn ls_filter(a: &LsArgs) -> Result<impl Fn(&Job) -> bool + use<>> {
-    const STATES: [&str; 6] = ["starting", "running", "exited", "killed", "failed", "lost"];
-    for s in &a.state {
-        if s != "done" && !STATES.contains(&s.as_str()) {
+/// The jobs `job ls` (or with `prune`, `job prune`) names.
+async fn ls(api: &Api, a: &LsArgs, prune: bool) -> Result<Vec<Job>> {
+    let req = ls_request(a)?;
+    Ok(match api {
+        Api::Served(ch) => {
+            let mut c = jobs(ch);
+            let r = if prune {
+                c.prune(req).await
+            } else {
+                c.list(req).await
+            };
+            r.map_err(error)?
+                .into_inner()
+                .jobs
+                .into_iter()
+                .map(job_row)
+                .collect()
+        }
+        Api::Here(svc) => {
+            let only = convert::job_filter(&req).map_err(error)?;
+            if prune {
+                svc.prune_jobs(&only).await?
+            } else {
+                svc.jobs(&only).await?
+            }
+        }
+    })
+}
+
+fn print_table(list: &[Job]) {
+    println!(
+        "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  COMMAND",
+        "ID", "NAME", "SANDBOX", "STATE", "EXIT", "RUNTIME", "OUTPUT"
+    );
+    for j in list {
+        let cmd: String = j
+            .command
+            .chars()
+            .take(40)
+            .map(|c| if c == '\n' { ' ' } else { c })
+            .collect();
+        println!(
+            "{:<10} {:<12} {:<16} {:<8} {:>5} {:>9} {:>10}  {cmd}",
+            j.id,
+            j.name.clone().unwrap_or_else(|| "-".into()),
+            format!("{}/{}", j.backend, j.sandbox),
+            j.state.as_str(),
+            j.exit_code
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "-".into()),
+            human_ms(j.runtime_ms()),
+            j.out_bytes,
+        );
+        if let (JobState::Lost | JobState::Failed | JobState::Unknown, Some(r)) =
+            (j.state, &j.reason)
+        {
+            println!("           ^ {r}");
+        } else if j.state == JobState::Killed {
+            println!("           ^ {}", how_it_ended(j));
+        }
+    }
+}
+
+/// `job wait`: until the job ends or the timeout; the job's own exit code,
+/// 124 when it still runs, berth's error status when it ended without one.
+async fn wait(api: &Api, dir: &Path, mode: server::Mode, a: WaitArgs) -> Result<u8> {
+    let timeout = match a.timeout {
+        Some(s) if !(s.is_finite() && s > 0.0) => {
+            bail!("--timeout must be a positive number of seconds, e.g. --timeout 30")
+        }
+        Some(s) => Some(Duration::from_secs_f64(s)),
+        None => None,
+    };
+    let job = match api {
+        Api::Here(svc) => tokio::select! {
+            j = svc.wait_job(&a.id, timeout) => j?,
+            _ = tokio::signal::ctrl_c() => return Ok(130),
+        },
+        Api::Served(ch) => {
+            let started = Instant::now();
+            let mut client = jobs(ch);
+            let mut again = Reconnect::new(dir, mode);
+            loop {
+                // The time left; a wait past its timeout still asks once,
+                // and says the job is still running.
+                let left = timeout.map(|t| {
+                    t.saturating_sub(started.elapsed())
+                        .max(Duration::from_millis(1))
+                        .as_secs_f64()
+                });
+                let req = proto::WaitJob {
+                    id: a.id.clone(),
+                    timeout_secs: left,
+                };
+                let why = tokio::select! {
+                    r = client.wait(req) => match r {
+                        Ok(j) => break job_row(j.into_inner()),
+                        Err(s) if api_client::lost(&s) => s.message().to_string(),
+                        Err(s) => return Err(error(s)),
+                    },
+                    _ = tokio::signal::ctrl_c() => return Ok(130),
+                };
+                match again.again(why, "wait again").await? {
+                    Some(ch) => client = JobsClient::new(ch),
+                    None => return Ok(130),
+                }
+            }
+        }
+    };
+    if a.json {
+        context::print_json(&job_json(&job));
+    }
+    if !job.state.is_final() {
+        eprintln!(
+            "berth: job {} is still running after the wait's timeout",
+            job.id
+        );
+        return Ok(124);
+    }
+    if !a.json {
+        eprintln!("berth: job {} {}", job.id, job.standing());
+    }
+    Ok(match (job.state, job.exit_code) {
+        (_, Some(c)) if (0..=255).contains(&c) => c as u8,
+        _ => crate::EXIT_BERTH_ERROR,
+    })
+}
+
+/// `job logs`: a job's output, from an offset or its last lines, and with
+/// `--follow` until the job ends; the offset to resume at goes to stderr.
+async fn logs(api: &Api, dir: &Path, mode: server::Mode, a: LogsArgs) -> Result<u8> {
+    if let Some(b) = &a.backend {
+        let job = get(api, &a.id).await?;
+        if job.backend != *b {
             bail!(
-                "--state {s:?} is not a job state; use one of {}, or done (every ended job)",
-                STATES.join(", ")
+                "job {} runs on the {} backend, not {b}; leave out -b, or pass -b {}",
+                job.id,
+                job.backend,
+                job.backend
             );
         }
     }
-    let (backend, sandbox, states) = (a.backend.clone(), a.sandbox.clone(), a.state.clone());
-    Ok(move |j: &Job| {
-        backend.as_ref().is_none_or(|b| *b == j.backend)
-            && sandbox.as_ref().is_none_or(|s| *s == j.sandbox)
-            && (states.is_empty()
-                || states
-                    .iter()
-                    .any(|s| s == j.state.as_str() || (s == "done" && j.state.is_final())))
-    })
+    let note = |at: u64| eprintln!("berth: next offset {at} (resume with --offset {at})");
+    match api {
+        Api::Here(svc) => {
+            let mut offset = a.offset;
+            if let Some(n) = a.tail {
+                let (text, end) = svc.job_tail(&a.id, n).await?;
+                api_client::out(&text);
+                if !a.follow {
+                    return Ok(0);
+                }
+                offset = end;
+            }
+            let last = std::sync::atomic::AtomicU64::new(offset);
+            let mut sink = |b: &[u8], at: u64| {
+                api_client::out(b);
+                last.store(at, std::sync::atomic::Ordering::SeqCst);
+            };
+            let read = svc
+                .runtime()
+                .job_logs_at(&a.id, offset, a.follow, &mut sink, None);
+            let end = tokio::select! {
+                r = read => r?,
+                _ = tokio::signal::ctrl_c(), if a.follow => {
+                    note(last.load(std::sync::atomic::Ordering::SeqCst));
+                    return Ok(130);
+                }
+            };
+            note(end);
+            Ok(0)
+        }
+        Api::Served(ch) => {
+            let mut client = jobs(ch);
+            let mut again = Reconnect::new(dir, mode);
+            let mut offset = a.offset;
+            // Asked for until the first piece came: then on from its end.
+            let mut tail = a.tail.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+            loop {
+                let req = proto::JobLogs {
+                    id: a.id.clone(),
+                    offset,
+                    follow: a.follow,
+                    tail_lines: tail,
+                };
+                let why = match client.logs(req).await {
+                    Ok(r) => {
+                        again.answered();
+                        let mut stream = r.into_inner();
+                        loop {
+                            tokio::select! {
+                                m = stream.message() => match m {
+                                    Ok(Some(c)) => {
+                                        api_client::out(&c.data);
+                                        offset = c.offset;
+                                        tail = None;
+                                    }
+                                    Ok(None) => {
+                                        if a.tail.is_none() || a.follow {
+                                            note(offset);
+                                        }
+                                        return Ok(0);
+                                    }
+                                    Err(s) if a.follow && api_client::lost(&s) => {
+                                        break s.message().to_string();
+                                    }
+                                    Err(s) => return Err(error(s)),
+                                },
+                                _ = tokio::signal::ctrl_c(), if a.follow => {
+                                    note(offset);
+                                    return Ok(130);
+                                }
+                            }
+                        }
+                    }
+                    Err(s) if a.follow && api_client::lost(&s) => s.message().to_string(),
+                    Err(s) => return Err(error(s)),
+                };
+                let resume = format!("next offset {offset} (resume with --offset {offset})");
+                match again.again(why, &resume).await? {
+                    Some(ch) => client = JobsClient::new(ch),
+                    None => {
+                        note(offset);
+                        return Ok(130);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The API's listing request from `job ls`'s filters; an unknown state is
+/// an error that names the states.
+fn ls_request(a: &LsArgs) -> Result<proto::ListJobs> {
+    const STATES: [&str; 6] = ["starting", "running", "exited", "killed", "failed", "lost"];
+    let mut req = proto::ListJobs {
+        sandbox_name: a.sandbox.clone(),
+        ..Default::default()
+    };
+    if let Some(b) = &a.backend {
+        req.backend = convert::backend_out(backend_kind(b)?) as i32;
+    }
+    for s in &a.state {
+        let state = match s.as_str() {
+            "done" => {
+                req.ended = true;
+                continue;
+            }
+            "starting" => JobState::Starting,
+            "running" => JobState::Running,
+            "exited" => JobState::Exited,
+            "killed" => JobState::Killed,
+            "failed" => JobState::Failed,
+            "lost" => JobState::Lost,
+            _ => bail!(
+                "--state {s:?} is not a job state; use one of {}, or done (every ended job)",
+                STATES.join(", ")
+            ),
+        };
+        req.states.push(convert::job_state(state) as i32);
+    }
+    Ok(req)
 }
 
 fn job_json(j: &Job) -> serde_json::Value {

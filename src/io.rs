@@ -18,7 +18,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 
 /// One piece of a subcommand's output, for a client.
 #[derive(Debug)]
@@ -31,9 +31,6 @@ pub enum Piece {
     Exit(u8),
     /// The subcommand failed with this error.
     Error(String),
-    /// The next `Out` brings the subcommand to this position of what it
-    /// follows (see [`position`]).
-    Position(u64),
     /// The server stopped the subcommand as it shut down.
     Stopping(String),
 }
@@ -85,34 +82,12 @@ pub fn err(b: &[u8]) {
     }
 }
 
-/// Say that the next [`out`] brings this follower to position `p` of what
-/// it follows (a job's output offset, an event id), so a client that loses
-/// the server resumes after what it printed (nothing in-process: a process
-/// that prints for itself does not lose its server).
-pub fn position(p: u64) {
-    let _ = CLIENT.try_with(|c| c.send(Piece::Position(p), 0));
-}
-
-/// Wait until the client has read most of what was sent to it (no wait in-process).
-pub async fn drained() {
-    if let Ok(live) = CLIENT.try_with(Live::clone) {
-        live.drained().await;
-    }
-}
-
 /// `println!` to [`out`].
 macro_rules! outln {
     ($($t:tt)*) => {{
         let mut s = format!($($t)*);
         s.push('\n');
         $crate::io::out(s.as_bytes());
-    }};
-}
-
-/// `print!` to [`out`].
-macro_rules! outp {
-    ($($t:tt)*) => {{
-        $crate::io::out(format!($($t)*).as_bytes());
     }};
 }
 
@@ -125,7 +100,7 @@ macro_rules! errln {
     }};
 }
 
-pub(crate) use {errln, outln, outp};
+pub(crate) use {errln, outln};
 
 /// How many bytes may wait for a client before output is held back (job logs)
 /// or left out of the live view (`exec`, whose spool keeps it all).
@@ -133,12 +108,10 @@ pub const LIVE_CAP: usize = 8 * 1024 * 1024;
 
 /// The sending end of a byte-bounded stream to one client. Sending never
 /// blocks (the engine's output callbacks are synchronous): [`Live::send`]
-/// always queues, [`Live::send_if_room`] refuses beyond the cap, and
-/// [`Live::drained`] waits for room.
+/// always queues, and [`Live::send_if_room`] refuses beyond the cap.
 pub struct Live<T> {
     tx: mpsc::UnboundedSender<(T, usize)>,
     queued: Arc<AtomicUsize>,
-    room: Arc<Notify>,
     cap: usize,
 }
 
@@ -147,7 +120,6 @@ impl<T> Clone for Live<T> {
         Live {
             tx: self.tx.clone(),
             queued: self.queued.clone(),
-            room: self.room.clone(),
             cap: self.cap,
         }
     }
@@ -158,7 +130,6 @@ impl<T> Clone for Live<T> {
 pub struct LiveRx<T> {
     rx: mpsc::UnboundedReceiver<(T, usize)>,
     queued: Arc<AtomicUsize>,
-    room: Arc<Notify>,
 }
 
 /// A stream to a client that holds about `cap` bytes at most, unless told
@@ -166,15 +137,13 @@ pub struct LiveRx<T> {
 pub fn live<T>(cap: usize) -> (Live<T>, LiveRx<T>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
-    let room = Arc::new(Notify::new());
     (
         Live {
             tx,
             queued: queued.clone(),
-            room: room.clone(),
             cap,
         },
-        LiveRx { rx, queued, room },
+        LiveRx { rx, queued },
     )
 }
 
@@ -205,21 +174,6 @@ impl<T> Live<T> {
         self.queued.load(Ordering::SeqCst) <= self.cap / 2
     }
 
-    /// Wait until at most half the cap is queued, or the client is gone.
-    pub async fn drained(&self) {
-        loop {
-            // Created before the check: a wakeup in between is not missed.
-            let woken = self.room.notified();
-            if self.queued.load(Ordering::SeqCst) <= self.cap / 2 || self.tx.is_closed() {
-                return;
-            }
-            tokio::select! {
-                _ = woken => {}
-                _ = self.tx.closed() => return,
-            }
-        }
-    }
-
     /// Resolves when the client has gone (its stream was dropped).
     pub async fn closed(&self) {
         self.tx.closed().await
@@ -231,7 +185,6 @@ impl<T> LiveRx<T> {
     pub async fn recv(&mut self) -> Option<T> {
         let (item, bytes) = self.rx.recv().await?;
         self.queued.fetch_sub(bytes, Ordering::SeqCst);
-        self.room.notify_waiters();
         Some(item)
     }
 
@@ -256,31 +209,21 @@ mod tests {
         // 60 + 60 > 100: left out, and the queue still holds 60 bytes only.
         assert!(!tx.send_if_room(vec![0; 60], 60));
         assert!(tx.send(vec![1; 60], 60), "send always queues");
-        // 120 queued: a writer that paces itself waits for the reader.
-        let waiter = {
-            let tx = tx.clone();
-            tokio::spawn(async move { tx.drained().await })
-        };
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished(), "waits while 120 bytes are queued");
+        assert!(!tx.half_empty(), "120 queued");
         assert_eq!(rx.recv().await.map(|v| v.len()), Some(60));
-        // 60 left, over half the cap: still waiting.
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished(), "60 > 50 still queued");
+        // 60 left, over half the cap.
+        assert!(!tx.half_empty(), "60 > 50 still queued");
         assert_eq!(rx.recv().await, Some(vec![1; 60]));
-        // Released once the reader caught up.
-        tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await??;
+        assert!(tx.half_empty());
         assert!(tx.send_if_room(vec![2; 100], 100), "room again");
         Ok(())
     }
 
     #[tokio::test]
-    async fn a_gone_reader_releases_the_writer_and_refuses_more() -> TestResult {
+    async fn a_gone_reader_refuses_more() -> TestResult {
         let (tx, rx) = live::<Vec<u8>>(10);
         assert!(tx.send(vec![0; 50], 50));
         drop(rx);
-        // No wait for a reader that is gone.
-        tokio::time::timeout(std::time::Duration::from_secs(5), tx.drained()).await?;
         assert!(!tx.send(vec![0], 1));
         tokio::time::timeout(std::time::Duration::from_secs(5), tx.closed()).await?;
         Ok(())
@@ -293,8 +236,7 @@ mod tests {
             assert!(remote());
             outln!("one {}", 1);
             errln!("warn");
-            outp!("two");
-            drained().await;
+            out(b"two");
         })
         .await;
         assert!(!remote());

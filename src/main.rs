@@ -3,6 +3,7 @@
 //! The binary is thin: it parses the command line, opens the store and the
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
+mod api_client;
 mod bench;
 mod bench_checkpoint;
 mod bench_cli;
@@ -15,7 +16,6 @@ mod cmd_exec;
 mod cmd_image;
 mod cmd_inspect;
 mod cmd_job;
-mod cmd_job_logs;
 mod cmd_memory;
 mod cmd_policy;
 mod cmd_reap;
@@ -142,7 +142,7 @@ fn main() -> ExitCode {
     let ssh_flags = ssh.own();
     let result = rt.block_on(async move {
         match cli.command {
-            // Approvals are the typed API's clients (through the server,
+            // Approvals, events and jobs are the typed API's clients (through the server,
             // or on the same service in-process).
             Command::Served(
                 c @ (served::Served::Approvals(_)
@@ -152,9 +152,18 @@ fn main() -> ExitCode {
                 let dir = context::state_dir(state_dir)?;
                 cmd_approvals::run(&dir, server_mode(ssh_flags)?, c).await
             }
+            Command::Served(served::Served::Events(a)) => {
+                let dir = context::state_dir(state_dir)?;
+                cmd_events::run(&dir, server_mode(ssh_flags)?, a).await
+            }
+            Command::Served(served::Served::Job(c)) => {
+                let dir = context::state_dir(state_dir)?;
+                cmd_job::run(&dir, server_mode(ssh_flags)?, c).await
+            }
             Command::Served(c) => run_served(state_dir, ssh_flags, served::Call::Sub(c)).await,
             Command::Exec(a) if a.background => {
-                run_served(state_dir, ssh_flags, served::Call::Background(a)).await
+                let dir = context::state_dir(state_dir)?;
+                cmd_exec::background(&dir, server_mode(ssh_flags)?, a).await
             }
             Command::Exec(a) => match server_mode(ssh_flags) {
                 Ok(server::Mode::Off) => cmd_exec::run(state_dir, a).await,

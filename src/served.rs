@@ -1,6 +1,6 @@
-//! The served subcommands: `job …`, `sandbox …`, `events` and `exec
-//! --background` (`approvals`, `approve` and `deny` are clients of the typed
-//! API, `berth.v1`, in `cmd_approvals`). `berth serve` runs them for a
+//! The served subcommands: `sandbox …` and `exec --background` (`job …`,
+//! `approvals`, `approve`, `deny` and `events` are clients of the typed
+//! API, `berth.v1`, in `cmd_job`, `cmd_approvals` and `cmd_events`). `berth serve` runs them for a
 //! client on its warm runtime; with `BERTH_SERVER=off` the CLI runs them
 //! in-process. Both go through [`run_on`] here, below both: the server does
 //! not reach up into the CLI's `main`.
@@ -19,20 +19,24 @@ use anyhow::Result;
 pub use berth_client::served::{Call, Served};
 use berth_core::runtime::Runtime;
 
-use crate::{cmd_events, cmd_exec, cmd_job, cmd_sandbox};
+use crate::cmd_sandbox;
 
 /// Run a served call on `rt`, whose state dir is `dir`.
 pub async fn run_on(rt: &Runtime, dir: &Path, call: Call) -> Result<u8> {
     match call {
-        Call::Sub(Served::Job(c)) => cmd_job::run_on(rt, c).await,
         Call::Sub(Served::Sandbox(c)) => cmd_sandbox::run_on(rt, dir, c).await,
-        Call::Sub(Served::Events(a)) => cmd_events::run_on(rt, a).await,
         // Clients of the typed API (`berth.v1` Approvals), never a `Run`.
-        Call::Sub(Served::Approvals(_) | Served::Approve(_) | Served::Deny(_)) => {
-            Err(anyhow::anyhow!(
-                "approvals are answered through the typed API (berth.v1 Approvals), not as a served subcommand; this client is older than the server: run the berth this server came with"
-            ))
-        }
-        Call::Background(a) => cmd_exec::background_on(rt, a).await,
+        Call::Sub(
+            Served::Approvals(_)
+            | Served::Approve(_)
+            | Served::Deny(_)
+            | Served::Events(_)
+            | Served::Job(_),
+        ) => Err(anyhow::anyhow!(
+            "approvals, events and jobs are clients of the typed API (berth.v1 Approvals, Events, Jobs), not served subcommands; this client is older than the server: run the berth this server came with"
+        )),
+        Call::Background(_) => Err(anyhow::anyhow!(
+            "`exec --background` is a client of the typed API (berth.v1 Jobs.Start), not a served subcommand; this client is older than the server: run the berth this server came with"
+        )),
     }
 }

@@ -84,7 +84,8 @@ fn thin() -> u8 {
     // with the served subcommands' types, global options after the
     // subcommand's name included.
     let (globals, exec) = match cli.command {
-        ThinCommand::Exec(a) if a.background => (cli.globals, Err(served::Call::Background(a))),
+        // A job through the typed API, which the engine speaks.
+        ThinCommand::Exec(a) if a.background => return engine(&argv),
         ThinCommand::Exec(a) => (cli.globals, Ok(a)),
         ThinCommand::Other(rest) if served::names_served(&rest) => match served::parse(&argv) {
             Ok(Some((globals, call))) => (globals, Err(call)),

@@ -515,98 +515,17 @@ pub async fn exec_grpc(state_dir: PathBuf, mode: Mode, call: ExecCall, json: boo
     }
 }
 
-/// A served subcommand (`job …`, `sandbox …`, `events`, approvals, `exec
-/// --background`) through the server: the call this process parsed goes
-/// over, and what the server's run of it prints comes back to stdout and
-/// stderr.
-/// Ctrl-C ends the call (the server stops the work where it waits), as a
-/// signal ends the in-process CLI.
-///
-/// A follower (`job logs --follow`, `job wait`, `events --follow`:
-/// [`crate::served::Call::follows`]) outlives its server: when the server
-/// stops or dies under it, it reconnects (starting a server in `auto` mode),
-/// with a growing pause, for at most [`RECONNECT_DEADLINE`], and carries on
-/// from the last position it printed ([`crate::served::Call::resumed`]), as
-/// `tail -F` does: nothing is printed twice, nothing is left out, and the
-/// exit status is the call's.
+/// A served subcommand (`sandbox …`, `exec --background`) through the
+/// server: the call this process parsed goes over, and what the server's
+/// run of it prints comes back to stdout and stderr. Ctrl-C ends the call
+/// (the server stops the work where it waits), as a signal ends the
+/// in-process CLI. A server lost mid-call is reported as such: the call may
+/// have taken effect.
 pub async fn run(state_dir: PathBuf, mode: Mode, call: &crate::served::Call) -> Result<u8> {
-    let started = Instant::now();
-    let mut progress = Progress::default();
-    let mut current = None::<crate::served::Call>;
-    loop {
-        let this = current.as_ref().unwrap_or(call);
-        let ended = match run_once(&state_dir, mode, this, call.follows(), &mut progress).await {
-            Ok(e) => e,
-            // No server to be had (it could not start, or refused us): a
-            // follower keeps trying until the deadline, the rest fail now.
-            Err(e) if call.follows() && progress.lost_at.is_some() => Ended::Unreachable(e),
-            Err(e) => return Err(e),
-        };
-        let why = match ended {
-            Ended::Exit(code) => return Ok(code),
-            Ended::Interrupted => {
-                if let Some(note) = resume_note(call, progress.done) {
-                    eprintln!("berth: {note}");
-                }
-                return Ok(130);
-            }
-            Ended::Lost(pid, why) if !call.follows() => return Ok(lost_call(pid, &why)),
-            Ended::Lost(pid, why) => format!("lost the berth server (pid {pid}): {why}"),
-            Ended::Stopping(m) => m,
-            Ended::Unreachable(e) => crate::error_text(&e),
-        };
-        let lost_at = *progress.lost_at.get_or_insert_with(Instant::now);
-        if lost_at.elapsed() >= RECONNECT_DEADLINE {
-            bail!(
-                "{why}; no berth server answered within {}s. {}",
-                RECONNECT_DEADLINE.as_secs(),
-                resume_note(call, progress.done).unwrap_or_default()
-            );
-        }
-        if !progress.told {
-            eprintln!("berth: {why}; reconnecting to carry on");
-            progress.told = true;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(progress.pause) => {}
-            _ = tokio::signal::ctrl_c() => {
-                if let Some(note) = resume_note(call, progress.done) {
-                    eprintln!("berth: {note}");
-                }
-                return Ok(130);
-            }
-        }
-        progress.pause = (progress.pause * 2).min(Duration::from_secs(1));
-        current = call.resumed(progress.done, started.elapsed());
-    }
-}
-
-/// How long a follower tries to reach a server again after losing one.
-pub const RECONNECT_DEADLINE: Duration = Duration::from_secs(60);
-
-/// What a served call has printed, for carrying a follower on.
-struct Progress {
-    /// The position announced for the next stdout piece.
-    pending: Option<u64>,
-    /// The position of the last stdout piece written.
-    done: Option<u64>,
-    /// When the server was first lost, since the last time one answered.
-    lost_at: Option<Instant>,
-    /// Whether the user was told of the reconnect.
-    told: bool,
-    /// The pause before the next try.
-    pause: Duration,
-}
-
-impl Default for Progress {
-    fn default() -> Self {
-        Progress {
-            pending: None,
-            done: None,
-            lost_at: None,
-            told: false,
-            pause: Duration::from_millis(50),
-        }
+    match run_once(&state_dir, mode, call).await? {
+        Ended::Exit(code) => Ok(code),
+        Ended::Interrupted => Ok(130),
+        Ended::Lost(pid, why) => Ok(lost_call(pid, &why)),
     }
 }
 
@@ -618,38 +537,10 @@ enum Ended {
     Interrupted,
     /// The server went away under it (pid, why).
     Lost(u32, String),
-    /// The server stopped it as it shut down.
-    Stopping(String),
-    /// No server could be reached.
-    Unreachable(anyhow::Error),
-}
-
-/// Where a follower stopped, for the user to resume by hand.
-fn resume_note(call: &crate::served::Call, done: Option<u64>) -> Option<String> {
-    use crate::served::{Call, Served, job::JobCmd};
-    match call {
-        Call::Sub(Served::Job(JobCmd::Logs(a))) => {
-            let at = done.unwrap_or(a.offset);
-            Some(format!("next offset {at} (resume with --offset {at})"))
-        }
-        Call::Sub(Served::Events(a)) => {
-            let after = done
-                .map(|d| d.to_string())
-                .or(a.after.map(|a| a.to_string()))?;
-            Some(format!("last event {after} (resume with --after {after})"))
-        }
-        _ => None,
-    }
 }
 
 /// One run of a served call on the server, until it ends or the server goes.
-async fn run_once(
-    state_dir: &Path,
-    mode: Mode,
-    served: &crate::served::Call,
-    follows: bool,
-    progress: &mut Progress,
-) -> Result<Ended> {
+async fn run_once(state_dir: &Path, mode: Mode, served: &crate::served::Call) -> Result<Ended> {
     let call = RunCall {
         call: served.encode().context("cannot encode the call")?,
     };
@@ -672,9 +563,6 @@ async fn run_once(
         }
         Err(s) => return Ok(Ended::Lost(pid, s.to_string())),
     };
-    // A server answers: a later loss has its own deadline.
-    progress.lost_at = None;
-    progress.pending = None;
     loop {
         let next = tokio::select! {
             m = stream.message() => m,
@@ -703,21 +591,16 @@ async fn run_once(
                 if out.write_all(&b).and_then(|()| out.flush()).is_err() {
                     return Ok(Ended::Exit(crate::EXIT_CLOSED_STDOUT));
                 }
-                if let Some(p) = progress.pending.take() {
-                    progress.done = Some(p);
-                }
             }
             Some(run_event::Event::Stderr(b)) => {
                 let _ = std::io::stderr().lock().write_all(&b);
             }
-            Some(run_event::Event::Position(p)) => progress.pending = Some(p),
+            // Only followers announced positions; none is served any more.
+            Some(run_event::Event::Position(_)) => {}
             Some(run_event::Event::Exit(c)) => {
                 return Ok(Ended::Exit(u8::try_from(c).unwrap_or(u8::MAX)));
             }
             Some(run_event::Event::Error(m)) => bail!("{m}"),
-            Some(run_event::Event::Stopping(m)) if follows => {
-                return Ok(Ended::Stopping(m));
-            }
             Some(run_event::Event::Stopping(m)) => bail!("{m}"),
             None => {}
         }

@@ -23,6 +23,7 @@ use crate::convert::{self, status, status_any, target};
 use crate::proto;
 use crate::proto::approvals_server::{Approvals, ApprovalsServer};
 use crate::proto::commands_server::{Commands, CommandsServer};
+use crate::proto::events_server::{Events, EventsServer};
 use crate::proto::files_server::{Files, FilesServer};
 use crate::proto::jobs_server::{Jobs, JobsServer};
 use crate::proto::sandboxes_server::{Sandboxes, SandboxesServer};
@@ -122,7 +123,8 @@ pub fn add_to(
                 .max_encoding_message_size(file_cap),
         )
         .add_service(JobsServer::new(api.clone()))
-        .add_service(ApprovalsServer::new(api))
+        .add_service(ApprovalsServer::new(api.clone()))
+        .add_service(EventsServer::new(api))
 }
 
 #[tonic::async_trait]
@@ -329,10 +331,14 @@ impl Jobs for Api {
         self.caller.check()?;
         let r = req.into_inner();
         let (backend, name) = target(r.sandbox.as_ref())?;
+        let pty = match r.pty {
+            Some(t) => Some(convert::term_size_checked(Some(t))?),
+            None => None,
+        };
         let opts = JobOptions {
             name: r.name.filter(|n| !n.is_empty()),
             watch: r.watch,
-            pty: None,
+            pty,
             session: Some(r.session).filter(|s| !s.is_empty()),
         };
         let job = self
@@ -354,19 +360,52 @@ impl Jobs for Api {
         req: Request<proto::ListJobs>,
     ) -> Result<Response<proto::JobList>, Status> {
         self.caller.check()?;
-        let r = req.into_inner();
-        let only = match r.sandbox.as_ref() {
-            Some(s) => Some(target(Some(s))?),
-            None => None,
-        };
-        let jobs = self
-            .svc
-            .jobs(only.as_ref().map(|(b, n)| (*b, n.as_str())))
-            .await
-            .map_err(status)?;
+        let only = convert::job_filter(req.get_ref())?;
+        let jobs = self.svc.jobs(&only).await.map_err(status)?;
         Ok(Response::new(proto::JobList {
             jobs: jobs.into_iter().map(convert::job).collect(),
         }))
+    }
+
+    async fn prune(
+        &self,
+        req: Request<proto::ListJobs>,
+    ) -> Result<Response<proto::JobList>, Status> {
+        self.caller.check()?;
+        let only = convert::job_filter(req.get_ref())?;
+        let jobs = self.svc.prune_jobs(&only).await.map_err(status)?;
+        Ok(Response::new(proto::JobList {
+            jobs: jobs.into_iter().map(convert::job).collect(),
+        }))
+    }
+
+    async fn screen(
+        &self,
+        req: Request<proto::JobRef>,
+    ) -> Result<Response<proto::TerminalScreen>, Status> {
+        self.caller.check()?;
+        let s = self
+            .svc
+            .job_screen(&req.into_inner().id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::screen(s)))
+    }
+
+    async fn resize(
+        &self,
+        req: Request<proto::ResizeJob>,
+    ) -> Result<Response<proto::Resized>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        if r.size.is_none() {
+            return Err(Status::invalid_argument(
+                "give the terminal's new size, e.g. 120x40",
+            ));
+        }
+        let size = convert::term_size_checked(r.size)?;
+        self.svc.resize_job(&r.id, size).await.map_err(status)?;
+        Ok(Response::new(proto::Resized {}))
     }
 
     type LogsStream = Replies<proto::LogChunk>;
@@ -376,13 +415,35 @@ impl Jobs for Api {
         req: Request<proto::JobLogs>,
     ) -> Result<Response<Self::LogsStream>, Status> {
         self.caller.check()?;
-        let r = req.into_inner();
+        let mut r = req.into_inner();
         // Unknown jobs are refused now, not as the stream's first item.
         self.svc.job(&r.id).await.map_err(status)?;
+        // The last lines first, then on from where they end.
+        let tail = match r.tail_lines {
+            Some(n) => {
+                let (text, end) = self.svc.job_tail(&r.id, n.into()).await.map_err(status)?;
+                r.offset = end;
+                Some(proto::LogChunk {
+                    data: text,
+                    offset: end,
+                })
+            }
+            None => None,
+        };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<proto::LogChunk, Status>>();
         // Bytes sent and not yet taken by the client: the read from the
-        // sandbox waits while there are too many.
+        // sandbox waits while there are too many. Each chunk sent adds its
+        // size, and the stream below takes it off as it hands it on.
         let backlog = Arc::new((AtomicUsize::new(0), Notify::new()));
+        if let Some(t) = tail {
+            if !r.follow {
+                let _ = tx.send(Ok(t));
+                drop(tx);
+                return Ok(Response::new(Box::pin(tokio_stream_from(rx))));
+            }
+            backlog.0.fetch_add(t.data.len(), Ordering::SeqCst);
+            let _ = tx.send(Ok(t));
+        }
         let held = self.host.hold();
         let svc = self.svc.clone();
         let pending = backlog.clone();
@@ -452,7 +513,7 @@ impl Jobs for Api {
         Ok(Response::new(convert::job(job)))
     }
 
-    async fn kill(&self, req: Request<proto::KillJob>) -> Result<Response<proto::Job>, Status> {
+    async fn kill(&self, req: Request<proto::KillJob>) -> Result<Response<proto::Killed>, Status> {
         self.caller.check()?;
         let r = req.into_inner();
         let signal = convert::signal(r.signal)?;
@@ -460,19 +521,22 @@ impl Jobs for Api {
             Some(0.0) => Some(std::time::Duration::ZERO),
             g => convert::seconds("grace_secs", g)?,
         };
-        let job = self
+        let (job, already_ended) = self
             .svc
             .kill_job(&r.id, signal, grace)
             .await
             .map_err(status)?;
-        Ok(Response::new(convert::job(job)))
+        Ok(Response::new(proto::Killed {
+            job: Some(convert::job(job)),
+            already_ended,
+        }))
     }
 
     async fn send(&self, req: Request<proto::SendInput>) -> Result<Response<proto::Sent>, Status> {
         self.caller.check()?;
         let r = req.into_inner();
         self.svc
-            .send_job(&r.id, &r.data, r.eof)
+            .send_job(&r.id, &r.data, &r.keys, r.eof)
             .await
             .map_err(status)?;
         Ok(Response::new(proto::Sent {}))
@@ -535,5 +599,69 @@ impl Approvals for Api {
                 .map(|(name, file)| (name, file.display().to_string())),
             |t| svc.redact(t),
         )))
+    }
+}
+
+/// The most events one query returns.
+const EVENTS_MAX: u32 = 10_000;
+
+#[tonic::async_trait]
+impl Events for Api {
+    async fn query(
+        &self,
+        req: Request<proto::EventQuery>,
+    ) -> Result<Response<proto::EventList>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let limit = match r.limit {
+            0 => 20,
+            n => n.min(EVENTS_MAX),
+        } as usize;
+        let kind = Some(r.kind_prefix.as_str()).filter(|k| !k.is_empty());
+        let rows = self.svc.events(limit, kind, r.after).map_err(status)?;
+        Ok(Response::new(proto::EventList {
+            events: rows.into_iter().map(convert::event).collect(),
+        }))
+    }
+
+    type FollowStream = Replies<proto::Event>;
+
+    async fn follow(
+        &self,
+        req: Request<proto::FollowEvents>,
+    ) -> Result<Response<Self::FollowStream>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let kind = Some(r.kind_prefix).filter(|k| !k.is_empty());
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<proto::Event, Status>>(64);
+        let held = self.host.hold();
+        let svc = self.svc.clone();
+        tokio::spawn(async move {
+            let _guard = held.guard;
+            let (etx, mut erx) = tokio::sync::mpsc::channel(64);
+            let follow = svc.follow_events(r.after, kind, etx);
+            let forward = async {
+                while let Some(e) = erx.recv().await {
+                    if tx.send(Ok(convert::event(e))).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let end = tokio::select! {
+                done = follow => done.err().map(status),
+                _ = forward => None,
+                _ = tx.closed() => None,
+                _ = held.stopping.cancelled() => Some(Status::unavailable(
+                    "the berth server is stopping: follow again after the last event's id",
+                )),
+            };
+            if let Some(e) = end {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -115,6 +115,142 @@ pub fn job(j: Job) -> proto::Job {
         reason: j.reason,
         output_bytes: j.out_bytes,
         kill_signal: j.kill_signal,
+        watch: j.watch,
+        pty: j.pty.map(term_size_out),
+    }
+}
+
+/// A proto job back as the runtime's (for a front end that prints jobs as
+/// the runtime's own type does).
+pub fn job_row(j: proto::Job) -> Job {
+    let (backend, sandbox) = j.sandbox.map_or_else(Default::default, |r| {
+        let b = backend(r.backend).map_or_else(|_| "?".to_string(), |b| b.as_str().to_string());
+        (b, r.name)
+    });
+    Job {
+        id: j.id,
+        name: j.name,
+        backend,
+        sandbox,
+        command: j.command,
+        state: job_state_in(j.state),
+        exit_code: j.exit_code,
+        pid: j.pid,
+        created_at: j.created_ms,
+        ended_at: j.ended_ms,
+        reason: j.reason,
+        watch: j.watch,
+        scan_offset: 0,
+        out_bytes: j.output_bytes,
+        kill_signal: j.kill_signal,
+        pty: j.pty.map(|t| term_size_in(Some(t))),
+    }
+}
+
+/// A proto job state as the runtime's (an unknown number: unknown).
+pub fn job_state_in(s: i32) -> JobState {
+    match proto::JobState::try_from(s) {
+        Ok(proto::JobState::JobStarting) => JobState::Starting,
+        Ok(proto::JobState::JobRunning) => JobState::Running,
+        Ok(proto::JobState::JobExited) => JobState::Exited,
+        Ok(proto::JobState::JobKilled) => JobState::Killed,
+        Ok(proto::JobState::JobLost) => JobState::Lost,
+        Ok(proto::JobState::JobFailed) => JobState::Failed,
+        _ => JobState::Unknown,
+    }
+}
+
+pub fn term_size_out(t: berth_core::backend::TermSize) -> proto::TermSize {
+    proto::TermSize {
+        cols: t.cols.into(),
+        rows: t.rows.into(),
+    }
+}
+
+/// A terminal size from a call (unset or 0x0: the default, 80x24); a side
+/// past 65535 is refused by [`term_size_checked`].
+pub fn term_size_in(t: Option<proto::TermSize>) -> berth_core::backend::TermSize {
+    match t {
+        Some(t) if t.cols > 0 && t.rows > 0 => berth_core::backend::TermSize {
+            cols: u16::try_from(t.cols).unwrap_or(u16::MAX),
+            rows: u16::try_from(t.rows).unwrap_or(u16::MAX),
+        },
+        _ => berth_core::backend::TermSize::default(),
+    }
+}
+
+/// A terminal size from a call, each side 1 to 65535 (unset or 0x0: the
+/// default).
+pub fn term_size_checked(
+    t: Option<proto::TermSize>,
+) -> Result<berth_core::backend::TermSize, Status> {
+    if let Some(t) = &t
+        && (t.cols > u32::from(u16::MAX)
+            || t.rows > u32::from(u16::MAX)
+            || (t.cols == 0) != (t.rows == 0))
+    {
+        return Err(Status::invalid_argument(format!(
+            "a terminal of {}x{} cannot be: give both sides between 1 and 65535, e.g. 120x40",
+            t.cols, t.rows
+        )));
+    }
+    Ok(term_size_in(t))
+}
+
+/// A listing's filter as the service's.
+pub fn job_filter(r: &proto::ListJobs) -> Result<crate::service::JobFilter, Status> {
+    let mut f = crate::service::JobFilter {
+        ended: r.ended,
+        ..Default::default()
+    };
+    if let Some(s) = &r.sandbox {
+        let (b, name) = target(Some(s))?;
+        f.backend = Some(b);
+        f.sandbox = Some(name);
+    }
+    if r.backend != proto::Backend::Unspecified as i32 {
+        f.backend = Some(backend(r.backend)?);
+    }
+    if let Some(n) = &r.sandbox_name {
+        f.sandbox = Some(n.clone());
+    }
+    for s in &r.states {
+        match proto::JobState::try_from(*s) {
+            Ok(proto::JobState::Unspecified) | Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "job state {s} is not one to list by: use JOB_STARTING, JOB_RUNNING, JOB_EXITED, JOB_KILLED, JOB_LOST, JOB_FAILED or JOB_UNKNOWN"
+                )));
+            }
+            Ok(_) => f.states.push(job_state_in(*s)),
+        }
+    }
+    Ok(f)
+}
+
+pub fn screen(s: berth_core::jobs::pty::Screen) -> proto::TerminalScreen {
+    proto::TerminalScreen {
+        cols: s.cols.into(),
+        rows: s.rows.into(),
+        lines: s.lines,
+        cursor_row: s.cursor_row.into(),
+        cursor_col: s.cursor_col.into(),
+        cursor_hidden: s.cursor_hidden,
+        alternate_screen: s.alternate_screen,
+        offset: s.offset,
+    }
+}
+
+pub fn screen_row(s: proto::TerminalScreen) -> berth_core::jobs::pty::Screen {
+    let n = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
+    berth_core::jobs::pty::Screen {
+        cols: n(s.cols),
+        rows: n(s.rows),
+        lines: s.lines,
+        cursor_row: n(s.cursor_row),
+        cursor_col: n(s.cursor_col),
+        cursor_hidden: s.cursor_hidden,
+        alternate_screen: s.alternate_screen,
+        offset: s.offset,
     }
 }
 
@@ -186,5 +322,102 @@ pub fn seconds(what: &str, s: Option<f64>) -> Result<Option<std::time::Duration>
         Some(t) => Err(Status::invalid_argument(format!(
             "{what} must be a positive number of seconds, got {t}; e.g. 30"
         ))),
+    }
+}
+
+/// An event as the API carries it: its detail text as a structured value
+/// (text that is not JSON, as a string).
+pub fn event(e: berth_core::store::Event) -> proto::Event {
+    let detail = e.detail.map(|d| match serde_json::from_str(&d) {
+        Ok(v) => value(v),
+        Err(_) => value(serde_json::Value::String(d)),
+    });
+    proto::Event {
+        id: e.id,
+        ts_ms: e.ts_ms,
+        kind: e.kind,
+        call_id: e.call_id,
+        backend: e
+            .backend
+            .as_deref()
+            .map_or(proto::Backend::Unspecified, backend_named) as i32,
+        sandbox: e.sandbox,
+        session: e.session,
+        command: e.command,
+        verdict: e.verdict,
+        exit_code: e.exit_code,
+        duration_ms: e.duration_ms,
+        bytes_out: e.bytes_out,
+        detail,
+    }
+}
+
+/// A JSON value as protobuf's `Value`.
+pub fn value(v: serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s),
+        J::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.into_iter().map(value).collect(),
+        }),
+        J::Object(o) => Kind::StructValue(prost_types::Struct {
+            fields: o.into_iter().map(|(k, v)| (k, value(v))).collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// Protobuf's `Value` as JSON (a number with no fraction as an integer).
+pub fn json(v: &prost_types::Value) -> serde_json::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value as J;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => J::Null,
+        Some(Kind::BoolValue(b)) => J::Bool(*b),
+        Some(Kind::NumberValue(n)) => {
+            if n.fract() == 0.0 && n.abs() < 9.0e15 {
+                J::from(*n as i64)
+            } else {
+                serde_json::Number::from_f64(*n).map_or(J::Null, J::Number)
+            }
+        }
+        Some(Kind::StringValue(s)) => J::String(s.clone()),
+        Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(json).collect()),
+        Some(Kind::StructValue(s)) => {
+            J::Object(s.fields.iter().map(|(k, v)| (k.clone(), json(v))).collect())
+        }
+    }
+}
+
+/// A proto event back as the store's row (its detail as JSON text, or the
+/// text itself where it was not JSON), for a front end that prints rows.
+pub fn event_row(e: proto::Event) -> berth_core::store::Event {
+    let backend = match proto::Backend::try_from(e.backend) {
+        Ok(proto::Backend::Unspecified) | Err(_) => None,
+        Ok(_) => {
+            Some(backend(e.backend).map_or_else(|_| String::new(), |b| b.as_str().to_string()))
+        }
+    };
+    berth_core::store::Event {
+        id: e.id,
+        ts_ms: e.ts_ms,
+        kind: e.kind,
+        call_id: e.call_id,
+        backend,
+        sandbox: e.sandbox,
+        session: e.session,
+        command: e.command,
+        verdict: e.verdict,
+        exit_code: e.exit_code,
+        duration_ms: e.duration_ms,
+        bytes_out: e.bytes_out,
+        detail: e.detail.map(|d| match json(&d) {
+            serde_json::Value::String(s) => s,
+            v => v.to_string(),
+        }),
     }
 }

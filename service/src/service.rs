@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth_core::backend::{BackendKind, Sandbox, SandboxSpec};
+use berth_core::backend::{BackendKind, Sandbox, SandboxSpec, TermSize};
 use berth_core::checkpoint::record::CheckpointRow;
 use berth_core::error::{Error, Result};
-use berth_core::jobs::{Job, JobOptions};
+use berth_core::jobs::{Job, JobOptions, JobState};
 use berth_core::runtime::{RestoreReport, Runtime, SandboxStatus, new_call_id};
+use berth_core::store::Event;
 use berth_policies::files::FileOp;
 
 use crate::answers;
@@ -17,6 +18,39 @@ use crate::answers;
 pub const READ_MAX: u64 = 16 * 1024 * 1024;
 /// How long one file operation in a sandbox may take.
 const FILE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a follower of events scans running jobs' output for watch
+/// patterns.
+const WATCH_SCAN: Duration = Duration::from_secs(1);
+
+/// Whether `e`'s kind starts with `kind` (no filter: every kind).
+fn kind_matches(e: &Event, kind: Option<&str>) -> bool {
+    kind.is_none_or(|k| e.kind.starts_with(k))
+}
+
+/// Which jobs a listing keeps: every condition given must hold.
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    /// Only this backend's.
+    pub backend: Option<BackendKind>,
+    /// Only sandboxes of this name.
+    pub sandbox: Option<String>,
+    /// Only these states (none: any)...
+    pub states: Vec<JobState>,
+    /// ...or, with `ended`, any final state.
+    pub ended: bool,
+}
+
+impl JobFilter {
+    /// Whether `j` is kept.
+    pub fn keeps(&self, j: &Job) -> bool {
+        self.backend.is_none_or(|b| b.as_str() == j.backend)
+            && self.sandbox.as_ref().is_none_or(|s| *s == j.sandbox)
+            && ((self.states.is_empty() && !self.ended)
+                || self.states.contains(&j.state)
+                || (self.ended && j.state.is_final()))
+    }
+}
 
 /// What a sandbox was made or attached as.
 pub struct Made {
@@ -216,6 +250,14 @@ impl Service {
         command: &str,
         opts: JobOptions,
     ) -> Result<Job> {
+        if command.trim().is_empty() {
+            return Err(Error::InvalidInput(
+                "the job's command is empty: give the shell text to run, e.g. `make -j2`".into(),
+            ));
+        }
+        if let Some(s) = &opts.session {
+            berth_core::runtime::check_session_name(s)?;
+        }
         self.rt
             .start_job_with(backend.as_str(), sandbox, command, opts)
             .await
@@ -226,16 +268,26 @@ impl Service {
         self.rt.job(id).await
     }
 
-    /// Every job, brought up to date; with `sandbox`, only its.
-    pub async fn jobs(&self, sandbox: Option<(BackendKind, &str)>) -> Result<Vec<Job>> {
-        let all = self.rt.list_jobs().await?;
-        Ok(match sandbox {
-            None => all,
-            Some((b, name)) => all
-                .into_iter()
-                .filter(|j| j.backend == b.as_str() && j.sandbox == name)
-                .collect(),
-        })
+    /// Every job, brought up to date, that `only` keeps.
+    pub async fn jobs(&self, only: &JobFilter) -> Result<Vec<Job>> {
+        Ok(self
+            .rt
+            .list_jobs()
+            .await?
+            .into_iter()
+            .filter(|j| only.keeps(j))
+            .collect())
+    }
+
+    /// Forget the ended jobs `only` keeps, with their output; the pruned.
+    pub async fn prune_jobs(&self, only: &JobFilter) -> Result<Vec<Job>> {
+        let jobs = self.jobs(only).await?;
+        self.rt.prune_jobs(jobs).await
+    }
+
+    /// A job's last `lines` lines, and the offset they end at.
+    pub async fn job_tail(&self, id: &str, lines: u64) -> Result<(Vec<u8>, u64)> {
+        self.rt.job_tail_at(id, lines).await
     }
 
     /// Wait for a job to end, at most `timeout`.
@@ -244,23 +296,40 @@ impl Service {
     }
 
     /// Signal a job's process group (SIGKILL after `grace`); the job as it
-    /// stands after.
+    /// stands after, and whether it had already ended.
     pub async fn kill_job(
         &self,
         id: &str,
         signal: berth_core::backend::Signal,
         grace: Option<Duration>,
-    ) -> Result<Job> {
-        match grace {
+    ) -> Result<(Job, bool)> {
+        let outcome = match grace {
             Some(g) => self.rt.kill_job_with_grace(id, signal, g).await?,
             None => self.rt.kill_job(id, signal).await?,
         };
-        self.rt.job(id).await
+        let already = matches!(outcome, berth_core::jobs::KillOutcome::AlreadyEnded(..));
+        Ok((self.rt.job(id).await?, already))
     }
 
-    /// Write to a job's stdin (and close it with `eof`).
-    pub async fn send_job(&self, id: &str, data: &[u8], eof: bool) -> Result<()> {
-        self.rt.send_job(id, data, eof).await
+    /// Write to a job's stdin, then type `keys` (a pty job's), and close
+    /// its stdin with `eof`.
+    pub async fn send_job(&self, id: &str, data: &[u8], keys: &[String], eof: bool) -> Result<()> {
+        if data.is_empty() && keys.is_empty() && !eof {
+            return Err(Error::InvalidInput(
+                "nothing to send: give data, keys, eof, or any of them".into(),
+            ));
+        }
+        self.rt.send_input(id, data, keys, eof).await.map(|_| ())
+    }
+
+    /// What a pty job's terminal shows.
+    pub async fn job_screen(&self, id: &str) -> Result<berth_core::jobs::pty::Screen> {
+        self.rt.job_screen(id).await
+    }
+
+    /// Resize a pty job's terminal.
+    pub async fn resize_job(&self, id: &str, size: TermSize) -> Result<()> {
+        self.rt.resize_job(id, size).await
     }
 
     /// The approvals: pending ones, or with `all` every one.
@@ -285,6 +354,94 @@ impl Service {
         };
         let policy = if always { self.policy.clone() } else { None };
         answers::answer(self.rt.store(), &gate, id, allow, always, policy, by)
+    }
+
+    /// Events: the newest `limit` (with `after` unset), else the first
+    /// `limit` after id `after`; oldest first, only kinds starting with
+    /// `kind` if given.
+    pub fn events(
+        &self,
+        limit: usize,
+        kind: Option<&str>,
+        after: Option<i64>,
+    ) -> Result<Vec<Event>> {
+        let store = self.rt.store();
+        let Some(mut last) = after else {
+            return store.events(0, limit, kind);
+        };
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let page = store.events_after(last, 1000)?;
+            let Some(end) = page.last().map(|e| e.id) else {
+                break;
+            };
+            last = end;
+            out.extend(page.into_iter().filter(|e| kind_matches(e, kind)));
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Send every event after `after` (unset: the newest now) whose kind
+    /// starts with `kind` to `tx`, as each is written, until `tx` closes.
+    /// Meanwhile each running job has a waiter in its sandbox, so its end
+    /// is written the moment it comes, and running jobs' output is scanned
+    /// for watch patterns about once a second. A slow reader holds the
+    /// follow here (the channel is bounded), not in memory.
+    pub async fn follow_events(
+        &self,
+        after: Option<i64>,
+        kind: Option<String>,
+        tx: tokio::sync::mpsc::Sender<Event>,
+    ) -> Result<()> {
+        use futures::StreamExt;
+        let rt = &self.rt;
+        let store = rt.store().clone();
+        let mut last = match after {
+            Some(a) => a,
+            None => store.events(0, 1, None)?.last().map_or(0, |e| e.id),
+        };
+        let mut waits = futures::stream::FuturesUnordered::new();
+        let mut watched = std::collections::HashSet::new();
+        // An appended event rings the store's bell: it is sent at once.
+        let mut bell = store.bell(Duration::from_millis(200));
+        let mut scanned = std::time::Instant::now();
+        loop {
+            for e in store.events_after(last, 1000)? {
+                last = e.id;
+                if kind_matches(&e, kind.as_deref()) && tx.send(e).await.is_err() {
+                    return Ok(());
+                }
+            }
+            for j in store.jobs()?.into_iter().filter(|j| !j.state.is_final()) {
+                if watched.insert(j.id.clone()) {
+                    waits.push(async move {
+                        let r = rt.wait_job(&j.id, None).await;
+                        (j.id, r.err())
+                    });
+                }
+            }
+            tokio::select! {
+                _ = tx.closed() => return Ok(()),
+                _ = bell.wait(WATCH_SCAN) => {
+                    // Watch patterns match output, which is in the sandbox,
+                    // not the store: scan about once a second.
+                    if scanned.elapsed() >= WATCH_SCAN {
+                        scanned = std::time::Instant::now();
+                        if let Err(e) = rt.list_jobs().await {
+                            tracing::debug!(error = %e, "refreshing jobs");
+                        }
+                    }
+                }
+                Some((id, err)) = waits.next(), if !waits.is_empty() => {
+                    // A waiter that failed (sandbox gone) is not retried:
+                    // the scan records how the job ended.
+                    if let Some(e) = err {
+                        tracing::debug!(job = %id, error = %e, "waiting for a job");
+                    }
+                }
+            }
+        }
     }
 
     /// Redact secrets from `text` as the policy says.

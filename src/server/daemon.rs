@@ -494,14 +494,6 @@ impl Berth for Conn {
         shared.served.fetch_add(1, Ordering::SeqCst);
         let serving = Serving::new(&shared);
         let cancel = serving.cancel.clone();
-        // A follower (`job logs --follow`, `job wait`, `events --follow`)
-        // carries on with the next server from where it got: a stopping
-        // server ends it at once instead of draining it.
-        let stopping = if command.follows() {
-            shared.shutdown.clone()
-        } else {
-            CancellationToken::new()
-        };
         let (tx, rx) = crate::io::live::<Piece>(LIVE_CAP);
         let span_call = serving.id.clone();
         tokio::spawn(async move {
@@ -518,7 +510,6 @@ impl Berth for Conn {
                 }),
                 _ = tx.closed() => None,
                 _ = cancel.cancelled() => Some(Piece::Stopping("interrupted: the berth server is stopping".into())),
-                _ = stopping.cancelled() => Some(Piece::Stopping("the berth server is stopping".into())),
             };
             if let Some(end) = end {
                 tx.send(end, 0);
@@ -532,7 +523,6 @@ impl Berth for Conn {
                     Piece::Err(b) => run_event::Event::Stderr(b),
                     Piece::Exit(c) => run_event::Event::Exit(u32::from(c)),
                     Piece::Error(m) => run_event::Event::Error(m),
-                    Piece::Position(p) => run_event::Event::Position(p),
                     Piece::Stopping(m) => run_event::Event::Stopping(m),
                 }),
             })

@@ -10,8 +10,10 @@
 //! client hands such a line to the engine, which prints it as clap does.
 //!
 //! What a served subcommand prints still streams back as bytes for the
-//! client's stdout and stderr (`RunEvent`), as it is printed: `job logs
-//! --follow` and `events --follow` go on until the client stops them.
+//! client's stdout and stderr (`RunEvent`), as it is printed. `job`,
+//! `approvals`, `approve`, `deny` and `events` are parsed with these types
+//! too, but are clients of the typed API (`berth.v1`) that the engine
+//! makes: [`API_CLIENTS`].
 
 pub mod approvals;
 pub mod events;
@@ -55,57 +57,6 @@ pub enum Call {
 }
 
 impl Call {
-    /// Whether this call only follows something until it ends, so that a
-    /// client that loses the server (`berth server stop`, a kill -9, a server
-    /// replaced by another build) carries it on with the next server
-    /// ([`Call::resumed`]): `job logs --follow`, `job wait`, `events
-    /// --follow`. A server stopping ends such calls at once.
-    pub fn follows(&self) -> bool {
-        use job::JobCmd;
-        matches!(
-            self,
-            Call::Sub(Served::Job(JobCmd::Logs(job::LogsArgs {
-                follow: true,
-                ..
-            }))) | Call::Sub(Served::Job(JobCmd::Wait(_)))
-                | Call::Sub(Served::Events(events::EventsArgs { follow: true, .. }))
-        )
-    }
-
-    /// The call that carries a follower on after the last position its
-    /// stdout reached (`position`: a job's output offset, an event id; none
-    /// if it printed nothing yet), `waited` after the first call started.
-    /// `None` for a call that does not follow.
-    pub fn resumed(&self, position: Option<u64>, waited: std::time::Duration) -> Option<Call> {
-        use job::JobCmd;
-        let call = match self {
-            Call::Sub(Served::Job(JobCmd::Logs(a))) if a.follow => {
-                let mut a = a.clone();
-                if let Some(p) = position {
-                    a.offset = p;
-                    a.tail = None;
-                }
-                Call::Sub(Served::Job(JobCmd::Logs(a)))
-            }
-            Call::Sub(Served::Job(JobCmd::Wait(a))) => {
-                let mut a = a.clone();
-                // The time left; a wait past its timeout still asks once, and
-                // says the job is still running.
-                a.timeout = a.timeout.map(|t| (t - waited.as_secs_f64()).max(0.001));
-                Call::Sub(Served::Job(JobCmd::Wait(a)))
-            }
-            Call::Sub(Served::Events(a)) if a.follow => {
-                let mut a = a.clone();
-                if let Some(p) = position {
-                    a.after = i64::try_from(p).ok();
-                }
-                Call::Sub(Served::Events(a))
-            }
-            _ => return None,
-        };
-        Some(call)
-    }
-
     /// The call as `RunCall.call` carries it.
     pub fn encode(&self) -> serde_json::Result<Vec<u8>> {
         serde_json::to_vec(self)
@@ -151,13 +102,13 @@ pub fn parse(argv: &[OsString]) -> Result<Option<(Globals, Call)>, clap::Error> 
 
 /// The subcommands of [`Served`] that are clients of the typed API
 /// (`berth.v1`), which the engine makes: the thin client hands them on.
-pub const API_CLIENTS: &[&str] = &["approvals", "approve", "deny"];
+pub const API_CLIENTS: &[&str] = &["approvals", "approve", "deny", "events", "job"];
 
 /// Whether a command line's subcommand (its first argument that is not a
 /// global option or an option's value) is one of the served ones: the thin
 /// client parses such a line with [`parse`], and skips that for every other.
 pub fn names_served(rest: &[OsString]) -> bool {
-    const SERVED: &[&str] = &["job", "sandbox", "events"];
+    const SERVED: &[&str] = &["sandbox"];
     rest.first()
         .and_then(|n| n.to_str())
         .is_some_and(|n| SERVED.contains(&n))
@@ -243,7 +194,8 @@ mod tests {
         ] {
             assert!(parse(&line(args)).is_err(), "{args:?}");
         }
-        assert!(names_served(&line(&["job", "ls"])[1..]));
+        assert!(names_served(&line(&["sandbox", "ls"])[1..]));
+        assert!(!names_served(&line(&["job", "ls"])[1..]));
         assert!(!names_served(&line(&["run", "task"])[1..]));
     }
 

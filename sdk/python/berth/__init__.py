@@ -1,5 +1,5 @@
 """berth from Python: sandboxes with a persistent shell, jobs, files,
-checkpoints and approvals, over berth's typed API (`berth.v1`).
+checkpoints, approvals and the event log, over berth's typed API (`berth.v1`).
 
     from berth import Sandbox
     sb = Sandbox.create("agent", backend="docker")
@@ -20,11 +20,13 @@ from ._client import (
     Checkpoint,
     Client,
     Denied,
+    Event,
     ExecResult,
     Job,
     Sandbox,
     approvals,
     connect,
+    events,
 )
 
 __all__ = [
@@ -33,9 +35,11 @@ __all__ = [
     "Checkpoint",
     "Client",
     "Denied",
+    "Event",
     "ExecResult",
     "Job",
     "Sandbox",
     "approvals",
     "connect",
+    "events",
 ]

@@ -6,9 +6,10 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 import grpc
+from google.protobuf import json_format
 
 from . import _stubs
 
@@ -97,6 +98,7 @@ class Client:
         self.files = rpc.FilesStub(self.channel)
         self.jobs = rpc.JobsStub(self.channel)
         self.approvals_api = rpc.ApprovalsStub(self.channel)
+        self.events_api = rpc.EventsStub(self.channel)
 
     def close(self):
         self.channel.close()
@@ -119,6 +121,42 @@ class Client:
 
     def job(self, id: str) -> "Job":
         return Job(self, _call(self.jobs.Get, pb.JobRef(id=id)))
+
+    def events(
+        self, limit: int = 20, kind: str = "", after: Optional[int] = None
+    ) -> List["Event"]:
+        """The newest `limit` events (kinds starting with `kind`), or with
+        `after` the first `limit` after that id; oldest first."""
+        q = pb.EventQuery(limit=limit, kind_prefix=kind)
+        if after is not None:
+            q.after = after
+        return [Event._of(e) for e in _call(self.events_api.Query, q).events]
+
+    def follow_events(
+        self, kind: str = "", after: Optional[int] = None, retry_for: float = 30.0
+    ) -> Iterator["Event"]:
+        """Every event after `after` (default: from now), as each is written,
+        for as long as the caller iterates. A server that stops meanwhile is
+        followed on from the last event (for up to `retry_for` seconds)."""
+        if after is None:
+            newest = self.events(limit=1)
+            after = newest[-1].id if newest else 0
+        given_up_at = None
+        while True:
+            try:
+                for e in self.events_api.Follow(pb.FollowEvents(kind_prefix=kind, after=after)):
+                    after = e.id
+                    given_up_at = None
+                    yield Event._of(e)
+                return
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise _error(e) from None
+                now = time.monotonic()
+                given_up_at = given_up_at or now + retry_for
+                if now > given_up_at:
+                    raise _error(e) from None
+                time.sleep(0.2)
 
 
 _default: Optional[Client] = None
@@ -169,6 +207,11 @@ def approvals(all: bool = False, client: Optional[Client] = None) -> List["Appro
     return _client(client).approvals(all)
 
 
+def events(limit: int = 20, kind: str = "", client: Optional[Client] = None) -> List["Event"]:
+    """The newest events of the default connection."""
+    return _client(client).events(limit=limit, kind=kind)
+
+
 @dataclass
 class ExecResult:
     """A finished command."""
@@ -187,6 +230,40 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+@dataclass
+class Event:
+    """One entry of berth's event log."""
+
+    id: int
+    ts_ms: int
+    kind: str
+    call_id: Optional[str]
+    backend: Optional[str]
+    sandbox: Optional[str]
+    command: Optional[str]
+    exit_code: Optional[int]
+    duration_ms: Optional[int]
+    detail: Any
+
+    @classmethod
+    def _of(cls, e) -> "Event":
+        def opt(name):
+            return getattr(e, name) if e.HasField(name) else None
+
+        return cls(
+            id=e.id,
+            ts_ms=e.ts_ms,
+            kind=e.kind,
+            call_id=opt("call_id"),
+            backend=_BACKEND_NAMES.get(e.backend) if e.backend else None,
+            sandbox=opt("sandbox"),
+            command=opt("command"),
+            exit_code=opt("exit_code"),
+            duration_ms=opt("duration_ms"),
+            detail=json_format.MessageToDict(e.detail) if e.HasField("detail") else None,
+        )
 
 
 @dataclass
@@ -327,12 +404,15 @@ class Sandbox:
 
     def start_job(
         self, command: str, *, name: Optional[str] = None, watch: Optional[List[str]] = None,
-        session: str = "",
+        session: str = "", pty: Optional[tuple] = None,
     ) -> "Job":
-        """Start `command` detached: it outlives this program and the server."""
+        """Start `command` detached: it outlives this program and the server.
+        `pty=(cols, rows)` runs it on a terminal of its own."""
         req = pb.StartJob(sandbox=self._ref, command=command, watch=watch or [], session=session)
         if name:
             req.name = name
+        if pty is not None:
+            req.pty.cols, req.pty.rows = pty
         return Job(self.client, _call(self.client.jobs.Start, req))
 
     def jobs(self) -> List["Job"]:
@@ -404,13 +484,20 @@ class Job:
         req = pb.KillJob(id=self.id, signal=_SIGNALS[signal.upper().removeprefix("SIG")])
         if grace is not None:
             req.grace_secs = float(grace)
-        self._set(_call(self.client.jobs.Kill, req))
+        killed = _call(self.client.jobs.Kill, req)
+        self._set(killed.job)
+        self.already_ended = killed.already_ended
         return self
 
-    def send(self, data: Union[bytes, str], eof: bool = False):
+    def send(self, data: Union[bytes, str] = b"", eof: bool = False, keys: Optional[List[str]] = None):
+        """Write to its stdin, then type `keys` (`Enter`, `C-c`, `Up`, ...)."""
         if isinstance(data, str):
             data = data.encode()
-        _call(self.client.jobs.Send, pb.SendInput(id=self.id, data=data, eof=eof))
+        _call(self.client.jobs.Send, pb.SendInput(id=self.id, data=data, eof=eof, keys=keys or []))
+
+    def screen(self) -> List[str]:
+        """What a `pty` job's terminal shows, row by row."""
+        return list(_call(self.client.jobs.Screen, pb.JobRef(id=self.id)).lines)
 
     def logs(self, follow: bool = False, offset: int = 0, retry_for: float = 30.0) -> Iterator[bytes]:
         """Its output from `offset`; with `follow`, until it ends.

@@ -201,3 +201,58 @@ def test_bad_input_gets_an_error_that_says_what_to_do(client):
     r = sb.exec("sleep 30", timeout=0.5)
     assert (r.exit_code, r.timed_out) == (124, True)
     assert sb.exec("echo still").stdout == "still\n"
+
+
+def test_the_event_log_is_queried_and_followed(client):
+    sb = _sandbox(client, "local")
+    r = sb.exec("echo logged; exit 5")
+    mine = [e for e in client.events(limit=200, kind="exec.finished") if e.call_id == r.call_id]
+    assert len(mine) == 1, mine
+    assert (mine[0].exit_code, mine[0].sandbox, mine[0].backend) == (5, sb.name, "local")
+    # A page after an id holds only later events, oldest first.
+    later = client.events(limit=5, after=mine[0].id)
+    assert all(e.id > mine[0].id for e in later)
+    assert [e.id for e in later] == sorted(e.id for e in later)
+    # A follower sees a job's start, its watch match (a structured detail)
+    # and its end, each once, as they happen.
+    seen = []
+
+    def follow():
+        for e in client.follow_events(kind="job."):
+            seen.append(e)
+            if e.kind == "job.exited":
+                return
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    job = sb.start_job("echo needle; sleep 1.5; exit 2", watch=["^needle$"])
+    t.join(timeout=60)
+    assert not t.is_alive(), f"no job.exited seen: {seen}"
+    ours = [e for e in seen if e.call_id == job.id]
+    kinds = [e.kind for e in ours]
+    assert kinds.count("job.started") == 1 and kinds.count("job.exited") == 1, kinds
+    watch = [e for e in ours if e.kind == "job.watch"]
+    assert len(watch) == 1 and watch[0].detail["detail"]["line"] == "needle", watch
+    assert len({e.id for e in seen}) == len(seen)
+
+
+def test_a_terminal_job_is_typed_into_read_and_killed(client):
+    sb = _sandbox(client, "local")
+    job = sb.start_job("read -r x; echo got:$x; sleep 60", pty=(100, 30))
+    job.send("hello", keys=["Enter"])
+    deadline = time.monotonic() + 30
+    screen = []
+    while time.monotonic() < deadline:
+        screen = job.screen()
+        if any("got:hello" in line for line in screen):
+            break
+        time.sleep(0.2)
+    assert any("got:hello" in line for line in screen), screen
+    job.kill(grace=1)
+    assert (job.state, job.already_ended) == ("killed", False), job
+    job.kill()
+    assert job.already_ended
+    with pytest.raises(BerthError) as e:
+        job.send("more")
+    assert "no stdin" in str(e.value)
