@@ -10,7 +10,6 @@
 //! reached (an output offset, an event id), as `tail -F` does: nothing is
 //! printed twice, nothing is left out.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,20 +132,9 @@ impl Reconnect {
     }
 }
 
-/// Write bytes to stdout as they come. A reader that has gone (`| head -1`)
-/// ends the process quietly with 141, as SIGPIPE would, rather than follow
-/// on into a closed pipe.
-pub fn out(b: &[u8]) {
-    if b.is_empty() {
-        return;
-    }
-    let mut o = std::io::stdout().lock();
-    if let Err(e) = o.write_all(b).and_then(|()| o.flush())
-        && berth_client::closed_pipe(&e)
-    {
-        std::process::exit(berth_client::EXIT_CLOSED_STDOUT.into());
-    }
-}
+/// Write bytes to stdout as they come (a closed stdout ends the process
+/// with 141, as SIGPIPE would).
+pub use crate::io::out;
 
 /// A backend named on the command line.
 pub fn backend_kind(name: &str) -> Result<berth_core::backend::BackendKind> {
@@ -166,3 +154,24 @@ pub fn sandbox_ref(backend: &str, name: &str) -> Result<berth_service::proto::Sa
         name: name.to_string(),
     })
 }
+
+/// One unary call of the typed API: through the server's `$client`, or on
+/// the in-process API's `$service` handler. The reply, or berth's error.
+macro_rules! call {
+    ($api:expr, $client:ident, $service:ident, $method:ident, $req:expr) => {{
+        let req = $req;
+        match $api {
+            $crate::api_client::Api::Served(ch) => $client::new(ch.clone()).$method(req).await,
+            $crate::api_client::Api::Here(svc) => {
+                <berth_service::api::Api as $service>::$method(
+                    &berth_service::api::Api::in_process(svc.clone()),
+                    tonic::Request::new(req),
+                )
+                .await
+            }
+        }
+        .map(tonic::Response::into_inner)
+        .map_err($crate::api_client::error)
+    }};
+}
+pub(crate) use call;

@@ -3,13 +3,16 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 use berth_core::checkpoint::record::CheckpointRow;
-use berth_core::runtime::Runtime;
+use berth_service::convert;
+use berth_service::proto;
+use berth_service::proto::sandboxes_client::SandboxesClient;
+use berth_service::proto::sandboxes_server::Sandboxes;
 use serde_json::json;
 
+use crate::api_client::{Api, call, sandbox_ref};
 use crate::context;
-use crate::io::outln;
 
 use berth_client::served::sandbox::{CheckpointArgs, CheckpointsArgs, CloneArgs, RestoreArgs};
 
@@ -33,58 +36,21 @@ fn source(c: &CheckpointRow) -> String {
     }
 }
 
-/// What a checkpoint of a sandbox leaves out beside its workspace: files
-/// under `~/.local` (where `pip install --user` puts packages) when the home
-/// lies outside the workspace. A checkpoint and a clone carry the workspace
-/// only; this says so instead of dropping them without a word. `None` when
-/// there are none, or the sandbox could not be asked (then nothing is
-/// claimed).
-async fn home_left_out(rt: &Runtime, backend: &str, name: &str) -> Option<String> {
-    const PROBE: &str = r#"W=$1 h=${HOME:-}
-[ -n "$h" ] || exit 0
-d=${h%/}/.local
-case "$d/" in "${W%/}"/*) exit 0;; esac
-[ -d "$d" ] || exit 0
-n=$(find "$d" -type f 2>/dev/null | head -n 100000 | wc -l)
-[ "$n" -gt 0 ] && printf '%s\t%s' "$n" "$d"
-exit 0"#;
-    let sb = rt.attach(backend, name).await.ok()?;
-    let workdir = sb.layout().workdir.clone();
-    let argv = [
-        "bash".to_string(),
-        "-c".into(),
-        PROBE.into(),
-        "berth-probe".into(),
-        workdir.clone(),
-    ];
-    let c = berth_core::backend::run_to_end(
-        &*sb,
-        &argv,
-        None,
-        4096,
-        std::time::Duration::from_secs(20),
-    )
-    .await
-    .ok()?;
-    let out = String::from_utf8_lossy(&c.stdout).into_owned();
-    let (n, dir) = out.trim().split_once('\t')?;
-    Some(format!(
-        "{n} files under {dir} (where `pip install --user` puts packages) are outside the workspace {workdir}, so checkpoints and clones do not carry them; install into a venv in the workspace instead (`python3 -m venv .venv`), which they do"
-    ))
-}
-
 /// `berth sandbox checkpoint NAME`.
-pub async fn checkpoint(rt: &Runtime, a: CheckpointArgs) -> Result<u8> {
-    let c = rt
-        .checkpoint(&a.backend, &a.name, a.label.as_deref(), None)
-        .await?;
-    let left_out = home_left_out(rt, &a.backend, &a.name).await;
+pub async fn checkpoint(api: &Api, a: CheckpointArgs) -> Result<u8> {
+    let req = proto::TakeCheckpoint {
+        sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
+        label: a.label.clone(),
+    };
+    let mut info = call!(api, SandboxesClient, Sandboxes, checkpoint, req)?;
+    let left_out = info.outside_workspace.take();
+    let c = convert::checkpoint_row(info);
     if a.json {
         let mut v = serde_json::to_value(&c)?;
         v["outside_workspace"] = json!(left_out);
         context::print_json(&v);
     } else {
-        outln!(
+        println!(
             "checkpoint {} of sandbox {}: {} files, {}; stored {} changed ({}) in {} ms",
             c.id,
             c.sandbox,
@@ -95,41 +61,40 @@ pub async fn checkpoint(rt: &Runtime, a: CheckpointArgs) -> Result<u8> {
             c.took_ms
         );
         if !c.skipped.is_empty() {
-            outln!("left out (special files): {}", c.skipped.join(", "));
+            println!("left out (special files): {}", c.skipped.join(", "));
         }
         if let Some(n) = left_out {
-            outln!("left out: {n}");
+            println!("left out: {n}");
         }
     }
     Ok(0)
 }
 
 /// `berth sandbox checkpoints NAME`.
-pub fn list(rt: &Runtime, a: CheckpointsArgs) -> Result<u8> {
-    let rows = rt.checkpoints(&a.backend, &a.name)?;
+pub async fn list(api: &Api, a: CheckpointsArgs) -> Result<u8> {
+    let req = sandbox_ref(&a.backend, &a.name)?;
+    let rows: Vec<CheckpointRow> = call!(api, SandboxesClient, Sandboxes, checkpoints, req)?
+        .checkpoints
+        .into_iter()
+        .map(convert::checkpoint_row)
+        .collect();
     if a.json {
         context::print_json(&serde_json::to_value(&rows)?);
         return Ok(0);
     }
     if rows.is_empty() {
-        outln!(
+        println!(
             "sandbox {} has no checkpoints; take one with `berth sandbox checkpoint {}`",
-            a.name,
-            a.name
+            a.name, a.name
         );
         return Ok(0);
     }
-    outln!(
+    println!(
         "{:<12} {:<23} {:>7} {:>10} {:>8} {:>10}  FROM",
-        "ID",
-        "TAKEN",
-        "FILES",
-        "SIZE",
-        "CHANGED",
-        "STORED"
+        "ID", "TAKEN", "FILES", "SIZE", "CHANGED", "STORED"
     );
     for c in rows {
-        outln!(
+        println!(
             "{:<12} {:<23} {:>7} {:>10} {:>8} {:>10}  {}",
             c.id,
             when(c.created_ms),
@@ -144,22 +109,35 @@ pub fn list(rt: &Runtime, a: CheckpointsArgs) -> Result<u8> {
 }
 
 /// `berth sandbox restore NAME CHECKPOINT`.
-pub async fn restore(rt: &Runtime, dir: &Path, a: RestoreArgs) -> Result<u8> {
+pub async fn restore(api: &Api, dir: &Path, a: RestoreArgs) -> Result<u8> {
     // In-process, a server may hold the sandbox's shells: they would write
     // their state over the restored one. Tell it to let them go.
-    if !crate::io::remote() {
+    if matches!(api, Api::Here(_)) {
         crate::server::client::forget(dir, &a.backend, &a.name).await;
     }
-    let r = rt
-        .restore_checkpoint(&a.backend, &a.name, &a.checkpoint, a.force)
-        .await?;
+    let req = proto::RestoreCheckpoint {
+        sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
+        checkpoint: a.checkpoint.clone(),
+        force: a.force,
+    };
+    let done = call!(api, SandboxesClient, Sandboxes, restore, req)?;
+    let r = berth_core::runtime::RestoreReport {
+        checkpoint: convert::checkpoint_row(
+            done.checkpoint
+                .ok_or_else(|| anyhow!("the server's answer named no checkpoint"))?,
+        ),
+        written: usize::try_from(done.written).unwrap_or(usize::MAX),
+        removed: usize::try_from(done.removed).unwrap_or(usize::MAX),
+        stopped: done.stopped,
+        took_ms: done.took_ms,
+    };
     if a.json {
         context::print_json(&serde_json::to_value(&r)?);
     } else {
         for s in &r.stopped {
-            outln!("stopped: {s}");
+            println!("stopped: {s}");
         }
-        outln!(
+        println!(
             "restored sandbox {} to checkpoint {} ({}): {} written back, {} removed, in {} ms; the next command's shell has the session as it was",
             a.name,
             r.checkpoint.id,
@@ -173,12 +151,18 @@ pub async fn restore(rt: &Runtime, dir: &Path, a: RestoreArgs) -> Result<u8> {
 }
 
 /// `berth sandbox clone SRC DST`.
-pub async fn clone(rt: &Runtime, a: CloneArgs) -> Result<u8> {
+pub async fn clone(api: &Api, a: CloneArgs) -> Result<u8> {
     let to = a.to.clone().unwrap_or_else(|| a.backend.clone());
-    let c = rt
-        .clone_sandbox(&a.backend, &a.src, &to, &a.dst, a.at.as_deref())
-        .await?;
-    let left_out = home_left_out(rt, &a.backend, &a.src).await;
+    let req = proto::CloneRequest {
+        from: Some(sandbox_ref(&a.backend, &a.src)?),
+        to: Some(sandbox_ref(&to, &a.dst)?),
+        at: a.at.clone(),
+    };
+    let mut info = call!(api, SandboxesClient, Sandboxes, clone_sandbox, req)?
+        .checkpoint
+        .ok_or_else(|| anyhow!("the server's answer named no checkpoint"))?;
+    let left_out = info.outside_workspace.take();
+    let c = convert::checkpoint_row(info);
     if a.json {
         context::print_json(&json!({
             "sandbox": a.dst, "backend": to, "from": a.src,
@@ -186,7 +170,7 @@ pub async fn clone(rt: &Runtime, a: CloneArgs) -> Result<u8> {
             "outside_workspace": left_out,
         }));
     } else {
-        outln!(
+        println!(
             "cloned sandbox {} ({}) at checkpoint {} into {} ({}): {} files, {}, in {} ms",
             a.src,
             a.backend,
@@ -198,7 +182,7 @@ pub async fn clone(rt: &Runtime, a: CloneArgs) -> Result<u8> {
             c.took_ms
         );
         if let Some(n) = left_out {
-            outln!("not carried over: {n}");
+            println!("not carried over: {n}");
         }
     }
     Ok(0)

@@ -5,29 +5,29 @@
 //! setting in which it differs from the record is named. Elsewhere, the
 //! record and the backend's live state.
 
-use std::path::Path;
-
-use anyhow::{Result, bail};
-use berth_core::backend::SandboxSpec;
-use berth_core::runtime::Runtime;
+use anyhow::Result;
+use berth_service::proto;
+use berth_service::proto::sandboxes_client::SandboxesClient;
+use berth_service::proto::sandboxes_server::Sandboxes;
 use serde_json::{Value, json};
 
 use berth_client::served::sandbox::InspectArgs;
 
+use crate::api_client::{Api, call, sandbox_ref};
 use crate::context;
-use crate::io::outln;
 
-/// The record's spec as shown: the environment by name only (values may be
-/// secrets).
-fn record_json(spec: &SandboxSpec) -> Value {
+/// The record's settings as shown: the environment by name only (values
+/// may be secrets).
+fn record_json(spec: &proto::SandboxSettings) -> Value {
+    let options: std::collections::BTreeMap<_, _> = spec.options.iter().collect();
     json!({
         "image": spec.image,
         "network": spec.network,
-        "memory_mb": spec.limits.memory_mb,
-        "milli_cpu": spec.limits.milli_cpu,
-        "pids": spec.limits.pids,
-        "options": spec.options,
-        "env": spec.env.keys().collect::<Vec<_>>(),
+        "memory_mb": spec.memory_mb,
+        "milli_cpu": spec.milli_cpu,
+        "pids": spec.pids,
+        "options": options,
+        "env": spec.env_names,
     })
 }
 
@@ -44,119 +44,98 @@ fn size(bytes: Option<i64>) -> String {
     }
 }
 
-fn print_record(spec: &SandboxSpec) {
-    outln!("  on record (what it was made with):");
-    outln!(
+fn print_record(spec: &proto::SandboxSettings) {
+    println!("  on record (what it was made with):");
+    println!(
         "    network {}, image {}, memory {}, cpus {}, pids {}",
         if spec.network { "on" } else { "off" },
         spec.image.as_deref().unwrap_or("the default"),
-        or_default(spec.limits.memory_mb, " MiB"),
-        or_default(spec.limits.milli_cpu.map(|m| m as f64 / 1000.0), ""),
-        or_default(spec.limits.pids, "")
+        or_default(spec.memory_mb, " MiB"),
+        or_default(spec.milli_cpu.map(|m| m as f64 / 1000.0), ""),
+        or_default(spec.pids, "")
     );
     if !spec.options.is_empty() {
-        let o: Vec<String> = spec
+        let mut o: Vec<String> = spec
             .options
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        outln!("    options {}", o.join(" "));
+        o.sort();
+        println!("    options {}", o.join(" "));
     }
-    if !spec.env.is_empty() {
-        let e: Vec<&str> = spec.env.keys().map(String::as_str).collect();
-        outln!("    environment {}", e.join(" "));
+    if !spec.env_names.is_empty() {
+        println!("    environment {}", spec.env_names.join(" "));
     }
 }
 
 /// `berth sandbox inspect NAME`.
-pub async fn run(rt: &Runtime, dir: &Path, a: InspectArgs) -> Result<u8> {
-    let row = rt.store().sandbox(&a.backend, &a.name)?;
+pub async fn run(api: &Api, a: InspectArgs) -> Result<u8> {
+    let req = sandbox_ref(&a.backend, &a.name)?;
+    let d = call!(api, SandboxesClient, Sandboxes, inspect, req)?;
     let mut out = json!({
         "name": a.name,
         "backend": a.backend,
-        "record": row.as_ref().map(|r| record_json(&r.spec)),
+        "record": d.record.as_ref().map(record_json),
     });
     if a.backend == "docker" {
-        return docker(dir, a, row.map(|r| r.spec), out).await;
+        return docker(a, d, out);
     }
-    let live = rt.list_sandboxes(&a.backend).await?;
-    let live = live.into_iter().find(|s| s.name == a.name);
-    if row.is_none() && live.is_none() {
-        bail!(
-            "sandbox `{}` ({}) not found; list sandboxes with `berth sandbox ls -b {}`",
-            a.name,
-            a.backend,
-            a.backend
-        );
-    }
-    out["state"] = json!(live.as_ref().map(|l| l.state.clone()));
-    out["id"] = json!(live.as_ref().and_then(|l| l.id.clone()));
+    out["state"] = json!(d.state);
+    out["id"] = json!(d.id);
     if a.json {
         context::print_json(&out);
         return Ok(0);
     }
-    outln!("sandbox {} ({})", a.name, a.backend);
-    outln!(
+    println!("sandbox {} ({})", a.name, a.backend);
+    println!(
         "  state {}, id {}",
-        live.as_ref().map_or("unknown", |l| l.state.as_str()),
-        live.as_ref()
-            .and_then(|l| l.id.as_deref())
-            .unwrap_or("none")
+        d.state.as_deref().unwrap_or("unknown"),
+        d.id.as_deref().unwrap_or("none")
     );
-    if let Some(r) = rt.store().sandbox(&a.backend, &a.name)? {
-        print_record(&r.spec);
+    if let Some(r) = &d.record {
+        print_record(r);
     }
     Ok(0)
 }
 
-#[cfg(feature = "docker")]
-async fn docker(
-    dir: &Path,
-    a: InspectArgs,
-    spec: Option<SandboxSpec>,
-    mut out: Value,
-) -> Result<u8> {
-    use berth_backends::docker::config::ContainerPlan;
-    use berth_backends::docker::inspect::{ContainerSettings, differences};
-    let backend = berth_backends::docker::DockerBackend::connect()
-        .await?
-        .with_installation(&berth_backends::installation_id(dir)?);
-    let facts = backend.inspect_sandbox(&a.name).await?;
-    if spec.is_none() && facts.is_none() {
-        bail!(
-            "sandbox `{}` (docker) not found; list sandboxes with `berth sandbox ls -b docker`",
-            a.name
-        );
-    }
-    let diff = match (&spec, &facts) {
-        (Some(spec), Some(f)) => {
-            let plan = ContainerPlan::from_spec(spec)?;
-            differences(&ContainerSettings::planned(spec, &plan), &f.settings)
-        }
-        _ => Vec::new(),
-    };
-    out["container"] = serde_json::to_value(&facts)?;
-    out["differences"] = json!(diff);
+/// A container's facts as `--json` shows them.
+fn container_json(f: &proto::Container) -> Value {
+    let s = f.settings.clone().unwrap_or_default();
+    json!({
+        "daemon": f.daemon, "container": f.name, "id": f.id, "state": f.state,
+        "settings": {
+            "network": s.network, "memory_mb": s.memory_mb, "milli_cpu": s.milli_cpu,
+            "pids": s.pids, "user": s.user, "read_only": s.read_only,
+            "cap_add": s.cap_add, "image": s.image,
+        },
+        "size_rw": f.size_rw, "size_root_fs": f.size_root_fs,
+        "volumes": f.volumes, "workspace_bytes": f.workspace_bytes,
+    })
+}
+
+fn docker(a: InspectArgs, d: proto::SandboxDetail, mut out: Value) -> Result<u8> {
+    out["container"] = d.container.as_ref().map_or(Value::Null, container_json);
+    out["differences"] = json!(d.differences);
     if a.json {
         context::print_json(&out);
         return Ok(0);
     }
-    outln!("sandbox {} (docker)", a.name);
-    match &facts {
-        None => outln!(
+    println!("sandbox {} (docker)", a.name);
+    match &d.container {
+        None => println!(
             "  no container: the next command creates one with the settings on record, on the sandbox's volumes"
         ),
         Some(f) => {
-            let s = &f.settings;
-            outln!(
+            let s = f.settings.clone().unwrap_or_default();
+            println!(
                 "  container {} ({}), {}, on the daemon at {}",
-                f.container,
+                f.name,
                 f.id.get(..12).unwrap_or(f.id.as_str()),
                 f.state,
                 f.daemon
             );
-            outln!("  image {}", s.image);
-            outln!(
+            println!("  image {}", s.image);
+            println!(
                 "  network {}",
                 if s.network == "none" {
                     "none (off; `--network` at creation turns it on)".to_string()
@@ -164,7 +143,7 @@ async fn docker(
                     s.network.clone()
                 }
             );
-            outln!(
+            println!(
                 "  memory {}, cpus {}, pids {}",
                 s.memory_mb
                     .map_or("no limit".into(), |m| format!("{m} MiB")),
@@ -172,7 +151,7 @@ async fn docker(
                     .map_or("no limit".into(), |m| format!("{}", m as f64 / 1000.0)),
                 s.pids.map_or("no limit".into(), |p| p.to_string())
             );
-            outln!(
+            println!(
                 "  user {}, read-only root {}, capabilities added {}",
                 s.user,
                 if s.read_only { "yes" } else { "no" },
@@ -182,37 +161,27 @@ async fn docker(
                     s.cap_add.join(",")
                 }
             );
-            outln!(
+            println!(
                 "  size: workspace {}, written in the container {} (root filesystem {} with the image)",
                 size(f.workspace_bytes.map(|b| b as i64)),
                 size(f.size_rw),
                 size(f.size_root_fs)
             );
-            outln!("  volumes {}", f.volumes.join(", "));
+            println!("  volumes {}", f.volumes.join(", "));
         }
     }
-    match &spec {
+    match &d.record {
         Some(spec) => print_record(spec),
-        None => outln!(
+        None => println!(
             "  not on record: an orphan of this installation; `berth sandbox rm {} -b docker` removes it",
             a.name
         ),
     }
-    if !diff.is_empty() {
-        outln!("  the container differs from the record:");
-        for d in &diff {
-            outln!("    {d}");
+    if !d.differences.is_empty() {
+        println!("  the container differs from the record:");
+        for x in &d.differences {
+            println!("    {x}");
         }
     }
     Ok(0)
-}
-
-#[cfg(not(feature = "docker"))]
-async fn docker(
-    _dir: &Path,
-    _a: InspectArgs,
-    _spec: Option<SandboxSpec>,
-    _out: Value,
-) -> Result<u8> {
-    bail!("this berth was built without the docker backend (cargo feature `docker`)")
 }

@@ -1,18 +1,25 @@
-//! `berth sandbox create|ls|inspect|rm|gc` (inspect in `crate::cmd_inspect`), and the checkpoint subcommands
+//! `berth sandbox create|ls|inspect|rm|reap|gc` (inspect in
+//! `crate::cmd_inspect`), and the checkpoint subcommands
 //! (`crate::cmd_checkpoint`).
+//!
+//! A client of the typed API's `Sandboxes` service (`berth.v1`): through
+//! the server, or with `BERTH_SERVER=off` on the same handlers in this
+//! process. It prints the API's values; nothing is captured to form a reply.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Result, bail};
-use berth_core::backend::{Limits, SandboxSpec};
-use berth_core::runtime::Runtime;
+use berth_service::convert;
+use berth_service::proto;
+use berth_service::proto::sandboxes_client::SandboxesClient;
+use berth_service::proto::sandboxes_server::Sandboxes;
 use serde_json::json;
 
-use crate::context;
-use crate::io::outln;
+use crate::api_client::{Api, call, sandbox_ref};
+use crate::{context, server};
 
-use berth_client::served::sandbox::{GcArgs, LsArgs, SandboxCmd};
+use berth_client::served::sandbox::{GcArgs, LsArgs, ReapArgs, SandboxCmd};
 
 fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
@@ -28,100 +35,135 @@ fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
-/// Run a sandbox subcommand on `rt` (in-process, or in the server for a
-/// client); `dir` is the state dir.
-pub async fn run_on(rt: &Runtime, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
+/// Run a sandbox subcommand against the state dir `dir`.
+pub async fn run(dir: &Path, mode: server::Mode, cmd: SandboxCmd) -> Result<u8> {
+    let api = Api::open(dir, mode).await?;
+    let r = run_with(&api, dir, cmd).await;
+    api.close().await;
+    r
+}
+
+async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
     match cmd {
         SandboxCmd::Create(a) => {
             if a.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
                 bail!("--cpus must be a positive number of cores, e.g. --cpus 0.5");
             }
-            let spec = SandboxSpec {
-                name: a.name.clone(),
+            let req = proto::CreateSandbox {
+                sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
                 image: a.image.clone(),
-                env: pairs(&a.env, "--env")?,
+                env: pairs(&a.env, "--env")?.into_iter().collect(),
                 network: a.network,
-                limits: Limits {
-                    memory_mb: a.memory_mb,
-                    milli_cpu: a.cpus.map(|c| (c * 1000.0).round() as u64),
-                    pids: a.pids,
-                },
-                options: pairs(&a.options, "--opt")?,
+                memory_mb: a.memory_mb,
+                milli_cpu: a.cpus.map(|c| (c * 1000.0).round() as u64),
+                pids: a.pids,
+                options: pairs(&a.options, "--opt")?.into_iter().collect(),
             };
-            let (sb, created, recreated) = rt.create_sandbox(&a.backend, spec).await?;
-            let layout = sb.layout().clone();
+            if a.backend == "docker" && a.image.is_none() && matches!(api, Api::Served(_)) {
+                image_first().await?;
+            }
+            let sb = call!(api, SandboxesClient, Sandboxes, create, req)?;
             if a.json {
                 context::print_json(&json!({
-                    "name": a.name, "backend": a.backend, "created": created,
-                    "recreated": recreated, "workdir": layout.workdir,
+                    "name": a.name, "backend": a.backend, "created": sb.created,
+                    "recreated": sb.recreated, "workdir": sb.workdir,
                 }));
             } else {
-                let verb = if created {
+                let verb = if sb.created {
                     "created"
                 } else {
                     "attached to existing"
                 };
-                outln!(
+                println!(
                     "{verb} sandbox {} ({}), workspace {}",
-                    a.name,
-                    a.backend,
-                    layout.workdir
+                    a.name, a.backend, sb.workdir
                 );
-                if let Some(r) = recreated {
-                    outln!("note: the sandbox was brought back: {r}");
+                if let Some(r) = sb.recreated {
+                    println!("note: the sandbox was brought back: {r}");
                 }
             }
+            Ok(0)
         }
-        SandboxCmd::Ls(a) => return ls(rt, a).await,
-        SandboxCmd::Inspect(a) => return crate::cmd_inspect::run(rt, dir, a).await,
-        SandboxCmd::Reap(a) => return crate::cmd_reap::run(rt, a).await,
-        SandboxCmd::Gc(a) => return gc(rt, dir, a).await,
-        SandboxCmd::Checkpoint(a) => return crate::cmd_checkpoint::checkpoint(rt, a).await,
-        SandboxCmd::Checkpoints(a) => return crate::cmd_checkpoint::list(rt, a),
-        SandboxCmd::Restore(a) => return crate::cmd_checkpoint::restore(rt, dir, a).await,
-        SandboxCmd::Clone(a) => return crate::cmd_checkpoint::clone(rt, a).await,
+        SandboxCmd::Ls(a) => ls(api, a).await,
+        SandboxCmd::Inspect(a) => crate::cmd_inspect::run(api, a).await,
+        SandboxCmd::Reap(a) => reap(api, a).await,
+        SandboxCmd::Gc(a) => gc(api, a).await,
+        SandboxCmd::Checkpoint(a) => crate::cmd_checkpoint::checkpoint(api, a).await,
+        SandboxCmd::Checkpoints(a) => crate::cmd_checkpoint::list(api, a).await,
+        SandboxCmd::Restore(a) => crate::cmd_checkpoint::restore(api, dir, a).await,
+        SandboxCmd::Clone(a) => crate::cmd_checkpoint::clone(api, a).await,
         SandboxCmd::Rm(a) => {
-            // In-process, a server may hold the sandbox's shell: tell it. In
-            // the server, its own runtime lets go in `remove_sandbox`.
-            if !crate::io::remote() {
+            // In-process, a server may hold the sandbox's shell: tell it.
+            // Through the server, its runtime lets go in `remove_sandbox`.
+            if matches!(api, Api::Here(_)) {
                 crate::server::client::forget(dir, &a.backend, &a.name).await;
             }
-            rt.remove_sandbox(&a.backend, &a.name, !a.keep_workspace)
-                .await?;
+            let req = proto::RemoveSandbox {
+                sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
+                keep_workspace: a.keep_workspace,
+            };
+            call!(api, SandboxesClient, Sandboxes, remove, req)?;
             if a.json {
                 context::print_json(&json!({ "removed": a.name, "backend": a.backend }));
             } else {
-                outln!("removed sandbox {} ({})", a.name, a.backend);
+                println!("removed sandbox {} ({})", a.name, a.backend);
             }
+            Ok(0)
         }
     }
-    Ok(0)
+}
+
+/// Build the docker sandbox image here, with its progress on this terminal,
+/// before the server makes a first sandbox from it (it would build it
+/// silently, on its own log). Already built: one look at the engine. An
+/// engine this process cannot reach is the server's to report.
+#[cfg(feature = "docker")]
+async fn image_first() -> Result<()> {
+    use anyhow::Context;
+    use berth_backends::docker::{BuildProgress, DockerBackend};
+    let Ok(backend) = DockerBackend::connect().await else {
+        return Ok(());
+    };
+    backend
+        .with_progress(std::sync::Arc::new(|p: BuildProgress| {
+            eprintln!("berth: image: {p}")
+        }))
+        .ensure_image()
+        .await
+        .context("building the docker sandbox image")?;
+    Ok(())
+}
+
+#[cfg(not(feature = "docker"))]
+async fn image_first() -> Result<()> {
+    Ok(())
 }
 
 /// `sandbox ls`: one backend's sandboxes, or with `--all` every backend's
 /// that has recorded sandboxes (and local). A backend that cannot be asked
 /// is named with why, and the others are listed all the same.
-async fn ls(rt: &Runtime, a: LsArgs) -> Result<u8> {
-    let backends: Vec<String> = if a.all {
-        let mut v = vec![context::DEFAULT_BACKEND.to_string()];
-        for r in rt.store().sandboxes(None)? {
-            if !v.contains(&r.backend) {
-                v.push(r.backend);
-            }
-        }
-        v
-    } else {
-        vec![a.backend.clone()]
+async fn ls(api: &Api, a: LsArgs) -> Result<u8> {
+    let req = proto::ListSandboxes {
+        backend: sandbox_ref(&a.backend, "")?.backend,
+        all: a.all,
     };
-    let mut list = Vec::new();
-    let mut failed = Vec::new();
-    for b in &backends {
-        match rt.list_sandboxes(b).await {
-            Ok(l) => list.extend(l),
-            Err(e) if a.all => failed.push((b.clone(), e.full_text())),
-            Err(e) => return Err(e.into()),
-        }
-    }
+    let got = call!(api, SandboxesClient, Sandboxes, list, req)?;
+    let failed: Vec<(String, String)> = got
+        .failed
+        .into_iter()
+        .map(|f| {
+            let (b, _) = convert::place(Some(proto::SandboxRef {
+                backend: f.backend,
+                name: String::new(),
+            }));
+            (b, f.error)
+        })
+        .collect();
+    let list: Vec<_> = got
+        .sandboxes
+        .into_iter()
+        .map(convert::sandbox_status_row)
+        .collect();
     if a.json {
         let mut v = serde_json::to_value(&list)?;
         if let Some(arr) = v.as_array_mut() {
@@ -135,15 +177,14 @@ async fn ls(rt: &Runtime, a: LsArgs) -> Result<u8> {
         return Ok(0);
     }
     if list.is_empty() && failed.is_empty() {
-        outln!(
+        println!(
             "no sandboxes on {}; create one with `berth sandbox create NAME --backend {}`",
-            a.backend,
-            a.backend
+            a.backend, a.backend
         );
         return Ok(0);
     }
     if !list.is_empty() {
-        outln!("{:<24} {:<8} {:<12} ID", "NAME", "BACKEND", "STATE");
+        println!("{:<24} {:<8} {:<12} ID", "NAME", "BACKEND", "STATE");
     }
     for s in list {
         let state = if s.orphan {
@@ -151,7 +192,7 @@ async fn ls(rt: &Runtime, a: LsArgs) -> Result<u8> {
         } else {
             s.state
         };
-        outln!(
+        println!(
             "{:<24} {:<8} {:<12} {}",
             s.name,
             s.backend,
@@ -160,99 +201,93 @@ async fn ls(rt: &Runtime, a: LsArgs) -> Result<u8> {
         );
     }
     for (b, e) in failed {
-        crate::io::errln!("berth: backend {b}: could not list its sandboxes: {e}");
+        eprintln!("berth: backend {b}: could not list its sandboxes: {e}");
     }
     Ok(0)
 }
 
-/// `sandbox gc`: checkpoints on every backend, then docker's containers.
-async fn gc(rt: &Runtime, state_dir: &Path, a: GcArgs) -> Result<u8> {
-    let mut pruned = Vec::new();
-    for row in rt.store().sandboxes(Some(&a.backend))? {
-        if rt.checkpoints(&a.backend, &row.name)?.is_empty() {
+/// `sandbox reap`: remove sandboxes idle longer than the policy allows.
+async fn reap(api: &Api, a: ReapArgs) -> Result<u8> {
+    let req = proto::ReapSandboxes { dry_run: a.dry_run };
+    let idle: Vec<_> = call!(api, SandboxesClient, Sandboxes, reap, req)?
+        .idle
+        .into_iter()
+        .map(convert::idle_row)
+        .collect();
+    let mut failed = false;
+    for i in &idle {
+        failed |= i.error.is_some();
+        if a.json {
+            context::print_json(&serde_json::to_value(i)?);
             continue;
         }
-        match rt.gc_checkpoints(&a.backend, &row.name).await {
-            Ok((checkpoints, packs)) => pruned.push(json!({
-                "sandbox": row.name, "checkpoints": checkpoints, "packs": packs,
-            })),
-            Err(e) => pruned.push(json!({ "sandbox": row.name, "error": e.full_text() })),
-        }
+        let what = match (&i.error, a.dry_run) {
+            (Some(e), _) => format!("could not remove: {e}"),
+            (None, true) => "would remove".into(),
+            (None, false) => "removed".into(),
+        };
+        println!(
+            "{what}: {} ({}), idle {}s > {}s",
+            i.name, i.backend, i.idle_secs, i.lifetime_secs
+        );
     }
-    if a.backend == "docker" {
-        return gc_docker(rt, state_dir, a, pruned).await;
+    if idle.is_empty() && !a.json {
+        println!("no idle sandboxes");
     }
-    if a.json {
-        context::print_json(&json!({ "backend": a.backend, "checkpoints": pruned }));
-    } else {
-        print_pruned(&pruned);
-    }
-    Ok(0)
+    Ok(if failed { 1 } else { 0 })
 }
 
-fn print_pruned(pruned: &[serde_json::Value]) {
-    for p in pruned {
-        match p["error"].as_str() {
-            Some(e) => outln!("sandbox {}: checkpoints not pruned: {e}", p["sandbox"]),
-            None => outln!(
+/// `sandbox gc`: checkpoints on the backend, then docker's containers.
+async fn gc(api: &Api, a: GcArgs) -> Result<u8> {
+    let req = proto::CollectGarbage {
+        backend: sandbox_ref(&a.backend, "")?.backend,
+        older_than_secs: a.older_than.as_secs_f64(),
+        workspaces: a.workspaces,
+    };
+    let c = call!(api, SandboxesClient, Sandboxes, collect, req)?;
+    let pruned: Vec<serde_json::Value> = c
+        .checkpoints
+        .iter()
+        .map(|p| match &p.error {
+            Some(e) => json!({ "sandbox": p.sandbox, "error": e }),
+            None => json!({
+                "sandbox": p.sandbox, "checkpoints": p.checkpoints, "packs": p.packs,
+            }),
+        })
+        .collect();
+    let docker = a.backend == "docker";
+    if a.json {
+        if docker {
+            context::print_json(&json!({
+                "removed": c.removed, "kept": c.kept, "backend": a.backend,
+                "removed_volumes": c.removed_volumes, "checkpoints": pruned,
+            }));
+        } else {
+            context::print_json(&json!({ "backend": a.backend, "checkpoints": pruned }));
+        }
+        return Ok(0);
+    }
+    for p in &c.checkpoints {
+        match &p.error {
+            Some(e) => println!("sandbox {:?}: checkpoints not pruned: {e}", p.sandbox),
+            None => println!(
                 "sandbox {}: {} checkpoints and {} packs past retention removed",
-                p["sandbox"].as_str().unwrap_or("?"),
-                p["checkpoints"],
-                p["packs"]
+                p.sandbox, p.checkpoints, p.packs
             ),
         }
     }
-}
-
-#[cfg(feature = "docker")]
-async fn gc_docker(
-    rt: &Runtime,
-    state_dir: &Path,
-    a: GcArgs,
-    pruned: Vec<serde_json::Value>,
-) -> Result<u8> {
-    let backend = berth_backends::docker::DockerBackend::connect()
-        .await?
-        .with_installation(&berth_backends::installation_id(state_dir)?);
-    let report = backend.gc(a.older_than).await?;
-    // Volumes of sandboxes still on record are how `sandbox create` brings them back.
-    let known: std::collections::HashSet<String> = rt
-        .store()
-        .sandboxes(Some("docker"))?
-        .into_iter()
-        .map(|r| r.name)
-        .collect();
-    let volumes = backend
-        .gc_volumes(|name| known.contains(name), a.workspaces)
-        .await?;
-    if a.json {
-        context::print_json(&json!({
-            "removed": report.removed, "kept": report.kept, "backend": a.backend,
-            "removed_volumes": volumes, "checkpoints": pruned,
-        }));
-    } else {
-        print_pruned(&pruned);
-        for name in &report.removed {
-            outln!("removed the container of sandbox {name} (its volumes are kept)");
+    if docker {
+        for name in &c.removed {
+            println!("removed the container of sandbox {name} (its volumes are kept)");
         }
-        for v in &volumes {
-            outln!("removed orphaned volume {v}");
+        for v in &c.removed_volumes {
+            println!("removed orphaned volume {v}");
         }
-        outln!(
+        println!(
             "{} removed, {} kept (running or too recent)",
-            report.removed.len(),
-            report.kept
+            c.removed.len(),
+            c.kept
         );
     }
     Ok(0)
-}
-
-#[cfg(not(feature = "docker"))]
-async fn gc_docker(
-    _rt: &Runtime,
-    _dir: &Path,
-    _a: GcArgs,
-    _pruned: Vec<serde_json::Value>,
-) -> Result<u8> {
-    bail!("this berth was built without the docker backend (cargo feature `docker`)")
 }

@@ -114,7 +114,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: ServerCmd) -> Result<u8> {
                         "protocol": h.protocol, "uptime_ms": h.uptime_ms,
                         "active_calls": h.active_calls, "sessions": h.sessions,
                         "idle_secs": h.idle_secs, "state_dir": h.state_dir,
-                        "watched_jobs": h.watched_jobs, "served_calls": h.served_calls,
+                        "watched_jobs": h.watched_jobs,
                         "quick_calls": h.quick_calls, "api_calls": h.api_calls,
                         "socket": server::socket_path(&dir),
                         "waits": waiting(&dir),

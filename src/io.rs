@@ -1,18 +1,15 @@
-//! Where a subcommand's output goes: this process's stdout and stderr, or,
-//! when `berth serve` runs the subcommand for a CLI client, that client's
-//! stream.
+//! This process's output, and the bounded streams the server writes to its
+//! clients.
 //!
-//! The server runs a client's `berth job …`, `sandbox …`, `events` or
-//! `approve` with the same code the CLI runs in-process (as tmux's server runs
-//! its clients' commands), inside [`for_client`]. Everything such a command
-//! prints goes through [`out`]/[`err`] (or the `outln!`/`errln!` macros), which
-//! look up the client of the task they run in: its bytes go to that client, in
-//! order, and never to the server's own stdout. Outside such a task they go to
-//! this process's stdout and stderr.
+//! [`out`] and [`err`] (and the `outln!`/`errln!` macros) write to this
+//! process's stdout and stderr; a stdout whose reader has gone ends the
+//! process quietly, as SIGPIPE would. Nothing here captures output to form a
+//! reply: the server answers with typed messages (`berth.v1`, and the
+//! exec stream).
 //!
-//! The stream to a client is bounded in bytes ([`Live`]): a command that
-//! prints much (job logs) waits in [`drained`] until the client has read
-//! enough, so a slow client never grows the server's memory.
+//! A stream to a client is bounded in bytes ([`Live`]): what a command
+//! prints faster than its client reads is left out of the live view and
+//! counted, so a slow client never grows the server's memory.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -20,66 +17,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
-/// One piece of a subcommand's output, for a client.
-#[derive(Debug)]
-pub enum Piece {
-    /// Bytes for its stdout.
-    Out(Vec<u8>),
-    /// Bytes for its stderr.
-    Err(Vec<u8>),
-    /// The subcommand ended with this status.
-    Exit(u8),
-    /// The subcommand failed with this error.
-    Error(String),
-    /// The server stopped the subcommand as it shut down.
-    Stopping(String),
-}
-
-tokio::task_local! {
-    static CLIENT: Live<Piece>;
-}
-
-/// Run `fut` with everything it prints going to `client`.
-pub async fn for_client<F: std::future::Future>(client: Live<Piece>, fut: F) -> F::Output {
-    CLIENT.scope(client, fut).await
-}
-
-/// Whether this task prints for a remote client.
-pub fn remote() -> bool {
-    CLIENT.try_with(|_| ()).is_ok()
-}
-
-/// Write bytes to stdout (this process's, or the client's).
+/// Write bytes to stdout. Nobody reads any more (`| head -1`): stop
+/// quietly, as SIGPIPE would, rather than go on into a closed pipe.
 pub fn out(b: &[u8]) {
     if b.is_empty() {
         return;
     }
-    if CLIENT
-        .try_with(|c| c.send(Piece::Out(b.to_vec()), b.len()))
-        .is_err()
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_all(b).and_then(|()| o.flush())
+        && berth_client::closed_pipe(&e)
     {
-        let mut o = std::io::stdout().lock();
-        // Nobody reads any more (`| head -1`): stop quietly, as SIGPIPE
-        // would, rather than go on following into a closed pipe.
-        if let Err(e) = o.write_all(b).and_then(|()| o.flush())
-            && berth_client::closed_pipe(&e)
-        {
-            std::process::exit(berth_client::EXIT_CLOSED_STDOUT.into());
-        }
+        std::process::exit(berth_client::EXIT_CLOSED_STDOUT.into());
     }
 }
 
-/// Write bytes to stderr (this process's, or the client's).
+/// Write bytes to stderr.
 pub fn err(b: &[u8]) {
     if b.is_empty() {
         return;
     }
-    if CLIENT
-        .try_with(|c| c.send(Piece::Err(b.to_vec()), b.len()))
-        .is_err()
-    {
-        let _ = std::io::stderr().lock().write_all(b);
-    }
+    let _ = std::io::stderr().lock().write_all(b);
 }
 
 /// `println!` to [`out`].
@@ -227,27 +184,5 @@ mod tests {
         assert!(!tx.send(vec![0], 1));
         tokio::time::timeout(std::time::Duration::from_secs(5), tx.closed()).await?;
         Ok(())
-    }
-
-    #[tokio::test]
-    async fn output_goes_to_the_client_of_its_task_in_order() {
-        let (tx, mut rx) = live::<Piece>(LIVE_CAP);
-        for_client(tx, async {
-            assert!(remote());
-            outln!("one {}", 1);
-            errln!("warn");
-            out(b"two");
-        })
-        .await;
-        assert!(!remote());
-        let mut got = Vec::new();
-        while let Some(p) = rx.recv().await {
-            got.push(match p {
-                Piece::Out(b) => format!("out:{}", String::from_utf8_lossy(&b)),
-                Piece::Err(b) => format!("err:{}", String::from_utf8_lossy(&b)),
-                other => format!("{other:?}"),
-            });
-        }
-        assert_eq!(got, ["out:one 1\n", "err:warn\n", "out:two"]);
     }
 }

@@ -18,7 +18,6 @@ mod cmd_inspect;
 mod cmd_job;
 mod cmd_memory;
 mod cmd_policy;
-mod cmd_reap;
 mod cmd_run;
 mod cmd_sandbox;
 mod cmd_schedule;
@@ -32,16 +31,15 @@ mod exec_report;
 mod io;
 mod mcp;
 mod schedules;
-mod served;
 mod server;
 mod shell;
 mod ssh_flags;
 mod terminal;
 mod ui;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
+use berth_client::served::Served;
 use clap::{Parser, Subcommand};
 
 /// Exit code for berth's own failures (as opposed to the command's).
@@ -72,9 +70,10 @@ pub(crate) enum Command {
     Exec(cmd_exec::ExecArgs),
     /// An interactive prompt over a sandbox's persistent session.
     Shell(shell::ShellArgs),
-    // Jobs, sandboxes, events and approvals: run by the server when one serves.
+    // Jobs, sandboxes, events and approvals: clients of the typed API
+    // (berth.v1), answered by the server when one serves.
     #[command(flatten)]
-    Served(served::Served),
+    Served(Served),
     /// Copy files and directory trees into or out of a sandbox, streamed, of any size.
     Cp(cp::CpArgs),
     /// Connect your terminal to a terminal job (`job start --pty`) until Ctrl-].
@@ -142,25 +141,20 @@ fn main() -> ExitCode {
     let ssh_flags = ssh.own();
     let result = rt.block_on(async move {
         match cli.command {
-            // Approvals, events and jobs are the typed API's clients (through the server,
-            // or on the same service in-process).
-            Command::Served(
-                c @ (served::Served::Approvals(_)
-                | served::Served::Approve(_)
-                | served::Served::Deny(_)),
-            ) => {
+            // Clients of the typed API: through the server, or on the same
+            // service in-process.
+            Command::Served(c) => {
                 let dir = context::state_dir(state_dir)?;
-                cmd_approvals::run(&dir, server_mode(ssh_flags)?, c).await
+                let mode = server_mode(ssh_flags)?;
+                match c {
+                    c @ (Served::Approvals(_) | Served::Approve(_) | Served::Deny(_)) => {
+                        cmd_approvals::run(&dir, mode, c).await
+                    }
+                    Served::Events(a) => cmd_events::run(&dir, mode, a).await,
+                    Served::Job(c) => cmd_job::run(&dir, mode, c).await,
+                    Served::Sandbox(c) => cmd_sandbox::run(&dir, mode, c).await,
+                }
             }
-            Command::Served(served::Served::Events(a)) => {
-                let dir = context::state_dir(state_dir)?;
-                cmd_events::run(&dir, server_mode(ssh_flags)?, a).await
-            }
-            Command::Served(served::Served::Job(c)) => {
-                let dir = context::state_dir(state_dir)?;
-                cmd_job::run(&dir, server_mode(ssh_flags)?, c).await
-            }
-            Command::Served(c) => run_served(state_dir, ssh_flags, served::Call::Sub(c)).await,
             Command::Exec(a) if a.background => {
                 let dir = context::state_dir(state_dir)?;
                 cmd_exec::background(&dir, server_mode(ssh_flags)?, a).await
@@ -199,26 +193,6 @@ fn main() -> ExitCode {
             eprintln!("berth: error: {}", error_text(&e));
             ExitCode::from(EXIT_BERTH_ERROR)
         }
-    }
-}
-
-/// A served call (`Command::Served`, `exec --background`): through the
-/// server, or in this process on a runtime of its own (`BERTH_SERVER=off`,
-/// or ssh flags of the call's own).
-async fn run_served(
-    state_dir: Option<PathBuf>,
-    ssh_flags: bool,
-    call: served::Call,
-) -> anyhow::Result<u8> {
-    match server_mode(ssh_flags)? {
-        server::Mode::Off => {
-            let dir = context::state_dir(state_dir)?;
-            let rt = context::runtime(Some(dir.clone()))?;
-            let r = served::run_on(&rt, &dir, call).await;
-            rt.shutdown().await;
-            r
-        }
-        mode => server::client::run(context::state_dir(state_dir)?, mode, &call).await,
     }
 }
 

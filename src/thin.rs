@@ -1,8 +1,9 @@
 //! `berth`: the command people and scripts run. A thin client: it makes the
-//! calls `berth serve` answers (`exec`, and the served subcommands `job`,
-//! `sandbox`, `events`, `approvals`, `approve`, `deny`) itself, and hands
-//! every other command line to `berth-engine` beside it, unchanged (one exec:
-//! same pid, same stdio, same signals).
+//! call people and agents make most, `exec`, to `berth serve` itself, and
+//! hands every other command line to `berth-engine` beside it, unchanged
+//! (one exec: same pid, same stdio, same signals). `job`, `sandbox`,
+//! `events` and the approvals are clients of the typed API (`berth.v1`),
+//! which the engine speaks.
 //!
 //! Why two binaries: a served call's cost is mostly process start-up, and a
 //! position-independent binary's start-up grows with its size (the dynamic
@@ -10,20 +11,16 @@
 //! links the backends, the store and the TLS stack; this links the protocol,
 //! clap and tokio. docs/PERFORMANCE.md has the figures.
 //!
-//! A served subcommand's line is parsed here, whole, into the typed call the
-//! server runs ([`berth_client::served`]). Anything this parser does not take
-//! as its own (help, a usage error, ssh flags of the call's own,
-//! `BERTH_SERVER=off`) goes to the engine, whose parser is the full one: both
-//! parse `exec`, the served subcommands and the global options with the same
-//! types ([`berth_client::args`], [`berth_client::served`]).
+//! Anything this parser does not take as its own (help, a usage error, ssh
+//! flags of the call's own, `BERTH_SERVER=off`) goes to the engine, whose
+//! parser is the full one: both parse `exec` and the global options with the
+//! same types ([`berth_client::args`]).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 
 use berth_client::args::{ExecArgs, Globals};
 use berth_client::client::{self, Quick};
-use berth_client::proto::ExecCall;
-use berth_client::served;
 use berth_client::{EXIT_BERTH_ERROR, Mode, error_text};
 use clap::{Parser, Subcommand};
 
@@ -52,8 +49,10 @@ struct Thin {
 #[derive(Subcommand, Debug)]
 enum ThinCommand {
     Exec(ExecArgs),
+    /// Any other line: the engine parses it (clap fills this in; it is not
+    /// read here).
     #[command(external_subcommand)]
-    Other(Vec<OsString>),
+    Other(#[allow(dead_code)] Vec<OsString>),
 }
 
 /// std's entry: SIGPIPE ignored (a closed pipe is an EPIPE, reported), closed
@@ -80,22 +79,12 @@ fn thin() -> u8 {
     let Ok(cli) = Thin::try_parse_from(&argv) else {
         return engine(&argv);
     };
-    // An `exec` of its own, or a served call (`Run`): the whole line parsed
-    // with the served subcommands' types, global options after the
-    // subcommand's name included.
-    let (globals, exec) = match cli.command {
-        // A job through the typed API, which the engine speaks.
-        ThinCommand::Exec(a) if a.background => return engine(&argv),
-        ThinCommand::Exec(a) => (cli.globals, Ok(a)),
-        ThinCommand::Other(rest) if served::names_served(&rest) => match served::parse(&argv) {
-            Ok(Some((globals, call))) => (globals, Err(call)),
-            // Help, a usage error: the engine prints it as clap does.
-            Ok(None) | Err(_) => return engine(&argv),
-        },
-        ThinCommand::Other(_) => return engine(&argv),
+    // An `exec` of its own; `exec --background` starts a job through the
+    // typed API, which the engine speaks.
+    let (globals, a) = match cli.command {
+        ThinCommand::Exec(a) if !a.background => (cli.globals, a),
+        ThinCommand::Exec(_) | ThinCommand::Other(_) => return engine(&argv),
     };
-    // Only `exec` over the quick framing takes the early connection.
-    let early = early.filter(|_| exec.is_ok());
     if globals.ssh.own() {
         return engine(&argv);
     }
@@ -109,17 +98,14 @@ fn thin() -> u8 {
         Err(_) => return engine(&argv),
     };
     // `exec` first tries the quick framing, which needs no async runtime:
-    // most served calls end here.
-    let call = match exec {
-        Ok(a) => match client::exec_quick(&dir, &a, early) {
-            Ok(Quick::Done(code)) => return code,
-            Ok(Quick::Grpc(c)) => Call::Exec(c, a.json),
-            Err(e) => {
-                eprintln!("berth: error: {}", error_text(&e));
-                return EXIT_BERTH_ERROR;
-            }
-        },
-        Err(call) => Call::Run(call),
+    // most calls end here.
+    let (call, json) = match client::exec_quick(&dir, &a, early) {
+        Ok(Quick::Done(code)) => return code,
+        Ok(Quick::Grpc(c)) => (c, a.json),
+        Err(e) => {
+            eprintln!("berth: error: {}", error_text(&e));
+            return EXIT_BERTH_ERROR;
+        }
     };
     let rt = match berth_client::cli_runtime() {
         Ok(rt) => rt,
@@ -128,12 +114,7 @@ fn thin() -> u8 {
             return EXIT_BERTH_ERROR;
         }
     };
-    let result = rt.block_on(async move {
-        match call {
-            Call::Exec(c, json) => client::exec_grpc(dir, mode, c, json).await,
-            Call::Run(call) => client::run(dir, mode, &call).await,
-        }
-    });
+    let result = rt.block_on(client::exec_grpc(dir, mode, call, json));
     rt.shutdown_background();
     match result {
         Ok(code) => code,
@@ -142,13 +123,6 @@ fn thin() -> u8 {
             EXIT_BERTH_ERROR
         }
     }
-}
-
-enum Call {
-    /// An `exec` the quick framing stepped aside from (`--json` or not).
-    Exec(ExecCall, bool),
-    /// A served subcommand, or `exec --background`.
-    Run(served::Call),
 }
 
 /// Hand the whole command line to the engine beside this binary.
@@ -185,19 +159,21 @@ mod tests {
     }
 
     #[test]
-    fn other_subcommands_are_the_engines() {
+    fn every_other_line_is_the_engines() -> anyhow::Result<()> {
         for args in [
-            &["shell"][..],
-            &["mcp"],
-            &["serve", "--idle", "5"],
-            &["server", "status"],
-            &["__sandbox-exec"],
-            &["approvals", "ls"],
-            &["approve", "3"],
+            &["berth", "shell"][..],
+            &["berth", "job", "ls"],
+            &["berth", "sandbox", "ls", "--json"],
+            &["berth", "approve", "3"],
         ] {
-            assert!(!served::names_served(&line(args)), "{args:?}");
+            let cli = Thin::try_parse_from(line(args))?;
+            assert!(
+                matches!(cli.command, ThinCommand::Other(_)),
+                "{args:?}: {:?}",
+                cli.command
+            );
         }
-        assert!(served::names_served(&line(&["job", "ls"])));
+        Ok(())
     }
 
     #[test]

@@ -17,7 +17,6 @@
 //! Nothing here opens the store or a backend: a call costs a connect and one
 //! round trip.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,8 +29,8 @@ use crate::Mode;
 use crate::args::ExecArgs;
 use crate::proto::berth_client::BerthClient;
 use crate::proto::{
-    CheckedExec, CheckedRun, ClientId, ExecCall, ForgetRequest, HelloReply, HelloRequest,
-    InterruptRequest, RunCall, ShutdownRequest, run_event,
+    CheckedExec, ClientId, ExecCall, ForgetRequest, HelloReply, HelloRequest, InterruptRequest,
+    ShutdownRequest,
 };
 use crate::report::{Step, lost, on_exec_event};
 
@@ -513,104 +512,4 @@ pub async fn exec_grpc(state_dir: PathBuf, mode: Mode, call: ExecCall, json: boo
             Step::Next => {}
         }
     }
-}
-
-/// A served subcommand (`sandbox …`, `exec --background`) through the
-/// server: the call this process parsed goes over, and what the server's
-/// run of it prints comes back to stdout and stderr. Ctrl-C ends the call
-/// (the server stops the work where it waits), as a signal ends the
-/// in-process CLI. A server lost mid-call is reported as such: the call may
-/// have taken effect.
-pub async fn run(state_dir: PathBuf, mode: Mode, call: &crate::served::Call) -> Result<u8> {
-    match run_once(&state_dir, mode, call).await? {
-        Ended::Exit(code) => Ok(code),
-        Ended::Interrupted => Ok(130),
-        Ended::Lost(pid, why) => Ok(lost_call(pid, &why)),
-    }
-}
-
-/// How one run of a served call ended.
-enum Ended {
-    /// It ended with this status.
-    Exit(u8),
-    /// Ctrl-C.
-    Interrupted,
-    /// The server went away under it (pid, why).
-    Lost(u32, String),
-}
-
-/// One run of a served call on the server, until it ends or the server goes.
-async fn run_once(state_dir: &Path, mode: Mode, served: &crate::served::Call) -> Result<Ended> {
-    let call = RunCall {
-        call: served.encode().context("cannot encode the call")?,
-    };
-    let (_, pid, opened) = call_checked(state_dir, mode, |mut c, id| {
-        let call = CheckedRun {
-            client: Some(id),
-            call: Some(call.clone()),
-        };
-        async move { c.run_checked(call).await }
-    })
-    .await?;
-    let mut stream = match opened {
-        Ok(s) => s,
-        // Nothing ran: the server could not read the call.
-        Err(s) if s.code() == tonic::Code::InvalidArgument => {
-            bail!(
-                "the berth server (pid {pid}) refused the call, and nothing ran: {}",
-                s.message()
-            );
-        }
-        Err(s) => return Ok(Ended::Lost(pid, s.to_string())),
-    };
-    loop {
-        let next = tokio::select! {
-            m = stream.message() => m,
-            c = tokio::signal::ctrl_c() => {
-                if c.is_err() {
-                    continue;
-                }
-                // Dropping the stream tells the server; 130 as for SIGINT.
-                return Ok(Ended::Interrupted);
-            }
-        };
-        let event = match next {
-            Ok(Some(m)) => m.event,
-            Ok(None) => {
-                return Ok(Ended::Lost(
-                    pid,
-                    "the stream ended before the call did".into(),
-                ));
-            }
-            Err(s) => return Ok(Ended::Lost(pid, s.to_string())),
-        };
-        match event {
-            Some(run_event::Event::Stdout(b)) => {
-                let mut out = std::io::stdout().lock();
-                // A closed pipe (`| head`) ends the call, as SIGPIPE would.
-                if out.write_all(&b).and_then(|()| out.flush()).is_err() {
-                    return Ok(Ended::Exit(crate::EXIT_CLOSED_STDOUT));
-                }
-            }
-            Some(run_event::Event::Stderr(b)) => {
-                let _ = std::io::stderr().lock().write_all(&b);
-            }
-            // Only followers announced positions; none is served any more.
-            Some(run_event::Event::Position(_)) => {}
-            Some(run_event::Event::Exit(c)) => {
-                return Ok(Ended::Exit(u8::try_from(c).unwrap_or(u8::MAX)));
-            }
-            Some(run_event::Event::Error(m)) => bail!("{m}"),
-            Some(run_event::Event::Stopping(m)) => bail!("{m}"),
-            None => {}
-        }
-    }
-}
-
-/// Report a served call whose server died under it.
-fn lost_call(pid: u32, why: &str) -> u8 {
-    eprintln!(
-        "berth: error: lost the berth server (pid {pid}) during the call ({why}); it may have taken effect in part or in full. The next call starts a new server; check with `berth job ls` or `berth sandbox ls`"
-    );
-    EXIT_LOST
 }

@@ -168,7 +168,7 @@ pub fn policy_path() -> Result<PathBuf> {
 }
 
 /// The wire protocol's revision: bump it on a change an older peer cannot read.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 
 /// How long an idle server lives by default (seconds).
 pub const DEFAULT_IDLE_SECS: u64 = 300;

@@ -95,12 +95,54 @@ impl Caller {
     }
 }
 
-/// One connection's view of the API.
+/// One connection's view of the API: each service's handlers.
 #[derive(Clone)]
-struct Api {
+pub struct Api {
     svc: Arc<Service>,
     host: Arc<dyn Host>,
     caller: Caller,
+}
+
+impl Api {
+    /// The API in this process, for a front end with no server
+    /// (`BERTH_SERVER=off`): the same handlers, called directly, so both
+    /// ways answer alike. It runs no commands (`Commands.Exec` is the
+    /// server's: in-process, a front end runs them on the runtime).
+    pub fn in_process(svc: Arc<Service>) -> Api {
+        Api {
+            svc,
+            host: Arc::new(NoServer),
+            caller: Caller::allowed(Arc::default()),
+        }
+    }
+}
+
+/// The [`Host`] of an in-process [`Api`]: no server to lend its exec path
+/// or to stop under a lasting call.
+struct NoServer;
+
+impl Host for NoServer {
+    fn exec(
+        &self,
+        _req: proto::ExecRequest,
+    ) -> HostFuture<Result<Replies<proto::ExecEvent>, Status>> {
+        Box::pin(async {
+            Err(Status::unimplemented(
+                "commands run through a berth server; in-process, run them on the runtime",
+            ))
+        })
+    }
+
+    fn interrupt(&self, _call_id: &str) -> bool {
+        false
+    }
+
+    fn hold(&self) -> Held {
+        Held {
+            guard: Box::new(()),
+            stopping: CancellationToken::new(),
+        }
+    }
 }
 
 /// Every `berth.v1` service for one connection, to add to the server's
@@ -162,6 +204,8 @@ impl Sandboxes for Api {
             state: String::new(),
             created_at_ms: None,
             last_used_ms: None,
+            id: None,
+            orphan: false,
         }))
     }
 
@@ -170,19 +214,23 @@ impl Sandboxes for Api {
         req: Request<proto::ListSandboxes>,
     ) -> Result<Response<proto::SandboxList>, Status> {
         self.caller.check()?;
-        let backend = convert::backend(req.into_inner().backend)?;
-        let rows = self.svc.list_sandboxes(backend).await.map_err(status)?;
+        let r = req.into_inner();
+        let (rows, failed) = if r.all {
+            self.svc.list_all_sandboxes().await.map_err(status)?
+        } else {
+            let backend = convert::backend(r.backend)?;
+            (
+                self.svc.list_sandboxes(backend).await.map_err(status)?,
+                Vec::new(),
+            )
+        };
         Ok(Response::new(proto::SandboxList {
-            sandboxes: rows
+            sandboxes: rows.into_iter().map(convert::sandbox_status).collect(),
+            failed: failed
                 .into_iter()
-                .map(|s| proto::Sandbox {
-                    sandbox: Some(convert::sandbox_ref(&s.backend, &s.name)),
-                    workdir: String::new(),
-                    created: false,
-                    recreated: None,
-                    state: s.state,
-                    created_at_ms: s.created_at,
-                    last_used_ms: s.last_used,
+                .map(|(b, error)| proto::BackendFailure {
+                    backend: convert::sandbox_ref(&b, "").backend,
+                    error,
                 })
                 .collect(),
         }))
@@ -209,12 +257,14 @@ impl Sandboxes for Api {
         self.caller.check()?;
         let r = req.into_inner();
         let (backend, name) = target(r.sandbox.as_ref())?;
-        let row = self
+        let (row, left_out) = self
             .svc
             .checkpoint(backend, &name, r.label.as_deref())
             .await
             .map_err(status)?;
-        Ok(Response::new(convert::checkpoint(row)))
+        let mut info = convert::checkpoint(row);
+        info.outside_workspace = left_out;
+        Ok(Response::new(info))
     }
 
     async fn checkpoints(
@@ -251,7 +301,82 @@ impl Sandboxes for Api {
             written: done.written as u64,
             removed: done.removed as u64,
             stopped: done.stopped,
+            took_ms: done.took_ms,
         }))
+    }
+
+    async fn clone_sandbox(
+        &self,
+        req: Request<proto::CloneRequest>,
+    ) -> Result<Response<proto::Cloned>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, src) = target(r.from.as_ref())?;
+        let Some(to) = r.to.as_ref().filter(|t| !t.name.trim().is_empty()) else {
+            return Err(Status::invalid_argument(
+                "name the new sandbox in `to`, e.g. `agent-2`",
+            ));
+        };
+        let to_backend = if to.backend == proto::Backend::Unspecified as i32 {
+            backend
+        } else {
+            convert::backend(to.backend)?
+        };
+        let (row, left_out) = self
+            .svc
+            .clone_sandbox(backend, &src, to_backend, &to.name, r.at.as_deref())
+            .await
+            .map_err(status)?;
+        let mut info = convert::checkpoint(row);
+        info.outside_workspace = left_out;
+        Ok(Response::new(proto::Cloned {
+            checkpoint: Some(info),
+        }))
+    }
+
+    async fn inspect(
+        &self,
+        req: Request<proto::SandboxRef>,
+    ) -> Result<Response<proto::SandboxDetail>, Status> {
+        self.caller.check()?;
+        let (backend, name) = target(Some(req.get_ref()))?;
+        let i = self.svc.inspect(backend, &name).await.map_err(status)?;
+        Ok(Response::new(convert::inspection(backend, &name, i)))
+    }
+
+    async fn reap(
+        &self,
+        req: Request<proto::ReapSandboxes>,
+    ) -> Result<Response<proto::Reaped>, Status> {
+        self.caller.check()?;
+        let idle = self
+            .svc
+            .reap(req.into_inner().dry_run)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::Reaped {
+            idle: idle.into_iter().map(convert::idle).collect(),
+        }))
+    }
+
+    async fn collect(
+        &self,
+        req: Request<proto::CollectGarbage>,
+    ) -> Result<Response<proto::Collected>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let backend = convert::backend(r.backend)?;
+        let older_than = if r.older_than_secs == 0.0 {
+            std::time::Duration::ZERO
+        } else {
+            convert::seconds("older_than_secs", Some(r.older_than_secs))?.unwrap_or_default()
+        };
+        let c = self
+            .svc
+            .collect(backend, older_than, r.workspaces)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::collected(c)))
     }
 }
 

@@ -264,6 +264,167 @@ pub fn checkpoint(c: CheckpointRow) -> proto::CheckpointInfo {
         bytes: c.bytes,
         new_bytes: c.new_bytes,
         took_ms: c.took_ms,
+        changed: c.changed,
+        skipped: c.skipped,
+        run_id: c.run_id,
+        step: c.step,
+        origin: c.origin,
+        outside_workspace: None,
+    }
+}
+
+/// A proto checkpoint back as the store's row.
+pub fn checkpoint_row(c: proto::CheckpointInfo) -> CheckpointRow {
+    let (backend, sandbox) = place(c.sandbox);
+    CheckpointRow {
+        id: c.id,
+        backend,
+        sandbox,
+        created_ms: c.created_ms,
+        label: c.label,
+        run_id: c.run_id,
+        step: c.step,
+        files: c.files,
+        bytes: c.bytes,
+        changed: c.changed,
+        new_bytes: c.new_bytes,
+        took_ms: c.took_ms,
+        skipped: c.skipped,
+        origin: c.origin,
+    }
+}
+
+/// A reference's backend (as rows name it) and sandbox name.
+pub fn place(r: Option<proto::SandboxRef>) -> (String, String) {
+    r.map_or_else(Default::default, |r| {
+        let b = backend(r.backend).map_or_else(|_| "?".to_string(), |b| b.as_str().to_string());
+        (b, r.name)
+    })
+}
+
+/// A listed sandbox as the API carries it.
+pub fn sandbox_status(s: berth_core::runtime::SandboxStatus) -> proto::Sandbox {
+    proto::Sandbox {
+        sandbox: Some(sandbox_ref(&s.backend, &s.name)),
+        workdir: String::new(),
+        created: false,
+        recreated: None,
+        state: s.state,
+        created_at_ms: s.created_at,
+        last_used_ms: s.last_used,
+        id: s.id,
+        orphan: s.orphan,
+    }
+}
+
+/// A proto listing's sandbox back as the runtime's.
+pub fn sandbox_status_row(s: proto::Sandbox) -> berth_core::runtime::SandboxStatus {
+    let (backend, name) = place(s.sandbox);
+    berth_core::runtime::SandboxStatus {
+        backend,
+        name,
+        state: s.state,
+        id: s.id,
+        created_at: s.created_at_ms,
+        last_used: s.last_used_ms,
+        orphan: s.orphan,
+    }
+}
+
+/// A sandbox's settings as shown: the environment by name only.
+pub fn settings(spec: &berth_core::backend::SandboxSpec) -> proto::SandboxSettings {
+    proto::SandboxSettings {
+        image: spec.image.clone(),
+        network: spec.network,
+        memory_mb: spec.limits.memory_mb,
+        milli_cpu: spec.limits.milli_cpu,
+        pids: spec.limits.pids,
+        options: spec.options.clone().into_iter().collect(),
+        env_names: spec.env.keys().cloned().collect(),
+    }
+}
+
+/// An inspection as the API carries it.
+pub fn inspection(
+    backend: BackendKind,
+    name: &str,
+    i: crate::service::Inspection,
+) -> proto::SandboxDetail {
+    proto::SandboxDetail {
+        sandbox: Some(sandbox_ref(backend.as_str(), name)),
+        record: i.record.as_ref().map(settings),
+        state: i.state,
+        id: i.id,
+        #[cfg(feature = "docker")]
+        container: i.container.map(container),
+        #[cfg(not(feature = "docker"))]
+        container: None,
+        differences: i.differences,
+    }
+}
+
+#[cfg(feature = "docker")]
+fn container(f: berth_backends::docker::inspect::ContainerFacts) -> proto::Container {
+    let s = f.settings;
+    proto::Container {
+        daemon: f.daemon,
+        name: f.container,
+        id: f.id,
+        state: f.state,
+        settings: Some(proto::ContainerSettings {
+            network: s.network,
+            memory_mb: s.memory_mb,
+            milli_cpu: s.milli_cpu,
+            pids: s.pids,
+            user: s.user,
+            read_only: s.read_only,
+            cap_add: s.cap_add,
+            image: s.image,
+        }),
+        size_rw: f.size_rw,
+        size_root_fs: f.size_root_fs,
+        volumes: f.volumes,
+        workspace_bytes: f.workspace_bytes,
+    }
+}
+
+pub fn idle(i: berth_core::reaper::Idle) -> proto::IdleSandbox {
+    proto::IdleSandbox {
+        sandbox: Some(sandbox_ref(&i.backend, &i.name)),
+        idle_secs: i.idle_secs,
+        lifetime_secs: i.lifetime_secs,
+        removed: i.removed,
+        error: i.error,
+    }
+}
+
+pub fn idle_row(i: proto::IdleSandbox) -> berth_core::reaper::Idle {
+    let (backend, name) = place(i.sandbox);
+    berth_core::reaper::Idle {
+        backend,
+        name,
+        idle_secs: i.idle_secs,
+        lifetime_secs: i.lifetime_secs,
+        removed: i.removed,
+        error: i.error,
+    }
+}
+
+pub fn collected(c: crate::service::Collected) -> proto::Collected {
+    proto::Collected {
+        checkpoints: c
+            .checkpoints
+            .into_iter()
+            .map(|p| proto::CheckpointsPruned {
+                sandbox: p.sandbox,
+                checkpoints: p.checkpoints as i64,
+                packs: p.packs as i64,
+                error: p.error,
+            })
+            .collect(),
+        removed: c.removed,
+        removed_volumes: c.removed_volumes,
+        kept: c.kept as u64,
     }
 }
 

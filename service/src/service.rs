@@ -28,6 +28,54 @@ fn kind_matches(e: &Event, kind: Option<&str>) -> bool {
     kind.is_none_or(|k| e.kind.starts_with(k))
 }
 
+/// A sandbox as it stands, beside its record.
+pub struct Inspection {
+    /// What it was made with (`None`: not on record, an orphan).
+    pub record: Option<SandboxSpec>,
+    /// The backend's state and id for it (not on docker).
+    pub state: Option<String>,
+    pub id: Option<String>,
+    /// Docker: its container as the engine has it.
+    #[cfg(feature = "docker")]
+    pub container: Option<berth_backends::docker::inspect::ContainerFacts>,
+    /// Docker: where the container differs from the record.
+    pub differences: Vec<String>,
+}
+
+/// One sandbox's checkpoints pruned.
+pub struct Pruned {
+    pub sandbox: String,
+    pub checkpoints: usize,
+    pub packs: usize,
+    pub error: Option<String>,
+}
+
+/// What [`Service::collect`] removed.
+#[derive(Default)]
+pub struct Collected {
+    pub checkpoints: Vec<Pruned>,
+    pub removed: Vec<String>,
+    pub removed_volumes: Vec<String>,
+    pub kept: usize,
+}
+
+fn not_found(backend: BackendKind, name: &str) -> Error {
+    Error::NotFound {
+        what: "sandbox",
+        name: name.to_string(),
+        hint: format!(
+            "no {backend} sandbox has that name; list them with `berth sandbox ls -b {backend}`"
+        ),
+    }
+}
+
+#[cfg(not(feature = "docker"))]
+fn no_docker() -> Error {
+    Error::Unsupported(
+        "this berth was built without the docker backend (cargo feature `docker`)".into(),
+    )
+}
+
 /// Which jobs a listing keeps: every condition given must hold.
 #[derive(Clone, Debug, Default)]
 pub struct JobFilter {
@@ -112,16 +160,236 @@ impl Service {
             .await
     }
 
-    /// Take a checkpoint of a sandbox.
+    /// The sandboxes of every backend with sandboxes on record (and
+    /// local), and the backends that could not be asked, with why.
+    pub async fn list_all_sandboxes(&self) -> Result<(Vec<SandboxStatus>, Vec<(String, String)>)> {
+        let mut backends = vec![BackendKind::Local.as_str().to_string()];
+        for r in self.rt.store().sandboxes(None)? {
+            if !backends.contains(&r.backend) {
+                backends.push(r.backend);
+            }
+        }
+        let mut list = Vec::new();
+        let mut failed = Vec::new();
+        for b in backends {
+            match self.rt.list_sandboxes(&b).await {
+                Ok(l) => list.extend(l),
+                Err(e) => failed.push((b, e.full_text())),
+            }
+        }
+        Ok((list, failed))
+    }
+
+    /// Take a checkpoint of a sandbox; and what it leaves out beside the
+    /// workspace, said in words ([`Service::outside_workspace`]).
     pub async fn checkpoint(
         &self,
         backend: BackendKind,
         sandbox: &str,
         label: Option<&str>,
-    ) -> Result<CheckpointRow> {
-        self.rt
+    ) -> Result<(CheckpointRow, Option<String>)> {
+        let row = self
+            .rt
             .checkpoint(backend.as_str(), sandbox, label, None)
+            .await?;
+        let left_out = self.outside_workspace(backend.as_str(), sandbox).await;
+        Ok((row, left_out))
+    }
+
+    /// Make sandbox `dst` on `to` from `src` as it is now or `at` a
+    /// checkpoint; its first checkpoint, and what was not carried over.
+    pub async fn clone_sandbox(
+        &self,
+        backend: BackendKind,
+        src: &str,
+        to: BackendKind,
+        dst: &str,
+        at: Option<&str>,
+    ) -> Result<(CheckpointRow, Option<String>)> {
+        let row = self
+            .rt
+            .clone_sandbox(backend.as_str(), src, to.as_str(), dst, at)
+            .await?;
+        let left_out = self.outside_workspace(backend.as_str(), src).await;
+        Ok((row, left_out))
+    }
+
+    /// What a checkpoint of a sandbox leaves out beside its workspace:
+    /// files under `~/.local` (where `pip install --user` puts packages)
+    /// when the home lies outside the workspace. A checkpoint and a clone
+    /// carry the workspace only; this says so instead of dropping them
+    /// without a word. `None` when there are none, or the sandbox could not
+    /// be asked (then nothing is claimed).
+    async fn outside_workspace(&self, backend: &str, name: &str) -> Option<String> {
+        const PROBE: &str = r#"W=$1 h=${HOME:-}
+[ -n "$h" ] || exit 0
+d=${h%/}/.local
+case "$d/" in "${W%/}"/*) exit 0;; esac
+[ -d "$d" ] || exit 0
+n=$(find "$d" -type f 2>/dev/null | head -n 100000 | wc -l)
+[ "$n" -gt 0 ] && printf '%s\t%s' "$n" "$d"
+exit 0"#;
+        let sb = self.rt.attach(backend, name).await.ok()?;
+        let workdir = sb.layout().workdir.clone();
+        let argv = [
+            "bash".to_string(),
+            "-c".into(),
+            PROBE.into(),
+            "berth-probe".into(),
+            workdir.clone(),
+        ];
+        let c = berth_core::backend::run_to_end(&*sb, &argv, None, 4096, Duration::from_secs(20))
             .await
+            .ok()?;
+        let out = String::from_utf8_lossy(&c.stdout).into_owned();
+        let (n, dir) = out.trim().split_once('\t')?;
+        Some(format!(
+            "{n} files under {dir} (where `pip install --user` puts packages) are outside the workspace {workdir}, so checkpoints and clones do not carry them; install into a venv in the workspace instead (`python3 -m venv .venv`), which they do"
+        ))
+    }
+
+    /// A sandbox as it stands, beside its record.
+    pub async fn inspect(&self, backend: BackendKind, name: &str) -> Result<Inspection> {
+        let record = self
+            .rt
+            .store()
+            .sandbox(backend.as_str(), name)?
+            .map(|r| r.spec);
+        if backend == BackendKind::Docker {
+            return self.inspect_docker(name, record).await;
+        }
+        let live = self
+            .rt
+            .list_sandboxes(backend.as_str())
+            .await?
+            .into_iter()
+            .find(|s| s.name == name);
+        if record.is_none() && live.is_none() {
+            return Err(not_found(backend, name));
+        }
+        Ok(Inspection {
+            record,
+            state: live.as_ref().map(|l| l.state.clone()),
+            id: live.and_then(|l| l.id),
+            #[cfg(feature = "docker")]
+            container: None,
+            differences: Vec::new(),
+        })
+    }
+
+    #[cfg(feature = "docker")]
+    async fn inspect_docker(&self, name: &str, record: Option<SandboxSpec>) -> Result<Inspection> {
+        use berth_backends::docker::config::ContainerPlan;
+        use berth_backends::docker::inspect::{ContainerSettings, differences};
+        let backend = self.docker().await?;
+        let facts = backend.inspect_sandbox(name).await?;
+        if record.is_none() && facts.is_none() {
+            return Err(not_found(BackendKind::Docker, name));
+        }
+        let differences = match (&record, &facts) {
+            (Some(spec), Some(f)) => {
+                let plan = ContainerPlan::from_spec(spec)?;
+                differences(&ContainerSettings::planned(spec, &plan), &f.settings)
+            }
+            _ => Vec::new(),
+        };
+        Ok(Inspection {
+            record,
+            state: None,
+            id: None,
+            container: facts,
+            differences,
+        })
+    }
+
+    #[cfg(not(feature = "docker"))]
+    async fn inspect_docker(&self, _: &str, _: Option<SandboxSpec>) -> Result<Inspection> {
+        Err(no_docker())
+    }
+
+    /// This installation's docker backend.
+    #[cfg(feature = "docker")]
+    async fn docker(&self) -> Result<berth_backends::docker::DockerBackend> {
+        Ok(berth_backends::docker::DockerBackend::connect()
+            .await?
+            .with_installation(&berth_backends::installation_id(
+                &self.rt.config().state_dir,
+            )?))
+    }
+
+    /// Remove the sandboxes idle past the policy's lifetime (`dry_run`:
+    /// only say which).
+    pub async fn reap(&self, dry_run: bool) -> Result<Vec<berth_core::reaper::Idle>> {
+        berth_core::reaper::reap_idle(&self.rt, dry_run).await
+    }
+
+    /// Prune checkpoints past retention on `backend`; on docker, also
+    /// remove containers stopped longer than `older_than` and orphaned
+    /// volumes (with `workspaces`, those of sandboxes not on record too).
+    pub async fn collect(
+        &self,
+        backend: BackendKind,
+        older_than: Duration,
+        workspaces: bool,
+    ) -> Result<Collected> {
+        let b = backend.as_str();
+        let mut out = Collected::default();
+        for row in self.rt.store().sandboxes(Some(b))? {
+            if self.rt.checkpoints(b, &row.name)?.is_empty() {
+                continue;
+            }
+            out.checkpoints
+                .push(match self.rt.gc_checkpoints(b, &row.name).await {
+                    Ok((checkpoints, packs)) => Pruned {
+                        sandbox: row.name,
+                        checkpoints,
+                        packs,
+                        error: None,
+                    },
+                    Err(e) => Pruned {
+                        sandbox: row.name,
+                        checkpoints: 0,
+                        packs: 0,
+                        error: Some(e.full_text()),
+                    },
+                });
+        }
+        if backend == BackendKind::Docker {
+            self.collect_docker(older_than, workspaces, &mut out)
+                .await?;
+        }
+        Ok(out)
+    }
+
+    #[cfg(feature = "docker")]
+    async fn collect_docker(
+        &self,
+        older_than: Duration,
+        workspaces: bool,
+        out: &mut Collected,
+    ) -> Result<()> {
+        let backend = self.docker().await?;
+        let report = backend.gc(older_than).await?;
+        // Volumes of sandboxes still on record are how `sandbox create`
+        // brings them back.
+        let known: std::collections::HashSet<String> = self
+            .rt
+            .store()
+            .sandboxes(Some("docker"))?
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        out.removed_volumes = backend
+            .gc_volumes(|name| known.contains(name), workspaces)
+            .await?;
+        out.removed = report.removed;
+        out.kept = report.kept;
+        Ok(())
+    }
+
+    #[cfg(not(feature = "docker"))]
+    async fn collect_docker(&self, _: Duration, _: bool, _: &mut Collected) -> Result<()> {
+        Err(no_docker())
     }
 
     /// A sandbox's checkpoints, oldest first.

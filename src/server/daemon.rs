@@ -64,11 +64,11 @@ use tracing::{Instrument, info, warn};
 
 use super::proto::berth_server::{Berth, BerthServer};
 use super::proto::{
-    CheckedExec, CheckedRun, ClientId, ExecCall, ExecEvent, Failure, ForgetReply, ForgetRequest,
-    HelloReply, HelloRequest, InterruptReply, InterruptRequest, RunCall, RunEvent, ShutdownReply,
-    ShutdownRequest, ToolCall, ToolEvent, exec_event, run_event, tool_event,
+    CheckedExec, ClientId, ExecCall, ExecEvent, Failure, ForgetReply, ForgetRequest, HelloReply,
+    HelloRequest, InterruptReply, InterruptRequest, ShutdownReply, ShutdownRequest, ToolCall,
+    ToolEvent, exec_event, tool_event,
 };
-use crate::io::{LIVE_CAP, Live, Piece};
+use crate::io::{LIVE_CAP, Live};
 
 /// How long a shutdown waits for running calls before closing the shells.
 const DRAIN: Duration = Duration::from_secs(15);
@@ -97,7 +97,6 @@ struct Shared {
     /// The number of running calls, for a shutdown to wait on.
     active_now: tokio::sync::watch::Sender<usize>,
     /// `Run` calls taken so far.
-    served: std::sync::atomic::AtomicU64,
     /// Whether `exec` is taken over the quick framing.
     quick: bool,
     /// `exec` calls taken over the quick framing so far.
@@ -272,7 +271,6 @@ impl super::quick::Exec for Conn {
         self.shared.interrupt(call_id);
     }
 }
-type RunStream = Pin<Box<dyn Stream<Item = Result<RunEvent, Status>> + Send>>;
 type ToolStream = Pin<Box<dyn Stream<Item = Result<ToolEvent, Status>> + Send>>;
 
 fn tool_event(e: tool_event::Event) -> ToolEvent {
@@ -357,7 +355,6 @@ impl Berth for Conn {
             idle_secs: s.idle.as_secs(),
             state_dir: s.state_dir.display().to_string(),
             watched_jobs: s.watching.lock().map(|w| w.len()).unwrap_or(0) as u32,
-            served_calls: s.served.load(Ordering::SeqCst),
             quick_calls: s.quick_calls.load(Ordering::SeqCst),
             api_calls: s.api_calls.load(Ordering::SeqCst),
         }))
@@ -375,17 +372,6 @@ impl Berth for Conn {
             .call
             .ok_or_else(|| Status::invalid_argument("the call has no command"))?;
         self.exec(Request::new(call)).await
-    }
-
-    type RunCheckedStream = RunStream;
-
-    async fn run_checked(&self, req: Request<CheckedRun>) -> Result<Response<RunStream>, Status> {
-        let c = req.into_inner();
-        self.check_client(c.client)?;
-        let call = c
-            .call
-            .ok_or_else(|| Status::invalid_argument("the call is empty"))?;
-        self.run(Request::new(call)).await
     }
 
     type ExecStream = EventStream;
@@ -481,52 +467,6 @@ impl Berth for Conn {
             drop(serving);
         }.instrument(tracing::info_span!("exec", call = %span_call, sandbox = %span_sandbox, session = %span_session)));
         let stream = futures::StreamExt::map(rx.into_stream(), Ok);
-        Ok(Response::new(Box::pin(stream)))
-    }
-
-    type RunStream = RunStream;
-
-    async fn run(&self, req: Request<RunCall>) -> Result<Response<RunStream>, Status> {
-        self.check_peer()?;
-        let command = crate::served::Call::decode(&req.into_inner().call)
-            .map_err(|e| Status::invalid_argument(format!("a malformed served call: {e}")))?;
-        let shared = self.shared.clone();
-        shared.served.fetch_add(1, Ordering::SeqCst);
-        let serving = Serving::new(&shared);
-        let cancel = serving.cancel.clone();
-        let (tx, rx) = crate::io::live::<Piece>(LIVE_CAP);
-        let span_call = serving.id.clone();
-        tokio::spawn(async move {
-            let work = crate::io::for_client(
-                tx.clone(),
-                crate::served::run_on(&shared.rt, &shared.state_dir, command),
-            );
-            // A client that went away (Ctrl-C, a closed terminal) ends the
-            // work where it waits, as a signal ends the in-process CLI.
-            let end = tokio::select! {
-                r = work => Some(match r {
-                    Ok(code) => Piece::Exit(code),
-                    Err(e) => Piece::Error(crate::error_text(&e)),
-                }),
-                _ = tx.closed() => None,
-                _ = cancel.cancelled() => Some(Piece::Stopping("interrupted: the berth server is stopping".into())),
-            };
-            if let Some(end) = end {
-                tx.send(end, 0);
-            }
-            drop(serving);
-        }.instrument(tracing::info_span!("served", call = %span_call)));
-        let stream = futures::StreamExt::map(rx.into_stream(), |p| {
-            Ok(RunEvent {
-                event: Some(match p {
-                    Piece::Out(b) => run_event::Event::Stdout(b),
-                    Piece::Err(b) => run_event::Event::Stderr(b),
-                    Piece::Exit(c) => run_event::Event::Exit(u32::from(c)),
-                    Piece::Error(m) => run_event::Event::Error(m),
-                    Piece::Stopping(m) => run_event::Event::Stopping(m),
-                }),
-            })
-        });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -736,7 +676,6 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
         config_key: super::config_key(),
         active: AtomicUsize::new(0),
         active_now: tokio::sync::watch::Sender::new(0),
-        served: Default::default(),
         quick,
         quick_calls: Default::default(),
         api_calls: Default::default(),
