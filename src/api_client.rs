@@ -56,18 +56,13 @@ pub fn error(s: Status) -> anyhow::Error {
     anyhow!("{}", s.message())
 }
 
-/// Whether a call's status means the server went away under it (or is
-/// stopping), not that it answered the call with a refusal.
+/// Whether a call's status means the connection to the server ended under
+/// it (the server died, or stopped and said so), not that the server
+/// answered with a refusal or a failure of its own.
 pub fn lost(s: &Status) -> bool {
-    !matches!(
+    matches!(
         s.code(),
-        Code::InvalidArgument
-            | Code::NotFound
-            | Code::PermissionDenied
-            | Code::Unimplemented
-            | Code::FailedPrecondition
-            | Code::OutOfRange
-            | Code::AlreadyExists
+        Code::Unavailable | Code::Unknown | Code::Cancelled
     )
 }
 
@@ -116,7 +111,9 @@ impl Reconnect {
                 );
             }
             if !self.told {
-                eprintln!("berth: lost the berth server: {why}; reconnecting to carry on");
+                eprintln!(
+                    "berth: the call to the berth server ended ({why}); reconnecting to carry on"
+                );
                 self.told = true;
             }
             tokio::select! {

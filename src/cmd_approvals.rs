@@ -7,86 +7,33 @@
 //! output is captured to form a reply.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
 use berth_policies::shell::printable;
 use berth_service::proto;
 use berth_service::proto::approvals_client::ApprovalsClient;
+use berth_service::proto::approvals_server::Approvals;
 use serde_json::json;
 
-use crate::context;
+use crate::api_client::{Api, call};
 use crate::server;
 
 use berth_client::served::Served;
 use berth_client::served::approvals::{AnswerArgs, ApprovalsCmd};
 
-/// Where the answers come from.
-enum Approvals {
-    /// The server's `Approvals` service.
-    Served(ApprovalsClient<tonic::transport::Channel>),
-    /// The service in this process, on its own runtime.
-    Here(Arc<berth_service::Service>),
+async fn list(api: &Api, all: bool) -> Result<Vec<proto::Approval>> {
+    let req = proto::ListApprovals { all };
+    Ok(call!(api, ApprovalsClient, Approvals, list, req)?.approvals)
 }
 
-impl Approvals {
-    async fn open(dir: &Path, mode: server::Mode) -> Result<Approvals> {
-        if mode == server::Mode::Off {
-            let rt = Arc::new(context::runtime(Some(dir.to_path_buf()))?);
-            let policy = context::policy_path().ok();
-            return Ok(Approvals::Here(Arc::new(berth_service::Service::new(
-                rt, policy,
-            ))));
-        }
-        let s = server::client::connect(dir, mode).await?;
-        Ok(Approvals::Served(ApprovalsClient::new(s.channel)))
-    }
-
-    async fn list(&mut self, all: bool) -> Result<Vec<proto::Approval>> {
-        match self {
-            Approvals::Served(c) => Ok(c
-                .list(proto::ListApprovals { all })
-                .await
-                .map_err(|s| anyhow!("{}", s.message()))?
-                .into_inner()
-                .approvals),
-            Approvals::Here(svc) => Ok(svc
-                .approvals(all)?
-                .into_iter()
-                .map(|a| berth_service::convert::approval(a, None, |t| svc.redact(t)))
-                .collect()),
-        }
-    }
-
-    async fn answer(&mut self, id: i64, allow: bool, always: bool) -> Result<proto::Approval> {
-        match self {
-            Approvals::Served(c) => Ok(c
-                .answer(proto::AnswerApproval {
-                    id,
-                    allow,
-                    always,
-                    via: proto::AnsweredVia::Cli as i32,
-                })
-                .await
-                .map_err(|s| anyhow!("{}", s.message()))?
-                .into_inner()),
-            Approvals::Here(svc) => {
-                let done = svc.answer(id, allow, always, "cli")?;
-                Ok(berth_service::convert::approval(
-                    done.approval,
-                    done.rule_added
-                        .map(|(name, file)| (name, file.display().to_string())),
-                    |t| svc.redact(t),
-                ))
-            }
-        }
-    }
-
-    async fn close(self) {
-        if let Approvals::Here(svc) = self {
-            svc.runtime().shutdown().await;
-        }
-    }
+async fn answer_call(api: &Api, id: i64, allow: bool, always: bool) -> Result<proto::Approval> {
+    let req = proto::AnswerApproval {
+        id,
+        allow,
+        always,
+        via: proto::AnsweredVia::Cli as i32,
+    };
+    call!(api, ApprovalsClient, Approvals, answer, req)
 }
 
 /// Run `approvals ls`, `approve` or `deny` against the state dir `dir`.
@@ -99,22 +46,22 @@ pub async fn run(dir: &Path, mode: server::Mode, cmd: Served) -> Result<u8> {
             a.id
         );
     }
-    let mut api = Approvals::open(dir, mode).await?;
+    let api = Api::open(dir, mode).await?;
     let r = match cmd {
         Served::Approvals(ApprovalsCmd::Ls(a)) => {
-            let list = api.list(a.all).await;
+            let list = list(&api, a.all).await;
             list.map(|l| print_list(&l, a.all, a.json))
         }
-        Served::Approve(a) => answer(&mut api, &a, true).await,
-        Served::Deny(a) => answer(&mut api, &a, false).await,
+        Served::Approve(a) => answer(&api, &a, true).await,
+        Served::Deny(a) => answer(&api, &a, false).await,
         other => Err(anyhow!("not an approvals command: {other:?}")),
     };
     api.close().await;
     r.map(|()| 0)
 }
 
-async fn answer(api: &mut Approvals, a: &AnswerArgs, allow: bool) -> Result<()> {
-    let ap = api.answer(a.id, allow, a.always).await?;
+async fn answer(api: &Api, a: &AnswerArgs, allow: bool) -> Result<()> {
+    let ap = answer_call(api, a.id, allow, a.always).await?;
     if a.json {
         println!(
             "{}",

@@ -123,10 +123,7 @@ pub fn job(j: Job) -> proto::Job {
 /// A proto job back as the runtime's (for a front end that prints jobs as
 /// the runtime's own type does).
 pub fn job_row(j: proto::Job) -> Job {
-    let (backend, sandbox) = j.sandbox.map_or_else(Default::default, |r| {
-        let b = backend(r.backend).map_or_else(|_| "?".to_string(), |b| b.as_str().to_string());
-        (b, r.name)
-    });
+    let (backend, sandbox) = place(j.sandbox);
     Job {
         id: j.id,
         name: j.name,

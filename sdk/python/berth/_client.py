@@ -69,6 +69,28 @@ def _call(fn, request, **kw):
         raise _error(e) from None
 
 
+def _resuming(open_stream, retry_for: Optional[float]):
+    """The items of a server stream; when the server stops under it
+    (UNAVAILABLE), `open_stream()` is called again, for up to `retry_for`
+    seconds since the last item (None: never), and the caller, which keeps
+    the position reached, asks from there: nothing is lost or comes twice."""
+    given_up_at = None
+    while True:
+        try:
+            for item in open_stream():
+                given_up_at = None
+                yield item
+            return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or retry_for is None:
+                raise _error(e) from None
+            now = time.monotonic()
+            given_up_at = given_up_at or now + retry_for
+            if now > given_up_at:
+                raise _error(e) from None
+            time.sleep(0.2)
+
+
 def _backend(name: str) -> int:
     try:
         return _BACKENDS[name]
@@ -141,22 +163,14 @@ class Client:
         if after is None:
             newest = self.events(limit=1)
             after = newest[-1].id if newest else 0
-        given_up_at = None
-        while True:
-            try:
-                for e in self.events_api.Follow(pb.FollowEvents(kind_prefix=kind, after=after)):
-                    after = e.id
-                    given_up_at = None
-                    yield Event._of(e)
-                return
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise _error(e) from None
-                now = time.monotonic()
-                given_up_at = given_up_at or now + retry_for
-                if now > given_up_at:
-                    raise _error(e) from None
-                time.sleep(0.2)
+        at = [after]
+
+        def follow():
+            return self.events_api.Follow(pb.FollowEvents(kind_prefix=kind, after=at[0]))
+
+        for e in _resuming(follow, retry_for):
+            at[0] = e.id
+            yield Event._of(e)
 
 
 _default: Optional[Client] = None
@@ -506,22 +520,14 @@ class Job:
         offset reached (for up to `retry_for` seconds), so nothing is lost and
         nothing comes twice.
         """
-        given_up_at = None
-        while True:
-            try:
-                for chunk in self.client.jobs.Logs(pb.JobLogs(id=self.id, offset=offset, follow=follow)):
-                    offset = chunk.offset
-                    given_up_at = None
-                    yield chunk.data
-                return
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or not follow:
-                    raise _error(e) from None
-                now = time.monotonic()
-                given_up_at = given_up_at or now + retry_for
-                if now > given_up_at:
-                    raise _error(e) from None
-                time.sleep(0.2)
+        at = [offset]
+
+        def logs():
+            return self.client.jobs.Logs(pb.JobLogs(id=self.id, offset=at[0], follow=follow))
+
+        for chunk in _resuming(logs, retry_for if follow else None):
+            at[0] = chunk.offset
+            yield chunk.data
 
 
 class Approval:
