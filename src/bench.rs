@@ -362,7 +362,7 @@ async fn registry_series(
     n: usize,
 ) -> Result<Series> {
     use berth_tools::{OutcomeKind, Registry, ToolContext};
-    let reg = Registry::new(rt);
+    let reg = Registry::new(rt).with_history(std::sync::Arc::new(berth_agent::history::Journal));
     let ctx = ToolContext::new(rt.clone(), backend, BENCH_SANDBOX);
     let args = json!({ "command": PROBE });
     let one = async || -> Result<()> {

@@ -18,8 +18,8 @@ use serde_json::json;
 use crate::api_client::{Api, call};
 use crate::server;
 
-use berth_client::served::Served;
-use berth_client::served::approvals::{AnswerArgs, ApprovalsCmd};
+use crate::api_args::Served;
+use crate::api_args::approvals::{AnswerArgs, ApprovalsCmd};
 
 async fn list(api: &Api, all: bool) -> Result<Vec<proto::Approval>> {
     let req = proto::ListApprovals { all };

@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::api_client::{Api, call, sandbox_ref};
 use crate::context;
 
-use berth_client::served::sandbox::{CheckpointArgs, CheckpointsArgs, CloneArgs, RestoreArgs};
+use crate::api_args::sandbox::{CheckpointArgs, CheckpointsArgs, CloneArgs, RestoreArgs};
 
 fn mib(bytes: i64) -> String {
     if bytes < 1 << 20 {

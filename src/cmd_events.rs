@@ -17,7 +17,7 @@ use berth_service::convert::{event, event_row};
 use berth_service::proto;
 use berth_service::proto::events_client::EventsClient;
 
-use berth_client::served::events::EventsArgs;
+use crate::api_args::events::EventsArgs;
 
 use crate::api_client::{self, Api, Reconnect};
 use crate::server;

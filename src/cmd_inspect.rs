@@ -11,7 +11,7 @@ use berth_service::proto::sandboxes_client::SandboxesClient;
 use berth_service::proto::sandboxes_server::Sandboxes;
 use serde_json::{Value, json};
 
-use berth_client::served::sandbox::InspectArgs;
+use crate::api_args::sandbox::InspectArgs;
 
 use crate::api_client::{Api, call, sandbox_ref};
 use crate::context;

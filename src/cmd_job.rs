@@ -22,7 +22,7 @@ use tonic::transport::Channel;
 use crate::api_client::{self, Api, Reconnect, backend_kind, error};
 use crate::{context, server};
 
-use berth_client::served::job::{JobCmd, LogsArgs, LsArgs, SignalArg, WaitArgs};
+use crate::api_args::job::{JobCmd, LogsArgs, LsArgs, SignalArg, WaitArgs};
 
 fn jobs(ch: &Channel) -> JobsClient<Channel> {
     JobsClient::new(ch.clone())
@@ -547,7 +547,7 @@ fn human_ms(ms: i64) -> String {
 }
 
 /// A size from the command line as the backends take it.
-fn term_size(s: berth_client::served::TermSize) -> TermSize {
+fn term_size(s: crate::api_args::TermSize) -> TermSize {
     TermSize {
         cols: s.cols,
         rows: s.rows,

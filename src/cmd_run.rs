@@ -829,7 +829,7 @@ fn search(
         Some((backend, sandbox)) => memory::View::Sandbox { backend, sandbox },
         None => memory::View::All,
     };
-    let hits = memory::search_runs(store, &view, text, limit, &redact)?;
+    let hits = berth_agent::history::search_runs(store, &view, text, limit, &redact)?;
     for h in &hits {
         if json {
             println!("{}", serde_json::to_string(h)?);

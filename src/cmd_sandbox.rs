@@ -19,7 +19,7 @@ use serde_json::json;
 use crate::api_client::{Api, call, sandbox_ref};
 use crate::{context, server};
 
-use berth_client::served::sandbox::{GcArgs, LsArgs, ReapArgs, SandboxCmd};
+use crate::api_args::sandbox::{GcArgs, LsArgs, ReapArgs, SandboxCmd};
 
 fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();

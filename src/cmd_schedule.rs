@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::context;
-use crate::schedules::{self, Missed, Schedule};
+use berth_schedules::{self as schedules, Missed, Schedule};
 
 #[derive(Subcommand, Debug)]
 pub enum ScheduleCmd {
@@ -62,7 +62,7 @@ pub struct AddArgs {
     pub tz: String,
     /// Slots missed while no server ran: skip them, or start one run for them.
     #[arg(long, value_enum, default_value = "skip")]
-    pub missed: Missed,
+    pub missed: MissedArg,
     /// Backend of the run's sandbox.
     #[arg(long)]
     pub backend: Option<String>,
@@ -109,7 +109,7 @@ pub fn run(state_dir: Option<PathBuf>, cmd: ScheduleCmd) -> Result<u8> {
                 tz: a.tz.clone(),
                 task: a.task.clone(),
                 args,
-                missed: a.missed,
+                missed: a.missed.into(),
                 paused: false,
                 next_ms: None,
                 created_ms: 0,
@@ -181,13 +181,12 @@ pub fn run(state_dir: Option<PathBuf>, cmd: ScheduleCmd) -> Result<u8> {
         }
         ScheduleCmd::RunNow { name } => {
             let s = schedules::get(&store, &name)?;
-            if let Some(run) = schedules::going(&store, &name, crate::server::schedules::GRACE_MS)?
-            {
+            if let Some(run) = schedules::going(&store, &name, schedules::runner::GRACE_MS)? {
                 bail!(
                     "schedule {name}'s run {run} is still going; wait for it, or stop it with Ctrl-C where it runs"
                 );
             }
-            let id = crate::server::schedules::start(&dir, &s)?;
+            let id = schedules::runner::start(&dir, &s)?;
             eprintln!("berth: started schedule {name}'s run (pid {id}); `berth runs ls` shows it");
             Ok(0)
         }
@@ -199,4 +198,22 @@ pub(crate) fn when(ms: Option<i64>) -> String {
     ms.and_then(chrono::DateTime::from_timestamp_millis)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .unwrap_or_else(|| "-".into())
+}
+
+/// `--missed` on the command line (the schedules crate has no clap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MissedArg {
+    /// Start nothing for them; wait for the next slot.
+    Skip,
+    /// Start one run for all of them, at once.
+    Once,
+}
+
+impl From<MissedArg> for Missed {
+    fn from(m: MissedArg) -> Missed {
+        match m {
+            MissedArg::Skip => Missed::Skip,
+            MissedArg::Once => Missed::Once,
+        }
+    }
 }

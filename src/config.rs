@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use berth_agent::provider::ProviderConfig;
+pub use berth_client::config_path;
+pub use berth_webhooks::Webhook;
 use serde::Deserialize;
 
 /// The file.
@@ -23,65 +25,6 @@ pub struct Config {
     /// Where to POST notifications.
     #[serde(default)]
     pub webhooks: Vec<Webhook>,
-}
-
-/// A webhook: where, in which format, about what.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Webhook {
-    /// The URL.
-    #[serde(default)]
-    pub url: Option<String>,
-    /// Or the variable that holds it.
-    #[serde(default)]
-    pub url_env: Option<String>,
-    /// `slack`, `discord` or `json` (default).
-    #[serde(default)]
-    pub format: HookFormat,
-    /// Which events: `run.ended`, `approval.requested`, `job.watch`
-    /// (default: all three).
-    #[serde(default)]
-    pub events: Option<Vec<String>>,
-}
-
-/// A webhook's message format.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum HookFormat {
-    /// Slack's incoming webhooks: `{"text": …}`.
-    Slack,
-    /// Discord's: `{"content": …}`.
-    Discord,
-    /// berth's own: the event's facts and a `text`.
-    #[default]
-    Json,
-}
-
-impl Webhook {
-    /// Its URL, from the file or the variable it names.
-    pub fn resolve_url(&self) -> Result<String> {
-        match (&self.url, &self.url_env) {
-            (Some(u), None) => Ok(u.clone()),
-            (None, Some(var)) => std::env::var(var)
-                .with_context(|| format!("the webhook's url_env names ${var}, which is not set")),
-            _ => anyhow::bail!("a [[webhooks]] entry needs exactly one of `url` and `url_env`"),
-        }
-    }
-}
-
-/// The config file: BERTH_CONFIG, else $XDG_CONFIG_HOME/berth/config.toml,
-/// else ~/.config/berth/config.toml. It need not exist.
-pub fn config_path() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BERTH_CONFIG").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(x).join("berth/config.toml"));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .context("neither BERTH_CONFIG, XDG_CONFIG_HOME nor HOME is set; set BERTH_CONFIG=FILE")?;
-    Ok(PathBuf::from(home).join(".config/berth/config.toml"))
 }
 
 /// The config and where it was looked for.

@@ -3,6 +3,7 @@
 //! The binary is thin: it parses the command line, opens the store and the
 //! runtime, and prints what core returns, as text for people or `--json` for scripts.
 
+mod api_args;
 mod api_client;
 mod bench;
 mod bench_checkpoint;
@@ -16,6 +17,7 @@ mod cmd_exec;
 mod cmd_image;
 mod cmd_inspect;
 mod cmd_job;
+mod cmd_mcp;
 mod cmd_memory;
 mod cmd_policy;
 mod cmd_run;
@@ -26,20 +28,20 @@ mod cmd_ui;
 mod config;
 mod context;
 mod cp;
-mod detached;
-mod exec_report;
 mod io;
-mod mcp;
-mod schedules;
-mod server;
 mod shell;
 mod ssh_flags;
 mod terminal;
-mod ui;
+
+// The server, the dashboard and the schedules live in crates of their own.
+use berth_schedules as schedules;
+use berth_server as server;
+use berth_server::exec_report;
+use berth_ui as ui;
 
 use std::process::ExitCode;
 
-use berth_client::served::Served;
+use crate::api_args::Served;
 use clap::{Parser, Subcommand};
 
 /// Exit code for berth's own failures (as opposed to the command's).
@@ -79,7 +81,7 @@ pub(crate) enum Command {
     /// Connect your terminal to a terminal job (`job start --pty`) until Ctrl-].
     Attach(cmd_attach::AttachArgs),
     /// Serve berth's tools (terminal, process, the file tools, memory) over MCP on stdio.
-    Mcp(mcp::McpArgs),
+    Mcp(cmd_mcp::McpArgs),
     /// Measure a persistent session against spawning a process per command.
     Bench(bench::BenchArgs),
     /// Check commands against the policy, and show the policy.
@@ -175,7 +177,7 @@ fn main() -> ExitCode {
             Command::Bench(a) => bench::run(state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),
             Command::Image(c) => cmd_image::run(c).await,
-            Command::Mcp(a) => mcp::run(state_dir, a).await,
+            Command::Mcp(a) => cmd_mcp::run(state_dir, a).await,
             Command::Run(a) => cmd_run::run(state_dir, *a).await,
             Command::Runs(c) => cmd_run::runs(state_dir, c).await,
             Command::Memory(c) => cmd_memory::run(state_dir, c),

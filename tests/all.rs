@@ -8,6 +8,8 @@
 //! - `agent`, `context`: `berth run` against the model provider stand-in;
 //!   `context` keeps a run inside a small context window.
 //! - `memory`: notes across runs and the search over past transcripts.
+//! - `schema`: each crate's own tables, on a new database and on one made
+//!   while all tables were one list.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
 //! - `cp`: `berth cp` both ways on local, docker and ssh: trees, large files,
 //!   ownership, archives on stdin and stdout, errors, the file rules.
@@ -48,6 +50,7 @@ mod policy_cli;
 mod readme;
 mod restricted_session;
 mod schedules;
+mod schema;
 mod sdk;
 mod shell;
 mod ssh_cli;

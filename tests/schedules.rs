@@ -173,7 +173,7 @@ fn missed_slots_follow_the_schedules_policy_and_bad_input_says_what_to_do() -> T
     }
     // Both were due two minutes ago, while no server ran.
     let store = Store::open(d)?;
-    store.with_db(|c| {
+    store.with_db(&berth_schedules::TABLES, |c| {
         c.execute(
             "UPDATE schedules SET next_ms = ?1",
             rusqlite::params![now_ms() - 120_000],

@@ -15,6 +15,11 @@ const ROOTS: &[&str] = &[
     "src",
     "client/src",
     "service/src",
+    "server/src",
+    "ui/src",
+    "mcp/src",
+    "schedules/src",
+    "webhooks/src",
     "core/src",
     "tools/src",
     "agent/src",
@@ -430,5 +435,54 @@ fn the_crates_go_one_way() {
             !service.lines().any(|l| l.starts_with(above)),
             "berth-service depends on {above}"
         );
+    }
+    // The server and what runs beside it answer typed calls and events: no
+    // command line (clap) in any of them. The CLI parses and prints.
+    for c in ["server", "ui", "mcp", "schedules", "webhooks"] {
+        let deps = dependencies(&format!("{c}/Cargo.toml"));
+        assert!(
+            !deps.lines().any(|l| l.starts_with("clap")),
+            "berth-{c} depends on clap"
+        );
+    }
+}
+
+/// The `.rs` files under `dir`, with their text.
+fn sources(dir: &str) -> Vec<(PathBuf, String)> {
+    let root = workspace().join(dir);
+    let mut out = Vec::new();
+    for (_, p) in modules(&root) {
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            panic!("cannot read {}", p.display());
+        };
+        out.push((p, text));
+    }
+    assert!(!out.is_empty(), "no sources under {}", root.display());
+    out
+}
+
+#[test]
+fn the_dashboard_mcp_and_server_hold_no_sql() {
+    // They ask the service and the crates that own the tables; a raw
+    // connection or a statement here would reach another crate's tables.
+    for c in ["server", "ui", "mcp", "webhooks"] {
+        let deps = dependencies(&format!("{c}/Cargo.toml"));
+        assert!(
+            !deps.lines().any(|l| l.starts_with("rusqlite")),
+            "berth-{c} depends on rusqlite"
+        );
+        for (p, text) in sources(&format!("{c}/src")) {
+            let code = code_of(&text);
+            for word in [
+                "SELECT ",
+                "INSERT ",
+                "UPDATE ",
+                "DELETE FROM",
+                "with_conn",
+                "with_db",
+            ] {
+                assert!(!code.contains(word), "{} holds SQL ({word:?})", p.display());
+            }
+        }
     }
 }

@@ -90,7 +90,7 @@ pub struct RegistryTools {
 impl RegistryTools {
     /// The registry's tools in `sandbox` on `backend`.
     pub fn new(rt: Arc<Runtime>, backend: &str, sandbox: &str) -> Self {
-        let registry = Arc::new(Registry::new(&rt));
+        let registry = Arc::new(Registry::new(&rt).with_history(Arc::new(crate::history::Journal)));
         Self {
             dispatch: registry.clone(),
             registry,

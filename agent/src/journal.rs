@@ -281,7 +281,7 @@ pub(crate) fn db<T>(
     store: &Store,
     f: impl FnOnce(&rusqlite::Connection) -> berth_core::Result<T>,
 ) -> Result<T> {
-    Ok(store.with_db(f)?)
+    Ok(store.with_db(&crate::tables::TABLES, f)?)
 }
 
 /// A new run id.
@@ -399,7 +399,7 @@ pub fn set_state(store: &Store, id: &str, state: RunState, reason: Option<&str>)
 /// run its calls twice). A run whose owner died (`kill -9`) is free again.
 pub fn claim(store: &Store, id: &str) -> Result<()> {
     let me = std::process::id() as i64;
-    store.with_conn(|c| {
+    store.with_conn(&crate::tables::TABLES, |c| {
         let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let owner: Option<(String, Option<i64>)> = tx
             .query_row(
@@ -647,7 +647,7 @@ pub fn call_finished(
     let state = state.as_str();
     let body = serde_json::to_string(message).map_err(json_err)?;
     let now = now_ms();
-    Ok(store.with_conn(|c| {
+    Ok(store.with_conn(&crate::tables::TABLES, |c| {
         let tx = c.transaction()?;
         tx.execute(
             "INSERT INTO run_calls (run_id, call_id, step, idx, name, args, state, verdict, result, started_ms, ended_ms)
@@ -728,7 +728,7 @@ pub fn put_compaction(
         ),
         None => (String::new(), String::new()),
     };
-    Ok(store.with_conn(|c0| {
+    Ok(store.with_conn(&crate::tables::TABLES, |c0| {
         let tx = c0.transaction()?;
         if let Some(s) = summary_step {
             tx.execute(
@@ -862,7 +862,7 @@ mod tests {
         // Owned by a live process (init): refused.
         let set_owner = |pid: i64| {
             store
-                .with_conn(|c| {
+                .with_conn(&crate::tables::TABLES, |c| {
                     c.execute(
                         "UPDATE runs SET owner_pid = ?1 WHERE id = 'r1'",
                         params![pid],
@@ -942,5 +942,45 @@ pub fn set_sandbox(store: &Store, run: &str, sandbox: &str) -> Result<()> {
             params![run, sandbox],
         )?;
         Ok(())
+    })
+}
+
+/// Tag run `id` as started by schedule `name` (`berth schedule`).
+pub fn tag_schedule(store: &Store, id: &str, name: &str) -> Result<()> {
+    db(store, |c| {
+        c.execute(
+            "UPDATE runs SET schedule = ?2 WHERE id = ?1",
+            params![id, name],
+        )?;
+        Ok(())
+    })
+}
+
+/// The newest run schedule `name` started: its id, where it stands, and
+/// the pid of the process that owns it (none once it stopped).
+pub fn last_of_schedule(
+    store: &Store,
+    name: &str,
+) -> Result<Option<(String, RunState, Option<i64>)>> {
+    let row: Option<(String, String, Option<i64>)> = db(store, |c| {
+        Ok(c.query_row(
+            "SELECT id, state, owner_pid FROM runs WHERE schedule = ?1 ORDER BY created_ms DESC LIMIT 1",
+            params![name],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?)
+    })?;
+    row.map(|(id, state, pid)| Ok((id, RunState::parse(&state)?, pid)))
+        .transpose()
+}
+
+/// How many runs schedule `name` started at or after `since_ms`.
+pub fn started_by_schedule_since(store: &Store, name: &str, since_ms: i64) -> Result<i64> {
+    db(store, |c| {
+        Ok(c.query_row(
+            "SELECT COUNT(*) FROM runs WHERE schedule = ?1 AND created_ms >= ?2",
+            params![name, since_ms],
+            |r| r.get(0),
+        )?)
     })
 }

@@ -9,11 +9,13 @@
 pub mod context;
 mod error;
 pub use error::{Error, Result};
+pub mod history;
 pub mod host;
 pub mod journal;
 pub mod notes;
 pub mod provider;
 pub mod runner;
+pub mod tables;
 pub mod validate;
 pub mod waits;
 

@@ -45,9 +45,10 @@ pub fn prompt_section(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::history::{index, search_runs};
     use crate::journal;
     use crate::provider::Message;
-    use berth_tools::memory::{Scope, add, index, search_runs};
+    use berth_tools::memory::{Scope, add};
     use serde_json::Value;
 
     fn mask(t: &str) -> String {

@@ -13,11 +13,11 @@
 //!    shut down, and a new one is started;
 //! 4. the call runs in the server's `Runtime`, where the sandbox's shell stays
 //!    warm: output streams back, then the report; Ctrl-C sends `Interrupt`, and
-//!    a client that goes away interrupts its command too. `Run` carries any
-//!    other served subcommand (`job`, `sandbox`, `events`, approvals) as the
-//!    typed call the client parsed ([`served::Call`]), which the server runs
-//!    with the CLI's own code; `CallTool` runs a
-//!    tool call for `berth mcp --server`/`berth run --server`;
+//!    a client that goes away interrupts its command too. `CallTool` runs a
+//!    tool call for `berth mcp --server`/`berth run --server`. Every other
+//!    subcommand is the engine's: `job`, `sandbox`, `events` and approvals
+//!    call the typed API (`berth.v1`, berth-service) on the same socket;
+//!    nothing crosses as a command line;
 //! 5. the server checks every peer's uid (`SO_PEERCRED`), and exits after its
 //!    idle time with nothing running, or when its socket is removed.
 //!
@@ -28,7 +28,6 @@ pub mod client;
 pub mod diag;
 pub mod quick;
 pub mod report;
-pub mod served;
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -151,6 +150,21 @@ pub fn state_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
         .filter(|v| !v.is_empty())
         .context("neither --state-dir, BERTH_STATE_DIR, XDG_STATE_HOME nor HOME is set; pass --state-dir DIR")?;
     Ok(PathBuf::from(home).join(".local/state/berth"))
+}
+
+/// The config file: BERTH_CONFIG, else $XDG_CONFIG_HOME/berth/config.toml,
+/// else ~/.config/berth/config.toml. It need not exist.
+pub fn config_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BERTH_CONFIG").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("berth/config.toml"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .context("neither BERTH_CONFIG, XDG_CONFIG_HOME nor HOME is set; set BERTH_CONFIG=FILE")?;
+    Ok(PathBuf::from(home).join(".config/berth/config.toml"))
 }
 
 /// The policy file: BERTH_POLICY, else the XDG config dir.

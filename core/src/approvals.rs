@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::backend::now_unix_secs;
+use crate::store::CORE;
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
 
@@ -258,17 +259,17 @@ fn mark_used(conn: &Connection, id: i64) -> Result<()> {
 impl Store {
     /// Record a new pending approval.
     pub fn create_approval(&self, a: &NewApproval) -> Result<Approval> {
-        self.with_db(|c| create(c, a))
+        self.with_db(&CORE, |c| create(c, a))
     }
 
     /// An approval by id.
     pub fn approval(&self, id: i64) -> Result<Approval> {
-        self.with_db(|c| get(c, id))
+        self.with_db(&CORE, |c| get(c, id))
     }
 
     /// Pending approvals, or every approval with `all`.
     pub fn approvals(&self, all: bool) -> Result<Vec<Approval>> {
-        self.with_db(|c| list(c, all))
+        self.with_db(&CORE, |c| list(c, all))
     }
 
     /// Answer a pending approval; fails if it is unknown or already decided.
@@ -279,12 +280,12 @@ impl Store {
         always: bool,
         by: &str,
     ) -> Result<Approval> {
-        self.with_db(|c| decide(c, id, approve, always, by))
+        self.with_db(&CORE, |c| decide(c, id, approve, always, by))
     }
 
     /// Expire a still-pending approval; returns the final row.
     pub fn expire_approval(&self, id: i64) -> Result<Approval> {
-        self.with_db(|c| expire(c, id))
+        self.with_db(&CORE, |c| expire(c, id))
     }
 
     /// A pending, or approved and unused, approval for exactly this command.
@@ -294,7 +295,7 @@ impl Store {
         backend: &str,
         command: &str,
     ) -> Result<Option<Approval>> {
-        self.with_db(|c| find_reusable(c, sandbox, backend, command))
+        self.with_db(&CORE, |c| find_reusable(c, sandbox, backend, command))
     }
 
     /// The newest unused approval for exactly this command, whatever its state.
@@ -304,7 +305,7 @@ impl Store {
         backend: &str,
         command: &str,
     ) -> Result<Option<Approval>> {
-        self.with_db(|c| {
+        self.with_db(&CORE, |c| {
             let id: Option<i64> = c
                 .query_row(
                     "SELECT id FROM approvals WHERE sandbox = ?1 AND backend = ?2 AND command = ?3 AND used = 0
@@ -319,7 +320,7 @@ impl Store {
 
     /// Mark an approval spent.
     pub fn mark_approval_used(&self, id: i64) -> Result<()> {
-        self.with_db(|c| mark_used(c, id))
+        self.with_db(&CORE, |c| mark_used(c, id))
     }
 }
 

@@ -18,6 +18,7 @@
 pub mod answers;
 pub mod api;
 pub mod convert;
+pub mod detached;
 pub mod proto;
 mod service;
 

@@ -331,6 +331,7 @@ pub(crate) struct Call<'a> {
     pub ctx: &'a ToolContext,
     pub id: String,
     pub live: Arc<Live>,
+    pub history: Option<&'a dyn memory::History>,
 }
 
 /// Runs tool calls: the [`Registry`] itself in this process, or a front
@@ -352,6 +353,8 @@ impl Dispatch for Registry {
 /// The tools and their specs, built once.
 pub struct Registry {
     tools: Vec<(Tool, ToolSpec)>,
+    /// The search over past runs, where a front end gave one.
+    history: Option<Arc<dyn memory::History>>,
 }
 
 impl Registry {
@@ -371,11 +374,23 @@ impl Registry {
             tools.push(Tool::Sandbox);
         }
         if memory_tools::access(runtime) != berth_policies::MemoryAccess::Off {
-            tools.extend([Tool::Memory, Tool::HistorySearch]);
+            tools.push(Tool::Memory);
         }
         Registry {
             tools: tools.into_iter().map(|t| (t, args::spec(t))).collect(),
+            history: None,
         }
+    }
+
+    /// Offer `history_search` over `history` (the agent's journal, which
+    /// keeps the runs), where the memory tools are on.
+    pub fn with_history(mut self, history: Arc<dyn memory::History>) -> Registry {
+        if self.tools.iter().any(|(t, _)| *t == Tool::Memory) {
+            self.tools
+                .push((Tool::HistorySearch, args::spec(Tool::HistorySearch)));
+            self.history = Some(history);
+        }
+        self
     }
 
     /// Every tool, in a fixed order; the same bytes on every call.
@@ -425,6 +440,7 @@ impl Registry {
             ctx,
             id: call_id.clone(),
             live: Arc::new(Live::default()),
+            history: self.history.as_deref(),
         };
         let mut outcome = self.run_with_progress(tool, &call, args, started).await;
         outcome.call_id = call_id.clone();

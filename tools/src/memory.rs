@@ -8,10 +8,9 @@
 //!   prompt carries the newest notes it can see, within a budget of tokens
 //!   (berth-agent's `notes::prompt_section`); a running run never gets new ones, so its prompt
 //!   prefix stays byte-identical.
-//! - the *history* is a full-text index (SQLite FTS5) of every run's messages.
-//!   It is brought up to date before each search ([`index`]): what a run
-//!   journaled since the last search is redacted and indexed in one
-//!   transaction, so a `kill -9` leaves it either indexed or not, never half.
+//! - the *history* is the search over past runs' transcripts ([`History`]).
+//!   The runs are the agent's, so berth-agent keeps the index beside its
+//!   journal (`berth_agent::history`) and gives it to the registry.
 //!
 //! Secrets are masked (with the policy's redactor) before a note is stored and
 //! before a message is indexed; what a search prints is masked once more, for
@@ -34,9 +33,34 @@ fn db<T>(
     store: &Store,
     f: impl FnOnce(&rusqlite::Connection) -> berth_core::Result<T>,
 ) -> Result<T> {
-    Ok(store.with_db(f)?)
+    Ok(store.with_db(&TABLES, f)?)
 }
-use berth_core::store::{Store, now_ms};
+
+/// The memory's tables: curated notes and their full-text index. This
+/// module makes them on first use (see `berth_core::store::Schema`).
+pub static TABLES: Schema = Schema {
+    owner: "memory",
+    versions: &[r#"
+    CREATE TABLE IF NOT EXISTS memory_notes (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        backend     TEXT,
+        sandbox     TEXT,
+        text        TEXT NOT NULL,
+        author      TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        CHECK ((backend IS NULL) = (sandbox IS NULL))
+    );
+    CREATE INDEX IF NOT EXISTS memory_notes_sandbox ON memory_notes(backend, sandbox);
+    CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(text, content='memory_notes', content_rowid='id');
+    CREATE TRIGGER IF NOT EXISTS memory_notes_ai AFTER INSERT ON memory_notes BEGIN
+        INSERT INTO memory_fts(rowid, text) VALUES (new.id, new.text);
+    END;
+    CREATE TRIGGER IF NOT EXISTS memory_notes_ad AFTER DELETE ON memory_notes BEGIN
+        INSERT INTO memory_fts(memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END;
+    "#],
+};
+use berth_core::store::{Schema, Store, now_ms};
 
 /// The longest note, in characters: notes are facts, not files.
 pub const NOTE_MAX_CHARS: usize = 2000;
@@ -90,7 +114,7 @@ pub enum View {
 }
 
 impl View {
-    fn parts(&self) -> (Option<&str>, Option<&str>) {
+    pub fn parts(&self) -> (Option<&str>, Option<&str>) {
         match self {
             View::All => (None, None),
             View::Sandbox { backend, sandbox } => (Some(backend), Some(sandbox)),
@@ -255,150 +279,26 @@ pub struct Hit {
     pub created_ms: i64,
 }
 
-/// Index what runs journaled since the last call, masked by `redact`. The
-/// number of messages indexed.
-pub fn index(store: &Store, redact: Redact) -> Result<usize> {
-    let pending: Vec<(String, i64, i64, String)> = db(store, |c| {
-        let mut stmt = c.prepare_cached(
-            "SELECT m.run_id, m.seq, m.step, m.body FROM run_messages m
-             LEFT JOIN run_search_state s ON s.run_id = m.run_id
-             WHERE m.seq > COALESCE(s.last_seq, 0) ORDER BY m.run_id, m.seq",
-        )?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
-    })?;
-    if pending.is_empty() {
-        return Ok(0);
-    }
-    let rows: Vec<(String, i64, i64, String, String)> = pending
-        .into_iter()
-        .map(|(run, seq, step, body)| {
-            let (role, text) = searchable(&body);
-            (run, seq, step, role, redact(&text))
-        })
-        .collect();
-    let n = rows.len();
-    store.with_conn(|c| {
-        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        for (run, seq, step, role, text) in &rows {
-            // Another berth may have indexed it meanwhile.
-            let done: Option<i64> = tx
-                .query_row(
-                    "SELECT last_seq FROM run_search_state WHERE run_id = ?1",
-                    params![run],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if done.is_some_and(|d| d >= *seq) {
-                continue;
-            }
-            if !text.trim().is_empty() {
-                tx.execute(
-                    "INSERT INTO run_search (text, run_id, seq, step, role) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![text, run, seq, step, role],
-                )?;
-            }
-            tx.execute(
-                "INSERT INTO run_search_state (run_id, last_seq) VALUES (?1, ?2)
-                 ON CONFLICT(run_id) DO UPDATE SET last_seq = excluded.last_seq",
-                params![run, seq],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
-    })?;
-    Ok(n)
-}
-
-/// A journaled message's role and the text worth finding: what was said, and
-/// the tool calls made (name and arguments). The journal (berth-agent) writes
-/// messages as JSON objects with `role`, `text` and `tool_calls` (`name`,
-/// `arguments`); only those fields are read here, so the index does not
-/// depend on the agent's types.
-fn searchable(body: &str) -> (String, String) {
-    #[derive(serde::Deserialize)]
-    struct Call {
-        #[serde(default)]
-        name: String,
-        #[serde(default)]
-        arguments: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Journaled {
-        role: String,
-        #[serde(default)]
-        text: String,
-        #[serde(default)]
-        tool_calls: Vec<Call>,
-    }
-    let Ok(m) = serde_json::from_str::<Journaled>(body) else {
-        return ("unknown".into(), String::new());
-    };
-    let mut text = m.text;
-    for call in &m.tool_calls {
-        text.push('\n');
-        text.push_str(&call.name);
-        text.push(' ');
-        text.push_str(&call.arguments);
-    }
-    (m.role, text)
-}
-
-/// Past runs' messages that match `query`, best first, in the runs `view`
-/// sees. Indexes first.
-pub fn search_runs(
-    store: &Store,
-    view: &View,
-    query: &str,
-    limit: usize,
-    redact: Redact,
-) -> Result<Vec<Hit>> {
-    let queries = fts_queries(query)?;
-    index(store, redact)?;
-    let (b, s) = view.parts();
-    let mut found = Vec::new();
-    for q in queries {
-        found = db(store, |c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT f.run_id, f.step, f.role, snippet(run_search, 0, '[', ']', '…', 16),
-                        r.task, r.backend, r.sandbox, r.created_ms
-                 FROM run_search f JOIN runs r ON r.id = f.run_id
-                 WHERE run_search MATCH ?3 AND (?1 IS NULL OR (r.backend = ?1 AND r.sandbox = ?2))
-                 ORDER BY bm25(run_search), r.created_ms DESC LIMIT ?4",
-            )?;
-            let rows = stmt
-                .query_map(params![b, s, q, limit as i64], |r| {
-                    let task: String = r.get(4)?;
-                    Ok(Hit {
-                        run_id: r.get(0)?,
-                        step: r.get(1)?,
-                        role: r.get(2)?,
-                        snippet: r.get(3)?,
-                        task: task.chars().take(80).collect(),
-                        backend: r.get(5)?,
-                        sandbox: r.get(6)?,
-                        created_ms: r.get(7)?,
-                    })
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
-        })?;
-        if !found.is_empty() {
-            break;
-        }
-    }
-    for h in &mut found {
-        h.snippet = redact(&h.snippet);
-        h.task = redact(&h.task);
-    }
-    Ok(found)
+/// The search over past runs' transcripts. The runs are the agent's
+/// (berth-agent keeps the journal and its index, `berth_agent::history`);
+/// the `history_search` tool is offered where a front end gives one
+/// ([`crate::Registry::with_history`]).
+pub trait History: Send + Sync {
+    /// Past runs' messages that match `query`, best first, in the runs
+    /// `view` sees, masked by `redact`.
+    fn search(
+        &self,
+        store: &Store,
+        view: &View,
+        query: &str,
+        limit: usize,
+        redact: Redact,
+    ) -> Result<Vec<Hit>>;
 }
 
 /// FTS5 queries for a person's or a model's words: every word quoted (so no
 /// word is read as FTS5 syntax), all of them first, then any of them.
-fn fts_queries(query: &str) -> Result<Vec<String>> {
+pub fn fts_queries(query: &str) -> Result<Vec<String>> {
     let words: Vec<String> = query
         .split(|c: char| !c.is_alphanumeric() && c != '_')
         .filter(|w| !w.is_empty())

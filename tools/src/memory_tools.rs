@@ -101,7 +101,12 @@ pub(super) fn history(call: &Call<'_>, a: HistorySearchArgs) -> ToolOutcome {
     let limit = a.limit.unwrap_or(10).clamp(1, 50) as usize;
     let redact = |t: &str| rt.redact(t);
     let v = view(call, access(rt));
-    match memory::search_runs(rt.store(), &v, &a.query, limit, &redact) {
+    let Some(history) = call.history else {
+        return ToolOutcome::invalid(
+            "history_search is not offered here: no run history was given",
+        );
+    };
+    match history.search(rt.store(), &v, &a.query, limit, &redact) {
         Ok(hits) if hits.is_empty() => ToolOutcome::ok(
             "no past messages match; try fewer or other words",
             json!({ "hits": [] }),

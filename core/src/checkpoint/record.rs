@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::manifest::Manifest;
 use crate::error::Result;
+use crate::store::CORE;
 use crate::store::Store;
 
 /// A checkpoint as `berth sandbox checkpoints` lists it.
@@ -75,7 +76,7 @@ pub fn insert(
     set_base: bool,
 ) -> Result<()> {
     let encoded = manifest.encode();
-    store.with_conn(|conn| {
+    store.with_conn(&CORE, |conn| {
         let tx = conn.transaction()?;
         tx.execute(
             &format!("INSERT INTO checkpoints ({COLUMNS}, manifest, session) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
@@ -110,7 +111,7 @@ pub fn insert(
 
 /// A sandbox's checkpoints, oldest first.
 pub fn list(store: &Store, backend: &str, sandbox: &str) -> Result<Vec<CheckpointRow>> {
-    store.with_conn(|c| {
+    store.with_conn(&CORE, |c| {
         let mut st = c.prepare(&format!(
             "SELECT {COLUMNS} FROM checkpoints WHERE backend = ?1 AND sandbox = ?2 ORDER BY created_ms, rowid"
         ))?;
@@ -121,7 +122,7 @@ pub fn list(store: &Store, backend: &str, sandbox: &str) -> Result<Vec<Checkpoin
 
 /// A run's checkpoints, by step.
 pub fn of_run(store: &Store, run: &str) -> Result<Vec<CheckpointRow>> {
-    store.with_conn(|c| {
+    store.with_conn(&CORE, |c| {
         let mut st = c.prepare(&format!(
             "SELECT {COLUMNS} FROM checkpoints WHERE run_id = ?1 ORDER BY step, created_ms"
         ))?;
@@ -146,7 +147,7 @@ pub fn at_step<'a>(
 
 /// One checkpoint, with its manifest and session state.
 pub fn get(store: &Store, id: &str) -> Result<Option<(CheckpointRow, Manifest, Vec<u8>)>> {
-    let found = store.with_conn(|c| {
+    let found = store.with_conn(&CORE, |c| {
         c.query_row(
             &format!("SELECT {COLUMNS}, manifest, session FROM checkpoints WHERE id = ?1"),
             params![id],
@@ -162,7 +163,7 @@ pub fn get(store: &Store, id: &str) -> Result<Option<(CheckpointRow, Manifest, V
 
 /// A sandbox's base manifest.
 pub fn base(store: &Store, backend: &str, sandbox: &str) -> Result<Option<Manifest>> {
-    let found: Option<Vec<u8>> = store.with_conn(|c| {
+    let found: Option<Vec<u8>> = store.with_conn(&CORE, |c| {
         c.query_row(
             "SELECT manifest FROM checkpoint_bases WHERE backend = ?1 AND sandbox = ?2",
             params![backend, sandbox],
@@ -175,7 +176,7 @@ pub fn base(store: &Store, backend: &str, sandbox: &str) -> Result<Option<Manife
 
 /// Set a sandbox's base manifest (after a restore).
 pub fn set_base(store: &Store, backend: &str, sandbox: &str, m: &Manifest) -> Result<()> {
-    store.with_conn(|c| {
+    store.with_conn(&CORE, |c| {
         c.execute(
             "INSERT OR REPLACE INTO checkpoint_bases (backend, sandbox, manifest) VALUES (?1, ?2, ?3)",
             params![backend, sandbox, m.encode()],
@@ -190,7 +191,7 @@ pub fn packs_in_use(
     backend: &str,
     sandbox: &str,
 ) -> Result<std::collections::BTreeSet<String>> {
-    let blobs: Vec<Vec<u8>> = store.with_conn(|c| {
+    let blobs: Vec<Vec<u8>> = store.with_conn(&CORE, |c| {
         let mut st = c.prepare(
             "SELECT manifest FROM checkpoints WHERE backend = ?1 AND sandbox = ?2
              UNION ALL SELECT manifest FROM checkpoint_bases WHERE backend = ?1 AND sandbox = ?2",
@@ -207,7 +208,7 @@ pub fn packs_in_use(
 
 /// Forget checkpoints by id.
 pub fn delete(store: &Store, ids: &[String]) -> Result<()> {
-    store.with_conn(|c| {
+    store.with_conn(&CORE, |c| {
         let tx = c.transaction()?;
         for id in ids {
             tx.execute("DELETE FROM checkpoints WHERE id = ?1", params![id])?;
@@ -218,7 +219,7 @@ pub fn delete(store: &Store, ids: &[String]) -> Result<()> {
 
 /// Forget every checkpoint of a sandbox and its base (it was removed).
 pub fn forget_sandbox(store: &Store, backend: &str, sandbox: &str) -> Result<()> {
-    store.with_conn(|c| {
+    store.with_conn(&CORE, |c| {
         let tx = c.transaction()?;
         tx.execute(
             "DELETE FROM checkpoints WHERE backend = ?1 AND sandbox = ?2",

@@ -6,6 +6,7 @@ use rusqlite::{OptionalExtension, params};
 use super::{Job, JobState};
 use crate::backend::TermSize;
 use crate::error::{Error, Result};
+use crate::store::CORE;
 use crate::store::{Event, Store};
 
 const COLUMNS: &str = "id, name, backend, sandbox, command, state, exit_code, pid, created_at, ended_at, reason, watch, scan_offset, out_bytes, kill_signal, pty";
@@ -35,7 +36,7 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
 impl Store {
     pub(super) fn insert_job(&self, j: &Job) -> Result<()> {
         let watch = serde_json::to_string(&j.watch).map_err(|e| Error::Store(e.to_string()))?;
-        self.with_conn(|c| {
+        self.with_conn(&CORE, |c| {
             c.execute(
                 &format!("INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
                 params![
@@ -52,7 +53,7 @@ impl Store {
     /// ending wins (several waiters may see the same end: `berth serve`'s, a
     /// `job wait`, an `events --follow`). Returns whether the row changed.
     pub(super) fn save_job(&self, j: &Job) -> Result<bool> {
-        let changed = self.with_conn(|c| {
+        let changed = self.with_conn(&CORE, |c| {
             c.execute(
                 "UPDATE jobs SET state = ?2, exit_code = ?3, pid = ?4, ended_at = ?5,
                         reason = COALESCE(?6, reason), scan_offset = MAX(scan_offset, ?7), out_bytes = ?8,
@@ -101,7 +102,7 @@ impl Store {
 
     /// Forget a job that has ended (`job prune`); a running one stays.
     pub(super) fn delete_job(&self, id: &str) -> Result<()> {
-        self.with_conn(|c| {
+        self.with_conn(&CORE, |c| {
             c.execute(
                 "DELETE FROM jobs WHERE id = ?1 AND state NOT IN ('starting', 'running')",
                 params![id],
@@ -112,7 +113,7 @@ impl Store {
 
     /// How far a job's output has been scanned, as the store has it.
     pub(super) fn scan_offset(&self, id: &str) -> Result<i64> {
-        self.with_conn(|c| {
+        self.with_conn(&CORE, |c| {
             c.query_row(
                 "SELECT scan_offset FROM jobs WHERE id = ?1",
                 params![id],
@@ -124,7 +125,7 @@ impl Store {
     /// Record whether berth could check on an unfinished job: `unknown`
     /// with why not, or back to `running` (the reason cleared) once it could.
     pub(super) fn note_reach(&self, j: &Job) -> Result<bool> {
-        let changed = self.with_conn(|c| {
+        let changed = self.with_conn(&CORE, |c| {
             c.execute(
                 "UPDATE jobs SET state = ?2, reason = ?3, out_bytes = ?4
                  WHERE id = ?1 AND state IN ('starting', 'running', 'unknown')",
@@ -138,7 +139,7 @@ impl Store {
     /// could not be reached (it never checked the process): `unknown`
     /// again, so the next look checks them.
     pub(super) fn reopen_unchecked(&self) -> Result<usize> {
-        self.with_conn(|c| {
+        self.with_conn(&CORE, |c| {
             c.execute(
                 "UPDATE jobs SET state = 'unknown', ended_at = NULL
                  WHERE state = 'lost' AND reason LIKE ?1",
@@ -151,7 +152,7 @@ impl Store {
     /// or not its ending is on record yet: a waiter may have recorded the
     /// ending first, without the kill's account.
     pub(super) fn note_kill(&self, j: &Job) -> Result<()> {
-        self.with_conn(|c| {
+        self.with_conn(&CORE, |c| {
             c.execute(
                 "UPDATE jobs SET kill_signal = ?2, reason = COALESCE(?3, reason) WHERE id = ?1",
                 params![j.id, j.kill_signal, j.reason],
@@ -162,7 +163,7 @@ impl Store {
 
     /// Record a terminal job's new size.
     pub(super) fn note_pty(&self, id: &str, size: TermSize) -> Result<()> {
-        self.with_conn(|c| {
+        self.with_conn(&CORE, |c| {
             c.execute(
                 "UPDATE jobs SET pty = ?2 WHERE id = ?1",
                 params![id, size.to_string()],
@@ -173,7 +174,7 @@ impl Store {
 
     /// A job by id, or by name (the newest job with that name).
     pub fn job(&self, id_or_name: &str) -> Result<Job> {
-        let found = self.with_conn(|c| {
+        let found = self.with_conn(&CORE, |c| {
             c.query_row(
                 &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1 OR name = ?1 ORDER BY (id = ?1) DESC, created_at DESC LIMIT 1"),
                 params![id_or_name],
@@ -190,7 +191,7 @@ impl Store {
 
     /// All jobs, newest last.
     pub fn jobs(&self) -> Result<Vec<Job>> {
-        self.with_conn(|c| {
+        self.with_conn(&CORE, |c| {
             let mut stmt = c.prepare(&format!(
                 "SELECT {COLUMNS} FROM jobs ORDER BY created_at, id"
             ))?;

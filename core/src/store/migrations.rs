@@ -1,9 +1,125 @@
-//! The store's schema, every version of it, in one place: each module's
-//! tables (sandboxes, events, jobs, approvals, agent runs) are migrations here,
-//! so the store depends on no module that uses it.
+//! Core's own tables ([`CORE`]), and the schema as it was while every
+//! crate's tables were one numbered list here ([`LEGACY`]).
+//!
+//! Each crate now owns its tables and makes them itself (a [`Schema`] named
+//! on every query): core's are below; the agent's journal in
+//! `berth_agent::journal`, the memory in `berth_tools::memory`, the
+//! schedules in `berth_schedules`. The old list stays, frozen, to bring a
+//! database made by a berth of then to its last version; every schema's
+//! first version makes its tables `IF NOT EXISTS` in that same shape, so on
+//! such a database it changes nothing, and a new database never runs the
+//! old list. `tests/schema.rs` checks that both roads end at the same tables.
 
-/// The schema, one entry per version. Never edit a shipped entry: append a new one.
-pub(super) const MIGRATIONS: &[&str] = &[
+use super::Schema;
+
+/// Core's tables: sandboxes and their sessions, the event log, jobs,
+/// approvals, checkpoints.
+pub static CORE: Schema = Schema {
+    owner: "core",
+    versions: &[r#"
+    CREATE TABLE IF NOT EXISTS sandboxes (
+        backend     TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        spec        TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        last_used   INTEGER NOT NULL,
+        PRIMARY KEY (backend, name)
+    );
+    CREATE TABLE IF NOT EXISTS sessions (
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        last_used   INTEGER NOT NULL,
+        commands    INTEGER NOT NULL DEFAULT 0,
+        cwd         TEXT,
+        PRIMARY KEY (backend, sandbox, name)
+    );
+    CREATE TABLE IF NOT EXISTS events (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts_ms       INTEGER NOT NULL,
+        kind        TEXT NOT NULL,
+        call_id     TEXT,
+        backend     TEXT,
+        sandbox     TEXT,
+        session     TEXT,
+        command     TEXT,
+        verdict     TEXT,
+        exit_code   INTEGER,
+        duration_ms INTEGER,
+        bytes_out   INTEGER,
+        detail      TEXT
+    );
+    CREATE INDEX IF NOT EXISTS events_call ON events(call_id);
+    CREATE TABLE IF NOT EXISTS jobs (
+        id          TEXT PRIMARY KEY,
+        name        TEXT,
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        command     TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        exit_code   INTEGER,
+        pid         INTEGER,
+        created_at  INTEGER NOT NULL,
+        ended_at    INTEGER,
+        reason      TEXT,
+        watch       TEXT NOT NULL DEFAULT '[]',
+        scan_offset INTEGER NOT NULL DEFAULT 0,
+        out_bytes   INTEGER NOT NULL DEFAULT 0,
+        kill_signal TEXT,
+        pty         TEXT
+    );
+    CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
+    CREATE TABLE IF NOT EXISTS approvals (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_unix INTEGER NOT NULL,
+        sandbox      TEXT NOT NULL,
+        backend      TEXT NOT NULL,
+        command      TEXT NOT NULL,
+        part         TEXT NOT NULL,
+        argv_json    TEXT NOT NULL,
+        rule         TEXT NOT NULL,
+        reason       TEXT NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
+        always       INTEGER NOT NULL DEFAULT 0,
+        decided_unix INTEGER,
+        decided_by   TEXT,
+        used         INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX IF NOT EXISTS approvals_state ON approvals(state);
+    CREATE TABLE IF NOT EXISTS checkpoints (
+        id          TEXT PRIMARY KEY,
+        backend     TEXT NOT NULL,
+        sandbox     TEXT NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        label       TEXT,
+        run_id      TEXT,
+        step        INTEGER,
+        files       INTEGER NOT NULL,
+        bytes       INTEGER NOT NULL,
+        changed     INTEGER NOT NULL,
+        new_bytes   INTEGER NOT NULL,
+        took_ms     INTEGER NOT NULL,
+        skipped     TEXT,
+        origin      TEXT,
+        manifest    BLOB NOT NULL,
+        session     BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(backend, sandbox, created_ms);
+    CREATE INDEX IF NOT EXISTS checkpoints_run ON checkpoints(run_id, step);
+    CREATE TABLE IF NOT EXISTS checkpoint_bases (
+        backend   TEXT NOT NULL,
+        sandbox   TEXT NOT NULL,
+        manifest  BLOB NOT NULL,
+        PRIMARY KEY (backend, sandbox)
+    );
+    "#],
+};
+
+/// The schema of every crate as one list, one entry per version (`PRAGMA
+/// user_version`), as berth kept it up to version 10. Frozen: it only
+/// brings an older database up to that version. Append nothing here.
+pub const LEGACY: &[&str] = &[
     // 1: sandboxes, sessions, the event log.
     r#"
     CREATE TABLE sandboxes (

@@ -21,7 +21,21 @@ use crate::error::{Error, Result};
 pub mod excerpt;
 mod migrations;
 
-use migrations::MIGRATIONS;
+pub use migrations::{CORE, LEGACY};
+
+/// One crate's tables: the crate that owns them, and their schema, one entry
+/// per version. Never edit a shipped entry: append a new one. A crate names
+/// its schema on every call to [`Store::with_db`] or [`Store::with_conn`], so
+/// its tables are made (or brought up to date) before its first statement;
+/// every table is written in the crate whose SQL uses it, and no other crate
+/// queries it.
+#[derive(Debug)]
+pub struct Schema {
+    /// The owning crate, as the version table names it (`core`, `agent`…).
+    pub owner: &'static str,
+    /// Its migrations, oldest first.
+    pub versions: &'static [&'static str],
+}
 
 /// A sandbox berth knows about.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +91,8 @@ pub struct Store {
     /// and no other writer's turn (WAL lets readers go on beside a writer).
     pool: [std::sync::OnceLock<Mutex<Connection>>; POOL],
     path: PathBuf,
+    /// The schemas brought up to date through this store so far.
+    adopted: Mutex<Vec<&'static str>>,
     /// Events kept; older ones are pruned as events are appended (0: all).
     events_keep: AtomicU64,
 }
@@ -124,6 +140,7 @@ impl Store {
         let store = Store {
             pool: Default::default(),
             path,
+            adopted: Mutex::new(Vec::new()),
             events_keep: AtomicU64::new(berth_policies::Limits::default().events_keep),
         };
         let _ = store.pool[0].set(Mutex::new(conn));
@@ -178,35 +195,98 @@ impl Store {
         blocking(|| first.lock()).map_err(|_| poisoned())
     }
 
+    /// Bring the database up to date: first the schema as it was before each
+    /// crate kept its own tables ([`LEGACY`], one list in `PRAGMA
+    /// user_version`) for a database a berth of then made, then core's own
+    /// tables. A new database skips the old list: each crate makes its own
+    /// tables on first use.
     fn migrate(&self) -> Result<()> {
         let mut conn = self.conn()?;
         // Up to date (the common case): no write lock is taken, so opening
         // the store does not wait behind another process's write.
         let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if current as usize == MIGRATIONS.len() {
+        if current as usize != LEGACY.len() || !has_table(&conn, "schema_parts")? {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            if version as usize > LEGACY.len() {
+                return Err(Error::Store(format!(
+                    "the database is at schema version {version}, newer than this berth ({}); upgrade berth",
+                    LEGACY.len()
+                )));
+            }
+            let fresh = version == 0 && !has_table(&tx, "sandboxes")?;
+            if !fresh {
+                for m in LEGACY.iter().skip(version as usize) {
+                    tx.execute_batch(m)?;
+                }
+            }
+            tx.pragma_update(None, "user_version", LEGACY.len() as i64)?;
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS schema_parts (
+                    owner   TEXT PRIMARY KEY,
+                    version INTEGER NOT NULL
+                );",
+            )?;
+            tx.commit()?;
+        }
+        drop(conn);
+        self.adopt(&CORE)
+    }
+
+    /// Make `schema`'s tables, or bring them up to date, once per store.
+    fn adopt(&self, schema: &'static Schema) -> Result<()> {
+        let lock = || {
+            self.adopted
+                .lock()
+                .map_err(|_| Error::Store("schema lock poisoned".into()))
+        };
+        if lock()?.contains(&schema.owner) {
             return Ok(());
         }
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if version as usize > MIGRATIONS.len() {
-            return Err(Error::Store(format!(
-                "the database is at schema version {version}, newer than this berth ({}); upgrade berth",
-                MIGRATIONS.len()
-            )));
+        let mut conn = self.conn()?;
+        let want = schema.versions.len() as i64;
+        let read = |c: &Connection| -> rusqlite::Result<Option<i64>> {
+            c.query_row(
+                "SELECT version FROM schema_parts WHERE owner = ?1",
+                [schema.owner],
+                |r| r.get(0),
+            )
+            .optional()
+        };
+        if read(&conn)? != Some(want) {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let at = read(&tx)?.unwrap_or(0);
+            if at > want {
+                return Err(Error::Store(format!(
+                    "{}'s tables are at version {at}, newer than this berth ({want}); upgrade berth",
+                    schema.owner
+                )));
+            }
+            for m in schema.versions.iter().skip(at as usize) {
+                tx.execute_batch(m)?;
+            }
+            tx.execute(
+                "INSERT INTO schema_parts (owner, version) VALUES (?1, ?2)
+                 ON CONFLICT(owner) DO UPDATE SET version = excluded.version",
+                params![schema.owner, want],
+            )?;
+            tx.commit()?;
         }
-        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            tx.execute_batch(m)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
-        }
-        tx.commit()?;
+        lock()?.push(schema.owner);
         Ok(())
     }
 
-    /// The schema version in force.
-    pub fn schema_version(&self) -> Result<i64> {
+    /// The version of `owner`'s tables in this database (0: not made yet).
+    pub fn schema_version(&self, owner: &str) -> Result<i64> {
         Ok(self
             .conn()?
-            .query_row("PRAGMA user_version", [], |r| r.get(0))?)
+            .query_row(
+                "SELECT version FROM schema_parts WHERE owner = ?1",
+                [owner],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(0))
     }
 
     /// Record a sandbox (or refresh its spec).
@@ -434,24 +514,40 @@ impl Store {
     }
 
     /// Like [`Store::with_conn`], for functions that return berth's own `Result`.
-    pub fn with_db<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    pub fn with_db<T>(
+        &self,
+        schema: &'static Schema,
+        f: impl FnOnce(&Connection) -> Result<T>,
+    ) -> Result<T> {
+        self.adopt(schema)?;
         let conn = self.conn()?;
         f(&conn)
     }
 
-    /// Run `f` with the raw connection, for the modules that own tables of their
-    /// own (jobs and approvals here; the agent's journal in berth-agent, the
-    /// memory in berth-tools) and put typed methods over them. All their schema
-    /// is in [`migrations`], one numbered list for the one database file, so an
-    /// upgrade migrates it whole whichever crate's table changed. Callers never
-    /// hold the connection past `f`: a pooled connection goes back when it returns.
+    /// Run `f` with the raw connection, for a module that owns tables
+    /// (`schema`) and puts typed methods over them: the jobs, approvals and
+    /// checkpoints here, the agent's journal in berth-agent, the memory in
+    /// berth-tools, the schedules in berth-schedules. The schema is made or
+    /// brought up to date first, once per store. Callers never hold the
+    /// connection past `f`: a pooled connection goes back when it returns.
     pub fn with_conn<T>(
         &self,
+        schema: &'static Schema,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
     ) -> Result<T> {
+        self.adopt(schema)?;
         let mut conn = self.conn()?;
         Ok(f(&mut conn)?)
     }
+}
+
+/// Whether the database has a table `name`.
+fn has_table(c: &Connection, name: &str) -> rusqlite::Result<bool> {
+    c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        [name],
+        |r| r.get(0),
+    )
 }
 
 /// How long a statement waits in all for another connection's write lock
@@ -663,7 +759,7 @@ mod tests {
     fn migrates_and_round_trips() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
         let s = Store::open(dir.path())?;
-        assert_eq!(s.schema_version()?, MIGRATIONS.len() as i64);
+        assert_eq!(s.schema_version("core")?, CORE.versions.len() as i64);
         s.put_sandbox("local", &SandboxSpec::named("a"))?;
         assert_eq!(s.sandbox("local", "a")?.map(|r| r.name), Some("a".into()));
         assert!(s.sandbox("docker", "a")?.is_none());
@@ -697,14 +793,16 @@ mod tests {
                 ..Default::default()
             })?;
         }
-        let count: i64 =
-            s.with_conn(|c| c.query_row("SELECT count(*) FROM events", [], |r| r.get(0)))?;
+        let count: i64 = s.with_conn(&CORE, |c| {
+            c.query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        })?;
         assert!(
             (100..=200).contains(&count),
             "{count} events kept with events_keep = 100"
         );
-        let oldest: i64 =
-            s.with_conn(|c| c.query_row("SELECT min(id) FROM events", [], |r| r.get(0)))?;
+        let oldest: i64 = s.with_conn(&CORE, |c| {
+            c.query_row("SELECT min(id) FROM events", [], |r| r.get(0))
+        })?;
         assert!(oldest > last - 200, "event {oldest} outlived the limit");
         // The newest are all there, in order.
         let newest = s.events(0, 100, None)?;
@@ -716,8 +814,9 @@ mod tests {
         for _ in 0..300 {
             s.append(&Event::default())?;
         }
-        let all: i64 =
-            s.with_conn(|c| c.query_row("SELECT count(*) FROM events", [], |r| r.get(0)))?;
+        let all: i64 = s.with_conn(&CORE, |c| {
+            c.query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        })?;
         assert_eq!(all, count + 300);
         Ok(())
     }
@@ -727,7 +826,7 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
         {
             let s = Store::open(dir.path())?;
-            s.with_conn(|c| c.pragma_update(None, "user_version", 999))?;
+            s.with_conn(&CORE, |c| c.pragma_update(None, "user_version", 999))?;
         }
         match Store::open(dir.path()) {
             Err(Error::Store(m)) => assert!(m.contains("newer"), "{m}"),

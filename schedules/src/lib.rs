@@ -8,10 +8,13 @@
 //! of the schedule was still going, so none was started), `missed`. A run
 //! started by a schedule carries its name (`runs.schedule`).
 
+pub mod runner;
+
 use std::str::FromStr;
 
 use anyhow::{Context, Result, bail};
-use berth_core::store::{Store, now_ms};
+use berth_agent::journal::{self, RunState};
+use berth_core::store::{Schema, Store, now_ms};
 use chrono::{TimeZone, Utc};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds};
@@ -19,7 +22,7 @@ use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
 /// What to do about the slots that passed while no server ran.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Missed {
     /// Start nothing for them; wait for the next slot.
@@ -121,7 +124,7 @@ const COLUMNS: &str = "name, cron, tz, task, args, missed, paused, next_ms, crea
 pub fn add(store: &Store, s: &Schedule) -> Result<()> {
     let next = next_slot(&s.cron, &s.tz, now_ms())?;
     let args = serde_json::to_string(&s.args)?;
-    let added = store.with_db(|c| {
+    let added = store.with_db(&TABLES, |c| {
         Ok(c.execute(
             "INSERT OR IGNORE INTO schedules (name, cron, tz, task, args, missed, paused, next_ms, created_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8)",
@@ -140,7 +143,7 @@ pub fn add(store: &Store, s: &Schedule) -> Result<()> {
 
 /// Every schedule, by name.
 pub fn list(store: &Store) -> Result<Vec<Schedule>> {
-    Ok(store.with_db(|c| {
+    Ok(store.with_db(&TABLES, |c| {
         let mut stmt = c.prepare(&format!("SELECT {COLUMNS} FROM schedules ORDER BY name"))?;
         let rows = stmt
             .query_map([], row)?
@@ -152,7 +155,7 @@ pub fn list(store: &Store) -> Result<Vec<Schedule>> {
 /// One schedule.
 pub fn get(store: &Store, name: &str) -> Result<Schedule> {
     store
-        .with_db(|c| {
+        .with_db(&TABLES, |c| {
             Ok(c.query_row(
                 &format!("SELECT {COLUMNS} FROM schedules WHERE name = ?1"),
                 params![name],
@@ -166,7 +169,7 @@ pub fn get(store: &Store, name: &str) -> Result<Schedule> {
 /// Remove a schedule and its history.
 pub fn remove(store: &Store, name: &str) -> Result<()> {
     get(store, name)?;
-    store.with_db(|c| {
+    store.with_db(&TABLES, |c| {
         c.execute("DELETE FROM schedule_fires WHERE name = ?1", params![name])?;
         c.execute("DELETE FROM schedules WHERE name = ?1", params![name])?;
         Ok(())
@@ -178,7 +181,7 @@ pub fn remove(store: &Store, name: &str) -> Result<()> {
 pub fn set_paused(store: &Store, name: &str, paused: bool) -> Result<()> {
     let s = get(store, name)?;
     let next = next_slot(&s.cron, &s.tz, now_ms())?;
-    store.with_db(|c| {
+    store.with_db(&TABLES, |c| {
         c.execute(
             "UPDATE schedules SET paused = ?2, next_ms = ?3 WHERE name = ?1",
             params![name, paused as i64, next],
@@ -197,7 +200,7 @@ pub fn fired(
     note: Option<&str>,
     next_ms: i64,
 ) -> Result<()> {
-    store.with_conn(|c| {
+    store.with_conn(&TABLES, |c| {
         let tx = c.transaction()?;
         tx.execute(
             "INSERT OR REPLACE INTO schedule_fires (name, slot_ms, fired_ms, outcome, note) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -227,7 +230,7 @@ pub struct Fire {
 
 /// A schedule's latest slots, newest first.
 pub fn fires(store: &Store, name: &str, limit: usize) -> Result<Vec<Fire>> {
-    Ok(store.with_db(|c| {
+    Ok(store.with_db(&TABLES, |c| {
         let mut stmt = c.prepare(
             "SELECT slot_ms, fired_ms, outcome, note FROM schedule_fires WHERE name = ?1 ORDER BY slot_ms DESC LIMIT ?2",
         )?;
@@ -249,57 +252,65 @@ pub fn fires(store: &Store, name: &str, limit: usize) -> Result<Vec<Fire>> {
 /// waiting, or waiting for an approval), or one started in the last
 /// `grace_ms` that has not written its journal yet.
 pub fn going(store: &Store, name: &str, grace_ms: i64) -> Result<Option<String>> {
-    Ok(store.with_db(|c| {
-        let run: Option<(String, String, Option<i64>)> = c
-            .query_row(
-                "SELECT id, state, owner_pid FROM runs WHERE schedule = ?1 ORDER BY created_ms DESC LIMIT 1",
-                params![name],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()?;
-        if let Some((id, state, pid)) = run {
-            let live = pid.is_some_and(|p| {
-                // SAFETY: signal 0 only checks that the process exists.
-                p > 0 && unsafe { libc::kill(p as i32, 0) } == 0
-            });
-            if (state == "running" && live) || state == "waiting" || state == "awaiting_approval" {
-                return Ok(Some(id));
-            }
+    if let Some((id, state, pid)) = journal::last_of_schedule(store, name)? {
+        let live = pid.is_some_and(|p| {
+            // SAFETY: signal 0 only checks that the process exists.
+            p > 0 && unsafe { libc::kill(p as i32, 0) } == 0
+        });
+        if (state == RunState::Running && live)
+            || matches!(state, RunState::Waiting | RunState::AwaitingApproval)
+        {
+            return Ok(Some(id));
         }
-        let just: Option<i64> = c
-            .query_row(
-                "SELECT fired_ms FROM schedule_fires WHERE name = ?1 AND outcome = 'started' ORDER BY fired_ms DESC LIMIT 1",
-                params![name],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let started_since = c
-            .query_row(
-                "SELECT COUNT(*) FROM runs WHERE schedule = ?1 AND created_ms >= ?2",
-                params![name, just.unwrap_or(i64::MAX)],
-                |r| r.get::<_, i64>(0),
-            )
-            .unwrap_or(0);
-        Ok(match just {
-            Some(t) if started_since == 0 && now_ms() - t < grace_ms => {
-                Some("(starting)".to_string())
-            }
-            _ => None,
-        })
-    })?)
+    }
+    let just: Option<i64> = store.with_db(&TABLES, |c| {
+        Ok(c.query_row(
+            "SELECT fired_ms FROM schedule_fires WHERE name = ?1 AND outcome = 'started' ORDER BY fired_ms DESC LIMIT 1",
+            params![name],
+            |r| r.get(0),
+        )
+        .optional()?)
+    })?;
+    let Some(t) = just else {
+        return Ok(None);
+    };
+    let started_since = journal::started_by_schedule_since(store, name, t).unwrap_or(0);
+    Ok((started_since == 0 && now_ms() - t < grace_ms).then(|| "(starting)".to_string()))
 }
 
 /// Tag run `id` as started by schedule `name`.
 pub fn tag_run(store: &Store, id: &str, name: &str) -> Result<()> {
-    store.with_db(|c| {
-        c.execute(
-            "UPDATE runs SET schedule = ?2 WHERE id = ?1",
-            params![id, name],
-        )?;
-        Ok(())
-    })?;
-    Ok(())
+    Ok(journal::tag_schedule(store, id, name)?)
 }
+
+/// The schedules' tables: each schedule, and each slot's fate. This crate
+/// makes them on first use (see `berth_core::store::Schema`); the run a
+/// slot started carries the schedule's name in the agent's journal
+/// (`berth_agent::journal::tag_schedule`).
+pub static TABLES: Schema = Schema {
+    owner: "schedules",
+    versions: &[r#"
+    CREATE TABLE IF NOT EXISTS schedules (
+        name        TEXT PRIMARY KEY,
+        cron        TEXT NOT NULL,
+        tz          TEXT NOT NULL,
+        task        TEXT NOT NULL,
+        args        TEXT NOT NULL,
+        missed      TEXT NOT NULL,
+        paused      INTEGER NOT NULL DEFAULT 0,
+        next_ms     INTEGER,
+        created_ms  INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS schedule_fires (
+        name     TEXT NOT NULL,
+        slot_ms  INTEGER NOT NULL,
+        fired_ms INTEGER NOT NULL,
+        outcome  TEXT NOT NULL,
+        note     TEXT,
+        PRIMARY KEY (name, slot_ms)
+    );
+    "#],
+};
 
 #[cfg(test)]
 mod tests {

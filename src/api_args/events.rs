@@ -1,9 +1,8 @@
 //! `berth events`: its arguments.
 
 use clap::Args;
-use serde::{Deserialize, Serialize};
 
-#[derive(Args, Clone, Debug, Serialize, Deserialize)]
+#[derive(Args, Clone, Debug)]
 pub struct EventsArgs {
     /// How many of the newest events to show.
     #[arg(long, short = 'n', default_value_t = 20)]

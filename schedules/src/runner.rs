@@ -1,5 +1,5 @@
 //! Schedules in the server: at each slot's time, each due slot of each schedule
-//! (see [`crate::schedules`]) either starts a run, or is recorded as
+//! (see [`crate`]) either starts a run, or is recorded as
 //! `overlap` (a run of the schedule is still going: it is reported, not
 //! doubled) or `missed` (it passed while no server ran, and the schedule
 //! skips such slots). The slot's fate and the next slot are written in one
@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::schedules::{self, Missed, Schedule};
+use crate::{Missed, Schedule};
 
 /// A run started this recently counts as going while it writes its journal.
 pub const GRACE_MS: i64 = 30_000;
@@ -72,7 +72,7 @@ pub fn spawn(
 /// Deal with every due slot; returns how many schedules are live, and the
 /// time of the nearest slot to come.
 fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<(usize, Option<i64>)> {
-    let list = schedules::list(store)?;
+    let list = crate::list(store)?;
     let now = now_ms();
     let mut nearest: Option<i64> = None;
     for s in list.iter().filter(|s| !s.paused) {
@@ -80,11 +80,11 @@ fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<(usize, Option<i
             nearest = sooner(nearest, s.next_ms);
             continue;
         };
-        let next = schedules::next_slot(&s.cron, &s.tz, now)?;
+        let next = crate::next_slot(&s.cron, &s.tz, now)?;
         nearest = sooner(nearest, Some(next));
         let late = now - slot > LATE_MS;
         if late && s.missed == Missed::Skip {
-            schedules::fired(
+            crate::fired(
                 store,
                 &s.name,
                 slot,
@@ -95,9 +95,9 @@ fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<(usize, Option<i
             info!(schedule = %s.name, slot, "missed slot skipped");
             continue;
         }
-        if let Some(run) = schedules::going(store, &s.name, GRACE_MS)? {
+        if let Some(run) = crate::going(store, &s.name, GRACE_MS)? {
             let note = format!("run {run} was still going, so none was started");
-            schedules::fired(store, &s.name, slot, "overlap", Some(&note), next)?;
+            crate::fired(store, &s.name, slot, "overlap", Some(&note), next)?;
             warn!(schedule = %s.name, %run, "a slot came while the last run still went");
             continue;
         }
@@ -108,12 +108,12 @@ fn tick(store: &berth_core::store::Store, dir: &Path) -> Result<(usize, Option<i
         } else {
             "started"
         };
-        schedules::fired(store, &s.name, slot, "started", Some(note), next)?;
+        crate::fired(store, &s.name, slot, "started", Some(note), next)?;
         match start(dir, s) {
             Ok(pid) => info!(schedule = %s.name, pid, "started a scheduled run"),
             Err(e) => {
                 let why = format!("could not start: {e:#}");
-                schedules::fired(store, &s.name, slot, "failed", Some(&why), next)?;
+                crate::fired(store, &s.name, slot, "failed", Some(&why), next)?;
             }
         }
     }
@@ -134,5 +134,5 @@ pub fn start(dir: &Path, s: &Schedule) -> Result<u32> {
     args.extend(s.args.iter().map(Into::into));
     args.push("--".into());
     args.push(s.task.clone().into());
-    crate::detached::start_run(dir, args, &format!("schedule-{}", s.name))
+    berth_service::detached::start_run(dir, args, &format!("schedule-{}", s.name))
 }

@@ -29,7 +29,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{HookFormat, Webhook, config_path, load_config};
+use berth_client::config_path;
+
+mod config;
+pub use config::{HookFormat, Webhook, load};
 
 /// The events a webhook is told about unless it lists its own.
 pub const KINDS: [EventKind; 3] = [
@@ -87,9 +90,9 @@ async fn supervise(rt: Arc<Runtime>, state_dir: PathBuf, shutdown: CancellationT
                 stop.cancel();
                 let _ = t.await;
             }
-            match load_config() {
-                Ok((cfg, path)) => {
-                    for hook in cfg.webhooks {
+            match config_path().and_then(|p| load(&p)) {
+                Ok((hooks, path)) => {
+                    for hook in hooks {
                         let url = match hook.resolve_url() {
                             Ok(u) => u,
                             Err(e) => {

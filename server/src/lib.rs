@@ -3,11 +3,11 @@
 //! thin `berth` binary links only that); see its crate docs for the flow.
 
 pub mod daemon;
+pub mod exec_report;
+pub mod live;
 pub mod quick;
-pub mod schedules;
 pub mod tools;
 pub mod waits;
-pub mod webhooks;
 
 pub use berth_client::{
     Mode, PROTOCOL, client, config_key, exe_id, idle_from_env, lock_path, proto, socket_path,

@@ -77,7 +77,7 @@ pub async fn resume(State(ui): State<Arc<Ui>>, Path(id): Path<String>) -> Respon
     if let Err(r) = known_run(&ui, &id).await {
         return r;
     }
-    match crate::detached::start_run(&ui.state_dir, ["--json", "--resume", &id], &id) {
+    match berth_service::detached::start_run(&ui.state_dir, ["--json", "--resume", &id], &id) {
         Ok(pid) => {
             info!(run = %id, pid, "resumed from the dashboard");
             Redirect::to(&format!("/runs/{id}")).into_response()
@@ -102,7 +102,7 @@ pub async fn fork(
         return r;
     }
     let at = f.at.to_string();
-    match crate::detached::start_run(
+    match berth_service::detached::start_run(
         &ui.state_dir,
         ["--json", "--fork", &id, "--at", &at],
         &format!("fork-{id}-{at}"),

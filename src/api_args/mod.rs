@@ -1,8 +1,9 @@
 //! The command lines of the typed API's CLI clients: `job …`, `sandbox …`,
-//! `events`, `approvals`, `approve` and `deny`, which the engine's command
-//! line flattens in. Each is parsed here and turned into typed calls of
-//! `berth.v1` by the engine (`src/cmd_job.rs`, …): these types never cross
-//! the wire.
+//! `events`, `approvals`, `approve` and `deny`, which the command line
+//! flattens in. Each is parsed here and turned into typed calls of
+//! `berth.v1` (`src/cmd_job.rs`, …): these types never cross the wire, and
+//! the thin client does not parse them (it hands every line but `exec` to
+//! the engine).
 
 pub mod approvals;
 pub mod events;
@@ -10,11 +11,10 @@ pub mod job;
 pub mod sandbox;
 
 use clap::Subcommand;
-use serde::{Deserialize, Serialize};
 
 /// The served subcommands, as the engine's command line names them (it
 /// flattens this enum into its own).
-#[derive(Subcommand, Debug, Serialize, Deserialize)]
+#[derive(Subcommand, Debug)]
 pub enum Served {
     /// Background jobs: start, list, follow logs, wait, kill, send input, screens.
     #[command(subcommand)]
@@ -33,10 +33,9 @@ pub enum Served {
     Deny(approvals::AnswerArgs),
 }
 
-/// A terminal's size on the command line, `COLSxROWS` (both 1–65535): the
-/// engine hands it on as `berth_core::backend::TermSize`, which this crate
-/// does not link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A terminal's size on the command line, `COLSxROWS` (both 1–65535),
+/// handed on as `berth_core::backend::TermSize`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TermSize {
     pub cols: u16,
     pub rows: u16,

@@ -68,7 +68,7 @@ use super::proto::{
     HelloRequest, InterruptReply, InterruptRequest, ShutdownReply, ShutdownRequest, ToolCall,
     ToolEvent, exec_event, tool_event,
 };
-use crate::io::{LIVE_CAP, Live};
+use crate::live::{LIVE_CAP, Live};
 
 /// How long a shutdown waits for running calls before closing the shells.
 const DRAIN: Duration = Duration::from_secs(15);
@@ -390,7 +390,7 @@ impl Berth for Conn {
         let shared = self.shared.clone();
         let serving = Serving::new(&shared);
         let (call_id, cancel) = (serving.id.clone(), serving.cancel.clone());
-        let (tx, rx) = crate::io::live::<ExecEvent>(LIVE_CAP);
+        let (tx, rx) = crate::live::live::<ExecEvent>(LIVE_CAP);
         tx.send(event(exec_event::Event::Started(call_id.clone())), 0);
         let (span_call, span_sandbox) = (call_id.clone(), call.sandbox.clone());
         let span_session = if call.session.is_empty() {
@@ -486,7 +486,7 @@ impl Berth for Conn {
         let shared = self.shared.clone();
         let serving = Serving::new(&shared);
         let cancel = serving.cancel.clone();
-        let (tx, rx) = crate::io::live::<ToolEvent>(LIVE_CAP);
+        let (tx, rx) = crate::live::live::<ToolEvent>(LIVE_CAP);
         tx.send(
             tool_event(tool_event::Event::Started(serving.id.clone())),
             0,
@@ -659,7 +659,8 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     let owner_uid = unsafe { libc::geteuid() };
     let rt = Arc::new(rt);
     let shared = Arc::new(Shared {
-        registry: berth_tools::Registry::new(&rt),
+        registry: berth_tools::Registry::new(&rt)
+            .with_history(std::sync::Arc::new(berth_agent::history::Journal)),
         service: Arc::new(berth_service::Service::new(
             rt.clone(),
             berth_client::policy_path().ok(),
@@ -711,7 +712,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     };
     // Webhooks deliver from the event log, each at its own pace.
     let hooks_stop = CancellationToken::new();
-    let hooks = super::webhooks::spawn(shared.rt.clone(), state_dir.clone(), hooks_stop.clone());
+    let hooks = berth_webhooks::spawn(shared.rt.clone(), state_dir.clone(), hooks_stop.clone());
     // Runs that wait for an event: held here, resumed when it comes.
     let waiting = Arc::new(AtomicUsize::new(0));
     let waits = super::waits::spawn(
@@ -722,7 +723,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     );
     // Schedules: due slots start runs.
     let scheduled = Arc::new(AtomicUsize::new(0));
-    let cron = super::schedules::spawn(
+    let cron = berth_schedules::runner::spawn(
         shared.rt.clone(),
         state_dir.clone(),
         scheduled.clone(),
@@ -731,7 +732,7 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     // The dashboard (`berth ui`), when its settings say it is on; its open
     // pages keep the server from going idle.
     let ui_busy = Arc::new(AtomicUsize::new(0));
-    let ui = crate::ui::watch(
+    let ui = berth_ui::watch(
         shared.rt.clone(),
         state_dir.clone(),
         ui_busy.clone(),

@@ -24,9 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
-use berth_core::runtime::{DEFAULT_SANDBOX, Runtime};
+use berth_core::runtime::Runtime;
 use berth_tools::{Dispatch, OutcomeKind, Progress, ProgressSink, Registry, ToolContext};
-use clap::Args;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
@@ -36,42 +35,22 @@ use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::Value;
 
-use crate::context::{self, DEFAULT_BACKEND};
-
-#[derive(Args, Debug)]
-#[command(
-    after_help = "Register it with an MCP client, e.g.:\n  {\"mcpServers\": {\"berth\": {\"command\": \"berth\", \"args\": [\"mcp\", \"--backend\", \"docker\", \"--sandbox\", \"agent\"]}}}\nOver HTTP: berth mcp --listen 127.0.0.1:8765 (prints a new bearer token; or give yours in \
-the environment variable BERTH_MCP_TOKEN or with --token-file PATH, which keep it out of the \
-process list)"
-)]
-pub struct McpArgs {
+/// What `berth mcp` was asked for (the CLI parses its flags into this).
+#[derive(Debug)]
+pub struct Options {
     /// Backend the tools run on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// Sandbox the tools run in (created on first use if it is `default`).
-    #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
     /// The sandbox's session `terminal` runs in (a call may name another).
-    #[arg(long, value_name = "NAME", default_value = berth_core::runtime::MAIN_SESSION)]
     pub session: String,
-    /// Serve streamable HTTP on ADDR (`127.0.0.1:8765`, or a bare port for
-    /// loopback) instead of stdio. Every request needs the bearer token.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve streamable HTTP on this address instead of stdio.
     pub listen: Option<String>,
-    /// Refused: a command line is readable by every process of the host
-    /// (/proc/PID/cmdline), sandboxes too. Give the token with --token-file
-    /// or the environment variable BERTH_MCP_TOKEN; without either, a new
-    /// random token is printed on stderr.
-    #[arg(long, value_name = "TOKEN", hide = true)]
+    /// A token given on the command line: refused (see the CLI's help).
     pub token: Option<String>,
-    /// Read the bearer token for --listen from this file (its first line;
-    /// keep the file mode 0600). Overrides BERTH_MCP_TOKEN.
-    #[arg(long, value_name = "PATH")]
+    /// Read the bearer token for `listen` from this file.
     pub token_file: Option<PathBuf>,
-    /// Run the tools in the berth server the CLI uses (started if none
-    /// runs), on its warm shells: an agent and a person at the CLI then
-    /// share one session. Without it the tools run in this process.
-    #[arg(long)]
+    /// Run the tools in the berth server the CLI uses.
     pub server: bool,
 }
 
@@ -95,7 +74,9 @@ pub(crate) struct BerthServer {
     shared: Arc<Shared>,
 }
 
-pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
+/// Serve until the client goes (stdio) or the process is stopped (HTTP);
+/// `rt` is this process's runtime over state dir `dir`.
+pub async fn run(dir: PathBuf, rt: Arc<Runtime>, a: Options) -> Result<u8> {
     berth_core::runtime::check_session_name(&a.session)?;
     let token = if a.listen.is_some() {
         http::given_token(
@@ -106,9 +87,8 @@ pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
     } else {
         None
     };
-    let dir = context::state_dir(state_dir)?;
-    let rt = Arc::new(context::runtime(Some(dir.clone()))?);
-    let registry = Registry::new(&rt);
+    let registry =
+        Registry::new(&rt).with_history(std::sync::Arc::new(berth_agent::history::Journal));
     let tools = registry
         .specs()
         .into_iter()
@@ -121,13 +101,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: McpArgs) -> Result<u8> {
         })
         .collect();
     let dispatch: Arc<dyn Dispatch> = if a.server {
-        let mode = match crate::server::Mode::from_env()? {
-            crate::server::Mode::Off => anyhow::bail!(
+        let mode = match berth_server::Mode::from_env()? {
+            berth_server::Mode::Off => anyhow::bail!(
                 "--server runs the tools in the berth server, and BERTH_SERVER=off turns it off; drop one of them"
             ),
             m => m,
         };
-        let remote = crate::server::tools::ServerTools::new(dir, mode);
+        let remote = berth_server::tools::ServerTools::new(dir, mode);
         let pid = remote.check().await?;
         tracing::info!(pid, "tools run in the berth server");
         Arc::new(remote)

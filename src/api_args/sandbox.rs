@@ -1,11 +1,10 @@
 //! `berth sandbox …`: the arguments of the sandbox and checkpoint subcommands.
 
 use clap::{Args, Subcommand};
-use serde::{Deserialize, Serialize};
 
-use crate::DEFAULT_BACKEND;
+use berth_client::DEFAULT_BACKEND;
 
-#[derive(Subcommand, Debug, Serialize, Deserialize)]
+#[derive(Subcommand, Debug)]
 pub enum SandboxCmd {
     /// Create a sandbox, or re-attach to the one with this name (idempotent).
     Create(CreateArgs),
@@ -39,7 +38,7 @@ pub enum SandboxCmd {
     Clone(CloneArgs),
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct GcArgs {
     /// Only those stopped longer ago than this: `90s`, `30m`, `2h`, `7d`, `0`.
     #[arg(long, default_value = "0", value_parser = parse_duration)]
@@ -75,7 +74,7 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct CreateArgs {
     /// The sandbox's name: letters, digits, '-', '_', '.'.
     pub name: String,
@@ -108,7 +107,7 @@ pub struct CreateArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct LsArgs {
     /// Backend to list.
     #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
@@ -116,14 +115,13 @@ pub struct LsArgs {
     /// List every backend's sandboxes (local, and each backend berth has
     /// recorded sandboxes on; ssh on every host they are on).
     #[arg(long, short = 'a')]
-    #[serde(default)]
     pub all: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct InspectArgs {
     /// The sandbox's name.
     pub name: String,
@@ -135,7 +133,7 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct RmArgs {
     /// The sandbox's name.
     pub name: String,
@@ -154,7 +152,7 @@ pub struct RmArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 #[command(
     after_help = "The idle lifetime is `idle_lifetime_secs` under [limits] in the policy file \
 (per sandbox under [limits.sandbox.NAME]); 0 keeps a sandbox forever.\n\n\
@@ -169,7 +167,7 @@ pub struct ReapArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct CheckpointArgs {
     /// The sandbox.
     pub name: String,
@@ -184,7 +182,7 @@ pub struct CheckpointArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct CheckpointsArgs {
     /// The sandbox.
     pub name: String,
@@ -196,7 +194,7 @@ pub struct CheckpointsArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct RestoreArgs {
     /// The sandbox.
     pub name: String,
@@ -214,7 +212,7 @@ pub struct RestoreArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct CloneArgs {
     /// The sandbox to copy.
     pub src: String,

@@ -1,15 +1,14 @@
 //! `berth approvals ls`, `berth approve`, `berth deny`: their arguments.
 
 use clap::{Args, Subcommand};
-use serde::{Deserialize, Serialize};
 
-#[derive(Subcommand, Debug, Serialize, Deserialize)]
+#[derive(Subcommand, Debug)]
 pub enum ApprovalsCmd {
     /// List approvals: pending ones, or all with --all.
     Ls(LsArgs),
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct LsArgs {
     /// Include answered and expired approvals.
     #[arg(long)]
@@ -19,7 +18,7 @@ pub struct LsArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 #[command(
     after_help = "Examples:\n  berth approvals ls\n  berth approve 3\n  berth approve 3 --always   # and allow this command from now on\n  berth deny 4"
 )]

@@ -1,12 +1,11 @@
 //! `berth job …`: the arguments of the job subcommands.
 
 use clap::{Args, Subcommand, ValueEnum};
-use serde::{Deserialize, Serialize};
 
 use super::TermSize;
-use crate::{DEFAULT_BACKEND, DEFAULT_SANDBOX, MAIN_SESSION};
+use berth_client::{DEFAULT_BACKEND, DEFAULT_SANDBOX, MAIN_SESSION};
 
-#[derive(Subcommand, Debug, Serialize, Deserialize)]
+#[derive(Subcommand, Debug)]
 pub enum JobCmd {
     /// Start a command detached inside the sandbox; prints the job id.
     Start(StartArgs),
@@ -33,7 +32,7 @@ pub enum JobCmd {
     Prune(LsArgs),
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 #[command(
     after_help = "The job runs in its own session and process group inside the sandbox, with the \
 sandbox session's cwd and exported environment. It does not depend on berth: it keeps running \
@@ -74,7 +73,7 @@ pub struct StartArgs {
     pub command: Vec<String>,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 #[command(
     after_help = "The screen is the job's output so far run through a VT100/xterm \
 emulator at the terminal's size, resizes included: what a terminal attached all along shows. \
@@ -88,7 +87,7 @@ pub struct ScreenArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct ResizeArgs {
     /// Job id or name.
     pub id: String,
@@ -97,7 +96,7 @@ pub struct ResizeArgs {
     pub size: TermSize,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct LsArgs {
     /// Only the jobs on this backend.
     #[arg(long, short = 'b')]
@@ -115,7 +114,7 @@ pub struct LsArgs {
     pub json: bool,
 }
 
-#[derive(Args, Clone, Debug, Serialize, Deserialize)]
+#[derive(Args, Clone, Debug)]
 #[command(
     after_help = "A follow carries on through a restart of the berth server: it reconnects and \
 resumes at the offset it reached, printing nothing twice. Ctrl-C prints the offset to resume at \
@@ -139,7 +138,7 @@ pub struct LogsArgs {
     pub tail: Option<u64>,
 }
 
-#[derive(Args, Clone, Debug, Serialize, Deserialize)]
+#[derive(Args, Clone, Debug)]
 pub struct WaitArgs {
     /// Job id or name.
     pub id: String,
@@ -151,14 +150,14 @@ pub struct WaitArgs {
     pub json: bool,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum SignalArg {
     Term,
     Kill,
     Int,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct KillArgs {
     /// Job id or name.
     pub id: String,
@@ -174,7 +173,7 @@ pub struct KillArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Serialize, Deserialize)]
+#[derive(Args, Debug)]
 pub struct SendArgs {
     /// Job id or name.
     pub id: String,

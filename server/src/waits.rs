@@ -224,7 +224,7 @@ async fn search(rt: &Runtime, w: &Wait, job: &str, pattern: &str) -> Option<Valu
 
 /// Start the run again, in a process of its own.
 fn resume(rt: &Runtime, state_dir: &std::path::Path, run: &str) {
-    match crate::detached::start_run(state_dir, ["--json", "--resume", run], run) {
+    match berth_service::detached::start_run(state_dir, ["--json", "--resume", run], run) {
         Ok(pid) => {
             if let Err(e) = waits::resumed(rt.store(), run) {
                 warn!(run, error = %e, "waits: cannot mark the run resumed");

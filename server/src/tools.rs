@@ -56,7 +56,7 @@ impl Dispatch for ServerTools {
             Err(e) => {
                 return failed(format!(
                     "cannot reach the berth server: {}",
-                    crate::error_text(&e)
+                    berth_client::error_text(&e)
                 ));
             }
         };
