@@ -11,10 +11,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use berth_core::backend::BackendKind;
 use berth_core::backend::{Signal, TermSize};
+use berth_core::events::EventKind;
 use berth_core::jobs::{Job, JobOptions, JobState};
+use berth_server::exec_report::approval_notice_words;
 use berth_service::convert::{self, job_row};
 use berth_service::proto;
+use berth_service::proto::approvals_client::ApprovalsClient;
+use berth_service::proto::events_client::EventsClient;
 use berth_service::proto::jobs_client::JobsClient;
 use serde_json::json;
 use tonic::transport::Channel;
@@ -34,6 +39,80 @@ pub async fn run(dir: &Path, mode: server::Mode, cmd: JobCmd) -> Result<u8> {
     let r = run_with(&api, dir, mode, cmd).await;
     api.close().await;
     r
+}
+
+/// Start a job through the server, and while the start waits for a
+/// person's approval, say so on stderr as an in-process start does: the
+/// server's runtime asks in its own log, so this follows the event log for
+/// this sandbox's approval requests from before the call, and prints the
+/// words an exec prints.
+async fn served_start(
+    ch: &Channel,
+    backend: BackendKind,
+    sandbox: &str,
+    req: proto::StartJob,
+) -> Result<proto::Job> {
+    // The follow is in place (its reply came) before the start is sent, so
+    // no request made by this start comes before it.
+    let mut events = EventsClient::new(ch.clone())
+        .follow(proto::FollowEvents {
+            kind_prefix: "approval.".into(),
+            after: None,
+        })
+        .await
+        .ok()
+        .map(|r| r.into_inner());
+    let mut client = jobs(ch);
+    let start = client.start(req);
+    tokio::pin!(start);
+    let mut told = std::collections::HashSet::new();
+    loop {
+        let Some(stream) = events.as_mut() else {
+            return Ok(start.await.map_err(error)?.into_inner());
+        };
+        tokio::select! {
+            r = &mut start => return Ok(r.map_err(error)?.into_inner()),
+            m = stream.message() => match m {
+                Ok(Some(e)) => {
+                    let e = convert::event_row(e);
+                    let ours = e.sandbox.as_deref() == Some(sandbox)
+                        && e.backend.as_deref() == Some(backend.as_str())
+                        && (e.kind == EventKind::ApprovalRequested.as_str()
+                            || e.kind == EventKind::ApprovalWaiting.as_str());
+                    let id = e
+                        .detail
+                        .as_deref()
+                        .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                        .and_then(|d| d["approval"].as_i64());
+                    if let (true, Some(id)) = (ours, id)
+                        && told.insert(id)
+                    {
+                        tell_approval(ch, id).await;
+                    }
+                }
+                // The follow ended (a server too old for it, or its end):
+                // the start is still awaited, without notices.
+                Ok(None) | Err(_) => events = None,
+            },
+        }
+    }
+}
+
+/// Print approval `id`'s notice, as the server lists it.
+async fn tell_approval(ch: &Channel, id: i64) {
+    let list = ApprovalsClient::new(ch.clone())
+        .list(proto::ListApprovals { all: false })
+        .await;
+    let words = match list {
+        Ok(l) => l.into_inner().approvals.into_iter().find(|a| a.id == id),
+        Err(_) => None,
+    };
+    match words {
+        Some(a) => eprintln!("{}", approval_notice_words(a.id, &a.part, &a.reason)),
+        None => eprintln!(
+            "berth: waiting for approval #{id}; `berth approvals` lists it, `berth approve {id}` answers it"
+        ),
+    }
 }
 
 /// The job `id` as it stands.
@@ -58,18 +137,20 @@ async fn run_with(api: &Api, dir: &Path, mode: server::Mode, cmd: JobCmd) -> Res
             let pty = a.pty.then(|| a.size.map(term_size).unwrap_or_default());
             let job = match api {
                 Api::Served(ch) => job_row(
-                    jobs(ch)
-                        .start(proto::StartJob {
+                    served_start(
+                        ch,
+                        backend,
+                        &a.sandbox,
+                        proto::StartJob {
                             sandbox: Some(api_client::sandbox_ref(&a.backend, &a.sandbox)?),
                             command,
                             name: a.name,
                             watch: a.watch,
                             session: a.session,
                             pty: pty.map(convert::term_size_out),
-                        })
-                        .await
-                        .map_err(error)?
-                        .into_inner(),
+                        },
+                    )
+                    .await?,
                 ),
                 Api::Here(svc) => {
                     let opts = JobOptions {

@@ -58,11 +58,15 @@ pub fn to_proto(r: &ExecReport, backend: &str, sandbox: &str, timeout: Duration)
 
 /// What a person is told when a command waits for their approval.
 pub fn approval_notice_text(ap: &berth_core::approvals::Approval) -> String {
+    approval_notice_words(ap.id, &ap.part, &ap.reason)
+}
+
+/// The same words, for approval `id` whose `part` asked because of `reason`.
+pub fn approval_notice_words(id: i64, part: &str, reason: &str) -> String {
     format!(
         "berth: waiting for approval #{id}: `{part}` needs a person's yes ({reason}).\n\
          berth: answer from another terminal: `berth approve {id}` (add --always to allow it from now on) or `berth deny {id}`",
-        id = ap.id,
-        part = berth_policies::shell::printable(&ap.part),
-        reason = berth_policies::shell::printable(&ap.reason)
+        part = berth_policies::shell::printable(part),
+        reason = berth_policies::shell::printable(reason)
     )
 }
