@@ -28,6 +28,13 @@ fn kind_matches(e: &Event, kind: Option<&str>) -> bool {
     kind.is_none_or(|k| e.kind.starts_with(k))
 }
 
+/// A follower of kinds starting with `kind` may be sent job events
+/// (`job.started`, `job.exited`, …): no filter, or one a job's kind starts
+/// with or that starts with `job`.
+fn wants_job_events(kind: Option<&str>) -> bool {
+    kind.is_none_or(|k| k.starts_with("job") || "job.".starts_with(k))
+}
+
 /// A sandbox as it stands, beside its record.
 pub struct Inspection {
     /// What it was made with (`None`: not on record, an orphan).
@@ -652,10 +659,13 @@ exit 0"#;
 
     /// Send every event after `after` (unset: the newest now) whose kind
     /// starts with `kind` to `tx`, as each is written, until `tx` closes.
-    /// Meanwhile each running job has a waiter in its sandbox, so its end
-    /// is written the moment it comes, and running jobs' output is scanned
-    /// for watch patterns about once a second. A slow reader holds the
-    /// follow here (the channel is bounded), not in memory.
+    /// Where the follower may want job events, each running job meanwhile
+    /// has a waiter in its sandbox, so its end is written the moment it
+    /// comes, and running jobs' output is scanned for watch patterns about
+    /// once a second; a follower of other kinds (a job start watching for
+    /// its approval asks for `approval.`) starts no waiter and scans
+    /// nothing. A slow reader holds the follow here (the channel is
+    /// bounded), not in memory.
     pub async fn follow_events(
         &self,
         after: Option<i64>,
@@ -674,6 +684,7 @@ exit 0"#;
         // An appended event rings the store's bell: it is sent at once.
         let mut bell = store.bell(Duration::from_millis(200));
         let mut scanned = std::time::Instant::now();
+        let jobs = wants_job_events(kind.as_deref());
         loop {
             for e in store.events_after(last, 1000)? {
                 last = e.id;
@@ -681,7 +692,11 @@ exit 0"#;
                     return Ok(());
                 }
             }
-            for j in store.jobs()?.into_iter().filter(|j| !j.state.is_final()) {
+            let running = match jobs {
+                true => store.jobs()?,
+                false => Vec::new(),
+            };
+            for j in running.into_iter().filter(|j| !j.state.is_final()) {
                 if watched.insert(j.id.clone()) {
                     waits.push(async move {
                         let r = rt.wait_job(&j.id, None).await;
@@ -694,7 +709,7 @@ exit 0"#;
                 _ = bell.wait(WATCH_SCAN) => {
                     // Watch patterns match output, which is in the sandbox,
                     // not the store: scan about once a second.
-                    if scanned.elapsed() >= WATCH_SCAN {
+                    if jobs && scanned.elapsed() >= WATCH_SCAN {
                         scanned = std::time::Instant::now();
                         if let Err(e) = rt.list_jobs().await {
                             tracing::debug!(error = %e, "refreshing jobs");
@@ -715,5 +730,32 @@ exit 0"#;
     /// Redact secrets from `text` as the policy says.
     pub fn redact(&self, text: &str) -> String {
         self.rt.redact(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_job_events;
+
+    #[test]
+    fn only_a_follower_that_may_get_job_events_waits_on_jobs() {
+        for k in [
+            None,
+            Some(""),
+            Some("j"),
+            Some("job"),
+            Some("job."),
+            Some("job.exited"),
+        ] {
+            assert!(wants_job_events(k), "{k:?}");
+        }
+        for k in [
+            Some("approval."),
+            Some("exec"),
+            Some("jobs"),
+            Some("sandbox.created"),
+        ] {
+            assert_eq!(wants_job_events(k), k == Some("jobs"), "{k:?}");
+        }
     }
 }
