@@ -19,7 +19,8 @@ pub use berth_client::args::ExecArgs;
 /// `exec --background`: start the command as a job with the session's cwd
 /// and environment, and print its id. A client of the typed API
 /// (`Jobs.Start`), through the server or with `BERTH_SERVER=off` on the
-/// same service in this process.
+/// same service in this process; a start that waits for an approval says
+/// so, as `job start` does.
 pub async fn background(dir: &Path, mode: crate::server::Mode, a: ExecArgs) -> Result<u8> {
     use crate::api_client::{self, Api};
     use berth_service::proto;
@@ -27,16 +28,19 @@ pub async fn background(dir: &Path, mode: crate::server::Mode, a: ExecArgs) -> R
     berth_core::runtime::check_session_name(&a.session)?;
     let api = Api::open(dir, mode).await?;
     let started = match &api {
-        Api::Served(ch) => proto::jobs_client::JobsClient::new(ch.clone())
-            .start(proto::StartJob {
+        Api::Served(ch) => crate::cmd_job::served_start(
+            ch,
+            api_client::backend_kind(&a.backend)?,
+            &a.sandbox,
+            proto::StartJob {
                 sandbox: Some(api_client::sandbox_ref(&a.backend, &a.sandbox)?),
                 command,
                 session: a.session.clone(),
                 ..Default::default()
-            })
-            .await
-            .map(|r| berth_service::convert::job_row(r.into_inner()))
-            .map_err(api_client::error),
+            },
+        )
+        .await
+        .map(berth_service::convert::job_row),
         Api::Here(svc) => {
             let opts = berth_core::jobs::JobOptions {
                 session: Some(a.session.clone()),

@@ -46,7 +46,7 @@ pub async fn run(dir: &Path, mode: server::Mode, cmd: JobCmd) -> Result<u8> {
 /// server's runtime asks in its own log, so this follows the event log for
 /// this sandbox's approval requests from before the call, and prints the
 /// words an exec prints.
-async fn served_start(
+pub(crate) async fn served_start(
     ch: &Channel,
     backend: BackendKind,
     sandbox: &str,

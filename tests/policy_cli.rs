@@ -340,55 +340,63 @@ fn a_denied_command_does_not_run_and_is_logged() -> TestResult {
 
 const ASK: &str = "[[rules]]\nname = \"ask-touch\"\naction = \"ask\"\nprefix = \"touch\"\nreason = \"touching needs a yes\"\n[approvals]\ntimeout_secs = 60\n";
 
-/// A job's start that asks says so to the person who started it, through
+/// A job start (`job start`, `exec --background`) that asks says so to the person who started it, through
 /// the server as in-process: the words an exec prints, on stderr, while the
 /// start waits; the job runs once approved.
 #[test]
 fn a_job_start_that_asks_says_so_and_waits() -> TestResult {
     let env = Env::new(ASK)?;
-    let mut child = env.spawn(&["job", "start", "--", "touch job-approved"])?;
-    let id = env.pending_approval(&mut child)?;
-    // The notice is on stderr before the answer: read it while it waits.
-    let mut err = child.stderr.take().ok_or("no stderr")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        let mut seen = Vec::new();
-        while let Ok(n) = std::io::Read::read(&mut err, &mut buf) {
-            if n == 0 {
-                break;
+    for (start, file) in [
+        (["job", "start", "--", "touch job-approved"], "job-approved"),
+        (
+            ["exec", "--background", "--", "touch bg-approved"],
+            "bg-approved",
+        ),
+    ] {
+        let mut child = env.spawn(&start)?;
+        let id = env.pending_approval(&mut child)?;
+        // The notice is on stderr before the answer: read it while it waits.
+        let mut err = child.stderr.take().ok_or("no stderr")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while let Ok(n) = std::io::Read::read(&mut err, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+                let _ = tx.send(String::from_utf8_lossy(&seen).into_owned());
             }
-            seen.extend_from_slice(&buf[..n]);
-            let _ = tx.send(String::from_utf8_lossy(&seen).into_owned());
+        });
+        let mut said = String::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !said.contains(&format!("berth approve {id}")) && Instant::now() < deadline {
+            if let Ok(s) = rx.recv_timeout(Duration::from_millis(200)) {
+                said = s;
+            }
         }
-    });
-    let mut said = String::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !said.contains(&format!("berth approve {id}")) && Instant::now() < deadline {
-        if let Ok(s) = rx.recv_timeout(Duration::from_millis(200)) {
-            said = s;
-        }
+        assert!(
+            said.contains(&format!("waiting for approval #{id}"))
+                && said.contains("touching needs a yes"),
+            "{start:?} waited without a word: {said:?}"
+        );
+        let o = env.run(&["approve", &id.to_string()])?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = child.wait_with_output()?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let job = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert!(
+            !job.is_empty() && !job.contains(char::is_whitespace),
+            "no job id: {job:?}"
+        );
+        let o = env.run(&["job", "wait", &job, "--timeout", "30"])?;
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(
+            env.work().join(file).exists(),
+            "{start:?}: the approved job did not run"
+        );
     }
-    assert!(
-        said.contains(&format!("waiting for approval #{id}"))
-            && said.contains("touching needs a yes"),
-        "the start waited without a word: {said:?}"
-    );
-    let o = env.run(&["approve", &id.to_string()])?;
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let o = child.wait_with_output()?;
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let job = String::from_utf8_lossy(&o.stdout).trim().to_string();
-    assert!(
-        !job.is_empty() && !job.contains(char::is_whitespace),
-        "no job id: {job:?}"
-    );
-    let o = env.run(&["job", "wait", &job, "--timeout", "30"])?;
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(
-        env.work().join("job-approved").exists(),
-        "the approved job did not run"
-    );
     Ok(())
 }
 

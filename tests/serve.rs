@@ -634,11 +634,12 @@ fn job_sandbox_events_and_approvals_calls_run_in_the_server() -> TestResult {
         text(&o)
     );
     assert!(ok(&["sandbox", "ls"])?.contains("default"));
-    // Ten: `job start` is two (it follows the event log for an approval
-    // notice while Jobs.Start runs), every other command one.
+    // Eleven: `job start` and `exec --background` are two each (each
+    // follows the event log for an approval notice while Jobs.Start runs),
+    // every other command one.
     assert_eq!(
         count("api_calls")? - api_before,
-        10,
+        11,
         "each typed call went to the server"
     );
     // Nothing else answers them: the server's Run is gone.
