@@ -10,6 +10,7 @@
 //!   returns at once, minus the time of bare provider calls to the same
 //!   stand-in (HTTP on loopback), so what is left is the loop's own cost.
 
+use berth_core::backend::BackendKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,7 +55,7 @@ impl ToolHost for InstantTool {
     async fn call(&self, _name: &str, args: &Value, _cancel: CancellationToken) -> ToolOutcome {
         let v = self
             .gate
-            .check(args["command"].as_str().unwrap_or(""), "local");
+            .check(args["command"].as_str().unwrap_or(""), BackendKind::Local);
         ToolOutcome::Done {
             text: format!("ok ({})\n[exit code 0]", v.action),
             is_error: false,
@@ -68,7 +69,7 @@ fn parts(store: &Store, gate: &Gate, tools: &[ToolSpec], n: usize) -> Result<Dur
         store,
         "bench-parts",
         "bench",
-        "local",
+        BackendKind::Local,
         "default",
         &json!({}),
         journal::Link::None,
@@ -82,7 +83,7 @@ fn parts(store: &Store, gate: &Gate, tools: &[ToolSpec], n: usize) -> Result<Dur
             arguments: json!({ "command": COMMAND }).to_string(),
         };
         let checked = validate::turn(std::slice::from_ref(&call), Stop::ToolUse, tools, 8);
-        let _ = gate.check(COMMAND, "local");
+        let _ = gate.check(COMMAND, BackendKind::Local);
         journal::put_step(
             store,
             "bench-parts",
@@ -162,7 +163,7 @@ async fn bare_provider(url: &str, n: usize) -> Result<Duration, BoxError> {
         gate: Gate::new(Policy::default(), None, Vec::<(String, String)>::new()),
     }
     .specs();
-    let system = default_system("local", "default");
+    let system = default_system(BackendKind::Local, "default");
     let t0 = Instant::now();
     for i in 0..n {
         let req = Request {
@@ -241,7 +242,7 @@ fn main() -> Result<(), BoxError> {
         );
         let t0 = Instant::now();
         for _ in 0..runs {
-            let id = agent.start("bench", "local", "default")?;
+            let id = agent.start("bench", BackendKind::Local, "default")?;
             let exit = agent.run(&id, &CancellationToken::new()).await?;
             if exit.reason != journal::RunState::Done {
                 return Err(

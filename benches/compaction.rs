@@ -13,6 +13,7 @@
 //! Both are measured in the same process on the same transcript, so the
 //! ratio holds across machines better than either figure.
 
+use berth_core::backend::BackendKind;
 use std::time::{Duration, Instant};
 
 use berth_agent::ToolSpec;
@@ -77,7 +78,7 @@ fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let store = Store::open(dir.path())?;
     let msgs = transcript();
-    let system = default_system("local", "default");
+    let system = default_system(BackendKind::Local, "default");
     let tools = tools();
     let cfg = ProviderConfig::new("bench", Api::Openai, "http://127.0.0.1:1/v1", "m");
     let cap = Some((WINDOW * context::BYTES_PER_TOKEN / 4) as usize);
@@ -106,7 +107,7 @@ fn main() -> Result<(), BoxError> {
             &store,
             &run,
             "t",
-            "local",
+            BackendKind::Local,
             "default",
             &json!({}),
             journal::Link::None,

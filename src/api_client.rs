@@ -144,10 +144,18 @@ pub fn backend_kind(name: &str) -> Result<berth_core::backend::BackendKind> {
     })
 }
 
+/// `--backend`'s parser: a name berth knows, or clap's error naming them.
+pub fn parse_backend(name: &str) -> std::result::Result<berth_core::backend::BackendKind, String> {
+    backend_kind(name).map_err(|e| e.to_string())
+}
+
 /// A sandbox named on the command line, as the API names it.
-pub fn sandbox_ref(backend: &str, name: &str) -> Result<berth_service::proto::SandboxRef> {
+pub fn sandbox_ref(
+    backend: berth_core::backend::BackendKind,
+    name: &str,
+) -> Result<berth_service::proto::SandboxRef> {
     Ok(berth_service::proto::SandboxRef {
-        backend: berth_service::convert::backend_out(backend_kind(backend)?) as i32,
+        backend: berth_service::convert::backend_out(backend) as i32,
         name: name.to_string(),
     })
 }

@@ -57,6 +57,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
     if a.size_mb == 0 {
         bail!("--size-mb must be at least 1");
     }
+    let backend = crate::api_client::backend_kind(&a.backend)?;
     let rt = Arc::new(context::runtime(state_dir)?);
     let mut spec = SandboxSpec::named(SANDBOX);
     for o in &a.options {
@@ -65,13 +66,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         };
         spec.options.insert(k.into(), v.into());
     }
-    let _ = rt.remove_sandbox(&a.backend, SANDBOX, true).await;
+    let _ = rt.remove_sandbox(backend, SANDBOX, true).await;
     let (sb, _, _) = rt
-        .create_sandbox(&a.backend, spec)
+        .create_sandbox(backend, spec)
         .await
         .with_context(|| format!("creating the bench sandbox on {}", a.backend))?;
     let result = measure(&rt, &*sb, &a).await;
-    let removed = rt.remove_sandbox(&a.backend, SANDBOX, true).await;
+    let removed = rt.remove_sandbox(backend, SANDBOX, true).await;
     let out = result?;
     removed?;
     if a.json {
@@ -111,6 +112,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
 }
 
 async fn measure(rt: &Runtime, sb: &dyn Sandbox, a: &BenchArgs) -> Result<serde_json::Value> {
+    let backend = crate::api_client::backend_kind(&a.backend)?;
     let files = (a.size_mb * 1024 * 1024).div_ceil(FILE);
     let dirs = files.div_ceil(64);
     eprintln!(
@@ -140,14 +142,14 @@ async fn measure(rt: &Runtime, sb: &dyn Sandbox, a: &BenchArgs) -> Result<serde_
     let change = "for i in $(seq 10); do echo \"x = $RANDOM\" >> tree/src/m$i.py; done";
 
     eprintln!("berth: bench: checkpoints…");
-    let full = rt.checkpoint(&a.backend, SANDBOX, None, None).await?;
+    let full = rt.checkpoint(backend, SANDBOX, None, None).await?;
     timed(sb, change).await?;
-    let incremental = rt.checkpoint(&a.backend, SANDBOX, None, None).await?;
-    let unchanged = rt.checkpoint(&a.backend, SANDBOX, None, None).await?;
+    let incremental = rt.checkpoint(backend, SANDBOX, None, None).await?;
+    let unchanged = rt.checkpoint(backend, SANDBOX, None, None).await?;
     timed(sb, change).await?;
     let t0 = Instant::now();
     let restored = rt
-        .restore_checkpoint(&a.backend, SANDBOX, &incremental.id, false)
+        .restore_checkpoint(backend, SANDBOX, &incremental.id, false)
         .await?;
     let restore = t0.elapsed();
 

@@ -14,7 +14,11 @@ const ROUNDS: usize = 5;
 /// the return of a `wait_job` that was already waiting. The sandbox's clock
 /// is compared with berth's: exact on local and docker, as good as the two
 /// hosts' clock sync over ssh.
-pub async fn job_wake_latency(rt: &Runtime, backend: &str, sandbox: &str) -> Result<Duration> {
+pub async fn job_wake_latency(
+    rt: &Runtime,
+    backend: berth_core::backend::BackendKind,
+    sandbox: &str,
+) -> Result<Duration> {
     let mut lags = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         let job = rt

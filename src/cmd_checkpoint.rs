@@ -39,7 +39,7 @@ fn source(c: &CheckpointRow) -> String {
 /// `berth sandbox checkpoint NAME`.
 pub async fn checkpoint(api: &Api, a: CheckpointArgs) -> Result<u8> {
     let req = proto::TakeCheckpoint {
-        sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
+        sandbox: Some(sandbox_ref(a.backend, &a.name)?),
         label: a.label.clone(),
     };
     let mut info = call!(api, SandboxesClient, Sandboxes, checkpoint, req)?;
@@ -72,7 +72,7 @@ pub async fn checkpoint(api: &Api, a: CheckpointArgs) -> Result<u8> {
 
 /// `berth sandbox checkpoints NAME`.
 pub async fn list(api: &Api, a: CheckpointsArgs) -> Result<u8> {
-    let req = sandbox_ref(&a.backend, &a.name)?;
+    let req = sandbox_ref(a.backend, &a.name)?;
     let rows: Vec<CheckpointRow> = call!(api, SandboxesClient, Sandboxes, checkpoints, req)?
         .checkpoints
         .into_iter()
@@ -113,10 +113,10 @@ pub async fn restore(api: &Api, dir: &Path, a: RestoreArgs) -> Result<u8> {
     // In-process, a server may hold the sandbox's shells: they would write
     // their state over the restored one. Tell it to let them go.
     if matches!(api, Api::Here(_)) {
-        crate::server::client::forget(dir, &a.backend, &a.name).await;
+        crate::server::client::forget(dir, a.backend.as_str(), &a.name).await;
     }
     let req = proto::RestoreCheckpoint {
-        sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
+        sandbox: Some(sandbox_ref(a.backend, &a.name)?),
         checkpoint: a.checkpoint.clone(),
         force: a.force,
     };
@@ -152,10 +152,10 @@ pub async fn restore(api: &Api, dir: &Path, a: RestoreArgs) -> Result<u8> {
 
 /// `berth sandbox clone SRC DST`.
 pub async fn clone(api: &Api, a: CloneArgs) -> Result<u8> {
-    let to = a.to.clone().unwrap_or_else(|| a.backend.clone());
+    let to = a.to.unwrap_or(a.backend);
     let req = proto::CloneRequest {
-        from: Some(sandbox_ref(&a.backend, &a.src)?),
-        to: Some(sandbox_ref(&to, &a.dst)?),
+        from: Some(sandbox_ref(a.backend, &a.src)?),
+        to: Some(sandbox_ref(to, &a.dst)?),
         at: a.at.clone(),
     };
     let mut info = call!(api, SandboxesClient, Sandboxes, clone_sandbox, req)?

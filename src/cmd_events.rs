@@ -10,7 +10,6 @@
 use std::path::Path;
 
 use anyhow::Result;
-use berth_core::events::EventKind;
 use berth_core::store::Event;
 use berth_policies::shell::printable;
 use berth_service::convert::{event, event_row};
@@ -198,7 +197,7 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
     if let Some(b) = e.bytes_out {
         line.push_str(&format!(" {b}B"));
     }
-    if EventKind::parse(&e.kind).is_some_and(EventKind::is_job) {
+    if e.kind.is_job() {
         if let Some(id) = &e.call_id {
             line.push_str(&format!(" job={id}"));
         }
@@ -229,7 +228,7 @@ fn print_event(e: &Event, json: bool) -> Result<()> {
             .collect();
         line.push_str(&format!("  {}", printable(&one)));
     }
-    if e.kind.ends_with("failed")
+    if e.kind.as_str().ends_with("failed")
         && let Some(d) = &e.detail
     {
         line.push_str(&format!("  {}", printable(d)));

@@ -33,7 +33,10 @@ pub async fn background(dir: &Path, mode: crate::server::Mode, a: ExecArgs) -> R
             api_client::backend_kind(&a.backend)?,
             &a.sandbox,
             proto::StartJob {
-                sandbox: Some(api_client::sandbox_ref(&a.backend, &a.sandbox)?),
+                sandbox: Some(api_client::sandbox_ref(
+                    api_client::backend_kind(&a.backend)?,
+                    &a.sandbox,
+                )?),
                 command,
                 session: a.session.clone(),
                 ..Default::default()
@@ -100,7 +103,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         }))
     };
     let req = ExecRequest {
-        backend: a.backend.clone(),
+        backend: crate::api_client::backend_kind(&a.backend)?,
         sandbox: a.sandbox.clone(),
         command,
         timeout,
@@ -131,7 +134,12 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
-    let report = exec_report::to_proto(&report, &a.backend, &a.sandbox, timeout);
+    let report = exec_report::to_proto(
+        &report,
+        crate::api_client::backend_kind(&a.backend)?,
+        &a.sandbox,
+        timeout,
+    );
     if a.json {
         context::print_json(&berth_client::report::json(&report));
     } else {

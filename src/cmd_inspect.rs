@@ -6,6 +6,7 @@
 //! record and the backend's live state.
 
 use anyhow::Result;
+use berth_core::backend::BackendKind;
 use berth_service::proto;
 use berth_service::proto::sandboxes_client::SandboxesClient;
 use berth_service::proto::sandboxes_server::Sandboxes;
@@ -70,14 +71,14 @@ fn print_record(spec: &proto::SandboxSettings) {
 
 /// `berth sandbox inspect NAME`.
 pub async fn run(api: &Api, a: InspectArgs) -> Result<u8> {
-    let req = sandbox_ref(&a.backend, &a.name)?;
+    let req = sandbox_ref(a.backend, &a.name)?;
     let d = call!(api, SandboxesClient, Sandboxes, inspect, req)?;
     let mut out = json!({
         "name": a.name,
         "backend": a.backend,
         "record": d.record.as_ref().map(record_json),
     });
-    if a.backend == "docker" {
+    if a.backend == BackendKind::Docker {
         return docker(a, d, out);
     }
     out["state"] = json!(d.state);

@@ -76,9 +76,9 @@ pub(crate) async fn served_start(
                 Ok(Some(e)) => {
                     let e = convert::event_row(e);
                     let ours = e.sandbox.as_deref() == Some(sandbox)
-                        && e.backend.as_deref() == Some(backend.as_str())
-                        && (e.kind == EventKind::ApprovalRequested.as_str()
-                            || e.kind == EventKind::ApprovalWaiting.as_str());
+                        && e.backend == Some(backend)
+                        && (e.kind == EventKind::ApprovalRequested
+                            || e.kind == EventKind::ApprovalWaiting);
                     let id = e
                         .detail
                         .as_deref()
@@ -133,7 +133,7 @@ async fn run_with(api: &Api, dir: &Path, mode: server::Mode, cmd: JobCmd) -> Res
     let code = match cmd {
         JobCmd::Start(a) => {
             let command = a.command.join(" ");
-            let backend = backend_kind(&a.backend)?;
+            let backend = backend_kind(a.backend.as_str())?;
             let pty = a.pty.then(|| a.size.map(term_size).unwrap_or_default());
             let job = match api {
                 Api::Served(ch) => job_row(
@@ -142,7 +142,7 @@ async fn run_with(api: &Api, dir: &Path, mode: server::Mode, cmd: JobCmd) -> Res
                         backend,
                         &a.sandbox,
                         proto::StartJob {
-                            sandbox: Some(api_client::sandbox_ref(&a.backend, &a.sandbox)?),
+                            sandbox: Some(api_client::sandbox_ref(a.backend, &a.sandbox)?),
                             command,
                             name: a.name,
                             watch: a.watch,
@@ -561,8 +561,8 @@ fn ls_request(a: &LsArgs) -> Result<proto::ListJobs> {
         sandbox_name: a.sandbox.clone(),
         ..Default::default()
     };
-    if let Some(b) = &a.backend {
-        req.backend = convert::backend_out(backend_kind(b)?) as i32;
+    if let Some(b) = a.backend {
+        req.backend = convert::backend_out(b) as i32;
     }
     for s in &a.state {
         let state = match s.as_str() {

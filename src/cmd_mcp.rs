@@ -1,5 +1,6 @@
 //! `berth mcp`: its flags, and the hand-over to the MCP server (berth-mcp).
 
+use berth_core::backend::BackendKind;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -16,8 +17,8 @@ process list)"
 )]
 pub struct McpArgs {
     /// Backend the tools run on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Sandbox the tools run in (created on first use if it is `default`).
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,

@@ -2,6 +2,7 @@
 //! A person sees and edits every note; the model's `memory` tool reaches as
 //! far as the policy's `[tools] memory` lets it.
 
+use berth_core::backend::BackendKind;
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
@@ -23,8 +24,8 @@ pub enum MemoryCmd {
         #[arg(long)]
         sandbox: Option<String>,
         /// The sandbox's backend (with --sandbox).
-        #[arg(long, default_value = context::DEFAULT_BACKEND)]
-        backend: String,
+        #[arg(long, default_value = context::DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+        backend: BackendKind,
         /// Only notes with these words (all of them, else any).
         #[arg(long)]
         search: Option<String>,
@@ -49,8 +50,8 @@ pub enum MemoryCmd {
         #[arg(long, default_value = berth_core::runtime::DEFAULT_SANDBOX)]
         sandbox: String,
         /// The sandbox's backend.
-        #[arg(long, default_value = context::DEFAULT_BACKEND)]
-        backend: String,
+        #[arg(long, default_value = context::DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+        backend: BackendKind,
         /// The new note as one JSON object.
         #[arg(long)]
         json: bool,
@@ -116,7 +117,7 @@ pub fn run(state_dir: Option<PathBuf>, cmd: MemoryCmd) -> Result<u8> {
                 Scope::User
             } else {
                 let known = berth_backends::available();
-                if !berth_core::backend::BackendKind::parse(&backend)
+                if !berth_core::backend::BackendKind::parse(backend.as_str())
                     .is_some_and(|k| known.contains(&k))
                 {
                     let names: Vec<&str> = known.iter().map(|k| k.as_str()).collect();
@@ -126,7 +127,7 @@ pub fn run(state_dir: Option<PathBuf>, cmd: MemoryCmd) -> Result<u8> {
                     );
                 }
                 berth_core::backend::check_sandbox_name(&sandbox)?;
-                Scope::sandbox(&backend, &sandbox)
+                Scope::sandbox(backend, &sandbox)
             };
             let n = memory::add(&store, &scope, &text, "person", &redact)?;
             if json {

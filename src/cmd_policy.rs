@@ -1,6 +1,7 @@
 //! `berth policy check`: the verdict berth would give a command, and why.
 
 use anyhow::Result;
+use berth_core::backend::BackendKind;
 use berth_policies::Action;
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -21,8 +22,8 @@ pub enum PolicyCmd {
 #[derive(Args, Debug)]
 pub struct CheckArgs {
     /// The backend the command would run on (rules can be scoped per backend).
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -48,7 +49,7 @@ pub fn run(cmd: PolicyCmd) -> Result<u8> {
 fn check(a: CheckArgs) -> Result<u8> {
     let gate = context::gate()?;
     let command = a.command.join(" ");
-    let v = gate.check(&command, &a.backend);
+    let v = gate.check(&command, a.backend);
     if a.json {
         context::print_json(&json!({
             "verdict": v.action,

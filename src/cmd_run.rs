@@ -7,6 +7,7 @@
 //! token (a second Ctrl-C exits at once; the journal is consistent either
 //! way). Events are printed for people, or as one JSON object per line.
 
+use berth_core::backend::BackendKind;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,8 +46,8 @@ pub struct RunArgs {
     /// The task. Without one on a terminal, berth asks for it and then chats.
     pub task: Option<String>,
     /// Backend of the sandbox (local, docker, ssh).
-    #[arg(long, default_value = context::DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, default_value = context::DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Sandbox to work in (`default` is created on first use).
     #[arg(long, default_value = berth_core::runtime::DEFAULT_SANDBOX)]
     pub sandbox: String,
@@ -169,8 +170,8 @@ pub enum RunsCmd {
         #[arg(long)]
         sandbox: Option<String>,
         /// The sandbox's backend (with --sandbox).
-        #[arg(long, default_value = context::DEFAULT_BACKEND)]
-        backend: String,
+        #[arg(long, default_value = context::DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+        backend: BackendKind,
         /// How many matches.
         #[arg(long, default_value_t = 20)]
         limit: usize,
@@ -278,13 +279,13 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
             let sandbox = fork_sandbox(&rt, &row, from, at).await?;
             (Some(id), row.backend, sandbox, setup.providers)
         }
-        (None, None) => (None, a.backend.clone(), a.sandbox.clone(), vec![]),
+        (None, None) => (None, a.backend, a.sandbox.clone(), vec![]),
     };
     if let (Some(id), Some(on)) = (&run_id, &a.on) {
         return wait_on(&store, &dir, id, on).await;
     }
     let providers = providers(&a, &stored)?;
-    let mut tools = RegistryTools::new(rt.clone(), &backend, &sandbox);
+    let mut tools = RegistryTools::new(rt.clone(), backend, &sandbox);
     let mut server = None;
     if a.server {
         let mode = match crate::server::Mode::from_env()? {
@@ -299,7 +300,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
         server = Some((dir.clone(), mode));
     } else {
         // Fail early, with the runtime's own hint, if the sandbox cannot be had.
-        rt.attach(&backend, &sandbox)
+        rt.attach(backend, &sandbox)
             .await
             .with_context(|| format!("sandbox `{sandbox}` ({backend})"))?;
     }
@@ -340,7 +341,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
     if rt.checkpoint_policy().runs {
         agent = agent.with_checkpoints(Arc::new(SandboxCheckpoints::new(
             rt.clone(),
-            &backend,
+            backend,
             &sandbox,
         )));
     }
@@ -358,7 +359,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: RunArgs) -> Result<u8> {
                     "give the task as an argument: berth run \"TASK\" (or run on a terminal to be asked)"
                 ),
             };
-            let id = agent.start(&task, &backend, &sandbox)?;
+            let id = agent.start(&task, backend, &sandbox)?;
             if let Some(name) = &a.schedule {
                 crate::schedules::tag_run(&store, &id, name)?;
             }
@@ -413,7 +414,7 @@ impl Children for CliChildren {
             let mut spec = if *b == place.backend {
                 self.rt
                     .store()
-                    .sandbox(b, s)
+                    .sandbox(*b, s)
                     .map_err(text)?
                     .map(|r| r.spec)
                     .unwrap_or_default()
@@ -422,16 +423,16 @@ impl Children for CliChildren {
             };
             spec.name = place.sandbox.clone();
             self.rt
-                .create_sandbox(&place.backend, spec)
+                .create_sandbox(place.backend, spec)
                 .await
                 .map_err(text)?;
         } else if self.server.is_none() {
             self.rt
-                .attach(&place.backend, &place.sandbox)
+                .attach(place.backend, &place.sandbox)
                 .await
                 .map_err(text)?;
         }
-        let mut tools = RegistryTools::new(self.rt.clone(), &place.backend, &place.sandbox)
+        let mut tools = RegistryTools::new(self.rt.clone(), place.backend, &place.sandbox)
             .in_session(place.session.clone());
         if let Some((dir, mode)) = &self.server {
             tools = tools.dispatched_by(Arc::new(crate::server::tools::ServerTools::new(
@@ -445,7 +446,7 @@ impl Children for CliChildren {
     async fn release(&self, place: &Place) {
         if let Err(e) = self
             .rt
-            .remove_sandbox(&place.backend, &place.sandbox, true)
+            .remove_sandbox(place.backend, &place.sandbox, true)
             .await
         {
             eprintln!(
@@ -819,7 +820,7 @@ impl Printer {
 fn search(
     store: &Store,
     text: &str,
-    only: Option<(String, String)>,
+    only: Option<(BackendKind, String)>,
     limit: usize,
     json: bool,
 ) -> Result<u8> {
@@ -1163,9 +1164,9 @@ async fn rollback(dir: PathBuf, id: &str, to: i64, no_resume: bool, json: bool) 
     };
     // A server may hold the sandbox's shells: they would write their state
     // over the restored one.
-    crate::server::client::forget(&dir, &row.backend, &row.sandbox).await;
+    crate::server::client::forget(&dir, row.backend.as_str(), &row.sandbox).await;
     let restored = rt
-        .restore_checkpoint(&row.backend, &row.sandbox, &ck.id, false)
+        .restore_checkpoint(row.backend, &row.sandbox, &ck.id, false)
         .await;
     let restored = match restored {
         Ok(r) => r,
@@ -1224,13 +1225,7 @@ async fn fork_sandbox(
     };
     let clone = format!("fork-{id}");
     let c = rt
-        .clone_sandbox(
-            &row.backend,
-            &row.sandbox,
-            &row.backend,
-            &clone,
-            Some(&ck.id),
-        )
+        .clone_sandbox(row.backend, &row.sandbox, row.backend, &clone, Some(&ck.id))
         .await
         .with_context(|| format!("cloning sandbox {} for the fork", row.sandbox))?;
     journal::set_sandbox(rt.store(), id, &clone)?;

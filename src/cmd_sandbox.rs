@@ -6,6 +6,7 @@
 //! the server, or with `BERTH_SERVER=off` on the same handlers in this
 //! process. It prints the API's values; nothing is captured to form a reply.
 
+use berth_core::backend::BackendKind;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -50,7 +51,7 @@ async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
                 bail!("--cpus must be a positive number of cores, e.g. --cpus 0.5");
             }
             let req = proto::CreateSandbox {
-                sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
+                sandbox: Some(sandbox_ref(a.backend, &a.name)?),
                 image: a.image.clone(),
                 env: pairs(&a.env, "--env")?.into_iter().collect(),
                 network: a.network,
@@ -59,7 +60,10 @@ async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
                 pids: a.pids,
                 options: pairs(&a.options, "--opt")?.into_iter().collect(),
             };
-            if a.backend == "docker" && a.image.is_none() && matches!(api, Api::Served(_)) {
+            if a.backend == BackendKind::Docker
+                && a.image.is_none()
+                && matches!(api, Api::Served(_))
+            {
                 image_first().await?;
             }
             let sb = call!(api, SandboxesClient, Sandboxes, create, req)?;
@@ -96,10 +100,10 @@ async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
             // In-process, a server may hold the sandbox's shell: tell it.
             // Through the server, its runtime lets go in `remove_sandbox`.
             if matches!(api, Api::Here(_)) {
-                crate::server::client::forget(dir, &a.backend, &a.name).await;
+                crate::server::client::forget(dir, a.backend.as_str(), &a.name).await;
             }
             let req = proto::RemoveSandbox {
-                sandbox: Some(sandbox_ref(&a.backend, &a.name)?),
+                sandbox: Some(sandbox_ref(a.backend, &a.name)?),
                 keep_workspace: a.keep_workspace,
             };
             call!(api, SandboxesClient, Sandboxes, remove, req)?;
@@ -144,11 +148,11 @@ async fn image_first() -> Result<()> {
 /// is named with why, and the others are listed all the same.
 async fn ls(api: &Api, a: LsArgs) -> Result<u8> {
     let req = proto::ListSandboxes {
-        backend: sandbox_ref(&a.backend, "")?.backend,
+        backend: sandbox_ref(a.backend, "")?.backend,
         all: a.all,
     };
     let got = call!(api, SandboxesClient, Sandboxes, list, req)?;
-    let failed: Vec<(String, String)> = got
+    let failed: Vec<(BackendKind, String)> = got
         .failed
         .into_iter()
         .map(|f| {
@@ -240,7 +244,7 @@ async fn reap(api: &Api, a: ReapArgs) -> Result<u8> {
 /// `sandbox gc`: checkpoints on the backend, then docker's containers.
 async fn gc(api: &Api, a: GcArgs) -> Result<u8> {
     let req = proto::CollectGarbage {
-        backend: sandbox_ref(&a.backend, "")?.backend,
+        backend: sandbox_ref(a.backend, "")?.backend,
         older_than_secs: a.older_than.as_secs_f64(),
         workspaces: a.workspaces,
     };
@@ -255,7 +259,7 @@ async fn gc(api: &Api, a: GcArgs) -> Result<u8> {
             }),
         })
         .collect();
-    let docker = a.backend == "docker";
+    let docker = a.backend == BackendKind::Docker;
     if a.json {
         if docker {
             context::print_json(&json!({

@@ -64,8 +64,8 @@ pub struct AddArgs {
     #[arg(long, value_enum, default_value = "skip")]
     pub missed: MissedArg,
     /// Backend of the run's sandbox.
-    #[arg(long)]
-    pub backend: Option<String>,
+    #[arg(long, value_parser = crate::api_client::parse_backend)]
+    pub backend: Option<berth_core::backend::BackendKind>,
     /// The run's sandbox.
     #[arg(long)]
     pub sandbox: Option<String>,
@@ -92,7 +92,7 @@ pub fn run(state_dir: Option<PathBuf>, cmd: ScheduleCmd) -> Result<u8> {
             }
             let mut args = Vec::new();
             for (flag, v) in [
-                ("--backend", a.backend.clone()),
+                ("--backend", a.backend.map(|b| b.as_str().to_string())),
                 ("--sandbox", a.sandbox.clone()),
                 ("--provider", a.provider.clone()),
                 ("--max-steps", a.max_steps.map(|n| n.to_string())),

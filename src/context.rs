@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use berth_backends::BackendContext;
-use berth_core::backend::Backend;
+use berth_core::backend::{Backend, BackendKind};
 use berth_core::gate::Gate;
 use berth_core::runtime::{BackendSource, Runtime, RuntimeConfig};
 use berth_core::store::Store;
@@ -72,7 +72,7 @@ pub struct Backends {
 
 #[async_trait]
 impl BackendSource for Backends {
-    async fn open(&self, kind: &str) -> berth_core::Result<Arc<dyn Backend>> {
+    async fn open(&self, kind: BackendKind) -> berth_core::Result<Arc<dyn Backend>> {
         berth_backends::open(kind, &self.ctx).await
     }
 }

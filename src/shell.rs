@@ -26,6 +26,7 @@ mod complete;
 mod editor;
 mod tty;
 
+use berth_core::backend::BackendKind;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -72,8 +73,8 @@ When berth shell's input is not a terminal, nothing runs on one."
 )]
 pub struct ShellArgs {
     /// Backend to run on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Sandbox to run in.
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
@@ -121,8 +122,8 @@ impl Prompt {
 
 /// Where a sandbox is, for the prompt: the backend, and an ssh sandbox's
 /// host; nothing for the local backend.
-fn place(rt: &berth_core::runtime::Runtime, backend: &str, sandbox: &str) -> String {
-    if backend == "local" {
+fn place(rt: &berth_core::runtime::Runtime, backend: BackendKind, sandbox: &str) -> String {
+    if backend == BackendKind::Local {
         return String::new();
     }
     let host = rt
@@ -169,8 +170,8 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
     // of the same sandbox lets go of it now, and again at the end, so each
     // side starts from the other's last snapshot rather than from a stale
     // live shell. (Plain, unexported variables of the server's shell go.)
-    crate::server::client::forget(&dir, &a.backend, &a.sandbox).await;
-    let (session, recreated) = rt.named_session(&a.backend, &a.sandbox, &a.session).await?;
+    crate::server::client::forget(&dir, a.backend.as_str(), &a.sandbox).await;
+    let (session, recreated) = rt.named_session(a.backend, &a.sandbox, &a.session).await?;
     if let Some(why) = recreated {
         eprintln!("berth: the sandbox was brought back: {why}");
     }
@@ -178,12 +179,12 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
     drop(session);
     let cwd = rt
         .store()
-        .session_cwd(&a.backend, &a.sandbox, &a.session)
+        .session_cwd(a.backend, &a.sandbox, &a.session)
         .ok()
         .flatten()
         .unwrap_or_else(|| workdir.clone());
     let mut prompt = Prompt {
-        place: place(&rt, &a.backend, &a.sandbox),
+        place: place(&rt, a.backend, &a.sandbox),
         sandbox: if a.session == MAIN_SESSION {
             a.sandbox.clone()
         } else {
@@ -197,7 +198,10 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
     if on_terminal {
         eprintln!("{BANNER}");
     }
-    let history = dir.join("history").join(&a.backend).join(&a.sandbox);
+    let history = dir
+        .join("history")
+        .join(a.backend.as_str())
+        .join(&a.sandbox);
     let (prompts, mut inputs) = editor::spawn(Some(history));
     // Whether the last output byte ended a line, so the prompt starts on its own.
     let at_line_start = Arc::new(AtomicBool::new(true));
@@ -283,7 +287,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
         while sigint.recv().now_or_never().is_some() {}
         let cancel = CancellationToken::new();
         let req = ExecRequest {
-            backend: a.backend.clone(),
+            backend: a.backend,
             sandbox: a.sandbox.clone(),
             command: line,
             timeout: Some(timeout),
@@ -332,7 +336,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ShellArgs) -> Result<u8> {
     };
     drop(prompts);
     rt.shutdown().await;
-    crate::server::client::forget(&dir, &a.backend, &a.sandbox).await;
+    crate::server::client::forget(&dir, a.backend.as_str(), &a.sandbox).await;
     Ok(code)
 }
 
@@ -357,7 +361,7 @@ async fn terminal_line(
 ) -> TtyEnd {
     let (out, open_line) = tty::stdout_tee();
     let at = tty::Place {
-        backend: &a.backend,
+        backend: a.backend,
         sandbox: &a.sandbox,
         session: &a.session,
     };
@@ -398,7 +402,7 @@ async fn terminal_line(
 /// this shell's sandbox and session.
 fn job_start_hint(a: &ShellArgs, command: &str) -> String {
     let mut hint = String::from("berth job start --pty");
-    if a.backend != DEFAULT_BACKEND {
+    if a.backend.as_str() != DEFAULT_BACKEND {
         hint.push_str(&format!(" -b {}", a.backend));
     }
     if a.sandbox != DEFAULT_SANDBOX {
@@ -421,7 +425,7 @@ fn job_start_hint(a: &ShellArgs, command: &str) -> String {
 /// terminal job (the job's launcher left it at 0). The line is berth's own:
 /// the gate is not asked.
 async fn set_status(rt: &Runtime, a: &ShellArgs, code: i32) {
-    let Ok((session, _)) = rt.named_session(&a.backend, &a.sandbox, &a.session).await else {
+    let Ok((session, _)) = rt.named_session(a.backend, &a.sandbox, &a.session).await else {
         return;
     };
     let opts = ExecOpts {
@@ -458,7 +462,7 @@ async fn complete(
     last: i32,
 ) -> Vec<(String, String)> {
     let word = complete::Word::at(line, pos);
-    let Ok((session, _)) = rt.named_session(&a.backend, &a.sandbox, &a.session).await else {
+    let Ok((session, _)) = rt.named_session(a.backend, &a.sandbox, &a.session).await else {
         return Vec::new();
     };
     let opts = ExecOpts {

@@ -1,6 +1,8 @@
 //! The jobs suite: background jobs through the runtime, the same assertions for
 //! every backend. A backend joins with one `jobs_suite!` line in `all.rs`.
 
+use berth_core::backend::BackendKind;
+use berth_core::events::EventKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,8 +64,11 @@ struct One(Arc<dyn Backend>);
 
 #[async_trait]
 impl BackendSource for One {
-    async fn open(&self, kind: &str) -> berth_core::Result<Arc<dyn Backend>> {
-        if kind == self.0.kind().as_str() {
+    async fn open(
+        &self,
+        kind: berth_core::backend::BackendKind,
+    ) -> berth_core::Result<Arc<dyn Backend>> {
+        if kind == self.0.kind() {
             Ok(self.0.clone())
         } else {
             Err(berth_core::Error::InvalidInput(format!(
@@ -76,7 +81,7 @@ impl BackendSource for One {
 /// A runtime over the harness's backend with its own store, plus a sandbox in it.
 struct Rig {
     rt: Runtime,
-    kind: String,
+    kind: berth_core::backend::BackendKind,
     sandbox: String,
     state: tempfile::TempDir,
     /// Removes the sandbox even when the test fails.
@@ -88,8 +93,8 @@ impl Rig {
         let state = tempfile::tempdir()?;
         let rt = runtime(h, state.path())?;
         let f = h.sandbox(test).await?;
-        let kind = h.backend.kind().to_string();
-        rt.create_sandbox(&kind, f.spec.clone()).await?;
+        let kind = h.backend.kind();
+        rt.create_sandbox(kind, f.spec.clone()).await?;
         Ok(Rig {
             rt,
             kind,
@@ -107,7 +112,7 @@ impl Rig {
     async fn start(&self, cmd: &str) -> Result<String, BoxError> {
         Ok(self
             .rt
-            .start_job(&self.kind, &self.sandbox, cmd, None, vec![])
+            .start_job(self.kind, &self.sandbox, cmd, None, vec![])
             .await?
             .id)
     }
@@ -116,7 +121,7 @@ impl Rig {
         let r = self
             .rt
             .exec(ExecRequest {
-                backend: self.kind.clone(),
+                backend: self.kind,
                 sandbox: self.sandbox.clone(),
                 command: cmd.into(),
                 timeout: Some(Duration::from_secs(60)),
@@ -159,7 +164,7 @@ impl Rig {
             Ok(_) => return Ok(Some(r)),
             // Only where the kernel really gives this user no mount
             // namespace (as root, or with user namespaces, it does).
-            Err(e) if r.kind == "local" && !mount_namespaces_here() => e.to_string(),
+            Err(e) if r.kind == BackendKind::Local && !mount_namespaces_here() => e.to_string(),
             Err(e) => return Err(e),
         };
         assert!(
@@ -181,7 +186,7 @@ impl Rig {
         };
         let job = self
             .rt
-            .start_job_with(&self.kind, &self.sandbox, cmd, opts)
+            .start_job_with(self.kind, &self.sandbox, cmd, opts)
             .await?;
         assert_eq!(job.pty, Some(TermSize { cols, rows }));
         Ok(job.id)
@@ -282,7 +287,7 @@ pub async fn jobs_survive_a_restart_of_berth(h: &Harness) -> TestResult {
         None => {
             let first = runtime(h, r.state.path())?;
             let id = first
-                .start_job(&r.kind, &r.sandbox, cmd, None, vec![])
+                .start_job(r.kind, &r.sandbox, cmd, None, vec![])
                 .await?
                 .id;
             first.shutdown().await;
@@ -497,7 +502,7 @@ pub async fn fifos_planted_in_a_jobs_directory_stall_no_call(h: &Harness) -> Tes
     let job = r.rt.job(&id).await?;
     assert_eq!(job.state, JobState::Running, "{job:?}");
     let dir = {
-        let sb = r.rt.attach(&r.kind, &r.sandbox).await?;
+        let sb = r.rt.attach(r.kind, &r.sandbox).await?;
         job.dir(sb.as_ref())
     };
     let planted = r
@@ -535,7 +540,7 @@ pub async fn a_vanished_job_is_lost_not_exited(h: &Harness) -> TestResult {
     let pid = job.pid.ok_or("no pid")?;
     // Kill the job and its wrapper from outside, as an OOM killer or a reboot would.
     let dir = {
-        let sb = r.rt.attach(&r.kind, &r.sandbox).await?;
+        let sb = r.rt.attach(r.kind, &r.sandbox).await?;
         job.dir(sb.as_ref())
     };
     r.exec(&format!("kill -9 $(cat {dir}/wrapper) {pid}"))
@@ -551,7 +556,7 @@ pub async fn watch_patterns_become_rate_limited_events(h: &Harness) -> TestResul
     let r = Rig::new(h, "job-watch").await?;
     let job =
         r.rt.start_job(
-            &r.kind,
+            r.kind,
             &r.sandbox,
             "for i in $(seq 1 50); do echo \"ERROR $i\"; echo fine; done",
             Some("noisy".into()),
@@ -612,7 +617,11 @@ pub async fn watch_patterns_become_rate_limited_events(h: &Harness) -> TestResul
         .collect();
     assert_eq!(nums.len(), lines.len(), "{lines:?}");
     assert!(nums.windows(2).all(|p| p[0] < p[1]), "{nums:?}");
-    assert!(events.iter().any(|e| e.kind == "job.exited"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == EventKind::Job(JobState::Exited))
+    );
     r.finish().await
 }
 
@@ -634,7 +643,7 @@ pub async fn wait_times_out_and_bad_ids_are_named(h: &Harness) -> TestResult {
     }
     match r
         .rt
-        .start_job(&r.kind, &r.sandbox, "true", None, vec!["(unclosed".into()])
+        .start_job(r.kind, &r.sandbox, "true", None, vec!["(unclosed".into()])
         .await
     {
         Err(e) => {
@@ -923,7 +932,7 @@ pub async fn an_interrupt_reaches_a_job_that_handles_it(h: &Harness) -> TestResu
 async fn in_session(rt: &Runtime, r: &Rig, session: &str, cmd: &str) -> Result<String, BoxError> {
     let rep = rt
         .exec(ExecRequest {
-            backend: r.kind.clone(),
+            backend: r.kind,
             sandbox: r.sandbox.clone(),
             session: Some(session.into()),
             command: cmd.into(),
@@ -975,7 +984,7 @@ pub async fn named_sessions_keep_their_own_state_and_survive_a_restart(h: &Harne
     let held = in_session(&r.rt, &r, "main", "cat ../sess-gate");
     let release = async {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !r.rt.is_busy(&r.kind, &r.sandbox, "main").await {
+        while !r.rt.is_busy(r.kind, &r.sandbox, "main").await {
             if Instant::now() > deadline {
                 return Err::<String, BoxError>("main never started its command".into());
             }
@@ -992,7 +1001,7 @@ pub async fn named_sessions_keep_their_own_state_and_survive_a_restart(h: &Harne
         ..JobOptions::default()
     };
     let job =
-        r.rt.start_job_with(&r.kind, &r.sandbox, "echo \"$WHO ${PWD##*/}\"", opts)
+        r.rt.start_job_with(r.kind, &r.sandbox, "echo \"$WHO ${PWD##*/}\"", opts)
             .await?;
     r.rt.wait_job(&job.id, WAIT).await?;
     assert_eq!(r.logs(&job.id).await?, "tests sess-tst\n");
@@ -1010,7 +1019,7 @@ pub async fn named_sessions_keep_their_own_state_and_survive_a_restart(h: &Harne
     // A name that is not one is refused before anything runs.
     let err =
         r.rt.exec(ExecRequest {
-            backend: r.kind.clone(),
+            backend: r.kind,
             sandbox: r.sandbox.clone(),
             session: Some("../main".into()),
             command: "true".into(),
@@ -1057,7 +1066,7 @@ pub async fn a_flooding_job_keeps_at_most_twice_its_log_cap(h: &Harness) -> Test
     let job = r.rt.wait_job(&id, WAIT).await?;
     assert_eq!(job.state, JobState::Exited, "{job:?}");
     assert_eq!(job.exit_code, Some(0), "the job ran on to its end: {job:?}");
-    let sb = r.rt.attach(&r.kind, &r.sandbox).await?;
+    let sb = r.rt.attach(r.kind, &r.sandbox).await?;
     let dir = job.dir(sb.as_ref());
     let sizes = r
         .exec(&format!(
@@ -1123,7 +1132,7 @@ pub async fn each_watch_match_is_recorded_once_however_many_refresh(h: &Harness)
     // both scan the same new output.
     let job =
         r.rt.start_job(
-            &r.kind,
+            r.kind,
             &r.sandbox,
             "for i in 1 2 3; do echo \"tick $i\"; done; read -r _; \
              for i in 4 5 6; do echo \"tick $i\"; done; sleep 60",

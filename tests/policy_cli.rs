@@ -4,6 +4,7 @@
 //!
 //! The secrets are set in the *child berth's* environment only.
 
+use berth_core::backend::BackendKind;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -582,7 +583,7 @@ fn idle_sandboxes_are_reaped() -> TestResult {
     let store = berth_core::store::Store::open(&env.state)?;
     let past = berth_core::store::now_ms() - 2 * 3600 * 1000;
     for name in ["old", "keep"] {
-        store.touch_sandbox_at("local", name, past)?;
+        store.touch_sandbox_at(BackendKind::Local, name, past)?;
     }
     drop(store);
     let o = env.run(&["sandbox", "reap", "--dry-run"])?;

@@ -5,6 +5,7 @@
 //! the profile the wrapper refuses and this test fails with its message.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // in tests a panic is the failure report
 
+use berth_core::backend::BackendKind;
 use std::time::Duration;
 
 use berth_backends::local::LocalBackend;
@@ -322,7 +323,10 @@ struct OneBackend(std::sync::Arc<dyn Backend>);
 
 #[async_trait::async_trait]
 impl berth_core::runtime::BackendSource for OneBackend {
-    async fn open(&self, _kind: &str) -> berth_core::Result<std::sync::Arc<dyn Backend>> {
+    async fn open(
+        &self,
+        _kind: berth_core::backend::BackendKind,
+    ) -> berth_core::Result<std::sync::Arc<dyn Backend>> {
         Ok(self.0.clone())
     }
 }
@@ -356,12 +360,12 @@ async fn a_process_past_the_memory_bound_is_killed_and_the_call_says_why() {
         std::sync::Arc::new(OneBackend(backend)),
         berth_core::runtime::RuntimeConfig::new(state.path().to_path_buf()),
     );
-    rt.create_sandbox("local", SandboxSpec::named(&name))
+    rt.create_sandbox(BackendKind::Local, SandboxSpec::named(&name))
         .await
         .unwrap();
     let exec = |cmd: &str| {
         rt.exec(berth_core::runtime::ExecRequest {
-            backend: "local".into(),
+            backend: BackendKind::Local,
             sandbox: name.clone(),
             command: cmd.into(),
             timeout: Some(Duration::from_secs(60)),

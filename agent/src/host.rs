@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use berth_core::backend::BackendKind;
 use berth_core::runtime::Runtime;
 use berth_tools::{ApprovalMode, Dispatch, OutcomeKind, Registry, ToolContext};
 
@@ -82,20 +83,20 @@ pub struct RegistryTools {
     rt: Arc<Runtime>,
     registry: Arc<Registry>,
     dispatch: Arc<dyn Dispatch>,
-    backend: String,
+    backend: BackendKind,
     sandbox: String,
     session: Option<String>,
 }
 
 impl RegistryTools {
     /// The registry's tools in `sandbox` on `backend`.
-    pub fn new(rt: Arc<Runtime>, backend: &str, sandbox: &str) -> Self {
+    pub fn new(rt: Arc<Runtime>, backend: BackendKind, sandbox: &str) -> Self {
         let registry = Arc::new(Registry::new(&rt).with_history(Arc::new(crate::history::Journal)));
         Self {
             dispatch: registry.clone(),
             registry,
             rt,
-            backend: backend.into(),
+            backend,
             sandbox: sandbox.into(),
             session: None,
         }
@@ -132,7 +133,7 @@ impl ToolHost for RegistryTools {
 
     async fn call(&self, name: &str, args: &Value, cancel: CancellationToken) -> ToolOutcome {
         // An ask pauses the run durably instead of holding berth open.
-        let mut ctx = ToolContext::new(self.rt.clone(), &self.backend, &self.sandbox)
+        let mut ctx = ToolContext::new(self.rt.clone(), self.backend, &self.sandbox)
             .with_cancel(cancel)
             .with_approval(ApprovalMode::Defer);
         if let Some(s) = &self.session {

@@ -21,6 +21,7 @@ use serde_json::Value;
 use super::context::{Compaction, Stage};
 use super::provider::{Attempt, Message, Usage};
 use crate::error::{Error, Result};
+use berth_core::backend::BackendKind;
 use berth_core::store::{Store, now_ms};
 
 /// Why a run stopped (or that it has not).
@@ -108,7 +109,7 @@ pub struct RunRow {
     /// The first task.
     pub task: String,
     /// Backend.
-    pub backend: String,
+    pub backend: BackendKind,
     /// Sandbox.
     pub sandbox: String,
     /// Where it stands.
@@ -295,7 +296,7 @@ pub fn create(
     store: &Store,
     id: &str,
     task: &str,
-    backend: &str,
+    backend: BackendKind,
     sandbox: &str,
     setup: &Value,
     link: Link<'_>,
@@ -807,7 +808,7 @@ mod tests {
             &store,
             "r1",
             "t",
-            "local",
+            BackendKind::Local,
             "default",
             &Value::Null,
             Link::None,
@@ -852,7 +853,7 @@ mod tests {
             &store,
             "r1",
             "t",
-            "local",
+            BackendKind::Local,
             "default",
             &Value::Null,
             Link::None,

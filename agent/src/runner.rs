@@ -40,6 +40,7 @@ use super::provider::{
 use super::validate;
 use crate::error::{Error, Result};
 use berth_core::approvals::{self, ApprovalState};
+use berth_core::backend::BackendKind;
 use berth_core::store::{Store, now_ms};
 
 /// The largest tool result a model is sent, in bytes; the rest is elided in
@@ -89,14 +90,14 @@ pub struct ChildSetup {
     pub session: Option<String>,
     /// The sandbox its new one was made like (backend, sandbox).
     #[serde(default)]
-    pub like: Option<(String, String)>,
+    pub like: Option<(BackendKind, String)>,
     /// Keep its new sandbox when it ends.
     #[serde(default)]
     pub keep_sandbox: bool,
 }
 
 /// The system prompt of a new run.
-pub fn default_system(backend: &str, sandbox: &str) -> String {
+pub fn default_system(backend: BackendKind, sandbox: &str) -> String {
     format!(
         "You are an agent that completes tasks by running tools in the sandbox `{sandbox}` (backend {backend}) through berth.\n\
          - `terminal` runs bash commands in one persistent session: the working directory, exported variables and functions carry over between calls.\n\
@@ -120,7 +121,7 @@ pub enum AgentEvent {
         /// Resumed rather than new.
         resumed: bool,
         /// Backend.
-        backend: String,
+        backend: BackendKind,
         /// Sandbox.
         sandbox: String,
     },
@@ -343,7 +344,7 @@ impl Agent {
     /// Start a run of `task` (journaled; [`Agent::run`] carries it out).
     /// Its system prompt ends with the newest memory notes the sandbox sees,
     /// frozen with the rest of the setup: notes added later reach later runs.
-    pub fn start(&self, task: &str, backend: &str, sandbox: &str) -> Result<String> {
+    pub fn start(&self, task: &str, backend: BackendKind, sandbox: &str) -> Result<String> {
         let mut tools = self.host.specs();
         let mut system = default_system(backend, sandbox);
         if self.may_delegate(0) {
@@ -410,7 +411,7 @@ impl Agent {
             store,
             &id,
             &parent.task,
-            &parent.backend,
+            parent.backend,
             &parent.sandbox,
             &parent.setup,
             journal::Link::Fork { from, at },
@@ -458,7 +459,7 @@ impl Agent {
         (self.events)(&AgentEvent::Run {
             run_id: id.into(),
             resumed,
-            backend: row.backend.clone(),
+            backend: row.backend,
             sandbox: row.sandbox.clone(),
         });
         // A run that spent its budget and is resumed (with a new one) carries on.
@@ -495,8 +496,8 @@ impl Agent {
         journal::set_state(&self.store, id, reason, detail.as_deref())?;
         // In the event log: `berth events`, and the server's webhooks.
         self.store.append(&berth_core::store::Event {
-            kind: berth_core::events::EventKind::RunEnded.into(),
-            backend: Some(row.backend.clone()),
+            kind: berth_core::events::EventKind::RunEnded,
+            backend: Some(row.backend),
             sandbox: Some(row.sandbox.clone()),
             detail: Some(
                 json!({

@@ -304,14 +304,14 @@ fn names(kinds: &[BackendKind]) -> String {
 }
 
 /// Open the backend called `kind`.
-pub async fn open(kind: &str, ctx: &BackendContext) -> Result<Arc<dyn Backend>> {
-    let Some(parsed) = BackendKind::parse(kind).filter(|k| available().contains(k)) else {
+pub async fn open(kind: BackendKind, ctx: &BackendContext) -> Result<Arc<dyn Backend>> {
+    if !available().contains(&kind) {
         return Err(Error::InvalidInput(format!(
-            "unknown backend `{kind}`; this build has: {}",
+            "backend `{kind}` is not in this build; it has: {}",
             names(&available())
         )));
-    };
-    match parsed {
+    }
+    match kind {
         #[cfg(feature = "local")]
         BackendKind::Local => {
             let mut b = local::LocalBackend::new(&ctx.state_dir);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::backend::now_unix_secs;
+use crate::backend::{BackendKind, now_unix_secs};
 use crate::store::CORE;
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
@@ -70,7 +70,7 @@ pub struct NewApproval {
     /// The sandbox the command would run in.
     pub sandbox: String,
     /// Its backend.
-    pub backend: String,
+    pub backend: BackendKind,
     /// The whole command text.
     pub command: String,
     /// The part of it that asked.
@@ -93,7 +93,7 @@ pub struct Approval {
     /// The sandbox.
     pub sandbox: String,
     /// The backend.
-    pub backend: String,
+    pub backend: BackendKind,
     /// The whole command.
     pub command: String,
     /// The part that asked.
@@ -233,7 +233,7 @@ fn expire(conn: &Connection, id: i64) -> Result<Approval> {
 fn find_reusable(
     conn: &Connection,
     sandbox: &str,
-    backend: &str,
+    backend: BackendKind,
     command: &str,
 ) -> Result<Option<Approval>> {
     let id: Option<i64> = conn
@@ -292,7 +292,7 @@ impl Store {
     pub fn reusable_approval(
         &self,
         sandbox: &str,
-        backend: &str,
+        backend: BackendKind,
         command: &str,
     ) -> Result<Option<Approval>> {
         self.with_db(&CORE, |c| find_reusable(c, sandbox, backend, command))
@@ -302,7 +302,7 @@ impl Store {
     pub fn latest_approval(
         &self,
         sandbox: &str,
-        backend: &str,
+        backend: BackendKind,
         command: &str,
     ) -> Result<Option<Approval>> {
         self.with_db(&CORE, |c| {
@@ -353,7 +353,7 @@ mod tests {
     fn ask() -> NewApproval {
         NewApproval {
             sandbox: "s".into(),
-            backend: "local".into(),
+            backend: BackendKind::Local,
             command: "git push -f".into(),
             part: "git push -f".into(),
             argv: vec!["git".into(), "push".into(), "-f".into()],
@@ -393,11 +393,13 @@ mod tests {
             .to_string();
         assert!(missing.contains("not found"), "{missing}");
         // An approved, unused approval stands for the same command once.
-        let r = a.reusable_approval("s", "local", "git push -f").unwrap();
+        let r = a
+            .reusable_approval("s", BackendKind::Local, "git push -f")
+            .unwrap();
         assert_eq!(r.map(|r| r.id), Some(p.id));
         a.mark_approval_used(p.id).unwrap();
         assert!(
-            a.reusable_approval("s", "local", "git push -f")
+            a.reusable_approval("s", BackendKind::Local, "git push -f")
                 .unwrap()
                 .is_none()
         );

@@ -115,9 +115,13 @@ pub fn normalize_path(base: &str, path: &str) -> String {
 
 /// The backends berth knows, by name: what `--backend` takes and what the
 /// store records. A build may leave some out (`berth_backends::available`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum BackendKind {
-    /// The kernel-restricted local shell.
+    /// The kernel-restricted local shell: the default backend.
+    #[default]
     Local,
     /// A remote host over SSH.
     Ssh,
@@ -153,6 +157,41 @@ impl BackendKind {
     /// The kind called `name`, if berth knows one.
     pub fn parse(name: &str) -> Option<BackendKind> {
         Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+/// A stored backend name this berth does not know: a newer berth, with a
+/// backend this one lacks, wrote the row into the same state directory.
+#[derive(Debug)]
+pub struct UnknownBackend(pub String);
+
+impl std::fmt::Display for UnknownBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the state names backend '{}', which this berth ({}) does not know \
+             (it knows {}); a newer berth wrote it: run that one",
+            self.0,
+            env!("CARGO_PKG_VERSION"),
+            BackendKind::ALL.map(|k| k.as_str()).join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownBackend {}
+
+impl rusqlite::ToSql for BackendKind {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(self.as_str().into())
+    }
+}
+
+impl rusqlite::types::FromSql for BackendKind {
+    fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        let name = v.as_str()?;
+        BackendKind::parse(name).ok_or_else(|| {
+            rusqlite::types::FromSqlError::Other(Box::new(UnknownBackend(name.to_string())))
+        })
     }
 }
 

@@ -61,6 +61,10 @@ pub enum EventKind {
     CopyFinished,
     /// `berth cp` failed part way or before it began (the detail says why).
     CopyFailed,
+    /// A kind this berth does not know, as a newer berth wrote it into the
+    /// same state directory. Its text is kept, so `berth events` shows and
+    /// filters it like any other; see [`EventKind::read`].
+    Other(&'static str),
 }
 
 impl EventKind {
@@ -100,6 +104,7 @@ impl EventKind {
             EventKind::CopyStarted => "copy.started",
             EventKind::CopyFinished => "copy.finished",
             EventKind::CopyFailed => "copy.failed",
+            EventKind::Other(text) => text,
         }
     }
 
@@ -146,6 +151,29 @@ impl EventKind {
         Self::ALL.into_iter().find(|k| k.as_str() == s)
     }
 
+    /// The kind a stored text names, known or not: a text this berth does
+    /// not know becomes [`EventKind::Other`], so a row a newer berth wrote
+    /// still reads. Unknown texts are interned (leaked once each), which
+    /// keeps the kind `Copy` and its text `'static`; they come only from the
+    /// user's own state directory, and past [`MAX_OTHER`] distinct ones the
+    /// rest read as `other`.
+    pub fn read(s: &str) -> EventKind {
+        if let Some(k) = Self::parse(s) {
+            return k;
+        }
+        static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = seen.iter().find(|t| **t == s) {
+            return EventKind::Other(t);
+        }
+        if seen.len() >= MAX_OTHER {
+            return EventKind::Other("other");
+        }
+        let t: &'static str = Box::leak(s.to_owned().into_boxed_str());
+        seen.push(t);
+        EventKind::Other(t)
+    }
+
     /// The event is about a background job.
     pub fn is_job(self) -> bool {
         matches!(
@@ -156,6 +184,42 @@ impl EventKind {
                 | EventKind::JobWatch
                 | EventKind::JobWatchDropped
         )
+    }
+}
+
+/// Distinct unknown kind texts [`EventKind::read`] keeps.
+pub const MAX_OTHER: usize = 1024;
+
+impl Default for EventKind {
+    /// Only so an [`crate::store::Event`] can be built with `..Default::default()`;
+    /// every producer names its kind.
+    fn default() -> Self {
+        EventKind::Other("")
+    }
+}
+
+impl serde::Serialize for EventKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EventKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(EventKind::read(&text))
+    }
+}
+
+impl rusqlite::ToSql for EventKind {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(self.as_str().into())
+    }
+}
+
+impl rusqlite::types::FromSql for EventKind {
+    fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        v.as_str().map(EventKind::read)
     }
 }
 
@@ -187,5 +251,19 @@ mod tests {
         assert_eq!(EventKind::parse("job.teleported"), None);
         assert!(EventKind::Job(JobState::Lost).is_job());
         assert!(!EventKind::ExecStarted.is_job());
+    }
+
+    #[test]
+    fn a_kind_a_newer_berth_wrote_reads_back_as_its_text() -> serde_json::Result<()> {
+        let k = EventKind::read("job.teleported");
+        assert_eq!(k, EventKind::Other("job.teleported"));
+        assert_eq!(k.as_str(), "job.teleported");
+        assert!(!k.is_job());
+        assert_eq!(EventKind::read("exec.started"), EventKind::ExecStarted);
+        let json = serde_json::to_string(&k)?;
+        assert_eq!(json, "\"job.teleported\"");
+        let back: EventKind = serde_json::from_str(&json)?;
+        assert_eq!(back, k);
+        Ok(())
     }
 }

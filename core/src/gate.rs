@@ -15,7 +15,7 @@ use berth_policies::{Action, FileOp, Limits, Policy, Redactor, Verdict};
 use serde_json::json;
 
 use crate::approvals::{self, Approval, ApprovalState, NewApproval};
-use crate::backend::Layout;
+use crate::backend::{BackendKind, Layout};
 use crate::error::{Error, Result};
 use crate::events::EventKind;
 use crate::session::capture::{FilterFactory, OutputFilter};
@@ -76,15 +76,19 @@ impl Gate {
     }
 
     /// The verdict for running `command` on `backend`.
-    pub fn check(&self, command: &str, backend: &str) -> Verdict {
-        reading(command, || self.policy.rules.check(command, backend))
+    pub fn check(&self, command: &str, backend: BackendKind) -> Verdict {
+        reading(command, || {
+            self.policy.rules.check(command, backend.as_str())
+        })
     }
 
     /// The verdict for running `command` on `backend` in a session that
     /// defined `defined`: its aliases and functions are resolved first.
-    pub fn check_in(&self, command: &str, backend: &str, defined: &Defined) -> Verdict {
+    pub fn check_in(&self, command: &str, backend: BackendKind, defined: &Defined) -> Verdict {
         reading(command, || {
-            self.policy.rules.check_in(command, backend, defined)
+            self.policy
+                .rules
+                .check_in(command, backend.as_str(), defined)
         })
     }
 
@@ -219,7 +223,7 @@ impl Gate {
         &self,
         store: &Store,
         call_id: &str,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         command: &str,
         notice: Option<&ApprovalNotice>,
@@ -238,7 +242,7 @@ impl Gate {
         verdict: Verdict,
         store: &Store,
         call_id: &str,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         command: &str,
         notice: Option<&ApprovalNotice>,
@@ -254,7 +258,7 @@ impl Gate {
         &self,
         store: &Store,
         call_id: &str,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         judged: Judged<'_>,
         notice: Option<&ApprovalNotice>,
@@ -269,9 +273,9 @@ impl Gate {
             verdict.part = short_part(command);
         }
         let event = |kind: EventKind, detail: serde_json::Value| Event {
-            kind: kind.into(),
+            kind,
             call_id: Some(call_id.into()),
-            backend: Some(backend.into()),
+            backend: Some(backend),
             sandbox: Some(sandbox.into()),
             command: Some(self.redact(command).into_owned()),
             verdict: Some(format!("{} (rule {})", verdict.action, verdict.rule)),
@@ -310,7 +314,7 @@ impl Gate {
                     None => {
                         let a = store.create_approval(&NewApproval {
                             sandbox: sandbox.into(),
-                            backend: backend.into(),
+                            backend,
                             command: command.into(),
                             part: verdict.part.clone(),
                             argv: verdict.argv.clone(),

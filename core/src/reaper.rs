@@ -4,6 +4,8 @@
 
 use serde::Serialize;
 
+use crate::backend::BackendKind;
+
 use crate::error::Result;
 use crate::events::EventKind;
 use crate::runtime::Runtime;
@@ -13,7 +15,7 @@ use crate::store::{Event, now_ms};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Idle {
     /// Backend short name.
-    pub backend: String,
+    pub backend: BackendKind,
     /// Sandbox name.
     pub name: String,
     /// How long it has been unused, in seconds.
@@ -44,7 +46,7 @@ pub async fn reap_idle(rt: &Runtime, dry_run: bool) -> Result<Vec<Idle>> {
             continue;
         }
         let mut idle = Idle {
-            backend: row.backend.clone(),
+            backend: row.backend,
             name: row.name.clone(),
             idle_secs: idle_ms / 1000,
             lifetime_secs: lifetime.as_secs(),
@@ -52,12 +54,12 @@ pub async fn reap_idle(rt: &Runtime, dry_run: bool) -> Result<Vec<Idle>> {
             error: None,
         };
         if !dry_run {
-            match rt.remove_sandbox(&row.backend, &row.name, true).await {
+            match rt.remove_sandbox(row.backend, &row.name, true).await {
                 Ok(()) => {
                     idle.removed = true;
                     rt.store().append(&Event {
-                        kind: EventKind::SandboxReaped.into(),
-                        backend: Some(row.backend.clone()),
+                        kind: EventKind::SandboxReaped,
+                        backend: Some(row.backend),
                         sandbox: Some(row.name.clone()),
                         detail: Some(
                             serde_json::json!({ "idle_secs": idle.idle_secs, "lifetime_secs": idle.lifetime_secs })

@@ -29,7 +29,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::backend::{Backend, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec};
+use crate::backend::{Backend, BackendKind, RemoveOpts, Sandbox, SandboxInfo, SandboxSpec};
 use crate::error::{Error, Result};
 use crate::events::EventKind;
 use crate::gate::{ApprovalNotice, Gate};
@@ -50,7 +50,7 @@ pub const DEFAULT_SPOOL_DIR_CAP: u64 = 1024 * 1024 * 1024;
 #[async_trait]
 pub trait BackendSource: Send + Sync {
     /// Open the backend called `kind`.
-    async fn open(&self, kind: &str) -> Result<Arc<dyn Backend>>;
+    async fn open(&self, kind: BackendKind) -> Result<Arc<dyn Backend>>;
 }
 
 /// Runtime settings.
@@ -84,8 +84,8 @@ impl RuntimeConfig {
 /// One command to run.
 #[derive(Clone, Default)]
 pub struct ExecRequest {
-    /// Backend short name.
-    pub backend: String,
+    /// Its backend.
+    pub backend: BackendKind,
     /// Sandbox name.
     pub sandbox: String,
     /// The command text, run by bash.
@@ -150,7 +150,7 @@ pub struct ExecReport {
 }
 
 /// Backend, sandbox, session name.
-type SessionKey = (String, String, String);
+type SessionKey = (BackendKind, String, String);
 
 /// A sandbox's warm shell for checkpoint helpers.
 type HelperShell = Arc<Mutex<Session>>;
@@ -174,7 +174,7 @@ pub struct Runtime {
     store: Arc<Store>,
     source: Arc<dyn BackendSource>,
     cfg: RuntimeConfig,
-    backends: Mutex<HashMap<String, Arc<dyn Backend>>>,
+    backends: Mutex<HashMap<BackendKind, Arc<dyn Backend>>>,
     sessions: Mutex<HashMap<SessionKey, SessionSlot>>,
     /// The commands running now, by call id: where, what, and the token that
     /// interrupts them (a forced restore stops them first).
@@ -215,7 +215,7 @@ impl Runtime {
     pub async fn admit(
         &self,
         call_id: &str,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         command: &str,
     ) -> Result<()> {
@@ -239,7 +239,7 @@ impl Runtime {
     pub async fn admit_verdict(
         &self,
         call_id: &str,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         subject: &str,
         verdict: berth_policies::Verdict,
@@ -301,13 +301,13 @@ impl Runtime {
     }
 
     /// The backend called `kind`, opened once per runtime.
-    pub async fn backend(&self, kind: &str) -> Result<Arc<dyn Backend>> {
+    pub async fn backend(&self, kind: BackendKind) -> Result<Arc<dyn Backend>> {
         let mut map = self.backends.lock().await;
-        if let Some(b) = map.get(kind) {
+        if let Some(b) = map.get(&kind) {
             return Ok(b.clone());
         }
         let b = self.source.open(kind).await?;
-        map.insert(kind.to_string(), b.clone());
+        map.insert(kind, b.clone());
         Ok(b)
     }
 
@@ -315,7 +315,7 @@ impl Runtime {
     /// Returns the session and, when the sandbox had to be recreated, why.
     pub async fn session(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
     ) -> Result<(Arc<Mutex<Session>>, Option<String>)> {
         self.named_session(backend, sandbox, MAIN_SESSION).await
@@ -325,7 +325,7 @@ impl Runtime {
     /// environment and snapshots, beside the others in the same sandbox.
     pub async fn named_session(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         name: &str,
     ) -> Result<(Arc<Mutex<Session>>, Option<String>)> {
@@ -344,9 +344,8 @@ impl Runtime {
                     EventKind::SandboxCreated
                 } else {
                     EventKind::SandboxRecreated
-                }
-                .into(),
-                backend: Some(backend.into()),
+                },
+                backend: Some(backend),
                 sandbox: Some(sandbox.into()),
                 detail: p
                     .recreated
@@ -372,17 +371,13 @@ impl Runtime {
     }
 
     /// The slot of a sandbox's session, made on first use.
-    async fn slot(&self, backend: &str, sandbox: &str, session: &str) -> SessionSlot {
-        let key = (
-            backend.to_string(),
-            sandbox.to_string(),
-            session.to_string(),
-        );
+    async fn slot(&self, backend: BackendKind, sandbox: &str, session: &str) -> SessionSlot {
+        let key = (backend, sandbox.to_string(), session.to_string());
         self.sessions.lock().await.entry(key).or_default().clone()
     }
 
     /// The slots of every session of a sandbox known to this runtime, main first.
-    async fn slots(&self, backend: &str, sandbox: &str) -> Vec<SessionSlot> {
+    async fn slots(&self, backend: BackendKind, sandbox: &str) -> Vec<SessionSlot> {
         let map = self.sessions.lock().await;
         let mut found: Vec<(&SessionKey, &SessionSlot)> = map
             .iter()
@@ -400,7 +395,7 @@ impl Runtime {
 
     /// True when a command is running (or a shell is being opened) in the
     /// sandbox's session, so a new command would wait for it.
-    pub async fn is_busy(&self, backend: &str, sandbox: &str, session: &str) -> bool {
+    pub async fn is_busy(&self, backend: BackendKind, sandbox: &str, session: &str) -> bool {
         let slot = self.slot(backend, sandbox, session).await;
         if slot.try_lock().is_err() {
             return true;
@@ -420,7 +415,7 @@ impl Runtime {
 
     /// A live handle on a sandbox, without opening a session: the running
     /// session's sandbox if there is one, else a provision of the stored spec.
-    pub async fn attach(&self, backend: &str, sandbox: &str) -> Result<Arc<dyn Sandbox>> {
+    pub async fn attach(&self, backend: BackendKind, sandbox: &str) -> Result<Arc<dyn Sandbox>> {
         // Not behind a running command: a busy session's sandbox is provisioned
         // again (idempotent, a re-attach), so file reads and job queries answer
         // while a command runs.
@@ -443,7 +438,11 @@ impl Runtime {
     /// its own command line (the CLI's `--host`): as for `exec`, settings
     /// that differ from the sandbox's are an error that names them, not
     /// passed over, and only `default` is made on first use.
-    pub async fn attach_as_called(&self, backend: &str, sandbox: &str) -> Result<Arc<dyn Sandbox>> {
+    pub async fn attach_as_called(
+        &self,
+        backend: BackendKind,
+        sandbox: &str,
+    ) -> Result<Arc<dyn Sandbox>> {
         let b = self.backend(backend).await?;
         self.sandbox_row(b.as_ref(), backend, sandbox, false)?;
         self.attach(backend, sandbox).await
@@ -465,7 +464,7 @@ impl Runtime {
 
     /// Forget a sandbox's sessions (after it died), so the next call in any
     /// of them re-provisions it.
-    pub async fn forget_session(&self, backend: &str, sandbox: &str) {
+    pub async fn forget_session(&self, backend: BackendKind, sandbox: &str) {
         for slot in self.slots(backend, sandbox).await {
             slot.lock().await.take();
         }
@@ -497,7 +496,7 @@ impl Runtime {
                 .admit(
                     &self.store,
                     &call_id,
-                    &req.backend,
+                    req.backend,
                     &req.sandbox,
                     &req.command,
                     req.on_approval.as_ref().or(self.approval_notice.as_ref()),
@@ -508,9 +507,9 @@ impl Runtime {
         }
         let command_text = self.redact(&req.command);
         self.store.append(&Event {
-            kind: EventKind::ExecStarted.into(),
+            kind: EventKind::ExecStarted,
             call_id: Some(call_id.clone()),
-            backend: Some(req.backend.clone()),
+            backend: Some(req.backend),
             sandbox: Some(req.sandbox.clone()),
             session: Some(req.session_name().into()),
             command: Some(command_text.clone()),
@@ -527,7 +526,7 @@ impl Runtime {
             &call_id,
             Some(Inflight {
                 key: (
-                    req.backend.clone(),
+                    req.backend,
                     req.sandbox.clone(),
                     req.session_name().to_string(),
                 ),
@@ -539,7 +538,7 @@ impl Runtime {
         self.inflight_set(&call_id, None);
         let finished = match &outcome {
             Ok(r) => Event {
-                kind: EventKind::ExecFinished.into(),
+                kind: EventKind::ExecFinished,
                 exit_code: Some(r.result.exit_code as i64),
                 duration_ms: Some(r.result.duration.as_millis() as i64),
                 bytes_out: Some(
@@ -560,7 +559,7 @@ impl Runtime {
                 ..Default::default()
             },
             Err(e) => Event {
-                kind: EventKind::ExecFailed.into(),
+                kind: EventKind::ExecFailed,
                 detail: Some(serde_json::json!({ "error": e.full_text() }).to_string()),
                 ..Default::default()
             },
@@ -571,14 +570,14 @@ impl Runtime {
         };
         let finished = Event {
             call_id: Some(call_id.clone()),
-            backend: Some(req.backend.clone()),
+            backend: Some(req.backend),
             sandbox: Some(req.sandbox.clone()),
             session: Some(req.session_name().into()),
             command: Some(command_text),
             ..finished
         };
         let used = outcome.as_ref().ok().map(|r| crate::store::SessionUse {
-            backend: &req.backend,
+            backend: req.backend,
             sandbox: &req.sandbox,
             session: req.session_name(),
             cwd: r.result.cwd.as_deref(),
@@ -667,14 +666,14 @@ impl Runtime {
             return Ok(());
         }
         let defined = session.definitions().await;
-        let mut verdict = gate.check_in(&req.command, &req.backend, &defined);
+        let mut verdict = gate.check_in(&req.command, req.backend, &defined);
         if let Some(v) = loaded
             && v.action > verdict.action
         {
             verdict = v;
         }
         for f in implicit {
-            let called = gate.check_in(f, &req.backend, &defined);
+            let called = gate.check_in(f, req.backend, &defined);
             if called.action > verdict.action {
                 verdict = called;
             }
@@ -689,7 +688,7 @@ impl Runtime {
         gate.admit_judged(
             &self.store,
             call_id,
-            &req.backend,
+            req.backend,
             &req.sandbox,
             judged,
             req.on_approval.as_ref().or(self.approval_notice.as_ref()),
@@ -705,7 +704,7 @@ impl Runtime {
         admitted_as: Option<berth_policies::Action>,
     ) -> Result<ExecReport> {
         let (mut session, mut recreated) = self
-            .named_session(&req.backend, &req.sandbox, req.session_name())
+            .named_session(req.backend, &req.sandbox, req.session_name())
             .await?;
         // A shell that ended while idle because its sandbox stopped (a
         // `docker kill`, a host reboot): the command has not been sent, so
@@ -713,9 +712,9 @@ impl Runtime {
         // says so) instead of failing the call.
         if self.sandbox_stopped_under(&session).await {
             info!(call = %call_id, sandbox = %req.sandbox, "the sandbox stopped while idle; provisioning it again");
-            self.forget_session(&req.backend, &req.sandbox).await;
+            self.forget_session(req.backend, &req.sandbox).await;
             (session, recreated) = self
-                .named_session(&req.backend, &req.sandbox, req.session_name())
+                .named_session(req.backend, &req.sandbox, req.session_name())
                 .await?;
         }
         let mut session = session.lock().await;
@@ -753,7 +752,7 @@ impl Runtime {
                 if e.is_sandbox_gone() {
                     info!(call = %call_id, sandbox = %req.sandbox, "sandbox died; the next call re-provisions it");
                     drop(session);
-                    self.forget_session(&req.backend, &req.sandbox).await;
+                    self.forget_session(req.backend, &req.sandbox).await;
                 }
                 return Err(e);
             }
@@ -762,10 +761,10 @@ impl Runtime {
             result.notices.push(n);
         }
         if result.exit_code != 0
-            && let Ok(Some(row)) = self.store.sandbox(&req.backend, &req.sandbox)
+            && let Ok(Some(row)) = self.store.sandbox(req.backend, &req.sandbox)
             && let Some(h) = std::iter::once(&result.output)
                 .chain(result.stderr.as_ref())
-                .find_map(|o| hints::network_hint(&req.backend, &row.spec, result.exit_code, o))
+                .find_map(|o| hints::network_hint(req.backend, &row.spec, result.exit_code, o))
         {
             result.notices.push(h);
         }

@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
+use berth_core::backend::BackendKind;
 use berth_core::runtime::Runtime;
 use berth_tools::{Dispatch, OutcomeKind, Progress, ProgressSink, Registry, ToolContext};
 use rmcp::model::{
@@ -39,7 +40,7 @@ use serde_json::Value;
 #[derive(Debug)]
 pub struct Options {
     /// Backend the tools run on.
-    pub backend: String,
+    pub backend: BackendKind,
     /// Sandbox the tools run in (created on first use if it is `default`).
     pub sandbox: String,
     /// The sandbox's session `terminal` runs in (a call may name another).
@@ -62,7 +63,7 @@ pub(crate) struct Shared {
     /// The server watches jobs itself (`--server`): only read the event log.
     served: bool,
     tools: Vec<Tool>,
-    backend: String,
+    backend: BackendKind,
     sandbox: String,
     session: String,
     notifier: notify::Notifier,
@@ -119,7 +120,7 @@ pub async fn run(dir: PathBuf, rt: Arc<Runtime>, a: Options) -> Result<u8> {
         dispatch,
         served: a.server,
         tools,
-        backend: a.backend.clone(),
+        backend: a.backend,
         sandbox: a.sandbox.clone(),
         session: a.session.clone(),
         notifier: notify::Notifier::default(),
@@ -171,7 +172,7 @@ impl ServerHandler for BerthServer {
     ) -> Result<CallToolResponse, McpError> {
         let s = &self.shared;
         let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-        let mut ctx = ToolContext::new(s.rt.clone(), &s.backend, &s.sandbox)
+        let mut ctx = ToolContext::new(s.rt.clone(), s.backend, &s.sandbox)
             .with_session(&s.session)
             .with_cancel(context.ct.clone());
         if let Some(token) = context.meta.get_progress_token() {

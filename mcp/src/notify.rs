@@ -10,6 +10,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_core::backend::BackendKind;
 use berth_core::events::EventKind;
 use berth_core::jobs::JobState;
 #[allow(deprecated)]
@@ -76,9 +77,8 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
         } else {
             bell.wait(Duration::from_secs(60)).await;
         }
-        let own = |b: &Option<String>, s: &Option<String>| {
-            b.as_deref() == Some(shared.backend.as_str())
-                && s.as_deref() == Some(shared.sandbox.as_str())
+        let own = |b: &Option<BackendKind>, s: &Option<String>| {
+            *b == Some(shared.backend) && s.as_deref() == Some(shared.sandbox.as_str())
         };
         let running: Vec<String> = store
             .jobs()
@@ -105,14 +105,12 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
         };
         for e in events {
             last = last.max(e.id);
-            let kind = EventKind::parse(&e.kind);
+            let kind = e.kind;
             let wanted = matches!(
                 kind,
-                Some(
-                    EventKind::Job(
-                        JobState::Exited | JobState::Killed | JobState::Lost | JobState::Failed
-                    ) | EventKind::JobWatch
-                )
+                EventKind::Job(
+                    JobState::Exited | JobState::Killed | JobState::Lost | JobState::Failed
+                ) | EventKind::JobWatch
             );
             if !wanted || !own(&e.backend, &e.sandbox) {
                 continue;
@@ -123,7 +121,7 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
                 .and_then(|d| serde_json::from_str(d).ok())
                 .unwrap_or(Value::Null);
             let job = e.call_id.clone().unwrap_or_default();
-            let (level, message) = if kind == Some(EventKind::JobWatch) {
+            let (level, message) = if kind == EventKind::JobWatch {
                 (
                     LoggingLevel::Notice,
                     format!(
@@ -133,9 +131,9 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
                     ),
                 )
             } else {
-                let state = e.kind.trim_start_matches("job.");
+                let state = e.kind.as_str().trim_start_matches("job.");
                 (
-                    if kind == Some(EventKind::Job(JobState::Exited)) && e.exit_code == Some(0) {
+                    if kind == EventKind::Job(JobState::Exited) && e.exit_code == Some(0) {
                         LoggingLevel::Info
                     } else {
                         LoggingLevel::Warning

@@ -54,6 +54,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use berth_core::backend::BackendKind;
 use berth_core::runtime::{ExecRequest, Runtime, new_call_id};
 use futures::Stream;
 use tokio::net::{UnixListener, UnixStream};
@@ -334,6 +335,19 @@ impl LiveTee {
     }
 }
 
+/// The backend a call of the socket protocol names (empty: the default).
+fn backend_named(name: &str) -> Result<BackendKind, Status> {
+    if name.is_empty() {
+        return Ok(BackendKind::default());
+    }
+    BackendKind::parse(name).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "unknown backend `{name}`; berth has: {}",
+            BackendKind::ALL.map(|k| k.as_str()).join(", ")
+        ))
+    })
+}
+
 fn event(e: exec_event::Event) -> ExecEvent {
     ExecEvent { event: Some(e) }
 }
@@ -392,6 +406,7 @@ impl Berth for Conn {
         let (call_id, cancel) = (serving.id.clone(), serving.cancel.clone());
         let (tx, rx) = crate::live::live::<ExecEvent>(LIVE_CAP);
         tx.send(event(exec_event::Event::Started(call_id.clone())), 0);
+        let backend = backend_named(&call.backend)?;
         let (span_call, span_sandbox) = (call_id.clone(), call.sandbox.clone());
         let span_session = if call.session.is_empty() {
             berth_core::runtime::MAIN_SESSION
@@ -407,7 +422,7 @@ impl Berth for Conn {
             };
             if shared
                 .rt
-                .is_busy(&call.backend, &call.sandbox, &session)
+                .is_busy(backend, &call.sandbox, &session)
                 .await
             {
                 tx.send(
@@ -426,7 +441,7 @@ impl Berth for Conn {
             let err_out = tee.clone();
             let notices = tx.clone();
             let req = ExecRequest {
-                backend: call.backend.clone(),
+                backend,
                 sandbox: call.sandbox.clone(),
                 session: Some(session),
                 command: call.command,
@@ -453,7 +468,7 @@ impl Berth for Conn {
             let last = match outcome {
                 Ok(r) => exec_event::Event::Report(crate::exec_report::to_proto(
                     &r,
-                    &call.backend,
+                    backend,
                     &call.sandbox,
                     applied,
                 )),
@@ -491,10 +506,11 @@ impl Berth for Conn {
             tool_event(tool_event::Event::Started(serving.id.clone())),
             0,
         );
+        let backend = backend_named(&call.backend)?;
         let (span_call, span_sandbox, span_tool) =
             (serving.id.clone(), call.sandbox.clone(), call.name.clone());
         tokio::spawn(async move {
-            let mut ctx = ToolContext::new(shared.rt.clone(), &call.backend, &call.sandbox)
+            let mut ctx = ToolContext::new(shared.rt.clone(), backend, &call.sandbox)
                 .with_cancel(cancel)
                 .with_approval(if call.defer_approvals {
                     ApprovalMode::Defer
@@ -543,7 +559,10 @@ impl Berth for Conn {
     async fn forget(&self, req: Request<ForgetRequest>) -> Result<Response<ForgetReply>, Status> {
         self.check_peer()?;
         let r = req.into_inner();
-        self.shared.rt.forget_session(&r.backend, &r.sandbox).await;
+        self.shared
+            .rt
+            .forget_session(backend_named(&r.backend)?, &r.sandbox)
+            .await;
         Ok(Response::new(ForgetReply {}))
     }
 

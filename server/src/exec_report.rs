@@ -28,7 +28,12 @@ pub fn effective_timeout(
 
 /// A finished command as the report message (`berth_client::report::json`
 /// prints it for `--json`, `print_notices` for people).
-pub fn to_proto(r: &ExecReport, backend: &str, sandbox: &str, timeout: Duration) -> Report {
+pub fn to_proto(
+    r: &ExecReport,
+    backend: berth_core::backend::BackendKind,
+    sandbox: &str,
+    timeout: Duration,
+) -> Report {
     let res = &r.result;
     Report {
         exit_code: res.exit_code,
@@ -47,7 +52,7 @@ pub fn to_proto(r: &ExecReport, backend: &str, sandbox: &str, timeout: Duration)
         call_id: r.call_id.clone(),
         spool: res.output.spool.as_ref().map(|p| p.display().to_string()),
         spool_omitted_bytes: res.output.spool_omitted,
-        backend: backend.into(),
+        backend: backend.as_str().into(),
         sandbox: sandbox.into(),
         stderr: res.stderr.as_ref().map(|e| e.text()),
         stderr_truncated: res.stderr.as_ref().is_some_and(|e| e.truncated()),

@@ -62,7 +62,7 @@ impl Dispatch for ServerTools {
         };
         let pid = server.hello.pid;
         let call = ToolCall {
-            backend: ctx.backend.clone(),
+            backend: ctx.backend.as_str().to_string(),
             sandbox: ctx.sandbox.clone(),
             session: ctx.session.clone(),
             name: name.to_string(),

@@ -52,8 +52,8 @@ pub fn answer(
         rule_added = Some((name, path));
     }
     store.append(&Event {
-        kind: berth_core::events::EventKind::ApprovalAnswered.into(),
-        backend: Some(ap.backend.clone()),
+        kind: berth_core::events::EventKind::ApprovalAnswered,
+        backend: Some(ap.backend),
         sandbox: Some(ap.sandbox.clone()),
         command: Some(gate.redact(&ap.command).into_owned()),
         verdict: Some(ap.state.to_string()),

@@ -196,7 +196,7 @@ impl Sandboxes for Api {
             .await
             .map_err(status)?;
         Ok(Response::new(proto::Sandbox {
-            sandbox: Some(convert::sandbox_ref(backend.as_str(), &name)),
+            sandbox: Some(convert::sandbox_ref(backend, &name)),
             workdir: made.workdir,
             created: made.created,
             recreated: made.recreated,
@@ -229,7 +229,7 @@ impl Sandboxes for Api {
             failed: failed
                 .into_iter()
                 .map(|(b, error)| proto::BackendFailure {
-                    backend: convert::sandbox_ref(&b, "").backend,
+                    backend: convert::backend_out(b) as i32,
                     error,
                 })
                 .collect(),

@@ -39,18 +39,10 @@ pub fn backend_out(b: BackendKind) -> proto::Backend {
     }
 }
 
-/// A backend's name (as rows keep it) as the proto enum.
-fn backend_named(name: &str) -> proto::Backend {
-    BackendKind::ALL
-        .into_iter()
-        .find(|k| k.as_str() == name)
-        .map_or(proto::Backend::Unspecified, backend_out)
-}
-
-/// A reference to sandbox `name` of `backend` (as rows keep it).
-pub fn sandbox_ref(backend: &str, name: &str) -> proto::SandboxRef {
+/// A reference to sandbox `name` of `backend`.
+pub fn sandbox_ref(backend: BackendKind, name: &str) -> proto::SandboxRef {
     proto::SandboxRef {
-        backend: backend_named(backend) as i32,
+        backend: backend_out(backend) as i32,
         name: name.to_string(),
     }
 }
@@ -103,7 +95,7 @@ pub fn job_state(s: JobState) -> proto::JobState {
 
 pub fn job(j: Job) -> proto::Job {
     proto::Job {
-        sandbox: Some(sandbox_ref(&j.backend, &j.sandbox)),
+        sandbox: Some(sandbox_ref(j.backend, &j.sandbox)),
         state: job_state(j.state) as i32,
         id: j.id,
         name: j.name,
@@ -253,7 +245,7 @@ pub fn screen_row(s: proto::TerminalScreen) -> berth_core::jobs::pty::Screen {
 
 pub fn checkpoint(c: CheckpointRow) -> proto::CheckpointInfo {
     proto::CheckpointInfo {
-        sandbox: Some(sandbox_ref(&c.backend, &c.sandbox)),
+        sandbox: Some(sandbox_ref(c.backend, &c.sandbox)),
         id: c.id,
         created_ms: c.created_ms,
         label: c.label,
@@ -291,18 +283,19 @@ pub fn checkpoint_row(c: proto::CheckpointInfo) -> CheckpointRow {
     }
 }
 
-/// A reference's backend (as rows name it) and sandbox name.
-pub fn place(r: Option<proto::SandboxRef>) -> (String, String) {
+/// A reference's backend and sandbox name, for a row a front end prints.
+/// A backend this build does not know (a newer server sent it) reads as
+/// the default one: the reply is for printing, not acting on.
+pub fn place(r: Option<proto::SandboxRef>) -> (BackendKind, String) {
     r.map_or_else(Default::default, |r| {
-        let b = backend(r.backend).map_or_else(|_| "?".to_string(), |b| b.as_str().to_string());
-        (b, r.name)
+        (backend(r.backend).unwrap_or_default(), r.name)
     })
 }
 
 /// A listed sandbox as the API carries it.
 pub fn sandbox_status(s: berth_core::runtime::SandboxStatus) -> proto::Sandbox {
     proto::Sandbox {
-        sandbox: Some(sandbox_ref(&s.backend, &s.name)),
+        sandbox: Some(sandbox_ref(s.backend, &s.name)),
         workdir: String::new(),
         created: false,
         recreated: None,
@@ -348,7 +341,7 @@ pub fn inspection(
     i: crate::service::Inspection,
 ) -> proto::SandboxDetail {
     proto::SandboxDetail {
-        sandbox: Some(sandbox_ref(backend.as_str(), name)),
+        sandbox: Some(sandbox_ref(backend, name)),
         record: i.record.as_ref().map(settings),
         state: i.state,
         id: i.id,
@@ -387,7 +380,7 @@ fn container(f: berth_backends::docker::inspect::ContainerFacts) -> proto::Conta
 
 pub fn idle(i: berth_core::reaper::Idle) -> proto::IdleSandbox {
     proto::IdleSandbox {
-        sandbox: Some(sandbox_ref(&i.backend, &i.name)),
+        sandbox: Some(sandbox_ref(i.backend, &i.name)),
         idle_secs: i.idle_secs,
         lifetime_secs: i.lifetime_secs,
         removed: i.removed,
@@ -439,7 +432,7 @@ pub fn approval(
         decided_unix: a.decided_unix,
         decided_by: a.decided_by.clone(),
         rule_file,
-        sandbox: Some(sandbox_ref(&a.backend, &a.sandbox)),
+        sandbox: Some(sandbox_ref(a.backend, &a.sandbox)),
         id: a.id,
         command: redact(&a.command),
         part: redact(&a.part),
@@ -493,12 +486,9 @@ pub fn event(e: berth_core::store::Event) -> proto::Event {
     proto::Event {
         id: e.id,
         ts_ms: e.ts_ms,
-        kind: e.kind,
+        kind: e.kind.as_str().to_string(),
         call_id: e.call_id,
-        backend: e
-            .backend
-            .as_deref()
-            .map_or(proto::Backend::Unspecified, backend_named) as i32,
+        backend: e.backend.map_or(proto::Backend::Unspecified, backend_out) as i32,
         sandbox: e.sandbox,
         session: e.session,
         command: e.command,
@@ -556,14 +546,12 @@ pub fn json(v: &prost_types::Value) -> serde_json::Value {
 pub fn event_row(e: proto::Event) -> berth_core::store::Event {
     let backend = match proto::Backend::try_from(e.backend) {
         Ok(proto::Backend::Unspecified) | Err(_) => None,
-        Ok(_) => {
-            Some(backend(e.backend).map_or_else(|_| String::new(), |b| b.as_str().to_string()))
-        }
+        Ok(_) => backend(e.backend).ok(),
     };
     berth_core::store::Event {
         id: e.id,
         ts_ms: e.ts_ms,
-        kind: e.kind,
+        kind: berth_core::events::EventKind::read(&e.kind),
         call_id: e.call_id,
         backend,
         sandbox: e.sandbox,

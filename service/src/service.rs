@@ -25,7 +25,7 @@ const WATCH_SCAN: Duration = Duration::from_secs(1);
 
 /// Whether `e`'s kind starts with `kind` (no filter: every kind).
 fn kind_matches(e: &Event, kind: Option<&str>) -> bool {
-    kind.is_none_or(|k| e.kind.starts_with(k))
+    kind.is_none_or(|k| e.kind.as_str().starts_with(k))
 }
 
 /// A follower of kinds starting with `kind` may be sent job events
@@ -99,7 +99,7 @@ pub struct JobFilter {
 impl JobFilter {
     /// Whether `j` is kept.
     pub fn keeps(&self, j: &Job) -> bool {
-        self.backend.is_none_or(|b| b.as_str() == j.backend)
+        self.backend.is_none_or(|b| b == j.backend)
             && self.sandbox.as_ref().is_none_or(|s| *s == j.sandbox)
             && ((self.states.is_empty() && !self.ended)
                 || self.states.contains(&j.state)
@@ -142,7 +142,7 @@ impl Service {
                 "a sandbox needs a name, e.g. `agent`".into(),
             ));
         }
-        let (sb, created, recreated) = self.rt.create_sandbox(backend.as_str(), spec).await?;
+        let (sb, created, recreated) = self.rt.create_sandbox(backend, spec).await?;
         Ok(Made {
             workdir: sb.layout().workdir.clone(),
             created,
@@ -152,7 +152,7 @@ impl Service {
 
     /// One backend's sandboxes.
     pub async fn list_sandboxes(&self, backend: BackendKind) -> Result<Vec<SandboxStatus>> {
-        self.rt.list_sandboxes(backend.as_str()).await
+        self.rt.list_sandboxes(backend).await
     }
 
     /// Remove a sandbox; `keep_workspace` keeps its files.
@@ -162,15 +162,15 @@ impl Service {
         name: &str,
         keep_workspace: bool,
     ) -> Result<()> {
-        self.rt
-            .remove_sandbox(backend.as_str(), name, !keep_workspace)
-            .await
+        self.rt.remove_sandbox(backend, name, !keep_workspace).await
     }
 
     /// The sandboxes of every backend with sandboxes on record (and
     /// local), and the backends that could not be asked, with why.
-    pub async fn list_all_sandboxes(&self) -> Result<(Vec<SandboxStatus>, Vec<(String, String)>)> {
-        let mut backends = vec![BackendKind::Local.as_str().to_string()];
+    pub async fn list_all_sandboxes(
+        &self,
+    ) -> Result<(Vec<SandboxStatus>, Vec<(BackendKind, String)>)> {
+        let mut backends = vec![BackendKind::Local];
         for r in self.rt.store().sandboxes(None)? {
             if !backends.contains(&r.backend) {
                 backends.push(r.backend);
@@ -179,7 +179,7 @@ impl Service {
         let mut list = Vec::new();
         let mut failed = Vec::new();
         for b in backends {
-            match self.rt.list_sandboxes(&b).await {
+            match self.rt.list_sandboxes(b).await {
                 Ok(l) => list.extend(l),
                 Err(e) => failed.push((b, e.full_text())),
             }
@@ -195,11 +195,8 @@ impl Service {
         sandbox: &str,
         label: Option<&str>,
     ) -> Result<(CheckpointRow, Option<String>)> {
-        let row = self
-            .rt
-            .checkpoint(backend.as_str(), sandbox, label, None)
-            .await?;
-        let left_out = self.outside_workspace(backend.as_str(), sandbox).await;
+        let row = self.rt.checkpoint(backend, sandbox, label, None).await?;
+        let left_out = self.outside_workspace(backend, sandbox).await;
         Ok((row, left_out))
     }
 
@@ -213,11 +210,8 @@ impl Service {
         dst: &str,
         at: Option<&str>,
     ) -> Result<(CheckpointRow, Option<String>)> {
-        let row = self
-            .rt
-            .clone_sandbox(backend.as_str(), src, to.as_str(), dst, at)
-            .await?;
-        let left_out = self.outside_workspace(backend.as_str(), src).await;
+        let row = self.rt.clone_sandbox(backend, src, to, dst, at).await?;
+        let left_out = self.outside_workspace(backend, src).await;
         Ok((row, left_out))
     }
 
@@ -227,7 +221,7 @@ impl Service {
     /// carry the workspace only; this says so instead of dropping them
     /// without a word. `None` when there are none, or the sandbox could not
     /// be asked (then nothing is claimed).
-    async fn outside_workspace(&self, backend: &str, name: &str) -> Option<String> {
+    async fn outside_workspace(&self, backend: BackendKind, name: &str) -> Option<String> {
         const PROBE: &str = r#"W=$1 h=${HOME:-}
 [ -n "$h" ] || exit 0
 d=${h%/}/.local
@@ -257,17 +251,13 @@ exit 0"#;
 
     /// A sandbox as it stands, beside its record.
     pub async fn inspect(&self, backend: BackendKind, name: &str) -> Result<Inspection> {
-        let record = self
-            .rt
-            .store()
-            .sandbox(backend.as_str(), name)?
-            .map(|r| r.spec);
+        let record = self.rt.store().sandbox(backend, name)?.map(|r| r.spec);
         if backend == BackendKind::Docker {
             return self.inspect_docker(name, record).await;
         }
         let live = self
             .rt
-            .list_sandboxes(backend.as_str())
+            .list_sandboxes(backend)
             .await?
             .into_iter()
             .find(|s| s.name == name);
@@ -339,7 +329,7 @@ exit 0"#;
         older_than: Duration,
         workspaces: bool,
     ) -> Result<Collected> {
-        let b = backend.as_str();
+        let b = backend;
         let mut out = Collected::default();
         for row in self.rt.store().sandboxes(Some(b))? {
             if self.rt.checkpoints(b, &row.name)?.is_empty() {
@@ -382,7 +372,7 @@ exit 0"#;
         let known: std::collections::HashSet<String> = self
             .rt
             .store()
-            .sandboxes(Some("docker"))?
+            .sandboxes(Some(BackendKind::Docker))?
             .into_iter()
             .map(|r| r.name)
             .collect();
@@ -401,7 +391,7 @@ exit 0"#;
 
     /// A sandbox's checkpoints, oldest first.
     pub fn checkpoints(&self, backend: BackendKind, sandbox: &str) -> Result<Vec<CheckpointRow>> {
-        self.rt.checkpoints(backend.as_str(), sandbox)
+        self.rt.checkpoints(backend, sandbox)
     }
 
     /// Restore a sandbox to a checkpoint, by id or label (the newest of that
@@ -414,7 +404,7 @@ exit 0"#;
         force: bool,
     ) -> Result<RestoreReport> {
         // An id, else the newest checkpoint of the sandbox with that label.
-        let rows = self.rt.checkpoints(backend.as_str(), sandbox)?;
+        let rows = self.rt.checkpoints(backend, sandbox)?;
         let id = if rows.iter().any(|c| c.id == checkpoint) {
             checkpoint.to_string()
         } else {
@@ -424,7 +414,7 @@ exit 0"#;
                 .map_or_else(|| checkpoint.to_string(), |c| c.id.clone())
         };
         self.rt
-            .restore_checkpoint(backend.as_str(), sandbox, &id, force)
+            .restore_checkpoint(backend, sandbox, &id, force)
             .await
     }
 
@@ -443,7 +433,7 @@ exit 0"#;
                 "{path:?} is not a path: give one relative to the workspace or absolute, e.g. `notes.txt`"
             )));
         }
-        let sb = self.rt.attach(backend.as_str(), sandbox).await?;
+        let sb = self.rt.attach(backend, sandbox).await?;
         let layout = sb.layout().clone();
         let abs = berth_core::backend::normalize_path(&layout.workdir, path);
         let verb = match op {
@@ -460,7 +450,7 @@ exit 0"#;
         );
         if let Some(v) = verdict {
             self.rt
-                .admit_verdict(&new_call_id(), backend.as_str(), sandbox, &subject, v)
+                .admit_verdict(&new_call_id(), backend, sandbox, &subject, v)
                 .await?;
         }
         Ok((sb, abs))
@@ -534,7 +524,7 @@ exit 0"#;
             berth_core::runtime::check_session_name(s)?;
         }
         self.rt
-            .start_job_with(backend.as_str(), sandbox, command, opts)
+            .start_job_with(backend, sandbox, command, opts)
             .await
     }
 

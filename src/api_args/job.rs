@@ -1,5 +1,6 @@
 //! `berth job …`: the arguments of the job subcommands.
 
+use berth_core::backend::BackendKind;
 use clap::{Args, Subcommand, ValueEnum};
 
 use super::TermSize;
@@ -45,8 +46,8 @@ berth job start --pty --name py -- python3 -i\n  berth job send py '6*7' --keys 
 )]
 pub struct StartArgs {
     /// Backend to run on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Sandbox to run in.
     #[arg(long, short = 's', default_value = DEFAULT_SANDBOX)]
     pub sandbox: String,
@@ -99,8 +100,8 @@ pub struct ResizeArgs {
 #[derive(Args, Debug)]
 pub struct LsArgs {
     /// Only the jobs on this backend.
-    #[arg(long, short = 'b')]
-    pub backend: Option<String>,
+    #[arg(long, short = 'b', value_parser = crate::api_client::parse_backend)]
+    pub backend: Option<BackendKind>,
     /// Only the jobs in this sandbox.
     #[arg(long, short = 's')]
     pub sandbox: Option<String>,
@@ -125,8 +126,8 @@ pub struct LogsArgs {
     pub id: String,
     /// The job's backend, as given to `job start` (a job's id names it alone;
     /// a job on another backend is an error).
-    #[arg(long, short = 'b')]
-    pub backend: Option<String>,
+    #[arg(long, short = 'b', value_parser = crate::api_client::parse_backend)]
+    pub backend: Option<BackendKind>,
     /// Keep printing new output until the job ends.
     #[arg(long, short = 'f')]
     pub follow: bool,

@@ -1,5 +1,6 @@
 //! `berth sandbox …`: the arguments of the sandbox and checkpoint subcommands.
 
+use berth_core::backend::BackendKind;
 use clap::{Args, Subcommand};
 
 use berth_client::DEFAULT_BACKEND;
@@ -44,8 +45,8 @@ pub struct GcArgs {
     #[arg(long, default_value = "0", value_parser = parse_duration)]
     pub older_than: std::time::Duration,
     /// Backend to collect on.
-    #[arg(long, short = 'b', default_value = "docker")]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = "docker", value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Also remove orphaned workspace volumes (including ones kept with
     /// `sandbox rm --keep-workspace`); orphaned state volumes always go.
     #[arg(long)]
@@ -79,8 +80,8 @@ pub struct CreateArgs {
     /// The sandbox's name: letters, digits, '-', '_', '.'.
     pub name: String,
     /// Backend to create it on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Image or template (docker).
     #[arg(long)]
     pub image: Option<String>,
@@ -110,8 +111,8 @@ pub struct CreateArgs {
 #[derive(Args, Debug)]
 pub struct LsArgs {
     /// Backend to list.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// List every backend's sandboxes (local, and each backend berth has
     /// recorded sandboxes on; ssh on every host they are on).
     #[arg(long, short = 'a')]
@@ -126,8 +127,8 @@ pub struct InspectArgs {
     /// The sandbox's name.
     pub name: String,
     /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -138,8 +139,8 @@ pub struct RmArgs {
     /// The sandbox's name.
     pub name: String,
     /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// docker: keep the workspace volume (the container and berth's session
     /// state volume go regardless). A later sandbox of the same name mounts it.
     #[arg(long, conflicts_with = "volumes")]
@@ -175,8 +176,8 @@ pub struct CheckpointArgs {
     #[arg(long, short = 'l')]
     pub label: Option<String>,
     /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -187,8 +188,8 @@ pub struct CheckpointsArgs {
     /// The sandbox.
     pub name: String,
     /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -205,8 +206,8 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub force: bool,
     /// Backend it lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -222,12 +223,12 @@ pub struct CloneArgs {
     #[arg(long, value_name = "CHECKPOINT")]
     pub at: Option<String>,
     /// Backend SRC lives on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// Backend for the new sandbox; SRC's when not given. Files and session
     /// move; backend settings (an image, a host) do not.
-    #[arg(long, value_name = "BACKEND")]
-    pub to: Option<String>,
+    #[arg(long, value_name = "BACKEND", value_parser = crate::api_client::parse_backend)]
+    pub to: Option<BackendKind>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

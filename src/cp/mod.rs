@@ -24,6 +24,7 @@ mod pipe;
 mod progress;
 mod remote;
 
+use berth_core::backend::BackendKind;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -81,8 +82,8 @@ Examples:
   berth cp :results - | tar -t             # a tree out, as an archive on stdout")]
 pub struct CpArgs {
     /// Backend of the sandbox.
-    #[arg(long, short = 'b', default_value = context::DEFAULT_BACKEND)]
-    pub backend: String,
+    #[arg(long, short = 'b', default_value = context::DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
     /// The sandbox `:PATH` names [default: `default`].
     #[arg(long, short = 's')]
     pub sandbox: Option<String>,
@@ -115,7 +116,7 @@ struct Done {
 struct Call<'a> {
     rt: &'a Runtime,
     id: String,
-    backend: String,
+    backend: BackendKind,
     sandbox: String,
     command: String,
     started: Instant,
@@ -126,9 +127,9 @@ struct Call<'a> {
 impl Call<'_> {
     fn event(&self, kind: EventKind) -> Event {
         Event {
-            kind: kind.into(),
+            kind,
             call_id: Some(self.id.clone()),
-            backend: Some(self.backend.clone()),
+            backend: Some(self.backend),
             sandbox: Some(self.sandbox.clone()),
             command: Some(self.rt.redact(&self.command)),
             ..Default::default()
@@ -146,7 +147,7 @@ impl Call<'_> {
     async fn admit(&self, subject: &str, verdict: Verdict) -> Result<()> {
         let admission = self
             .rt
-            .admit_verdict(&self.id, &self.backend, &self.sandbox, subject, verdict)
+            .admit_verdict(&self.id, self.backend, &self.sandbox, subject, verdict)
             .await?;
         let mut e = self.event(EventKind::CopyStarted);
         e.verdict = Some(admission.summary());
@@ -193,7 +194,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: CpArgs) -> Result<u8> {
     let call = Call {
         rt: &rt,
         id: berth_core::runtime::new_call_id(),
-        backend: a.backend.clone(),
+        backend: a.backend,
         sandbox: sandbox.clone(),
         command: format!("cp {} {}", a.src, a.dest),
         started: Instant::now(),
@@ -243,7 +244,7 @@ fn finish(call: &Call<'_>, a: &CpArgs, done: Result<Done>, progress: &Progress) 
         }
     };
     let c = &done.counts;
-    let _ = call.rt.store().touch_sandbox(&call.backend, &call.sandbox);
+    let _ = call.rt.store().touch_sandbox(call.backend, &call.sandbox);
     let mut ev = call.event(EventKind::CopyFinished);
     ev.exit_code = Some(0);
     ev.duration_ms = Some(elapsed.as_millis() as i64);
@@ -423,7 +424,7 @@ async fn copy_in(
         _ => None,
     };
     let rt = call.rt;
-    let sb = rt.attach_as_called(&call.backend, &call.sandbox).await?;
+    let sb = rt.attach_as_called(call.backend, &call.sandbox).await?;
     let layout = sb.layout().clone();
     let dest = normalize_path(&layout.workdir, dest_text);
     let found = remote::probe_dest(sb.as_ref(), &dest).await?;
@@ -556,7 +557,7 @@ async fn copy_out(
         _ => None,
     };
     let rt = call.rt;
-    let sb = rt.attach_as_called(&call.backend, &call.sandbox).await?;
+    let sb = rt.attach_as_called(call.backend, &call.sandbox).await?;
     let layout = sb.layout().clone();
     let shape = Shape::of(src_text);
     let abs = normalize_path(&layout.workdir, src_text);

@@ -271,7 +271,7 @@ pub enum Ran {
 
 /// Where a terminal line runs.
 pub struct Place<'a> {
-    pub backend: &'a str,
+    pub backend: berth_core::backend::BackendKind,
     pub sandbox: &'a str,
     pub session: &'a str,
 }

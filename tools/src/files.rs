@@ -45,7 +45,7 @@ fn base_dir(call: &Call<'_>, workdir: &str) -> String {
     let ctx = call.ctx;
     ctx.runtime
         .store()
-        .session_cwd(&ctx.backend, &ctx.sandbox, &ctx.session)
+        .session_cwd(ctx.backend, &ctx.sandbox, &ctx.session)
         .ok()
         .flatten()
         .filter(|c| c.starts_with('/'))
@@ -72,7 +72,7 @@ async fn gated(
     let ctx = call.ctx;
     let rt = &ctx.runtime;
     let sb = rt
-        .attach(&ctx.backend, &ctx.sandbox)
+        .attach(ctx.backend, &ctx.sandbox)
         .await
         .map_err(ToolOutcome::from)?;
     let layout = sb.layout().clone();

@@ -167,7 +167,7 @@ async fn run_inner(call: &Call<'_>, a: ProcessArgs) -> Result<ToolOutcome, ToolO
                 .max(512) as u64;
             let limit = a.limit.unwrap_or(LOG_DEFAULT).clamp(1, LOG_MAX).min(room);
             let sb = rt
-                .attach(&j.backend, &j.sandbox)
+                .attach(j.backend, &j.sandbox)
                 .await
                 .map_err(ToolOutcome::from)?;
             let start = offset.saturating_sub(REDACT_OVERLAP);

@@ -67,6 +67,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use berth_core::backend::BackendKind;
 use berth_core::events::EventKind;
 use berth_core::runtime::{Runtime, new_call_id};
 use berth_core::store::Event;
@@ -118,7 +119,7 @@ pub struct ToolContext {
     /// The runtime every tool works through.
     pub runtime: Arc<Runtime>,
     /// Backend of the sandbox the tools act on.
-    pub backend: String,
+    pub backend: BackendKind,
     /// The sandbox the tools act on.
     pub sandbox: String,
     /// The sandbox's session `terminal` runs in unless a call names another.
@@ -135,10 +136,10 @@ pub struct ToolContext {
 impl ToolContext {
     /// A context for `sandbox` on `backend`: a fresh cancellation token, no
     /// progress sink, approvals waited for.
-    pub fn new(runtime: Arc<Runtime>, backend: &str, sandbox: &str) -> Self {
+    pub fn new(runtime: Arc<Runtime>, backend: BackendKind, sandbox: &str) -> Self {
         Self {
             runtime,
-            backend: backend.into(),
+            backend,
             sandbox: sandbox.into(),
             session: berth_core::runtime::MAIN_SESSION.into(),
             cancel: CancellationToken::new(),
@@ -425,9 +426,9 @@ impl Registry {
             4096,
         );
         let started_event = Event {
-            kind: EventKind::ToolStarted.into(),
+            kind: EventKind::ToolStarted,
             call_id: Some(call_id.clone()),
-            backend: Some(ctx.backend.clone()),
+            backend: Some(ctx.backend),
             sandbox: Some(ctx.sandbox.clone()),
             command: Some(format!("{} {}", tool.name(), output::clip(&args_text, 200))),
             detail: Some(json!({ "tool": tool.name(), "args": args_text }).to_string()),
@@ -446,9 +447,9 @@ impl Registry {
         outcome.call_id = call_id.clone();
         output::finish(rt, &ctx.sandbox, &call_id, &mut outcome);
         let finished = Event {
-            kind: EventKind::ToolFinished.into(),
+            kind: EventKind::ToolFinished,
             call_id: Some(call_id.clone()),
-            backend: Some(ctx.backend.clone()),
+            backend: Some(ctx.backend),
             sandbox: Some(ctx.sandbox.clone()),
             command: Some(tool.name().into()),
             duration_ms: Some(started.elapsed().as_millis() as i64),

@@ -60,6 +60,7 @@ pub static TABLES: Schema = Schema {
     END;
     "#],
 };
+use berth_core::backend::BackendKind;
 use berth_core::store::{Schema, Store, now_ms};
 
 /// The longest note, in characters: notes are facts, not files.
@@ -76,7 +77,7 @@ pub enum Scope {
     /// One sandbox's.
     Sandbox {
         /// Its backend.
-        backend: String,
+        backend: BackendKind,
         /// Its name.
         sandbox: String,
     },
@@ -84,9 +85,9 @@ pub enum Scope {
 
 impl Scope {
     /// One sandbox's scope.
-    pub fn sandbox(backend: &str, sandbox: &str) -> Scope {
+    pub fn sandbox(backend: BackendKind, sandbox: &str) -> Scope {
         Scope::Sandbox {
-            backend: backend.into(),
+            backend,
             sandbox: sandbox.into(),
         }
     }
@@ -94,7 +95,7 @@ impl Scope {
     fn parts(&self) -> (Option<&str>, Option<&str>) {
         match self {
             Scope::User => (None, None),
-            Scope::Sandbox { backend, sandbox } => (Some(backend), Some(sandbox)),
+            Scope::Sandbox { backend, sandbox } => (Some(backend.as_str()), Some(sandbox)),
         }
     }
 }
@@ -107,7 +108,7 @@ pub enum View {
     /// One sandbox's notes and the user's (and that sandbox's runs).
     Sandbox {
         /// Its backend.
-        backend: String,
+        backend: BackendKind,
         /// Its name.
         sandbox: String,
     },
@@ -117,7 +118,7 @@ impl View {
     pub fn parts(&self) -> (Option<&str>, Option<&str>) {
         match self {
             View::All => (None, None),
-            View::Sandbox { backend, sandbox } => (Some(backend), Some(sandbox)),
+            View::Sandbox { backend, sandbox } => (Some(backend.as_str()), Some(sandbox)),
         }
     }
 }
@@ -138,7 +139,7 @@ pub struct Note {
 }
 
 fn row_to_note(r: &rusqlite::Row<'_>) -> rusqlite::Result<Note> {
-    let backend: Option<String> = r.get(1)?;
+    let backend: Option<BackendKind> = r.get(1)?;
     let sandbox: Option<String> = r.get(2)?;
     Ok(Note {
         id: r.get(0)?,
@@ -272,7 +273,7 @@ pub struct Hit {
     /// The run's task, cut short.
     pub task: String,
     /// Where the run ran.
-    pub backend: String,
+    pub backend: BackendKind,
     /// And in which sandbox.
     pub sandbox: String,
     /// When the run started, ms since the epoch.
@@ -328,7 +329,7 @@ mod tests {
     fn notes_are_masked_scoped_and_forgotten() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let web = Scope::sandbox("docker", "web");
+        let web = Scope::sandbox(BackendKind::Docker, "web");
         let n1 = add(&store, &web, "db password is hunter2", "model", &mask).unwrap();
         assert_eq!(n1.text, "db password is [REDACTED]");
         add(
@@ -341,14 +342,14 @@ mod tests {
         .unwrap();
         add(
             &store,
-            &Scope::sandbox("ssh", "prod"),
+            &Scope::sandbox(BackendKind::Ssh, "prod"),
             "prod runs postgres 16",
             "person",
             &mask,
         )
         .unwrap();
         let from_web = View::Sandbox {
-            backend: "docker".into(),
+            backend: BackendKind::Docker,
             sandbox: "web".into(),
         };
         let seen = list(&store, &from_web, 10).unwrap();

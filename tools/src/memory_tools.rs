@@ -24,7 +24,7 @@ fn view(call: &Call<'_>, reach: MemoryAccess) -> View {
     match reach {
         MemoryAccess::User => View::All,
         _ => View::Sandbox {
-            backend: call.ctx.backend.clone(),
+            backend: call.ctx.backend,
             sandbox: call.ctx.sandbox.clone(),
         },
     }
@@ -54,7 +54,7 @@ pub(super) fn run(call: &Call<'_>, a: MemoryArgs) -> ToolOutcome {
                     );
                 }
                 MemoryScope::User => Scope::User,
-                MemoryScope::Sandbox => Scope::sandbox(&call.ctx.backend, &call.ctx.sandbox),
+                MemoryScope::Sandbox => Scope::sandbox(call.ctx.backend, &call.ctx.sandbox),
             };
             match memory::add(rt.store(), &scope, text, "model", &redact) {
                 Ok(n) => ToolOutcome::ok(

@@ -5,12 +5,23 @@ use serde_json::json;
 
 use super::args::{SandboxAction, SandboxArgs};
 use super::{Call, ToolOutcome};
-use berth_core::backend::{SandboxSpec, check_sandbox_name};
+use berth_core::backend::{BackendKind, SandboxSpec, check_sandbox_name};
 
 pub(crate) async fn run(call: &Call<'_>, a: SandboxArgs) -> ToolOutcome {
     let ctx = call.ctx;
     let rt = &ctx.runtime;
-    let backend = a.backend.clone().unwrap_or_else(|| ctx.backend.clone());
+    let backend = match a.backend.as_deref() {
+        None => ctx.backend,
+        Some(b) => match BackendKind::parse(b) {
+            Some(k) => k,
+            None => {
+                return ToolOutcome::invalid(format!(
+                    "invalid arguments: backend `{b}` is not one berth knows (use one of {})",
+                    BackendKind::ALL.map(|k| k.as_str()).join(", ")
+                ));
+            }
+        },
+    };
     let name = || -> Result<String, ToolOutcome> {
         let Some(n) = a.name.clone().filter(|n| !n.is_empty()) else {
             return Err(ToolOutcome::invalid(format!(
@@ -22,7 +33,7 @@ pub(crate) async fn run(call: &Call<'_>, a: SandboxArgs) -> ToolOutcome {
         Ok(n)
     };
     match a.action {
-        SandboxAction::List => match rt.list_sandboxes(&backend).await {
+        SandboxAction::List => match rt.list_sandboxes(backend).await {
             Ok(list) => {
                 let text = if list.is_empty() {
                     format!("no sandboxes on {backend}")
@@ -52,12 +63,12 @@ pub(crate) async fn run(call: &Call<'_>, a: SandboxArgs) -> ToolOutcome {
             // The tool asks for no settings: a sandbox that exists is
             // attached to with its own (a new one gets the defaults), never
             // refused for settings the caller did not ask to change.
-            let spec = match rt.store().sandbox(&backend, &n) {
+            let spec = match rt.store().sandbox(backend, &n) {
                 Ok(Some(row)) => row.spec,
                 Ok(None) => SandboxSpec::named(&n),
                 Err(e) => return e.into(),
             };
-            match rt.create_sandbox(&backend, spec).await {
+            match rt.create_sandbox(backend, spec).await {
                 Ok((_, created, recreated)) => ToolOutcome::ok(
                     format!(
                         "sandbox `{n}` ({backend}) {}",
@@ -82,7 +93,7 @@ pub(crate) async fn run(call: &Call<'_>, a: SandboxArgs) -> ToolOutcome {
                     "`{n}` is the sandbox these tools run in; it cannot destroy itself"
                 ));
             }
-            match rt.remove_sandbox(&backend, &n, true).await {
+            match rt.remove_sandbox(backend, &n, true).await {
                 Ok(()) => ToolOutcome::ok(
                     format!("sandbox `{n}` ({backend}) destroyed"),
                     json!({ "name": n, "backend": backend }),

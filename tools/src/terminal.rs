@@ -64,7 +64,7 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
         if ctx.approval == ApprovalMode::Defer
             && let Some(g) = rt.gate()
         {
-            let v = g.check(&command, &ctx.backend);
+            let v = g.check(&command, ctx.backend);
             if v.action == Action::Ask
                 && let Err(o) = defer(call, &command, &v)
             {
@@ -91,7 +91,7 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
             session: Some(a.session.clone().unwrap_or_else(|| ctx.session.clone())),
         };
         return match rt
-            .start_job_with(&ctx.backend, &ctx.sandbox, &command, opts)
+            .start_job_with(ctx.backend, &ctx.sandbox, &command, opts)
             .await
         {
             Ok(job) => ToolOutcome::ok(
@@ -133,7 +133,7 @@ pub(crate) async fn run(call: &Call<'_>, a: TerminalArgs) -> ToolOutcome {
     }
     let report = rt
         .exec(ExecRequest {
-            backend: ctx.backend.clone(),
+            backend: ctx.backend,
             sandbox: ctx.sandbox.clone(),
             session: Some(session),
             command,
@@ -233,7 +233,7 @@ pub(crate) async fn admit(
     let Some(g) = rt.gate() else {
         return Ok(());
     };
-    let verdict = verdict.unwrap_or_else(|| g.check(subject, &ctx.backend));
+    let verdict = verdict.unwrap_or_else(|| g.check(subject, ctx.backend));
     if ctx.approval == ApprovalMode::Defer && verdict.action == Action::Ask {
         defer(call, subject, &verdict)?;
     }
@@ -246,7 +246,7 @@ pub(crate) async fn admit(
             verdict,
             rt.store(),
             &call.id,
-            &ctx.backend,
+            ctx.backend,
             &ctx.sandbox,
             subject,
             Some(&notice),
@@ -262,7 +262,7 @@ fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOu
     let ctx = call.ctx;
     let rt = &ctx.runtime;
     let store = rt.store();
-    let latest = store.latest_approval(&ctx.sandbox, &ctx.backend, subject);
+    let latest = store.latest_approval(&ctx.sandbox, ctx.backend, subject);
     let latest = latest.map_err(ToolOutcome::from)?;
     let awaiting = |id: i64| {
         ToolOutcome::new(
@@ -303,7 +303,7 @@ fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOu
             let a = store
                 .create_approval(&NewApproval {
                     sandbox: ctx.sandbox.clone(),
-                    backend: ctx.backend.clone(),
+                    backend: ctx.backend,
                     command: subject.into(),
                     part: verdict.part.clone(),
                     argv: verdict.argv.clone(),
@@ -312,9 +312,9 @@ fn defer(call: &Call<'_>, subject: &str, verdict: &Verdict) -> Result<(), ToolOu
                 })
                 .map_err(ToolOutcome::from)?;
             let _ = store.append(&Event {
-                kind: EventKind::ApprovalRequested.into(),
+                kind: EventKind::ApprovalRequested,
                 call_id: Some(call.id.clone()),
-                backend: Some(ctx.backend.clone()),
+                backend: Some(ctx.backend),
                 sandbox: Some(ctx.sandbox.clone()),
                 command: Some(rt.redact(subject)),
                 verdict: Some(format!("ask (rule {})", verdict.rule)),

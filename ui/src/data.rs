@@ -85,11 +85,11 @@ pub async fn overview(rt: &Arc<Runtime>) -> Result<Overview> {
     let mut sandboxes = Vec::with_capacity(rows.len());
     for row in rows {
         let n = sessions
-            .get(&(row.backend.clone(), row.name.clone()))
+            .get(&(row.backend, row.name.clone()))
             .copied()
             .unwrap_or(0);
         let busy = rt
-            .is_busy(&row.backend, &row.name, berth_core::runtime::MAIN_SESSION)
+            .is_busy(row.backend, &row.name, berth_core::runtime::MAIN_SESSION)
             .await;
         sandboxes.push(SandboxLine {
             row,
@@ -137,7 +137,7 @@ pub async fn job(rt: &Arc<Runtime>, id: &str) -> Result<Option<JobView>> {
         job.command = rt.redact(&job.command);
         job.reason = job.reason.map(|r| rt.redact(&r));
         let matches = store
-            .events_of_call(EventKind::JobWatch.as_str(), &job.id, 50)?
+            .events_of_call(EventKind::JobWatch, &job.id, 50)?
             .into_iter()
             .map(|e| {
                 let v: serde_json::Value = e

@@ -454,9 +454,9 @@ pub fn event_rows(list: &[berth_core::store::Event]) -> Markup {
             tr {
                 td { (when(e.ts_ms)) }
                 td { code { (e.kind) } }
-                td { (e.backend.as_deref().unwrap_or("")) @if e.sandbox.is_some() { "/" } (e.sandbox.as_deref().unwrap_or("")) }
+                td { (e.backend.map_or("", |b| b.as_str())) @if e.sandbox.is_some() { "/" } (e.sandbox.as_deref().unwrap_or("")) }
                 td {
-                    @if e.kind.starts_with("job.") {
+                    @if e.kind.is_job() {
                         @if let Some(id) = &e.call_id { a href={ "/jobs/" (id) } { (id) } " " }
                     }
                     code { (short(e.command.as_deref().unwrap_or(""), 100)) }

@@ -203,7 +203,7 @@ impl Hook {
                 continue;
             }
             for e in events {
-                if self.wants(&e.kind) {
+                if self.wants(e.kind.as_str()) {
                     let body = message(self.hook.format, &e, &|t| self.rt.redact(t));
                     if !self.post(&e, &body).await {
                         // Stopped mid-retry: the cursor stays, the message is
@@ -277,7 +277,7 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
         .unwrap_or(Value::Null);
     let place = format!(
         "{}/{}",
-        e.backend.as_deref().unwrap_or("?"),
+        e.backend.map_or("?", |b| b.as_str()),
         e.sandbox.as_deref().unwrap_or("?")
     );
     // Text from a sandbox (a command, a task, an output line, a reason)
@@ -292,8 +292,8 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
         "event": e.kind, "id": e.id, "ts_ms": e.ts_ms,
         "backend": e.backend, "sandbox": e.sandbox,
     });
-    let text = match EventKind::parse(&e.kind) {
-        Some(EventKind::RunEnded) => {
+    let text = match e.kind {
+        EventKind::RunEnded => {
             facts["run"] = d["run"].clone();
             facts["state"] = d["state"].clone();
             facts["steps"] = d["steps"].clone();
@@ -309,7 +309,7 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
                 s(&d["task"])
             )
         }
-        Some(EventKind::ApprovalRequested) => {
+        EventKind::ApprovalRequested => {
             let id = &d["approval"];
             facts["approval"] = id.clone();
             facts["command"] = json!(e.command);
@@ -322,7 +322,7 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
                     .unwrap_or_default()
             )
         }
-        Some(EventKind::JobWatch) => {
+        EventKind::JobWatch => {
             let job = e.call_id.clone().unwrap_or_default();
             let inner = &d["detail"];
             facts["job"] = json!(job);
@@ -335,7 +335,7 @@ pub fn message(format: HookFormat, e: &Event, redact: &dyn Fn(&str) -> String) -
                 s(&inner["line"])
             )
         }
-        _ => format!("berth: {} in {place}", u(&e.kind)),
+        _ => format!("berth: {} in {place}", u(e.kind.as_str())),
     };
     let body = match format {
         HookFormat::Slack => json!({ "text": text }),
@@ -394,12 +394,13 @@ fn code(format: HookFormat, t: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use berth_core::backend::BackendKind;
 
     fn event(kind: EventKind, detail: Value) -> Event {
         Event {
             id: 7,
-            kind: kind.into(),
-            backend: Some("docker".into()),
+            kind,
+            backend: Some(BackendKind::Docker),
             sandbox: Some("web".into()),
             command: Some("make deploy TOKEN=hunter2".into()),
             call_id: Some("j1".into()),

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use berth_core::backend::BackendKind;
 use berth_core::checkpoint::record::{self, CheckpointRow};
 use berth_core::runtime::Runtime;
 
@@ -23,16 +24,16 @@ pub trait StepCheckpoints: Send + Sync {
 /// Checkpoints of one sandbox through the runtime.
 pub struct SandboxCheckpoints {
     rt: Arc<Runtime>,
-    backend: String,
+    backend: BackendKind,
     sandbox: String,
 }
 
 impl SandboxCheckpoints {
     /// Checkpoints of `sandbox` on `backend`.
-    pub fn new(rt: Arc<Runtime>, backend: &str, sandbox: &str) -> Self {
+    pub fn new(rt: Arc<Runtime>, backend: BackendKind, sandbox: &str) -> Self {
         Self {
             rt,
-            backend: backend.into(),
+            backend,
             sandbox: sandbox.into(),
         }
     }
@@ -46,7 +47,7 @@ impl StepCheckpoints for SandboxCheckpoints {
             return Ok(None);
         }
         self.rt
-            .checkpoint(&self.backend, &self.sandbox, None, Some((run, step)))
+            .checkpoint(self.backend, &self.sandbox, None, Some((run, step)))
             .await
             .map(Some)
             .map_err(|e| e.full_text())

@@ -40,7 +40,7 @@ const CHILD_DEFAULT_STEPS: u32 = 30;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Place {
     /// Backend.
-    pub backend: String,
+    pub backend: BackendKind,
     /// Sandbox.
     pub sandbox: String,
     /// The shell session its commands run in: a child in its parent's
@@ -48,7 +48,7 @@ pub struct Place {
     pub session: Option<String>,
     /// A new sandbox, made like this one (backend, sandbox) where the
     /// backends match; removed when the child ends unless kept.
-    pub like: Option<(String, String)>,
+    pub like: Option<(BackendKind, String)>,
 }
 
 /// What a delegating agent needs from its front end: tools for its children.
@@ -414,14 +414,22 @@ impl Agent {
                 ));
             }
         };
-        let backend = a.backend.clone().unwrap_or_else(|| row.backend.clone());
+        let backend = match a.backend.as_deref() {
+            None => row.backend,
+            Some(b) => BackendKind::parse(b).ok_or_else(|| {
+                format!(
+                    "backend `{b}` is not one berth knows (use one of {}). Nothing was started.",
+                    BackendKind::ALL.map(|k| k.as_str()).join(", ")
+                )
+            })?,
+        };
         if !new && backend != row.backend {
             return Err(format!(
                 "backend `{backend}` needs `sandbox: new` (a child in your sandbox works on your backend, {}). Nothing was started.",
                 row.backend
             ));
         }
-        if !policy.allows_backend(&row.backend, &backend) {
+        if !policy.allows_backend(row.backend.as_str(), backend.as_str()) {
             return Err(format!(
                 "the policy lets sub-agents of a run on {} get new sandboxes on {} only ([agent] backends), not on `{backend}`. Nothing was started.",
                 row.backend,
@@ -471,13 +479,13 @@ impl Agent {
                         (
                             format!("child-{child_id}"),
                             None,
-                            Some((row.backend.clone(), row.sandbox.clone())),
+                            Some((row.backend, row.sandbox.clone())),
                         )
                     } else {
                         (row.sandbox.clone(), Some(format!("child-{child_id}")), None)
                     };
                     let child_setup = Setup {
-                        system: child_system(&backend, &sandbox, &tools),
+                        system: child_system(backend, &sandbox, &tools),
                         tools: tools.clone(),
                         max_calls_per_turn: setup.max_calls_per_turn,
                         providers: setup.providers.clone(),
@@ -493,7 +501,7 @@ impl Agent {
                         &self.store,
                         &child_id,
                         task,
-                        &backend,
+                        backend,
                         &sandbox,
                         &value,
                         Link::Child {
@@ -519,7 +527,7 @@ impl Agent {
             jobs.push(Job {
                 call_id: p.call_id.clone(),
                 place: Place {
-                    backend: child.backend.clone(),
+                    backend: child.backend,
                     sandbox: child.sandbox.clone(),
                     session: c.session,
                     like: c.like,
@@ -639,7 +647,7 @@ fn carve(asked: Budget, share: Budget) -> Budget {
 }
 
 /// A child's system prompt.
-fn child_system(backend: &str, sandbox: &str, tools: &[ToolSpec]) -> String {
+fn child_system(backend: BackendKind, sandbox: &str, tools: &[ToolSpec]) -> String {
     let mut s = default_system(backend, sandbox);
     if tools.iter().any(|t| t.name == "memory") {
         s.push_str(MEMORY_HINT);

@@ -4,6 +4,8 @@
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
+use crate::backend::BackendKind;
+
 use super::manifest::Manifest;
 use crate::error::Result;
 use crate::store::CORE;
@@ -15,7 +17,7 @@ pub struct CheckpointRow {
     /// Its id, e.g. `k1a2b3c4d5e`.
     pub id: String,
     /// Backend short name.
-    pub backend: String,
+    pub backend: BackendKind,
     /// Sandbox name.
     pub sandbox: String,
     /// When, ms since the epoch.
@@ -110,7 +112,7 @@ pub fn insert(
 }
 
 /// A sandbox's checkpoints, oldest first.
-pub fn list(store: &Store, backend: &str, sandbox: &str) -> Result<Vec<CheckpointRow>> {
+pub fn list(store: &Store, backend: BackendKind, sandbox: &str) -> Result<Vec<CheckpointRow>> {
     store.with_conn(&CORE, |c| {
         let mut st = c.prepare(&format!(
             "SELECT {COLUMNS} FROM checkpoints WHERE backend = ?1 AND sandbox = ?2 ORDER BY created_ms, rowid"
@@ -162,7 +164,7 @@ pub fn get(store: &Store, id: &str) -> Result<Option<(CheckpointRow, Manifest, V
 }
 
 /// A sandbox's base manifest.
-pub fn base(store: &Store, backend: &str, sandbox: &str) -> Result<Option<Manifest>> {
+pub fn base(store: &Store, backend: BackendKind, sandbox: &str) -> Result<Option<Manifest>> {
     let found: Option<Vec<u8>> = store.with_conn(&CORE, |c| {
         c.query_row(
             "SELECT manifest FROM checkpoint_bases WHERE backend = ?1 AND sandbox = ?2",
@@ -175,7 +177,7 @@ pub fn base(store: &Store, backend: &str, sandbox: &str) -> Result<Option<Manife
 }
 
 /// Set a sandbox's base manifest (after a restore).
-pub fn set_base(store: &Store, backend: &str, sandbox: &str, m: &Manifest) -> Result<()> {
+pub fn set_base(store: &Store, backend: BackendKind, sandbox: &str, m: &Manifest) -> Result<()> {
     store.with_conn(&CORE, |c| {
         c.execute(
             "INSERT OR REPLACE INTO checkpoint_bases (backend, sandbox, manifest) VALUES (?1, ?2, ?3)",
@@ -188,7 +190,7 @@ pub fn set_base(store: &Store, backend: &str, sandbox: &str, m: &Manifest) -> Re
 /// The packs every kept checkpoint of a sandbox and its base still name.
 pub fn packs_in_use(
     store: &Store,
-    backend: &str,
+    backend: BackendKind,
     sandbox: &str,
 ) -> Result<std::collections::BTreeSet<String>> {
     let blobs: Vec<Vec<u8>> = store.with_conn(&CORE, |c| {
@@ -218,7 +220,7 @@ pub fn delete(store: &Store, ids: &[String]) -> Result<()> {
 }
 
 /// Forget every checkpoint of a sandbox and its base (it was removed).
-pub fn forget_sandbox(store: &Store, backend: &str, sandbox: &str) -> Result<()> {
+pub fn forget_sandbox(store: &Store, backend: BackendKind, sandbox: &str) -> Result<()> {
     store.with_conn(&CORE, |c| {
         let tx = c.transaction()?;
         tx.execute(
@@ -282,7 +284,7 @@ mod tests {
     fn r(id: &str, run: Option<&str>, label: Option<&str>, bytes: i64) -> CheckpointRow {
         CheckpointRow {
             id: id.into(),
-            backend: "local".into(),
+            backend: BackendKind::Local,
             sandbox: "s".into(),
             created_ms: 0,
             label: label.map(String::from),

@@ -17,7 +17,7 @@ impl Runtime {
                     .unwrap_or_else(|| "no exit code".into())
             )));
         }
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
         if !data.is_empty() {
             let cmd = format!(
@@ -134,7 +134,7 @@ impl Runtime {
     pub async fn resize_fresh(&self, job: &Job, size: TermSize) -> Result<()> {
         terminal_of(job)?;
         job.still_running("its terminal is gone")?;
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         if sb.host_processes() {
             self.resize_here(sb.as_ref(), job, size).await?;
             self.store().note_pty(&job.id, size)?;
@@ -239,7 +239,7 @@ impl Runtime {
     /// [`Runtime::job_emulator`] for a job just brought up to date.
     pub async fn emulator_fresh(&self, job: Job) -> Result<(Job, pty::Emulator)> {
         terminal_of(&job)?;
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         let sizes = sb
             .read_file(&format!("{}/sizes", job.dir(sb.as_ref())), 1 << 20)
             .await
@@ -266,7 +266,7 @@ impl Runtime {
     /// [`Runtime::job_input`] for a job just brought up to date.
     pub async fn input_fresh(&self, job: &Job) -> Result<JobInput> {
         job.still_running("there is no stdin to write to")?;
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         let cmd = format!(
             "exec cat > {}/in",
             crate::session::script::quote(&job.dir(sb.as_ref()))

@@ -30,7 +30,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use crate::backend::{Sandbox, SpawnOpts, TermSize, run_to_end};
+use crate::backend::{BackendKind, Sandbox, SpawnOpts, TermSize, run_to_end};
 use crate::error::{BackendFailure, Error, Result};
 use crate::events::EventKind;
 use crate::runtime::{ExecRequest, Runtime};
@@ -44,7 +44,7 @@ pub struct Job {
     /// Optional user-given name.
     pub name: Option<String>,
     /// Backend short name.
-    pub backend: String,
+    pub backend: BackendKind,
     /// Sandbox name.
     pub sandbox: String,
     /// The command.
@@ -159,7 +159,7 @@ impl Runtime {
     /// Start `command` detached in a sandbox. Returns the job, already running.
     pub async fn start_job(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         command: &str,
         name: Option<String>,
@@ -176,7 +176,7 @@ impl Runtime {
     /// [`Runtime::start_job`] with every option: a terminal job with `pty`.
     pub async fn start_job_with(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         command: &str,
         opts: JobOptions,
@@ -206,7 +206,7 @@ impl Runtime {
         let mut job = Job {
             id,
             name,
-            backend: backend.into(),
+            backend,
             sandbox: sandbox.into(),
             command: command.into(),
             state: JobState::Starting,
@@ -251,7 +251,7 @@ impl Runtime {
     }
 
     async fn launch(&self, job: &Job, session: Option<String>) -> Result<i64> {
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
         // A terminal job's screen is drawn from the newest output at its
         // offsets in `out`, which a capped log stops growing: not capped.
@@ -280,7 +280,7 @@ impl Runtime {
         }
         let report = self
             .exec(ExecRequest {
-                backend: job.backend.clone(),
+                backend: job.backend,
                 sandbox: job.sandbox.clone(),
                 command: launch,
                 timeout: Some(Duration::from_secs(60)),
@@ -333,9 +333,9 @@ impl Runtime {
             d["detail"] = extra;
         }
         Event {
-            kind: kind.into(),
+            kind,
             call_id: Some(job.id.clone()),
-            backend: Some(job.backend.clone()),
+            backend: Some(job.backend),
             sandbox: Some(job.sandbox.clone()),
             command: Some(self.redact(&job.command)),
             exit_code: job.exit_code,
@@ -350,15 +350,15 @@ impl Runtime {
     pub async fn list_jobs(&self) -> Result<Vec<Job>> {
         self.store().reopen_unchecked()?;
         let jobs = self.store().jobs()?;
-        let mut groups: BTreeMap<(String, String), Vec<Job>> = BTreeMap::new();
+        let mut groups: BTreeMap<(BackendKind, String), Vec<Job>> = BTreeMap::new();
         for j in jobs.iter().filter(|j| !j.state.is_final()) {
             groups
-                .entry((j.backend.clone(), j.sandbox.clone()))
+                .entry((j.backend, j.sandbox.clone()))
                 .or_default()
                 .push(j.clone());
         }
         for ((backend, sandbox), group) in groups {
-            self.refresh_group(&backend, &sandbox, group).await?;
+            self.refresh_group(backend, &sandbox, group).await?;
         }
         self.store().jobs()
     }
@@ -368,7 +368,7 @@ impl Runtime {
         self.store().reopen_unchecked()?;
         let job = self.store().job(id)?;
         if !job.state.is_final() {
-            self.refresh_group(&job.backend, &job.sandbox, vec![job.clone()])
+            self.refresh_group(job.backend, &job.sandbox, vec![job.clone()])
                 .await?;
         }
         self.store().job(&job.id)
@@ -416,7 +416,7 @@ impl Runtime {
         pace: Option<&Pace>,
     ) -> Result<u64> {
         let job = self.job(id).await?;
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
         let wrapper = if follow && !job.state.is_final() {
             let w = sb
@@ -611,7 +611,7 @@ impl Runtime {
     /// follow carries on (`job logs --tail N --follow`).
     pub async fn job_tail_at(&self, id: &str, lines: u64) -> Result<(Vec<u8>, u64)> {
         let job = self.store().job(id)?;
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         let dir = job.dir(sb.as_ref());
         // A capped log's last lines are in its newest part (`tail.1`, `tail`),
         // and its offsets count the dropped bytes too (see `script::TAIL`).
@@ -683,7 +683,7 @@ fi"#;
         // Recorded before the signal is sent, so the ending reads as a kill.
         job.kill_signal = Some(signal.name().into());
         self.store().save_job(&job)?;
-        let sb = self.attach(&job.backend, &job.sandbox).await?;
+        let sb = self.attach(job.backend, &job.sandbox).await?;
         let c = if sb.host_processes() {
             let sig = crate::procs::signal(signal.name())?;
             let base = format!("{}/jobs", sb.layout().berth_dir);

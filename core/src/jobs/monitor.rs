@@ -9,7 +9,7 @@ use super::*;
 impl Runtime {
     pub(super) async fn refresh_group(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         jobs: Vec<Job>,
     ) -> Result<()> {
@@ -285,7 +285,7 @@ impl Runtime {
         let wait = async {
             let mut pause = Duration::from_millis(50);
             loop {
-                let sb = self.attach(&job.backend, &job.sandbox).await?;
+                let sb = self.attach(job.backend, &job.sandbox).await?;
                 let args = argv(&[
                     "bash",
                     "-c",

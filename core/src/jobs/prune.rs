@@ -11,7 +11,7 @@ impl Runtime {
     pub async fn prune_jobs(&self, jobs: Vec<Job>) -> Result<Vec<Job>> {
         let mut gone = Vec::new();
         for job in jobs.into_iter().filter(|j| j.state.is_final()) {
-            if let Ok(sb) = self.attach(&job.backend, &job.sandbox).await {
+            if let Ok(sb) = self.attach(job.backend, &job.sandbox).await {
                 let dir = job.dir(sb.as_ref());
                 let args = argv(&["rm", "-rf", "--", &dir]);
                 if let Err(e) = run_to_end(sb.as_ref(), &args, None, 4096, HELPER_TIMEOUT).await {

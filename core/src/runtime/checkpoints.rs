@@ -48,7 +48,7 @@ impl Runtime {
         }
     }
 
-    fn inflight_in(&self, backend: &str, sandbox: &str) -> Vec<Inflight> {
+    fn inflight_in(&self, backend: BackendKind, sandbox: &str) -> Vec<Inflight> {
         let map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         map.values()
             .filter(|i| i.key.0 == backend && i.key.1 == sandbox)
@@ -60,7 +60,7 @@ impl Runtime {
     /// `run` names the run and step that took it.
     pub async fn checkpoint(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         label: Option<&str>,
         run: Option<(&str, i64)>,
@@ -81,7 +81,7 @@ impl Runtime {
         let taken = self.kept_shell(backend, sandbox, taken).await?;
         let row = CheckpointRow {
             id,
-            backend: backend.into(),
+            backend,
             sandbox: sandbox.into(),
             created_ms,
             label: label.map(String::from),
@@ -102,15 +102,15 @@ impl Runtime {
         record::insert(&self.store, &row, &taken.manifest, &taken.session, true)?;
         if !taken.tampered.is_empty() {
             tracing::warn!(
-                backend,
+                %backend,
                 sandbox,
                 packs = ?taken.tampered,
                 "checkpoint: packs were changed inside the sandbox since berth wrote them; their files were stored again, and older checkpoints that need them cannot be restored"
             );
         }
         self.store.append(&Event {
-            kind: EventKind::CheckpointTaken.into(),
-            backend: Some(backend.into()),
+            kind: EventKind::CheckpointTaken,
+            backend: Some(backend),
             sandbox: Some(sandbox.into()),
             duration_ms: Some(row.took_ms),
             detail: Some(
@@ -135,7 +135,7 @@ impl Runtime {
     }
 
     /// A sandbox's warm checkpoint helper shell, opened on first use.
-    async fn checkpoint_shell(&self, backend: &str, sandbox: &str) -> Result<HelperShell> {
+    async fn checkpoint_shell(&self, backend: BackendKind, sandbox: &str) -> Result<HelperShell> {
         let key = (backend.to_string(), sandbox.to_string());
         let mut map = self.checkpoint_shells.lock().await;
         if let Some(s) = map.get(&key) {
@@ -149,7 +149,7 @@ impl Runtime {
 
     /// Let a sandbox's checkpoint helper shell go (the sandbox is removed,
     /// or the shell failed: the next checkpoint opens a new one).
-    pub(super) async fn forget_checkpoint_shell(&self, backend: &str, sandbox: &str) {
+    pub(super) async fn forget_checkpoint_shell(&self, backend: BackendKind, sandbox: &str) {
         let key = (backend.to_string(), sandbox.to_string());
         let gone = self.checkpoint_shells.lock().await.remove(&key);
         if let Some(s) = gone
@@ -161,7 +161,7 @@ impl Runtime {
 
     /// `r` as it is; a failure other than bad input also lets the helper
     /// shell go, so a dead shell or sandbox is not reused.
-    async fn kept_shell<T>(&self, backend: &str, sandbox: &str, r: Result<T>) -> Result<T> {
+    async fn kept_shell<T>(&self, backend: BackendKind, sandbox: &str, r: Result<T>) -> Result<T> {
         if let Err(e) = &r
             && !matches!(e, Error::InvalidInput(_))
         {
@@ -174,7 +174,7 @@ impl Runtime {
     /// one names. Returns how many packs went.
     async fn prune(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         sb: &dyn Sandbox,
         gone: &[String],
@@ -192,7 +192,11 @@ impl Runtime {
 
     /// Apply retention to a sandbox's checkpoints and remove unused packs
     /// (`berth sandbox gc`). Returns the checkpoints and packs that went.
-    pub async fn gc_checkpoints(&self, backend: &str, sandbox: &str) -> Result<(usize, usize)> {
+    pub async fn gc_checkpoints(
+        &self,
+        backend: BackendKind,
+        sandbox: &str,
+    ) -> Result<(usize, usize)> {
         let policy = self.checkpoint_policy();
         let gone = record::expired(
             &record::list(&self.store, backend, sandbox)?,
@@ -207,7 +211,7 @@ impl Runtime {
     /// One checkpoint of a sandbox, checked to be that sandbox's.
     fn checkpoint_of(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         id: &str,
     ) -> Result<(CheckpointRow, Manifest, Vec<u8>)> {
@@ -229,7 +233,7 @@ impl Runtime {
     /// in it is refused, named; `force` stops it first.
     pub async fn restore_checkpoint(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         id: &str,
         force: bool,
@@ -287,8 +291,8 @@ impl Runtime {
             took_ms: t0.elapsed().as_millis() as i64,
         };
         self.store.append(&Event {
-            kind: EventKind::CheckpointRestored.into(),
-            backend: Some(backend.into()),
+            kind: EventKind::CheckpointRestored,
+            backend: Some(backend),
             sandbox: Some(sandbox.into()),
             duration_ms: Some(report.took_ms),
             detail: Some(
@@ -305,7 +309,7 @@ impl Runtime {
 
     /// Close a sandbox's shells, waiting for commands in them to end; the
     /// next call opens a new one, restored from the sandbox's state files.
-    pub async fn close_sessions(&self, backend: &str, sandbox: &str) {
+    pub async fn close_sessions(&self, backend: BackendKind, sandbox: &str) {
         for slot in self.slots(backend, sandbox).await {
             let taken = slot.lock().await.take();
             if let Some(s) = taken {
@@ -320,9 +324,9 @@ impl Runtime {
     /// taken first). The new sandbox's first checkpoint is that state.
     pub async fn clone_sandbox(
         &self,
-        src_backend: &str,
+        src_backend: BackendKind,
         src: &str,
-        dst_backend: &str,
+        dst_backend: BackendKind,
         dst: &str,
         at: Option<&str>,
     ) -> Result<CheckpointRow> {
@@ -356,7 +360,7 @@ impl Runtime {
             checkpoint::copy_packs(&*src_sb, &*dst_sb, &manifest.packs()).await?;
             let copy = CheckpointRow {
                 id: record::new_id(),
-                backend: dst_backend.into(),
+                backend: dst_backend,
                 sandbox: dst.into(),
                 created_ms: now_ms(),
                 label: Some(format!("clone of {src}")),
@@ -394,12 +398,16 @@ impl Runtime {
     }
 
     /// Every checkpoint of a sandbox, oldest first.
-    pub fn checkpoints(&self, backend: &str, sandbox: &str) -> Result<Vec<CheckpointRow>> {
+    pub fn checkpoints(&self, backend: BackendKind, sandbox: &str) -> Result<Vec<CheckpointRow>> {
         record::list(&self.store, backend, sandbox)
     }
 
     /// The packs every checkpoint of a sandbox names (for tests and `gc`).
-    pub fn checkpoint_packs(&self, backend: &str, sandbox: &str) -> Result<BTreeSet<String>> {
+    pub fn checkpoint_packs(
+        &self,
+        backend: BackendKind,
+        sandbox: &str,
+    ) -> Result<BTreeSet<String>> {
         record::packs_in_use(&self.store, backend, sandbox)
     }
 }

@@ -10,7 +10,7 @@ use crate::session::Output;
 /// `--network` (the docker container's network mode `none` and seccomp
 /// socket families; the local wrapper's seccomp). Elsewhere (ssh hosts,
 /// cloud sandboxes) the flag enforces nothing, so no hint names it.
-const NETWORK_ENFORCED: &[&str] = &["docker", "local"];
+const NETWORK_ENFORCED: &[BackendKind] = &[BackendKind::Docker, BackendKind::Local];
 
 /// What resolvers, curl, git, pip, apt and Python print when there is no
 /// network: name resolution that cannot reach a server, or a socket the
@@ -31,7 +31,7 @@ const NO_NETWORK_SIGNS: &[&str] = &[
 /// A hint for a command that failed, on a sandbox without network, with
 /// output that looks like a network failure.
 pub(super) fn network_hint(
-    backend: &str,
+    backend: BackendKind,
     spec: &SandboxSpec,
     exit_code: i32,
     output: &Output,
@@ -69,17 +69,25 @@ mod tests {
     fn only_a_failure_that_looks_like_no_network_on_a_sandbox_without_it() {
         let spec = SandboxSpec::named("s");
         let curl = out("curl: (6) Could not resolve host: deb.debian.org\n");
-        let hint = network_hint("docker", &spec, 6, &curl);
+        let hint = network_hint(BackendKind::Docker, &spec, 6, &curl);
         assert!(
             hint.as_deref()
                 .is_some_and(|h| h.contains("--network") && h.contains("Could not resolve host")),
             "{hint:?}"
         );
-        assert!(network_hint("docker", &spec, 0, &curl).is_none());
-        assert!(network_hint("ssh", &spec, 6, &curl).is_none());
+        assert!(network_hint(BackendKind::Docker, &spec, 0, &curl).is_none());
+        assert!(network_hint(BackendKind::Ssh, &spec, 6, &curl).is_none());
         let mut on = spec.clone();
         on.network = true;
-        assert!(network_hint("docker", &on, 6, &curl).is_none());
-        assert!(network_hint("docker", &spec, 1, &out("No such file or directory")).is_none());
+        assert!(network_hint(BackendKind::Docker, &on, 6, &curl).is_none());
+        assert!(
+            network_hint(
+                BackendKind::Docker,
+                &spec,
+                1,
+                &out("No such file or directory")
+            )
+            .is_none()
+        );
     }
 }

@@ -6,8 +6,8 @@ use super::*;
 /// A sandbox as `ls` shows it: what the store knows and what the backend sees.
 #[derive(Clone, Debug, Serialize)]
 pub struct SandboxStatus {
-    /// Backend short name.
-    pub backend: String,
+    /// Its backend.
+    pub backend: BackendKind,
     /// Sandbox name.
     pub name: String,
     /// Live state from the backend, or `missing`.
@@ -26,7 +26,7 @@ impl Runtime {
     /// Create a sandbox (or re-attach to it) and record it.
     pub async fn create_sandbox(
         &self,
-        backend: &str,
+        backend: BackendKind,
         spec: SandboxSpec,
     ) -> Result<(Arc<dyn Sandbox>, bool, Option<String>)> {
         let b = self.backend(backend).await?;
@@ -58,9 +58,8 @@ impl Runtime {
                 EventKind::SandboxCreated
             } else {
                 EventKind::SandboxAttached
-            }
-            .into(),
-            backend: Some(backend.into()),
+            },
+            backend: Some(backend),
             sandbox: Some(spec.name.clone()),
             detail: p
                 .recreated
@@ -72,7 +71,12 @@ impl Runtime {
     }
 
     /// Remove a sandbox from the backend and the store.
-    pub async fn remove_sandbox(&self, backend: &str, name: &str, volumes: bool) -> Result<()> {
+    pub async fn remove_sandbox(
+        &self,
+        backend: BackendKind,
+        name: &str,
+        volumes: bool,
+    ) -> Result<()> {
         let slots: Vec<SessionSlot> = {
             let mut map = self.sessions.lock().await;
             let keys: Vec<SessionKey> = map
@@ -112,8 +116,8 @@ impl Runtime {
             });
         }
         self.store.append(&Event {
-            kind: EventKind::SandboxRemoved.into(),
-            backend: Some(backend.into()),
+            kind: EventKind::SandboxRemoved,
+            backend: Some(backend),
             sandbox: Some(name.into()),
             ..Default::default()
         })?;
@@ -121,7 +125,7 @@ impl Runtime {
     }
 
     /// Sandboxes of one backend: the store's rows joined with the backend's view.
-    pub async fn list_sandboxes(&self, backend: &str) -> Result<Vec<SandboxStatus>> {
+    pub async fn list_sandboxes(&self, backend: BackendKind) -> Result<Vec<SandboxStatus>> {
         let rows = self.store.sandboxes(Some(backend))?;
         let specs: Vec<SandboxSpec> = rows.iter().map(|r| r.spec.clone()).collect();
         let live: Vec<SandboxInfo> = self.backend(backend).await?.list_specs(&specs).await?;
@@ -130,7 +134,7 @@ impl Runtime {
             .map(|r| {
                 let l = live.iter().find(|l| l.name == r.name);
                 SandboxStatus {
-                    backend: backend.into(),
+                    backend,
                     name: r.name.clone(),
                     state: l
                         .map(|l| l.state.clone())
@@ -145,7 +149,7 @@ impl Runtime {
         for l in live {
             if !rows.iter().any(|r| r.name == l.name) {
                 out.push(SandboxStatus {
-                    backend: backend.into(),
+                    backend,
                     name: l.name,
                     state: l.state,
                     id: Some(l.id),
@@ -166,7 +170,7 @@ impl Runtime {
     pub(super) fn sandbox_row(
         &self,
         b: &dyn Backend,
-        backend: &str,
+        backend: BackendKind,
         name: &str,
         lenient: bool,
     ) -> Result<SandboxRow> {

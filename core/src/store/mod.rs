@@ -14,9 +14,10 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::backend::SandboxSpec;
+use crate::backend::{BackendKind, SandboxSpec};
 pub use crate::clock::now_ms;
 use crate::error::{Error, Result};
+use crate::events::EventKind;
 
 pub mod excerpt;
 mod migrations;
@@ -40,8 +41,8 @@ pub struct Schema {
 /// A sandbox berth knows about.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRow {
-    /// Backend short name.
-    pub backend: String,
+    /// Its backend.
+    pub backend: BackendKind,
     /// Sandbox name.
     pub name: String,
     /// The spec it was created with.
@@ -60,11 +61,11 @@ pub struct Event {
     /// When, ms since the epoch.
     pub ts_ms: i64,
     /// What happened: `exec.started`, `exec.finished`, `sandbox.created`, ...
-    pub kind: String,
+    pub kind: EventKind,
     /// Ties the events of one tool call together.
     pub call_id: Option<String>,
-    /// Backend short name.
-    pub backend: Option<String>,
+    /// Its backend.
+    pub backend: Option<BackendKind>,
     /// Sandbox name.
     pub sandbox: Option<String>,
     /// Session name.
@@ -290,7 +291,7 @@ impl Store {
     }
 
     /// Record a sandbox (or refresh its spec).
-    pub fn put_sandbox(&self, backend: &str, spec: &SandboxSpec) -> Result<()> {
+    pub fn put_sandbox(&self, backend: BackendKind, spec: &SandboxSpec) -> Result<()> {
         let json = serde_json::to_string(spec).map_err(|e| Error::Store(e.to_string()))?;
         let now = now_ms();
         self.conn()?.execute(
@@ -302,7 +303,7 @@ impl Store {
     }
 
     /// A sandbox by backend and name.
-    pub fn sandbox(&self, backend: &str, name: &str) -> Result<Option<SandboxRow>> {
+    pub fn sandbox(&self, backend: BackendKind, name: &str) -> Result<Option<SandboxRow>> {
         let conn = self.conn()?;
         let row = conn
             .prepare_cached(
@@ -314,7 +315,7 @@ impl Store {
     }
 
     /// All sandboxes, optionally of one backend.
-    pub fn sandboxes(&self, backend: Option<&str>) -> Result<Vec<SandboxRow>> {
+    pub fn sandboxes(&self, backend: Option<BackendKind>) -> Result<Vec<SandboxRow>> {
         let conn = self.conn()?;
         let mut stmt = conn.prepare(
             "SELECT backend, name, spec, created_at, last_used FROM sandboxes
@@ -329,7 +330,7 @@ impl Store {
     }
 
     /// Forget a sandbox and its sessions. Returns whether it was known.
-    pub fn delete_sandbox(&self, backend: &str, name: &str) -> Result<bool> {
+    pub fn delete_sandbox(&self, backend: BackendKind, name: &str) -> Result<bool> {
         let mut conn = self.conn()?;
         let tx = conn.transaction()?;
         tx.execute(
@@ -345,19 +346,19 @@ impl Store {
     }
 
     /// Mark a sandbox used now.
-    pub fn touch_sandbox(&self, backend: &str, name: &str) -> Result<()> {
+    pub fn touch_sandbox(&self, backend: BackendKind, name: &str) -> Result<()> {
         self.touch_sandbox_at(backend, name, now_ms())
     }
 
     /// Mark a sandbox last used at `at_ms` (ms since the epoch).
-    pub fn touch_sandbox_at(&self, backend: &str, name: &str, at_ms: i64) -> Result<()> {
+    pub fn touch_sandbox_at(&self, backend: BackendKind, name: &str, at_ms: i64) -> Result<()> {
         touch_in(&*self.conn()?, backend, name, at_ms)
     }
 
     /// Record a command run in a session.
     pub fn session_used(
         &self,
-        backend: &str,
+        backend: BackendKind,
         sandbox: &str,
         name: &str,
         cwd: Option<&str>,
@@ -381,7 +382,12 @@ impl Store {
     }
 
     /// The last known cwd of a session.
-    pub fn session_cwd(&self, backend: &str, sandbox: &str, name: &str) -> Result<Option<String>> {
+    pub fn session_cwd(
+        &self,
+        backend: BackendKind,
+        sandbox: &str,
+        name: &str,
+    ) -> Result<Option<String>> {
         let conn = self.conn()?;
         Ok(conn
             .query_row(
@@ -394,7 +400,7 @@ impl Store {
     }
 
     /// How many sessions each sandbox has, by (backend, sandbox).
-    pub fn session_counts(&self) -> Result<std::collections::BTreeMap<(String, String), i64>> {
+    pub fn session_counts(&self) -> Result<std::collections::BTreeMap<(BackendKind, String), i64>> {
         let conn = self.conn()?;
         let mut st =
             conn.prepare("SELECT backend, sandbox, COUNT(*) FROM sessions GROUP BY 1, 2")?;
@@ -486,7 +492,12 @@ impl Store {
 
     /// The newest `limit` events of `kind` about call (or job) `call_id`,
     /// newest first.
-    pub fn events_of_call(&self, kind: &str, call_id: &str, limit: usize) -> Result<Vec<Event>> {
+    pub fn events_of_call(
+        &self,
+        kind: EventKind,
+        call_id: &str,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
         let conn = self.conn()?;
         let mut stmt = conn.prepare(
             "SELECT id, ts_ms, kind, call_id, backend, sandbox, session, command, verdict,
@@ -664,8 +675,12 @@ fn row_to_sandbox(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<SandboxRow>>
     let spec_text: String = r.get(2)?;
     let spec = serde_json::from_str(&spec_text)
         .map_err(|e| Error::Store(format!("corrupt sandbox spec: {e}")));
+    let backend = match r.get(0) {
+        Ok(b) => b,
+        Err(e) => return Ok(Err(e.into())),
+    };
     Ok(spec.map(|spec| SandboxRow {
-        backend: r.get(0).unwrap_or_default(),
+        backend,
         name: r.get(1).unwrap_or_default(),
         spec,
         created_at: r.get(3).unwrap_or_default(),
@@ -675,7 +690,7 @@ fn row_to_sandbox(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<SandboxRow>>
 
 /// A command run in a session, for [`Store::record_call_end`].
 pub struct SessionUse<'a> {
-    pub backend: &'a str,
+    pub backend: BackendKind,
     pub sandbox: &'a str,
     pub session: &'a str,
     pub cwd: Option<&'a str>,
@@ -683,7 +698,7 @@ pub struct SessionUse<'a> {
 
 // Statements run on every call are prepared once per connection.
 
-fn touch_in(c: &Connection, backend: &str, name: &str, at_ms: i64) -> Result<()> {
+fn touch_in(c: &Connection, backend: BackendKind, name: &str, at_ms: i64) -> Result<()> {
     c.prepare_cached("UPDATE sandboxes SET last_used = ?3 WHERE backend = ?1 AND name = ?2")?
         .execute(params![backend, name, at_ms])?;
     Ok(())
@@ -691,7 +706,7 @@ fn touch_in(c: &Connection, backend: &str, name: &str, at_ms: i64) -> Result<()>
 
 fn session_used_in(
     c: &Connection,
-    backend: &str,
+    backend: BackendKind,
     sandbox: &str,
     name: &str,
     cwd: Option<&str>,
@@ -755,16 +770,54 @@ fn append_in(c: &Connection, e: &Event, keep: u64) -> Result<i64> {
 mod tests {
     use super::*;
 
+    /// A newer berth may share the state directory and write a backend or
+    /// an event kind this one does not know: the event reads back with its
+    /// text, and the sandbox row is an error that says what happened, never
+    /// a row passed off as another backend's.
+    #[test]
+    fn rows_a_newer_berth_wrote_read_back_or_say_why() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
+        let s = Store::open(dir.path())?;
+        s.with_conn(&CORE, |c| {
+            c.execute(
+                "INSERT INTO events (ts_ms, kind, backend, sandbox) VALUES (1, 'pod.evicted', 'docker', 'w')",
+                [],
+            )?;
+            c.execute(
+                "INSERT INTO sandboxes (backend, name, spec, created_at, last_used)
+                 VALUES ('k8s', 'far', '{\"name\":\"far\"}', 1, 1)",
+                [],
+            )
+        })?;
+        let e = s.events(0, 10, None)?;
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].kind.as_str(), "pod.evicted");
+        assert_eq!(e[0].backend, Some(BackendKind::Docker));
+        assert_eq!(s.events(0, 10, Some("pod."))?.len(), 1);
+        let err = match s.sandboxes(None) {
+            Ok(rows) => panic!("a k8s row read as {rows:?}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("'k8s'") && err.contains("newer berth"),
+            "{err}"
+        );
+        Ok(())
+    }
+
     #[test]
     fn migrates_and_round_trips() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| Error::stream("tempdir", e))?;
         let s = Store::open(dir.path())?;
         assert_eq!(s.schema_version("core")?, CORE.versions.len() as i64);
-        s.put_sandbox("local", &SandboxSpec::named("a"))?;
-        assert_eq!(s.sandbox("local", "a")?.map(|r| r.name), Some("a".into()));
-        assert!(s.sandbox("docker", "a")?.is_none());
+        s.put_sandbox(BackendKind::Local, &SandboxSpec::named("a"))?;
+        assert_eq!(
+            s.sandbox(BackendKind::Local, "a")?.map(|r| r.name),
+            Some("a".into())
+        );
+        assert!(s.sandbox(BackendKind::Docker, "a")?.is_none());
         let id = s.append(&Event {
-            kind: "exec.finished".into(),
+            kind: EventKind::ExecFinished,
             exit_code: Some(3),
             ..Default::default()
         })?;
@@ -772,8 +825,8 @@ mod tests {
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0].id, id);
         assert_eq!(ev[0].exit_code, Some(3));
-        assert!(s.delete_sandbox("local", "a")?);
-        assert!(!s.delete_sandbox("local", "a")?);
+        assert!(s.delete_sandbox(BackendKind::Local, "a")?);
+        assert!(!s.delete_sandbox(BackendKind::Local, "a")?);
         // Reopening does not re-run migrations.
         drop(s);
         let s = Store::open(dir.path())?;
@@ -789,7 +842,7 @@ mod tests {
         let mut last = 0;
         for i in 0..1000 {
             last = s.append(&Event {
-                kind: format!("test.{i}"),
+                kind: EventKind::read(&format!("test.{i}")),
                 ..Default::default()
             })?;
         }
@@ -853,7 +906,7 @@ mod tests {
             let s = store.clone();
             let write = tokio::spawn(async move {
                 s.append(&Event {
-                    kind: "waited".into(),
+                    kind: EventKind::read("waited"),
                     ..Event::default()
                 })
             });
