@@ -20,6 +20,7 @@ pub mod caution;
 pub mod checkpoints;
 pub mod dangerous;
 pub mod delegation;
+pub mod egress;
 pub mod embedded;
 pub mod env;
 pub mod file;

@@ -1,0 +1,616 @@
+//! Egress: whether a sandbox may open a connection, decided on the address
+//! it actually connects to, not only the name it asked for.
+//!
+//! A policy has a mode (`off`, `allow`, `open`), allow and deny rules, and
+//! whether an unknown host becomes an approval. Rules name hosts
+//! (`pypi.org`), every subdomain of one (`*.github.com`), an address or a
+//! network (`10.1.2.3`, `10.0.0.0/8`, `[fd00::1]`), each with an optional
+//! port (`db.internal:5432`, `10.1.2.3:5432`, `[::1]:8080`).
+//!
+//! What a rule promises against a hostile program: loopback, link-local
+//! (cloud metadata at 169.254.169.254 among it), private, shared (CGNAT),
+//! unspecified and multicast addresses are refused unless a rule names the
+//! *address* (or a network holding it). A name rule never opens them: a
+//! name that resolves, or a redirect that leads, to such an address is
+//! refused, which is what stops DNS rebinding and a redirect to metadata.
+//! An IPv4 address written as IPv6 (`::ffff:169.254.169.254`) is judged as
+//! the IPv4 address it is.
+//!
+//! This module is the decision only; the proxy that sees every connection
+//! and asks it is the enforcement.
+
+use std::fmt;
+use std::net::IpAddr;
+
+/// How much of the network a sandbox reaches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// No connection at all.
+    #[default]
+    Off,
+    /// Only hosts an allow rule names (or an approval lets through).
+    Allow,
+    /// Every public address; the guarded ranges still need a rule.
+    Open,
+}
+
+impl Mode {
+    /// Its word in the policy file and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::Allow => "allow",
+            Mode::Open => "open",
+        }
+    }
+}
+
+/// What a rule's host part names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Pattern {
+    /// One name, lower case, without a trailing dot.
+    Name(String),
+    /// Every name under this suffix (`*.github.com`: `api.github.com`,
+    /// `a.b.github.com`, not `github.com` itself).
+    Under(String),
+    /// An address or a network: the address and its prefix length.
+    Net(IpAddr, u8),
+}
+
+/// One allow or deny rule, as written and as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    text: String,
+    pattern: Pattern,
+    port: Option<u16>,
+}
+
+impl Rule {
+    /// Read a rule: `HOST`, `*.DOMAIN`, `ADDRESS`, `NETWORK/BITS`, each
+    /// with an optional `:PORT` (an IPv6 address in brackets then).
+    pub fn parse(text: &str) -> Result<Rule, String> {
+        let t = text.trim();
+        if t.is_empty() {
+            return Err("an empty host rule".into());
+        }
+        let (host, port) = split_port(t)?;
+        let pattern = if let Some((addr, bits)) = host.split_once('/') {
+            let ip: IpAddr = addr
+                .parse()
+                .map_err(|_| format!("`{t}`: `{addr}` before the `/` is not an address"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let bits: u8 = bits
+                .parse()
+                .ok()
+                .filter(|b| *b <= max)
+                .ok_or_else(|| format!("`{t}`: the prefix length must be 0 to {max}"))?;
+            Pattern::Net(canonical(ip), bits)
+        } else if let Ok(ip) = host.parse::<IpAddr>() {
+            let ip = canonical(ip);
+            Pattern::Net(ip, if ip.is_ipv4() { 32 } else { 128 })
+        } else if let Some(rest) = host.strip_prefix("*.") {
+            Pattern::Under(name(rest, t)?)
+        } else {
+            Pattern::Name(name(host, t)?)
+        };
+        Ok(Rule {
+            text: t.to_string(),
+            pattern,
+            port,
+        })
+    }
+
+    /// The rule as written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    fn port_matches(&self, port: u16) -> bool {
+        self.port.is_none_or(|p| p == port)
+    }
+
+    /// The rule names the host by name (or under a suffix).
+    fn names(&self, host: &str, port: u16) -> bool {
+        self.port_matches(port)
+            && match &self.pattern {
+                Pattern::Name(n) => *n == host,
+                Pattern::Under(s) => host
+                    .strip_suffix(s.as_str())
+                    .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+                Pattern::Net(..) => false,
+            }
+    }
+
+    /// The rule names the address (or a network holding it).
+    fn holds(&self, addr: IpAddr, port: u16) -> bool {
+        self.port_matches(port)
+            && match &self.pattern {
+                Pattern::Net(net, bits) => in_net(addr, *net, *bits),
+                _ => false,
+            }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// A sandbox's egress policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Egress {
+    /// How much is reached without a rule.
+    pub mode: Mode,
+    /// Hosts let through.
+    pub allow: Vec<Rule>,
+    /// Hosts refused, before any allow rule is read.
+    pub deny: Vec<Rule>,
+    /// In `allow` mode, a host no rule names becomes an approval instead
+    /// of a refusal.
+    pub ask: bool,
+}
+
+/// One connection to judge.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    /// The name the program asked for (an address's text when it asked for
+    /// an address); empty when unknown (a transparent redirect of a raw
+    /// connection).
+    pub host: &'a str,
+    /// The address the connection actually goes to.
+    pub addr: IpAddr,
+    /// Its port.
+    pub port: u16,
+}
+
+/// What to do with a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Let it through.
+    Allow,
+    /// Refuse it.
+    Deny,
+    /// Hold it and ask a person (an approval).
+    Ask,
+}
+
+/// The decision on a connection and why, in words a refusal can show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// What to do.
+    pub action: Action,
+    /// The rule that decided, as written (`deny: *.example.com`), or the
+    /// default that did (`mode off`, `guarded: link-local`).
+    pub rule: String,
+    /// Why, for a person.
+    pub reason: String,
+}
+
+impl Egress {
+    /// A policy from `--network`'s text: `off`, `open`, `allow:HOST,HOST…`
+    /// (also `on` for `open`, as the flag's older form meant).
+    pub fn parse_flag(text: &str) -> Result<Egress, String> {
+        let t = text.trim();
+        let (mode, rest) = match t.split_once(':') {
+            Some((m, rest)) => (m, Some(rest)),
+            None => (t, None),
+        };
+        let mode = match mode {
+            "off" | "none" => Mode::Off,
+            "open" | "on" => Mode::Open,
+            "allow" => Mode::Allow,
+            other => {
+                return Err(format!(
+                    "network `{other}`: use `off`, `open` or `allow:HOST,HOST…`"
+                ));
+            }
+        };
+        let mut allow = Vec::new();
+        match (mode, rest) {
+            (Mode::Allow, Some(list)) => {
+                for part in list.split(',').filter(|p| !p.trim().is_empty()) {
+                    allow.push(Rule::parse(part)?);
+                }
+                if allow.is_empty() {
+                    return Err("`allow:` names no host: `allow:pypi.org,github.com`".into());
+                }
+            }
+            (Mode::Allow, None) => {}
+            (_, Some(_)) => {
+                return Err(format!(
+                    "`{}` takes no hosts; hosts go with `allow:`",
+                    mode.as_str()
+                ));
+            }
+            (_, None) => {}
+        }
+        Ok(Egress {
+            mode,
+            allow,
+            ..Egress::default()
+        })
+    }
+
+    /// Judge one connection.
+    pub fn judge(&self, t: Target<'_>) -> Verdict {
+        let addr = canonical(t.addr);
+        let host = normal_host(t.host);
+        let verdict = |action, rule: String, reason: String| Verdict {
+            action,
+            rule,
+            reason,
+        };
+        if self.mode == Mode::Off {
+            return verdict(
+                Action::Deny,
+                "mode off".into(),
+                "this sandbox has no network".into(),
+            );
+        }
+        if let Some(r) = self
+            .deny
+            .iter()
+            .find(|r| r.holds(addr, t.port) || r.names(&host, t.port))
+        {
+            return verdict(
+                Action::Deny,
+                format!("deny: {r}"),
+                format!("{} is denied by a rule", shown(&host, addr, t.port)),
+            );
+        }
+        if let Some(r) = self.allow.iter().find(|r| r.holds(addr, t.port)) {
+            return verdict(
+                Action::Allow,
+                format!("allow: {r}"),
+                format!("{addr} is allowed by a rule"),
+            );
+        }
+        if let Some(range) = guarded(addr) {
+            return verdict(
+                Action::Deny,
+                format!("guarded: {range}"),
+                format!(
+                    "{} is a {range} address, refused unless a rule names the address itself",
+                    shown(&host, addr, t.port)
+                ),
+            );
+        }
+        if self.mode == Mode::Open {
+            return verdict(
+                Action::Allow,
+                "mode open".into(),
+                "every public address is open".into(),
+            );
+        }
+        if let Some(r) = self.allow.iter().find(|r| r.names(&host, t.port)) {
+            return verdict(
+                Action::Allow,
+                format!("allow: {r}"),
+                format!("{host} is allowed by a rule"),
+            );
+        }
+        let who = shown(&host, addr, t.port);
+        if self.ask {
+            verdict(
+                Action::Ask,
+                "ask".into(),
+                format!("{who} is in no rule; a person decides"),
+            )
+        } else {
+            verdict(
+                Action::Deny,
+                "mode allow".into(),
+                format!("{who} is in no allow rule"),
+            )
+        }
+    }
+}
+
+/// The ranges refused without a rule that names the address, and their
+/// names: the one an address is in, if any.
+pub fn guarded(addr: IpAddr) -> Option<&'static str> {
+    match canonical(addr) {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_link_local() {
+                // 169.254.0.0/16: cloud metadata (169.254.169.254) lives here.
+                Some("link-local")
+            } else if a.is_private() {
+                Some("private")
+            } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
+                Some("shared (CGNAT)")
+            } else if a.is_unspecified() || o[0] == 0 {
+                Some("unspecified")
+            } else if a.is_multicast() || a.is_broadcast() || o[0] >= 240 {
+                Some("multicast or reserved")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(a) => {
+            let s = a.segments();
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_unspecified() {
+                Some("unspecified")
+            } else if (s[0] & 0xffc0) == 0xfe80 {
+                Some("link-local")
+            } else if (s[0] & 0xfe00) == 0xfc00 {
+                // fc00::/7, unique local: among them AWS's metadata fd00:ec2::254.
+                Some("private")
+            } else if a.is_multicast() {
+                Some("multicast or reserved")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// An IPv4 address written as IPv6 (mapped or compatible) as the IPv4
+/// address it is, so a rule or a range reads it once.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+fn in_net(addr: IpAddr, net: IpAddr, bits: u8) -> bool {
+    match (addr, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// `host` and its port: `[v6]:port`, `name:port`, or no port.
+fn split_port(t: &str) -> Result<(&str, Option<u16>), String> {
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("`{t}`: `{p}` is not a port (1 to 65535)"))
+    };
+    if let Some(rest) = t.strip_prefix('[') {
+        let (addr, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("`{t}`: a `[` with no `]`"))?;
+        return match after.strip_prefix(':') {
+            Some(p) => Ok((addr, Some(port(p)?))),
+            None if after.is_empty() => Ok((addr, None)),
+            None => Err(format!("`{t}`: only `:PORT` may follow `]`")),
+        };
+    }
+    // A bare IPv6 address has colons of its own and no port.
+    if t.matches(':').count() > 1 {
+        return Ok((t, None));
+    }
+    match t.rsplit_once(':') {
+        Some((h, p)) => Ok((h, Some(port(p)?))),
+        None => Ok((t, None)),
+    }
+}
+
+/// A host name as rules compare it: lower case, no trailing dot, and only
+/// the characters a DNS name has.
+fn name(host: &str, rule: &str) -> Result<String, String> {
+    let n = normal_host(host);
+    let ok = !n.is_empty()
+        && n.len() <= 253
+        && n.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if ok {
+        Ok(n)
+    } else {
+        Err(format!(
+            "`{rule}`: `{host}` is not a host name, an address or `*.DOMAIN`"
+        ))
+    }
+}
+
+fn normal_host(host: &str) -> String {
+    host.trim().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// A connection in words: `name (addr):port`, or `addr:port`.
+fn shown(host: &str, addr: IpAddr, port: u16) -> String {
+    let at = match addr {
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+        IpAddr::V4(a) => format!("{a}:{port}"),
+    };
+    if host.is_empty() || host.parse::<IpAddr>().is_ok() {
+        at
+    } else {
+        format!("{host} ({at})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn to(host: &str, addr: &str, port: u16) -> Target<'static> {
+        Target {
+            host: Box::leak(host.to_string().into_boxed_str()),
+            addr: match addr.parse() {
+                Ok(a) => a,
+                Err(_) => panic!("{addr} is not an address"),
+            },
+            port,
+        }
+    }
+
+    fn rule(text: &str) -> Rule {
+        match Rule::parse(text) {
+            Ok(r) => r,
+            Err(e) => panic!("{text}: {e}"),
+        }
+    }
+
+    fn allow(rules: &[&str]) -> Egress {
+        Egress {
+            mode: Mode::Allow,
+            allow: rules.iter().map(|r| rule(r)).collect(),
+            ..Egress::default()
+        }
+    }
+
+    #[test]
+    fn allowed_names_pass_and_others_are_refused_with_the_rule_named() {
+        let e = allow(&["pypi.org", "*.github.com", "db.internal:5432"]);
+        let v = e.judge(to("PyPI.org.", "151.101.0.223", 443));
+        assert_eq!(
+            (v.action, v.rule.as_str()),
+            (Action::Allow, "allow: pypi.org")
+        );
+        assert_eq!(
+            e.judge(to("api.github.com", "140.82.112.6", 443)).action,
+            Action::Allow
+        );
+        assert_eq!(
+            e.judge(to("a.b.github.com", "140.82.112.6", 443)).action,
+            Action::Allow
+        );
+        // `*.github.com` is the subdomains, not the name, nor a look-alike.
+        assert_eq!(
+            e.judge(to("github.com", "140.82.112.3", 443)).action,
+            Action::Deny
+        );
+        assert_eq!(
+            e.judge(to("evilgithub.com", "140.82.112.3", 443)).action,
+            Action::Deny
+        );
+        let v = e.judge(to("example.com", "93.184.216.34", 443));
+        assert_eq!(v.action, Action::Deny);
+        assert_eq!(v.rule, "mode allow");
+        assert!(v.reason.contains("example.com"), "{}", v.reason);
+        // A port-bound rule binds the port.
+        assert_eq!(
+            e.judge(to("db.internal", "8.8.4.4", 5432)).action,
+            Action::Allow
+        );
+        assert_eq!(
+            e.judge(to("db.internal", "8.8.4.4", 22)).action,
+            Action::Deny
+        );
+    }
+
+    #[test]
+    fn guarded_addresses_need_a_rule_that_names_the_address() {
+        // A name rule whose name resolves to metadata, loopback or a private
+        // address (DNS rebinding, a redirect) does not open it.
+        let e = allow(&["pypi.org"]);
+        for (addr, range) in [
+            ("169.254.169.254", "link-local"),
+            ("127.0.0.1", "loopback"),
+            ("10.1.2.3", "private"),
+            ("192.168.1.1", "private"),
+            ("172.16.0.9", "private"),
+            ("100.64.0.1", "shared (CGNAT)"),
+            ("0.0.0.0", "unspecified"),
+            ("::1", "loopback"),
+            ("fe80::1", "link-local"),
+            ("fd00:ec2::254", "private"),
+            ("::ffff:169.254.169.254", "link-local"),
+            ("::ffff:127.0.0.1", "loopback"),
+        ] {
+            let v = e.judge(to("pypi.org", addr, 443));
+            assert_eq!(v.action, Action::Deny, "{addr}");
+            assert_eq!(v.rule, format!("guarded: {range}"), "{addr}");
+        }
+        // Open mode still guards them.
+        let open = Egress {
+            mode: Mode::Open,
+            ..Egress::default()
+        };
+        assert_eq!(
+            open.judge(to("", "169.254.169.254", 80)).action,
+            Action::Deny
+        );
+        assert_eq!(
+            open.judge(to("x.org", "1.1.1.1", 443)).action,
+            Action::Allow
+        );
+        // A rule naming the address, or a network holding it, opens it.
+        let e = allow(&["10.1.2.3:5432", "192.168.0.0/16", "[::1]:8080"]);
+        assert_eq!(e.judge(to("", "10.1.2.3", 5432)).action, Action::Allow);
+        assert_eq!(e.judge(to("", "10.1.2.3", 22)).action, Action::Deny);
+        assert_eq!(e.judge(to("nas", "192.168.7.7", 445)).action, Action::Allow);
+        assert_eq!(e.judge(to("", "::1", 8080)).action, Action::Allow);
+        assert_eq!(e.judge(to("", "::1", 8081)).action, Action::Deny);
+    }
+
+    #[test]
+    fn deny_comes_first_off_refuses_all_and_ask_asks() {
+        let mut e = allow(&["*.example.com", "0.0.0.0/0"]);
+        e.deny = vec![rule("secret.example.com")];
+        let v = e.judge(to("secret.example.com", "93.184.216.34", 443));
+        assert_eq!(
+            (v.action, v.rule.as_str()),
+            (Action::Deny, "deny: secret.example.com")
+        );
+        let off = Egress::default();
+        assert_eq!(
+            off.judge(to("pypi.org", "151.101.0.223", 443)).rule,
+            "mode off"
+        );
+        let mut ask = allow(&["pypi.org"]);
+        ask.ask = true;
+        assert_eq!(
+            ask.judge(to("example.com", "93.184.216.34", 443)).action,
+            Action::Ask
+        );
+        // Asking never reaches a guarded address: that needs a rule.
+        assert_eq!(
+            ask.judge(to("example.com", "10.0.0.1", 443)).action,
+            Action::Deny
+        );
+    }
+
+    #[test]
+    fn rules_and_flags_read_or_say_what_is_wrong() -> Result<(), String> {
+        for bad in [
+            "",
+            "10.0.0.0/33",
+            "pypi.org:0",
+            "pypi.org:http",
+            "[::1",
+            "a..b",
+            "exa mple.com",
+            "ex/ample",
+        ] {
+            assert!(Rule::parse(bad).is_err(), "{bad:?} was read");
+        }
+        let e = Egress::parse_flag("allow:pypi.org, *.github.com ,10.1.2.3:5432")?;
+        assert_eq!(e.mode, Mode::Allow);
+        let texts: Vec<&str> = e.allow.iter().map(Rule::text).collect();
+        assert_eq!(texts, ["pypi.org", "*.github.com", "10.1.2.3:5432"]);
+        assert_eq!(Egress::parse_flag("off")?.mode, Mode::Off);
+        assert_eq!(Egress::parse_flag("on")?.mode, Mode::Open);
+        assert!(Egress::parse_flag("allow:").is_err());
+        assert!(Egress::parse_flag("open:pypi.org").is_err());
+        match Egress::parse_flag("sometimes") {
+            Ok(e) => panic!("`sometimes` read as {e:?}"),
+            Err(err) => assert!(err.contains("allow:HOST"), "{err}"),
+        }
+        Ok(())
+    }
+}
