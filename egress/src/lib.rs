@@ -1,0 +1,568 @@
+//! berth's egress proxy: a sandbox's one door out.
+//!
+//! The sandbox has no route of its own (see `wip/egress.md`); a relay in it
+//! hands each connection to this proxy over a unix socket. The proxy reads
+//! an HTTP/1 `CONNECT host:port`, resolves the name itself, judges every
+//! address with [`berth_policies::egress::Egress::judge`] and connects only
+//! to an address that was judged: the address judged is the address
+//! connected to, so a second lookup cannot lead elsewhere. A refusal is a
+//! `403` whose body names the rule and why. Every connection, let through
+//! or not, is reported once it ends ([`Record`]), with the bytes it moved.
+//!
+//! Only `CONNECT` is proxied so far (HTTPS, and anything a client tunnels);
+//! a plain-HTTP request through the proxy gets a `405` that says so.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+
+use berth_policies::egress::{Action, Egress, Target, Verdict};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixListener};
+
+/// A future the proxy's hooks return.
+pub type Hook<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Turns a host name into addresses. The proxy resolves names itself: the
+/// sandbox has no resolver, so a name is only ever looked up here.
+pub trait Resolve: Send + Sync {
+    /// The addresses `host` has, with `port`.
+    fn resolve(&self, host: String, port: u16) -> Hook<io::Result<Vec<SocketAddr>>>;
+}
+
+/// The system's resolver (tokio's `lookup_host`).
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve(&self, host: String, port: u16) -> Hook<io::Result<Vec<SocketAddr>>> {
+        Box::pin(async move {
+            Ok(tokio::net::lookup_host((host.as_str(), port))
+                .await?
+                .collect())
+        })
+    }
+}
+
+/// Decides an *ask* verdict: a person (an approval) lets the connection
+/// through or not. Without one, an ask is a refusal that says so.
+pub trait Ask: Send + Sync {
+    /// Whether to let `host:port` (at `addr`) through.
+    fn ask(&self, host: String, addr: SocketAddr, verdict: Verdict) -> Hook<bool>;
+}
+
+/// One connection the proxy saw, reported when it ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The host the client asked for (a name or an address's text).
+    pub host: String,
+    /// The port it asked for.
+    pub port: u16,
+    /// The address connected to, or the one refused (none when the name
+    /// did not resolve).
+    pub addr: Option<SocketAddr>,
+    /// The decision, with its rule and reason.
+    pub verdict: Verdict,
+    /// Bytes from the sandbox to the host.
+    pub bytes_up: u64,
+    /// Bytes from the host to the sandbox.
+    pub bytes_down: u64,
+    /// Why a connection that was let through failed, if it did.
+    pub error: Option<String>,
+}
+
+/// The proxy for one sandbox: its policy (which may change while it runs)
+/// and where its records go.
+pub struct Proxy {
+    policy: RwLock<Egress>,
+    resolver: Arc<dyn Resolve>,
+    asker: Option<Arc<dyn Ask>>,
+    report: Arc<dyn Fn(Record) + Send + Sync>,
+}
+
+impl Proxy {
+    /// A proxy judging by `policy`, resolving through the system.
+    pub fn new(policy: Egress, report: Arc<dyn Fn(Record) + Send + Sync>) -> Proxy {
+        Proxy {
+            policy: RwLock::new(policy),
+            resolver: Arc::new(SystemResolver),
+            asker: None,
+            report,
+        }
+    }
+
+    /// Resolve names through `r` instead of the system.
+    pub fn with_resolver(mut self, r: Arc<dyn Resolve>) -> Proxy {
+        self.resolver = r;
+        self
+    }
+
+    /// Put *ask* verdicts to `a`.
+    pub fn with_asker(mut self, a: Arc<dyn Ask>) -> Proxy {
+        self.asker = Some(a);
+        self
+    }
+
+    /// Replace the policy; connections from now on are judged by it.
+    pub fn set_policy(&self, policy: Egress) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+    }
+
+    fn policy(&self) -> Egress {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Serve every connection `listener` accepts, until it fails.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) -> io::Result<()> {
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let me = self.clone();
+            tokio::spawn(async move { me.serve_one(stream).await });
+        }
+    }
+
+    /// Serve one client connection (HTTP/1, with upgrades for `CONNECT`).
+    pub async fn serve_one<S>(self: Arc<Self>, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let me = self.clone();
+        let svc = service_fn(move |req| {
+            let me = me.clone();
+            async move { Ok::<_, std::convert::Infallible>(me.handle(req).await) }
+        });
+        if let Err(e) = http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades()
+            .await
+        {
+            tracing::debug!(error = %e, "egress client connection ended with an error");
+        }
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        if req.method() != Method::CONNECT {
+            return reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                None,
+                "berth: only CONNECT (HTTPS) goes through berth's egress proxy so far; \
+                 use an https:// address\n",
+            );
+        }
+        let Some((host, port)) = req
+            .uri()
+            .authority()
+            .and_then(|a| Some((a.host().to_string(), a.port_u16()?)))
+        else {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                None,
+                "berth: CONNECT needs HOST:PORT\n",
+            );
+        };
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let (addr, verdict) = match self.choose(&host, port).await {
+            Ok(chosen) => chosen,
+            Err(record) => {
+                let body = refusal_text(&record);
+                let rule = record.verdict.rule.clone();
+                (self.report)(record);
+                return reply(StatusCode::FORBIDDEN, Some(&rule), &body);
+            }
+        };
+        let upstream = match TcpStream::connect(addr).await {
+            Ok(s) => s,
+            Err(e) => {
+                let text = format!("berth: could not reach {host}:{port} at {addr}: {e}\n");
+                (self.report)(Record {
+                    host,
+                    port,
+                    addr: Some(addr),
+                    verdict,
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    error: Some(e.to_string()),
+                });
+                return reply(StatusCode::BAD_GATEWAY, None, &text);
+            }
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let (up, down, error) = match hyper::upgrade::on(req).await {
+                Ok(upgraded) => {
+                    let mut client = TokioIo::new(upgraded);
+                    let mut upstream = upstream;
+                    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                        Ok((up, down)) => (up, down, None),
+                        Err(e) => (0, 0, Some(e.to_string())),
+                    }
+                }
+                Err(e) => (0, 0, Some(format!("the client never took the tunnel: {e}"))),
+            };
+            (me.report)(Record {
+                host,
+                port,
+                addr: Some(addr),
+                verdict,
+                bytes_up: up,
+                bytes_down: down,
+                error,
+            });
+        });
+        reply(StatusCode::OK, None, "")
+    }
+
+    /// The address to connect to and the verdict that allowed it, or the
+    /// record of the refusal. Every address the name has is judged; the
+    /// first one allowed is used.
+    async fn choose(&self, host: &str, port: u16) -> Result<(SocketAddr, Verdict), Record> {
+        let policy = self.policy();
+        let refused = |addr, verdict, error| Record {
+            host: host.to_string(),
+            port,
+            addr,
+            verdict,
+            bytes_up: 0,
+            bytes_down: 0,
+            error,
+        };
+        let addrs = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => {
+                // Off refuses before a name is looked up: a lookup is itself
+                // a message out (DNS exfiltration).
+                if policy.mode == berth_policies::egress::Mode::Off {
+                    let v = policy.judge(Target {
+                        host,
+                        addr: IpAddr::from([0, 0, 0, 0]),
+                        port,
+                    });
+                    return Err(refused(None, v, None));
+                }
+                match self.resolver.resolve(host.to_string(), port).await {
+                    Ok(a) if !a.is_empty() => a,
+                    Ok(_) | Err(_) => {
+                        let v = Verdict {
+                            action: Action::Deny,
+                            rule: "resolve".into(),
+                            reason: format!("{host} has no address"),
+                        };
+                        return Err(refused(None, v, None));
+                    }
+                }
+            }
+        };
+        let mut first_refusal = None;
+        for addr in addrs {
+            let v = policy.judge(Target {
+                host,
+                addr: addr.ip(),
+                port,
+            });
+            match v.action {
+                Action::Allow => return Ok((addr, v)),
+                Action::Ask => {
+                    if let Some(a) = &self.asker
+                        && a.ask(host.to_string(), addr, v.clone()).await
+                    {
+                        let v = Verdict {
+                            action: Action::Allow,
+                            rule: "approved".into(),
+                            reason: format!("a person let {host}:{port} through"),
+                        };
+                        return Ok((addr, v));
+                    }
+                    let v = Verdict {
+                        action: Action::Deny,
+                        reason: if self.asker.is_some() {
+                            format!("{} and was refused", v.reason)
+                        } else {
+                            format!("{}, but no one can be asked here", v.reason)
+                        },
+                        ..v
+                    };
+                    first_refusal.get_or_insert((addr, v));
+                }
+                Action::Deny => {
+                    first_refusal.get_or_insert((addr, v));
+                }
+            }
+        }
+        let (addr, v) = first_refusal.ok_or_else(|| {
+            refused(
+                None,
+                Verdict {
+                    action: Action::Deny,
+                    rule: "resolve".into(),
+                    reason: format!("{host} has no address"),
+                },
+                None,
+            )
+        })?;
+        Err(refused(Some(addr), v, None))
+    }
+}
+
+/// What a refused client reads.
+fn refusal_text(r: &Record) -> String {
+    format!(
+        "berth: connection to {}:{} refused by the sandbox's network policy ({}): {}\n",
+        r.host, r.port, r.verdict.rule, r.verdict.reason
+    )
+}
+
+fn reply(status: StatusCode, rule: Option<&str>, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Some(v) = rule.and_then(|t| hyper::header::HeaderValue::from_str(t).ok()) {
+        r.headers_mut().insert("x-berth-refused", v);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use berth_policies::egress::{Mode, Rule};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, UnixStream};
+
+    use super::*;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    /// Names the tests make up, resolved without DNS.
+    struct Names(HashMap<String, IpAddr>);
+
+    impl Resolve for Names {
+        fn resolve(&self, host: String, port: u16) -> Hook<io::Result<Vec<SocketAddr>>> {
+            let found = self.0.get(&host).map(|ip| vec![SocketAddr::new(*ip, port)]);
+            Box::pin(async move {
+                found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such name"))
+            })
+        }
+    }
+
+    /// A server that echoes what it reads, on loopback.
+    async fn echo() -> io::Result<u16> {
+        let l = TcpListener::bind("127.0.0.1:0").await?;
+        let port = l.local_addr()?.port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        Ok(port)
+    }
+
+    struct Rig {
+        socket: std::path::PathBuf,
+        records: Arc<Mutex<Vec<Record>>>,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn rig(
+        policy: Egress,
+        names: &[(&str, &str)],
+    ) -> Result<Rig, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("proxy.sock");
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let sink = records.clone();
+        let mut map = HashMap::new();
+        for (n, a) in names {
+            map.insert(n.to_string(), a.parse()?);
+        }
+        let proxy = Proxy::new(
+            policy,
+            Arc::new(move |r| sink.lock().unwrap_or_else(|p| p.into_inner()).push(r)),
+        )
+        .with_resolver(Arc::new(Names(map)));
+        let listener = UnixListener::bind(&socket)?;
+        tokio::spawn(Arc::new(proxy).serve(listener));
+        Ok(Rig {
+            socket,
+            records,
+            _dir: dir,
+        })
+    }
+
+    impl Rig {
+        /// CONNECT to `target`; the status line and headers, the body of a
+        /// refusal, and the stream (for a tunnel).
+        async fn connect(&self, target: &str) -> io::Result<(String, UnixStream)> {
+            let mut s = UnixStream::connect(&self.socket).await?;
+            s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+                .await?;
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if s.read(&mut byte).await? == 0 {
+                    break;
+                }
+                head.push(byte[0]);
+            }
+            let mut text = String::from_utf8_lossy(&head).into_owned();
+            let length = text
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            let mut body = vec![0u8; length];
+            s.read_exact(&mut body).await?;
+            text.push_str(&String::from_utf8_lossy(&body));
+            Ok((text, s))
+        }
+
+        /// The records, once `n` have come (each is reported as its
+        /// connection ends).
+        async fn records(&self, n: usize) -> Vec<Record> {
+            for _ in 0..200 {
+                let got = self
+                    .records
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                if got.len() >= n {
+                    return got;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            self.records
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        }
+    }
+
+    fn allowing(rules: &[&str]) -> Result<Egress, String> {
+        Ok(Egress {
+            mode: Mode::Allow,
+            allow: rules
+                .iter()
+                .map(|r| Rule::parse(r))
+                .collect::<Result<_, _>>()?,
+            ..Egress::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn an_allowed_address_is_tunnelled_and_its_bytes_are_counted() -> TestResult {
+        let port = echo().await?;
+        let rig = rig(allowing(&[&format!("127.0.0.1:{port}")])?, &[]).await?;
+        let (head, mut s) = rig.connect(&format!("127.0.0.1:{port}")).await?;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        s.write_all(b"ping").await?;
+        let mut back = [0u8; 4];
+        s.read_exact(&mut back).await?;
+        assert_eq!(&back, b"ping");
+        drop(s);
+        let recs = rig.records(1).await;
+        assert_eq!(recs.len(), 1, "{recs:?}");
+        assert_eq!(recs[0].verdict.action, Action::Allow);
+        assert_eq!(recs[0].verdict.rule, format!("allow: 127.0.0.1:{port}"));
+        assert_eq!((recs[0].bytes_up, recs[0].bytes_down), (4, 4));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_refusal_names_the_rule_and_nothing_is_connected() -> TestResult {
+        let port = echo().await?;
+        // An allowed *name* that resolves to loopback (DNS rebinding, or a
+        // name pointed at the host's own services) is refused.
+        let rig = rig(
+            allowing(&["pypi.test", "metadata.test"])?,
+            &[
+                ("pypi.test", "127.0.0.1"),
+                ("metadata.test", "169.254.169.254"),
+            ],
+        )
+        .await?;
+        let (head, _) = rig.connect(&format!("pypi.test:{port}")).await?;
+        assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+        assert!(
+            head.contains("x-berth-refused: guarded: loopback"),
+            "{head}"
+        );
+        assert!(
+            head.contains("refused unless a rule names the address"),
+            "{head}"
+        );
+        let (head, _) = rig.connect("metadata.test:80").await?;
+        assert!(head.contains("guarded: link-local"), "{head}");
+        // A host in no rule.
+        let (head, _) = rig.connect("1.1.1.1:443").await?;
+        assert!(head.contains("x-berth-refused: mode allow"), "{head}");
+        let recs = rig.records(3).await;
+        assert_eq!(recs.len(), 3, "{recs:?}");
+        assert!(
+            recs.iter()
+                .all(|r| r.verdict.action == Action::Deny && r.bytes_up == 0)
+        );
+        assert_eq!(
+            recs[0].addr,
+            Some(SocketAddr::new([127, 0, 0, 1].into(), port))
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn off_looks_nothing_up_and_plain_http_is_refused_with_why() -> TestResult {
+        let rig = rig(Egress::default(), &[("pypi.test", "151.101.0.223")]).await?;
+        let (head, _) = rig.connect("pypi.test:443").await?;
+        assert!(head.contains("x-berth-refused: mode off"), "{head}");
+        let recs = rig.records(1).await;
+        assert_eq!(recs[0].addr, None, "a name was resolved under mode off");
+        let mut s = UnixStream::connect(&rig.socket).await?;
+        s.write_all(
+            b"GET http://pypi.test/ HTTP/1.1\r\nHost: pypi.test\r\nConnection: close\r\n\r\n",
+        )
+        .await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        assert!(text.starts_with("HTTP/1.1 405"), "{text}");
+        assert!(text.contains("only CONNECT"), "{text}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_policy_changed_while_running_judges_the_next_connection() -> TestResult {
+        let port = echo().await?;
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("p.sock");
+        let proxy = Arc::new(Proxy::new(Egress::default(), Arc::new(|_| {})));
+        tokio::spawn(proxy.clone().serve(UnixListener::bind(&socket)?));
+        let rig = Rig {
+            socket,
+            records: Arc::default(),
+            _dir: dir,
+        };
+        let target = format!("127.0.0.1:{port}");
+        assert!(rig.connect(&target).await?.0.starts_with("HTTP/1.1 403"));
+        proxy.set_policy(allowing(&[&target])?);
+        assert!(rig.connect(&target).await?.0.starts_with("HTTP/1.1 200"));
+        Ok(())
+    }
+}
