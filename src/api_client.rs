@@ -135,18 +135,12 @@ pub use crate::io::out;
 
 /// A backend named on the command line.
 pub fn backend_kind(name: &str) -> Result<berth_core::backend::BackendKind> {
-    berth_core::backend::BackendKind::parse(name).ok_or_else(|| {
-        let all: Vec<&str> = berth_core::backend::BackendKind::ALL
-            .iter()
-            .map(|k| k.as_str())
-            .collect();
-        anyhow!("unknown backend `{name}`; berth has: {}", all.join(", "))
-    })
+    berth_core::backend::BackendKind::named(name).map_err(|e| anyhow!(e))
 }
 
 /// `--backend`'s parser: a name berth knows, or clap's error naming them.
 pub fn parse_backend(name: &str) -> std::result::Result<berth_core::backend::BackendKind, String> {
-    backend_kind(name).map_err(|e| e.to_string())
+    berth_core::backend::BackendKind::named(name)
 }
 
 /// A sandbox named on the command line, as the API names it.

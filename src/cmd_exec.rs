@@ -26,17 +26,15 @@ pub async fn background(dir: &Path, mode: crate::server::Mode, a: ExecArgs) -> R
     use berth_service::proto;
     let command = a.command_line()?;
     berth_core::runtime::check_session_name(&a.session)?;
+    let backend = api_client::backend_kind(&a.backend)?;
     let api = Api::open(dir, mode).await?;
     let started = match &api {
         Api::Served(ch) => crate::cmd_job::served_start(
             ch,
-            api_client::backend_kind(&a.backend)?,
+            backend,
             &a.sandbox,
             proto::StartJob {
-                sandbox: Some(api_client::sandbox_ref(
-                    api_client::backend_kind(&a.backend)?,
-                    &a.sandbox,
-                )?),
+                sandbox: Some(api_client::sandbox_ref(backend, &a.sandbox)?),
                 command,
                 session: a.session.clone(),
                 ..Default::default()
@@ -49,14 +47,9 @@ pub async fn background(dir: &Path, mode: crate::server::Mode, a: ExecArgs) -> R
                 session: Some(a.session.clone()),
                 ..Default::default()
             };
-            svc.start_job(
-                api_client::backend_kind(&a.backend)?,
-                &a.sandbox,
-                &command,
-                opts,
-            )
-            .await
-            .map_err(Into::into)
+            svc.start_job(backend, &a.sandbox, &command, opts)
+                .await
+                .map_err(Into::into)
         }
     };
     api.close().await;
@@ -73,6 +66,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
     let command = a.command_line()?;
     let timeout = a.timeout.map(timeout_from_secs).transpose()?;
     berth_core::runtime::check_session_name(&a.session)?;
+    let backend = crate::api_client::backend_kind(&a.backend)?;
     // `--background` is a served subcommand: main runs it with `background_on`.
     debug_assert!(!a.background);
     let stdin = a.read_stdin()?;
@@ -103,7 +97,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         }))
     };
     let req = ExecRequest {
-        backend: crate::api_client::backend_kind(&a.backend)?,
+        backend,
         sandbox: a.sandbox.clone(),
         command,
         timeout,
@@ -134,12 +128,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: ExecArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
-    let report = exec_report::to_proto(
-        &report,
-        crate::api_client::backend_kind(&a.backend)?,
-        &a.sandbox,
-        timeout,
-    );
+    let report = exec_report::to_proto(&report, backend, &a.sandbox, timeout);
     if a.json {
         context::print_json(&berth_client::report::json(&report));
     } else {

@@ -158,6 +158,18 @@ impl BackendKind {
     pub fn parse(name: &str) -> Option<BackendKind> {
         Self::ALL.into_iter().find(|k| k.as_str() == name)
     }
+
+    /// The kind called `name`, or the error every front end shows for a
+    /// name it was given: `unknown backend `x`; berth has: local, ssh, …`.
+    pub fn named(name: &str) -> std::result::Result<BackendKind, String> {
+        Self::parse(name)
+            .ok_or_else(|| format!("unknown backend `{name}`; berth has: {}", Self::names()))
+    }
+
+    /// Every kind's name, comma separated, for messages.
+    pub fn names() -> String {
+        Self::ALL.map(BackendKind::as_str).join(", ")
+    }
 }
 
 /// A stored backend name this berth does not know: a newer berth, with a
@@ -173,7 +185,7 @@ impl std::fmt::Display for UnknownBackend {
              (it knows {}); a newer berth wrote it: run that one",
             self.0,
             env!("CARGO_PKG_VERSION"),
-            BackendKind::ALL.map(|k| k.as_str()).join(", ")
+            BackendKind::names()
         )
     }
 }

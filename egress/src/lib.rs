@@ -239,6 +239,14 @@ impl Proxy {
             bytes_down: 0,
             error,
         };
+        let no_address = || {
+            let v = Verdict {
+                action: Action::Deny,
+                rule: "resolve".into(),
+                reason: format!("{host} has no address"),
+            };
+            refused(None, v, None)
+        };
         let addrs = match host.parse::<IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
             Err(_) => {
@@ -254,14 +262,7 @@ impl Proxy {
                 }
                 match self.resolver.resolve(host.to_string(), port).await {
                     Ok(a) if !a.is_empty() => a,
-                    Ok(_) | Err(_) => {
-                        let v = Verdict {
-                            action: Action::Deny,
-                            rule: "resolve".into(),
-                            reason: format!("{host} has no address"),
-                        };
-                        return Err(refused(None, v, None));
-                    }
+                    Ok(_) | Err(_) => return Err(no_address()),
                 }
             }
         };
@@ -301,17 +302,7 @@ impl Proxy {
                 }
             }
         }
-        let (addr, v) = first_refusal.ok_or_else(|| {
-            refused(
-                None,
-                Verdict {
-                    action: Action::Deny,
-                    rule: "resolve".into(),
-                    reason: format!("{host} has no address"),
-                },
-                None,
-            )
-        })?;
+        let (addr, v) = first_refusal.ok_or_else(no_address)?;
         Err(refused(Some(addr), v, None))
     }
 }

@@ -458,6 +458,11 @@ mod tests {
         }
     }
 
+    /// What `e` does with a connection to `host` at `addr:port`.
+    fn act(e: &Egress, host: &str, addr: &str, port: u16) -> Action {
+        e.judge(to(host, addr, port)).action
+    }
+
     fn rule(text: &str) -> Rule {
         match Rule::parse(text) {
             Ok(r) => r,
@@ -482,35 +487,23 @@ mod tests {
             (Action::Allow, "allow: pypi.org")
         );
         assert_eq!(
-            e.judge(to("api.github.com", "140.82.112.6", 443)).action,
+            act(&e, "api.github.com", "140.82.112.6", 443),
             Action::Allow
         );
         assert_eq!(
-            e.judge(to("a.b.github.com", "140.82.112.6", 443)).action,
+            act(&e, "a.b.github.com", "140.82.112.6", 443),
             Action::Allow
         );
         // `*.github.com` is the subdomains, not the name, nor a look-alike.
-        assert_eq!(
-            e.judge(to("github.com", "140.82.112.3", 443)).action,
-            Action::Deny
-        );
-        assert_eq!(
-            e.judge(to("evilgithub.com", "140.82.112.3", 443)).action,
-            Action::Deny
-        );
+        assert_eq!(act(&e, "github.com", "140.82.112.3", 443), Action::Deny);
+        assert_eq!(act(&e, "evilgithub.com", "140.82.112.3", 443), Action::Deny);
         let v = e.judge(to("example.com", "93.184.216.34", 443));
         assert_eq!(v.action, Action::Deny);
         assert_eq!(v.rule, "mode allow");
         assert!(v.reason.contains("example.com"), "{}", v.reason);
         // A port-bound rule binds the port.
-        assert_eq!(
-            e.judge(to("db.internal", "8.8.4.4", 5432)).action,
-            Action::Allow
-        );
-        assert_eq!(
-            e.judge(to("db.internal", "8.8.4.4", 22)).action,
-            Action::Deny
-        );
+        assert_eq!(act(&e, "db.internal", "8.8.4.4", 5432), Action::Allow);
+        assert_eq!(act(&e, "db.internal", "8.8.4.4", 22), Action::Deny);
     }
 
     #[test]
@@ -541,21 +534,15 @@ mod tests {
             mode: Mode::Open,
             ..Egress::default()
         };
-        assert_eq!(
-            open.judge(to("", "169.254.169.254", 80)).action,
-            Action::Deny
-        );
-        assert_eq!(
-            open.judge(to("x.org", "1.1.1.1", 443)).action,
-            Action::Allow
-        );
+        assert_eq!(act(&open, "", "169.254.169.254", 80), Action::Deny);
+        assert_eq!(act(&open, "x.org", "1.1.1.1", 443), Action::Allow);
         // A rule naming the address, or a network holding it, opens it.
         let e = allow(&["10.1.2.3:5432", "192.168.0.0/16", "[::1]:8080"]);
-        assert_eq!(e.judge(to("", "10.1.2.3", 5432)).action, Action::Allow);
-        assert_eq!(e.judge(to("", "10.1.2.3", 22)).action, Action::Deny);
-        assert_eq!(e.judge(to("nas", "192.168.7.7", 445)).action, Action::Allow);
-        assert_eq!(e.judge(to("", "::1", 8080)).action, Action::Allow);
-        assert_eq!(e.judge(to("", "::1", 8081)).action, Action::Deny);
+        assert_eq!(act(&e, "", "10.1.2.3", 5432), Action::Allow);
+        assert_eq!(act(&e, "", "10.1.2.3", 22), Action::Deny);
+        assert_eq!(act(&e, "nas", "192.168.7.7", 445), Action::Allow);
+        assert_eq!(act(&e, "", "::1", 8080), Action::Allow);
+        assert_eq!(act(&e, "", "::1", 8081), Action::Deny);
     }
 
     #[test]
@@ -574,15 +561,9 @@ mod tests {
         );
         let mut ask = allow(&["pypi.org"]);
         ask.ask = true;
-        assert_eq!(
-            ask.judge(to("example.com", "93.184.216.34", 443)).action,
-            Action::Ask
-        );
+        assert_eq!(act(&ask, "example.com", "93.184.216.34", 443), Action::Ask);
         // Asking never reaches a guarded address: that needs a rule.
-        assert_eq!(
-            ask.judge(to("example.com", "10.0.0.1", 443)).action,
-            Action::Deny
-        );
+        assert_eq!(act(&ask, "example.com", "10.0.0.1", 443), Action::Deny);
     }
 
     #[test]

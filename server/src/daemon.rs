@@ -340,12 +340,7 @@ fn backend_named(name: &str) -> Result<BackendKind, Status> {
     if name.is_empty() {
         return Ok(BackendKind::default());
     }
-    BackendKind::parse(name).ok_or_else(|| {
-        Status::invalid_argument(format!(
-            "unknown backend `{name}`; berth has: {}",
-            BackendKind::ALL.map(|k| k.as_str()).join(", ")
-        ))
-    })
+    BackendKind::named(name).map_err(Status::invalid_argument)
 }
 
 fn event(e: exec_event::Event) -> ExecEvent {

@@ -284,8 +284,9 @@ pub fn checkpoint_row(c: proto::CheckpointInfo) -> CheckpointRow {
 }
 
 /// A reference's backend and sandbox name, for a row a front end prints.
-/// A backend this build does not know (a newer server sent it) reads as
-/// the default one: the reply is for printing, not acting on.
+/// Unset is the default backend, as in a call. A number this build does
+/// not know cannot come: the client's handshake replaces a server of
+/// another version before any call.
 pub fn place(r: Option<proto::SandboxRef>) -> (BackendKind, String) {
     r.map_or_else(Default::default, |r| {
         (backend(r.backend).unwrap_or_default(), r.name)

@@ -12,14 +12,9 @@ pub(crate) async fn run(call: &Call<'_>, a: SandboxArgs) -> ToolOutcome {
     let rt = &ctx.runtime;
     let backend = match a.backend.as_deref() {
         None => ctx.backend,
-        Some(b) => match BackendKind::parse(b) {
-            Some(k) => k,
-            None => {
-                return ToolOutcome::invalid(format!(
-                    "invalid arguments: backend `{b}` is not one berth knows (use one of {})",
-                    BackendKind::ALL.map(|k| k.as_str()).join(", ")
-                ));
-            }
+        Some(b) => match BackendKind::named(b) {
+            Ok(k) => k,
+            Err(e) => return ToolOutcome::invalid(format!("invalid arguments: {e}")),
         },
     };
     let name = || -> Result<String, ToolOutcome> {

@@ -416,12 +416,7 @@ impl Agent {
         };
         let backend = match a.backend.as_deref() {
             None => row.backend,
-            Some(b) => BackendKind::parse(b).ok_or_else(|| {
-                format!(
-                    "backend `{b}` is not one berth knows (use one of {}). Nothing was started.",
-                    BackendKind::ALL.map(|k| k.as_str()).join(", ")
-                )
-            })?,
+            Some(b) => BackendKind::named(b).map_err(|e| format!("{e}. Nothing was started."))?,
         };
         if !new && backend != row.backend {
             return Err(format!(
