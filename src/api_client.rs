@@ -143,6 +143,11 @@ pub fn parse_backend(name: &str) -> std::result::Result<berth_core::backend::Bac
     berth_core::backend::BackendKind::named(name)
 }
 
+/// `--network`'s text: `off`, `on`, `allow:HOST,HOST…`.
+pub fn parse_network(text: &str) -> std::result::Result<berth_core::backend::Network, String> {
+    berth_core::backend::Network::parse(text)
+}
+
 /// A sandbox named on the command line, as the API names it.
 pub fn sandbox_ref(
     backend: berth_core::backend::BackendKind,

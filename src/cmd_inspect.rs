@@ -24,6 +24,7 @@ fn record_json(spec: &proto::SandboxSettings) -> Value {
     json!({
         "image": spec.image,
         "network": spec.network,
+        "network_rules": spec.network_rules.as_ref().map(|r| json!({"allow": r.allow, "deny": r.deny})),
         "memory_mb": spec.memory_mb,
         "milli_cpu": spec.milli_cpu,
         "pids": spec.pids,
@@ -49,7 +50,17 @@ fn print_record(spec: &proto::SandboxSettings) {
     println!("  on record (what it was made with):");
     println!(
         "    network {}, image {}, memory {}, cpus {}, pids {}",
-        if spec.network { "on" } else { "off" },
+        match &spec.network_rules {
+            Some(r) =>
+                format!("allow:{}", r.allow.join(","))
+                    + &if r.deny.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" deny:{}", r.deny.join(","))
+                    },
+            None if spec.network => "on".into(),
+            None => "off".into(),
+        },
         spec.image.as_deref().unwrap_or("the default"),
         or_default(spec.memory_mb, " MiB"),
         or_default(spec.milli_cpu.map(|m| m as f64 / 1000.0), ""),

@@ -54,7 +54,13 @@ async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
                 sandbox: Some(sandbox_ref(a.backend, &a.name)?),
                 image: a.image.clone(),
                 env: pairs(&a.env, "--env")?.into_iter().collect(),
-                network: a.network,
+                network: a.network.as_ref().is_some_and(|n| n.is_open()),
+                network_rules: a.network.as_ref().and_then(|n| n.rules()).map(|r| {
+                    proto::NetworkRules {
+                        allow: r.allow.clone(),
+                        deny: r.deny.clone(),
+                    }
+                }),
                 memory_mb: a.memory_mb,
                 milli_cpu: a.cpus.map(|c| (c * 1000.0).round() as u64),
                 pids: a.pids,
@@ -96,6 +102,29 @@ async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
         SandboxCmd::Checkpoints(a) => crate::cmd_checkpoint::list(api, a).await,
         SandboxCmd::Restore(a) => crate::cmd_checkpoint::restore(api, dir, a).await,
         SandboxCmd::Clone(a) => crate::cmd_checkpoint::clone(api, a).await,
+        SandboxCmd::Network(a) => {
+            let req = proto::NetworkChange {
+                sandbox: Some(sandbox_ref(a.backend, &a.name)?),
+                allow: a.verdict == "allow",
+                host: a.host.clone(),
+            };
+            let rules = call!(api, SandboxesClient, Sandboxes, set_network, req)?;
+            if a.json {
+                context::print_json(&json!({
+                    "name": a.name, "backend": a.backend,
+                    "allow": rules.allow, "deny": rules.deny,
+                }));
+            } else {
+                println!(
+                    "sandbox {} ({}): allow {}; deny {}",
+                    a.name,
+                    a.backend,
+                    list_or_none(&rules.allow),
+                    list_or_none(&rules.deny)
+                );
+            }
+            Ok(0)
+        }
         SandboxCmd::Rm(a) => {
             // In-process, a server may hold the sandbox's shell: tell it.
             // Through the server, its runtime lets go in `remove_sandbox`.
@@ -294,4 +323,12 @@ async fn gc(api: &Api, a: GcArgs) -> Result<u8> {
         );
     }
     Ok(0)
+}
+
+fn list_or_none(v: &[String]) -> String {
+    if v.is_empty() {
+        "nothing".into()
+    } else {
+        v.join(", ")
+    }
 }

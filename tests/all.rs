@@ -35,6 +35,7 @@ mod delegate;
 #[cfg(feature = "docker")]
 mod docker_settings;
 mod e2b_backend;
+mod egress;
 mod follow;
 mod mcp;
 mod mcp_tools;

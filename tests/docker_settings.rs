@@ -16,9 +16,15 @@ use crate::support::TestResult;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn berth_in(state: &Path, server: &str, args: &[&str]) -> std::io::Result<Output> {
+fn berth_in(
+    state: &Path,
+    server: &str,
+    env: &[(String, String)],
+    args: &[&str],
+) -> std::io::Result<Output> {
     Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("BERTH_STATE_DIR", state)
         .env("BERTH_POLICY", state.join("policy.toml"))
         .env("BERTH_SERVER", server)
@@ -31,27 +37,30 @@ fn text(b: &[u8]) -> String {
 }
 
 /// A state dir whose docker sandboxes and server go when the test ends.
-struct State {
+pub(crate) struct State {
     dir: tempfile::TempDir,
     server: &'static str,
     sandboxes: Vec<String>,
+    /// Given to every berth this state runs (and so to its server).
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl State {
-    fn new(server: &'static str) -> Result<Self, BoxError> {
+    pub(crate) fn new(server: &'static str) -> Result<Self, BoxError> {
         Ok(Self {
             dir: tempfile::tempdir()?,
             server,
             sandboxes: Vec::new(),
+            env: Vec::new(),
         })
     }
 
-    fn run(&self, args: &[&str]) -> std::io::Result<Output> {
-        berth_in(self.dir.path(), self.server, args)
+    pub(crate) fn run(&self, args: &[&str]) -> std::io::Result<Output> {
+        berth_in(self.dir.path(), self.server, &self.env, args)
     }
 
     /// Run, expecting exit 0; returns stdout.
-    fn ok(&self, args: &[&str]) -> Result<String, BoxError> {
+    pub(crate) fn ok(&self, args: &[&str]) -> Result<String, BoxError> {
         let o = self.run(args)?;
         if o.status.code() != Some(0) {
             return Err(format!(
@@ -65,14 +74,19 @@ impl State {
         Ok(text(&o.stdout))
     }
 
-    fn create(&mut self, name: &str, flags: &[&str]) -> Result<String, BoxError> {
+    /// Remove `name` too when the test ends (a clone, say).
+    pub(crate) fn owns(&mut self, name: &str) {
+        self.sandboxes.push(name.to_string());
+    }
+
+    pub(crate) fn create(&mut self, name: &str, flags: &[&str]) -> Result<String, BoxError> {
         self.sandboxes.push(name.to_string());
         let mut args = vec!["sandbox", "create", name, "-b", "docker"];
         args.extend_from_slice(flags);
         self.ok(&args)
     }
 
-    fn exec(&self, name: &str, cmd: &str) -> std::io::Result<Output> {
+    pub(crate) fn exec(&self, name: &str, cmd: &str) -> std::io::Result<Output> {
         self.run(&["exec", "-b", "docker", "-s", name, "--", cmd])
     }
 
@@ -147,7 +161,7 @@ impl Drop for State {
     }
 }
 
-fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     format!("t{tag}-{}", std::process::id())
 }
 
@@ -350,7 +364,7 @@ fn docker_sandbox_inspect_reads_the_container() -> TestResult {
     };
     st.remove_container(&name)?;
     let mut other = spec.clone();
-    other.network = true;
+    other.network = berth_core::backend::Network::Open;
     rt.block_on(berth_core::backend::Backend::provision(&b, &other))?;
     let v: Value =
         serde_json::from_str(&st.ok(&["sandbox", "inspect", &name, "-b", "docker", "--json"])?)?;

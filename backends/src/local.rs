@@ -83,6 +83,10 @@ impl Backend for LocalBackend {
         berth_core::backend::BackendKind::Local
     }
 
+    fn network_door(&self) -> std::result::Result<(), String> {
+        Err("local sandboxes cannot have `--network allow:` yet: their one way out would be berth's proxy in a network namespace of their own, which is not built. Use a docker sandbox (`-b docker --network allow:…`), or --network on or off".into())
+    }
+
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
         check_sandbox_name(&spec.name)?;
         let dir = self.dir(&spec.name);
@@ -141,7 +145,7 @@ impl Backend for LocalBackend {
             dir,
             record.spec.env.clone(),
             self.wrapper.clone(),
-            record.spec.network,
+            record.spec.network.is_open(),
         );
         Ok(Provisioned {
             sandbox: Arc::new(sandbox),

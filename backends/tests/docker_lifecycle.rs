@@ -301,7 +301,7 @@ async fn limits_and_network_follow_the_spec() -> TestResult {
     let name = unique("limits");
     let _g = Cleanup::of(&b, name.clone());
     let mut spec = SandboxSpec::named(&name);
-    spec.network = true;
+    spec.network = berth_core::backend::Network::Open;
     spec.limits.memory_mb = Some(256);
     spec.limits.pids = Some(64);
     spec.limits.milli_cpu = Some(500);
@@ -454,7 +454,10 @@ async fn a_container_is_never_used_with_other_settings() -> TestResult {
     b.provision(&made).await?;
     type Change = Box<dyn Fn(&mut SandboxSpec)>;
     let variants: Vec<(&str, Change)> = vec![
-        ("network", Box::new(|s| s.network = true)),
+        (
+            "network",
+            Box::new(|s| s.network = berth_core::backend::Network::Open),
+        ),
         ("memory", Box::new(|s| s.limits.memory_mb = Some(300))),
         ("cpus", Box::new(|s| s.limits.milli_cpu = Some(500))),
         ("pids", Box::new(|s| s.limits.pids = Some(64))),

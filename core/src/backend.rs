@@ -45,12 +45,149 @@ pub struct SandboxSpec {
     /// Environment given to every process in the sandbox. Already filtered by
     /// policy: nothing of berth's own environment reaches here unless allow-listed.
     pub env: BTreeMap<String, String>,
-    /// Whether the sandbox may reach the network.
-    pub network: bool,
+    /// Where the sandbox's connections may go.
+    pub network: Network,
     /// Resource limits.
     pub limits: Limits,
     /// Backend-specific settings (for example `host` for ssh, `read_only` for docker).
     pub options: BTreeMap<String, String>,
+    /// Where the sandbox's egress proxy listens on the host, when its
+    /// network is [`Network::Allow`]: a directory holding `proxy.sock`,
+    /// which the backend puts in the sandbox as its one door out. Filled in
+    /// by the runtime for each provision, never stored.
+    #[serde(skip)]
+    pub door: Option<std::path::PathBuf>,
+}
+
+/// The name of the egress proxy's socket in [`SandboxSpec::door`].
+pub const DOOR_SOCKET: &str = "proxy.sock";
+
+/// Where a sandbox's connections may go. A setting of the sandbox: clone,
+/// recreate and restart keep it.
+///
+/// Stored as `false` (off), `true` (open) or `{"allow": [...], "deny":
+/// [...]}`, so a row an older berth wrote (a bool) reads back as it meant.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "NetworkRow", into = "NetworkRow")]
+pub enum Network {
+    /// No network at all.
+    #[default]
+    Off,
+    /// The host's network, unfiltered.
+    Open,
+    /// No route of its own: one door, berth's egress proxy, which lets
+    /// through what these rules allow and refuses the rest.
+    Allow(NetRules),
+}
+
+/// The rules of a [`Network::Allow`] sandbox, as written (`pypi.org`,
+/// `*.github.com`, `10.1.2.3:5432`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetRules {
+    /// Hosts let through.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Hosts refused, before any allow rule is read.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum NetworkRow {
+    Flag(bool),
+    Rules(NetRules),
+}
+
+impl From<NetworkRow> for Network {
+    fn from(r: NetworkRow) -> Self {
+        match r {
+            NetworkRow::Flag(false) => Network::Off,
+            NetworkRow::Flag(true) => Network::Open,
+            NetworkRow::Rules(r) => Network::Allow(r),
+        }
+    }
+}
+
+impl From<Network> for NetworkRow {
+    fn from(n: Network) -> Self {
+        match n {
+            Network::Off => NetworkRow::Flag(false),
+            Network::Open => NetworkRow::Flag(true),
+            Network::Allow(r) => NetworkRow::Rules(r),
+        }
+    }
+}
+
+impl Network {
+    /// Read `--network`'s text: `off`, `on` (or `open`), `allow:HOST,HOST…`.
+    /// Each host is checked as a rule here, so a typo fails at create, not
+    /// at the first connection.
+    pub fn parse(text: &str) -> std::result::Result<Network, String> {
+        let e = berth_policies::egress::Egress::parse_flag(text)?;
+        Ok(match e.mode {
+            berth_policies::egress::Mode::Off => Network::Off,
+            berth_policies::egress::Mode::Open => Network::Open,
+            berth_policies::egress::Mode::Allow => Network::Allow(NetRules {
+                allow: e.allow.iter().map(|r| r.text().to_string()).collect(),
+                deny: Vec::new(),
+            }),
+        })
+    }
+
+    /// True when the sandbox reaches anything at all.
+    pub fn any(&self) -> bool {
+        !matches!(self, Network::Off)
+    }
+
+    /// True when the sandbox has the host's network unfiltered.
+    pub fn is_open(&self) -> bool {
+        matches!(self, Network::Open)
+    }
+
+    /// The rules, when the sandbox's way out is berth's proxy.
+    pub fn rules(&self) -> Option<&NetRules> {
+        match self {
+            Network::Allow(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The policy its proxy judges by (`None` unless [`Network::Allow`]).
+    /// A rule that no longer reads (written by a newer berth) is an error
+    /// naming it.
+    pub fn egress(&self) -> std::result::Result<Option<berth_policies::egress::Egress>, String> {
+        use berth_policies::egress::{Egress, Mode, Rule};
+        let Some(r) = self.rules() else {
+            return Ok(None);
+        };
+        let read = |list: &[String]| -> std::result::Result<Vec<Rule>, String> {
+            list.iter().map(|t| Rule::parse(t)).collect()
+        };
+        Ok(Some(Egress {
+            mode: Mode::Allow,
+            allow: read(&r.allow)?,
+            deny: read(&r.deny)?,
+            ask: false,
+        }))
+    }
+}
+
+impl std::fmt::Display for Network {
+    /// As `--network` takes it (`off`, `on`, `allow:a,b`), with `deny:` rules after.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Network::Off => f.write_str("off"),
+            Network::Open => f.write_str("on"),
+            Network::Allow(r) => {
+                write!(f, "allow:{}", r.allow.join(","))?;
+                if !r.deny.is_empty() {
+                    write!(f, " deny:{}", r.deny.join(","))?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 impl SandboxSpec {
@@ -269,6 +406,18 @@ pub trait Backend: Send + Sync {
     fn settle_spec(&self, spec: &mut SandboxSpec, stored: Option<&SandboxSpec>) -> Result<bool> {
         let _ = (spec, stored);
         Ok(false)
+    }
+
+    /// Whether this backend puts [`SandboxSpec::door`] in a sandbox as its
+    /// only way out (`--network allow:`). `Err` says, for a person, why
+    /// not and what to do instead: a backend that cannot stand a proxy
+    /// between its sandbox and the network never takes rules it would not
+    /// enforce.
+    fn network_door(&self) -> std::result::Result<(), String> {
+        Err(format!(
+            "{} sandboxes cannot have `--network allow:` yet; use --network on or off",
+            self.kind()
+        ))
     }
 
     /// [`Backend::remove`] for a sandbox whose recorded spec is known: a

@@ -61,6 +61,12 @@ pub enum EventKind {
     CopyFinished,
     /// `berth cp` failed part way or before it began (the detail says why).
     CopyFailed,
+    /// A sandbox's connection went through berth's egress proxy (host,
+    /// address, port, rule and bytes are in the detail), reported when it ended.
+    NetConnect,
+    /// berth's egress proxy refused a sandbox's connection (the verdict
+    /// names the rule; the detail says why).
+    NetRefused,
     /// A kind this berth does not know, as a newer berth wrote it into the
     /// same state directory. Its text is kept, so `berth events` shows and
     /// filters it like any other; see [`EventKind::read`].
@@ -104,12 +110,14 @@ impl EventKind {
             EventKind::CopyStarted => "copy.started",
             EventKind::CopyFinished => "copy.finished",
             EventKind::CopyFailed => "copy.failed",
+            EventKind::NetConnect => "net.connect",
+            EventKind::NetRefused => "net.refused",
             EventKind::Other(text) => text,
         }
     }
 
     /// Every kind, for parsing and for tests.
-    pub const ALL: [EventKind; 33] = [
+    pub const ALL: [EventKind; 35] = [
         EventKind::ExecStarted,
         EventKind::ExecFinished,
         EventKind::ExecFailed,
@@ -143,6 +151,8 @@ impl EventKind {
         EventKind::CopyStarted,
         EventKind::CopyFinished,
         EventKind::CopyFailed,
+        EventKind::NetConnect,
+        EventKind::NetRefused,
     ];
 
     /// The kind a stored text names; `None` for one this berth does not know

@@ -16,11 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod checkpoints;
+mod doors;
 mod hints;
 mod sandboxes;
 mod spool;
 
 pub use checkpoints::RestoreReport;
+pub use doors::HOSTS_ENV as EGRESS_HOSTS_ENV;
 pub use sandboxes::SandboxStatus;
 
 use async_trait::async_trait;
@@ -185,6 +187,8 @@ pub struct Runtime {
     gate: Option<Arc<Gate>>,
     approval_notice: Option<ApprovalNotice>,
     spool_index: std::sync::Mutex<spool::SpoolIndex>,
+    /// The network doors this process serves, by sandbox.
+    doors: Mutex<HashMap<(BackendKind, String), doors::Door>>,
 }
 
 impl Runtime {
@@ -201,6 +205,7 @@ impl Runtime {
             gate: None,
             approval_notice: None,
             spool_index: Default::default(),
+            doors: Mutex::new(HashMap::new()),
         }
     }
 
@@ -336,7 +341,8 @@ impl Runtime {
             return Ok((s.clone(), None));
         }
         let b = self.backend(backend).await?;
-        let row = self.sandbox_row(b.as_ref(), backend, sandbox, false)?;
+        let mut row = self.sandbox_row(b.as_ref(), backend, sandbox, false)?;
+        self.open_door(backend, &mut row.spec).await?;
         let p = b.provision(&row.spec).await?;
         if p.created || p.recreated.is_some() {
             self.store.append(&Event {
@@ -430,7 +436,8 @@ impl Runtime {
             }
         }
         let b = self.backend(backend).await?;
-        let row = self.sandbox_row(b.as_ref(), backend, sandbox, true)?;
+        let mut row = self.sandbox_row(b.as_ref(), backend, sandbox, true)?;
+        self.open_door(backend, &mut row.spec).await?;
         Ok(b.provision(&row.spec).await?.sandbox)
     }
 

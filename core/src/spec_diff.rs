@@ -20,10 +20,6 @@ fn cpus(v: Option<u64>) -> String {
     }
 }
 
-fn on_off(b: bool) -> &'static str {
-    if b { "on" } else { "off" }
-}
-
 /// Each setting in which `asked` differs from `made`, as
 /// `SETTING: the sandbox has X, asked Y (FLAG)`. Empty when they agree. The
 /// environment is compared too, but only its names are told (values may be
@@ -39,8 +35,8 @@ pub fn differences(made: &SandboxSpec, asked: &SandboxSpec) -> Vec<String> {
     };
     one(
         "network",
-        on_off(made.network).into(),
-        on_off(asked.network).into(),
+        made.network.to_string(),
+        asked.network.to_string(),
         "--network",
     );
     one(
@@ -113,7 +109,7 @@ mod tests {
         let made = SandboxSpec::named("s");
         assert!(differences(&made, &made.clone()).is_empty());
         let mut asked = made.clone();
-        asked.network = true;
+        asked.network = crate::backend::Network::Open;
         asked.limits.memory_mb = Some(300);
         asked.limits.milli_cpu = Some(500);
         asked.limits.pids = Some(64);

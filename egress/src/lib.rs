@@ -9,17 +9,23 @@
 //! `403` whose body names the rule and why. Every connection, let through
 //! or not, is reported once it ends ([`Record`]), with the bytes it moved.
 //!
-//! Only `CONNECT` is proxied so far (HTTPS, and anything a client tunnels);
-//! a plain-HTTP request through the proxy gets a `405` that says so.
+//! Two kinds of request come through: `CONNECT host:port` (HTTPS, and
+//! anything a client tunnels), passed through uninspected once the address
+//! is judged, and a plain-HTTP request with an absolute URI
+//! (`GET http://host/path`), forwarded to the judged address with the
+//! proxy's own headers taken off. The proxy follows no redirect itself:
+//! the client's next request is judged like the first.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use berth_policies::egress::{Action, Egress, Target, Verdict};
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -48,6 +54,41 @@ impl Resolve for SystemResolver {
                 .await?
                 .collect())
         })
+    }
+}
+
+/// A fixed table of names, and nothing else: `name=addr,name=addr`. For
+/// tests that must not look anything up outside the machine
+/// (`BERTH_EGRESS_HOSTS`); a name not in the table has no address.
+pub struct TableResolver(Vec<(String, IpAddr)>);
+
+impl TableResolver {
+    /// Read `name=addr,name=addr`.
+    pub fn parse(text: &str) -> Result<TableResolver, String> {
+        let mut out = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, addr) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}`: write NAME=ADDRESS"))?;
+            let addr = addr
+                .parse()
+                .map_err(|_| format!("`{part}`: `{addr}` is not an address"))?;
+            out.push((name.trim().to_ascii_lowercase(), addr));
+        }
+        Ok(TableResolver(out))
+    }
+}
+
+impl Resolve for TableResolver {
+    fn resolve(&self, host: String, port: u16) -> Hook<io::Result<Vec<SocketAddr>>> {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let found: Vec<SocketAddr> = self
+            .0
+            .iter()
+            .filter(|(n, _)| *n == host)
+            .map(|(_, a)| SocketAddr::new(*a, port))
+            .collect();
+        Box::pin(async move { Ok(found) })
     }
 }
 
@@ -82,6 +123,7 @@ pub struct Record {
 /// and where its records go.
 pub struct Proxy {
     policy: RwLock<Egress>,
+    source: Option<Arc<dyn Fn() -> Option<Egress> + Send + Sync>>,
     resolver: Arc<dyn Resolve>,
     asker: Option<Arc<dyn Ask>>,
     report: Arc<dyn Fn(Record) + Send + Sync>,
@@ -92,6 +134,7 @@ impl Proxy {
     pub fn new(policy: Egress, report: Arc<dyn Fn(Record) + Send + Sync>) -> Proxy {
         Proxy {
             policy: RwLock::new(policy),
+            source: None,
             resolver: Arc::new(SystemResolver),
             asker: None,
             report,
@@ -110,12 +153,23 @@ impl Proxy {
         self
     }
 
+    /// Read the policy from `f` for each connection (the sandbox's stored
+    /// row, which another berth process may have changed). `None` from it
+    /// keeps the last policy read.
+    pub fn with_source(mut self, f: Arc<dyn Fn() -> Option<Egress> + Send + Sync>) -> Proxy {
+        self.source = Some(f);
+        self
+    }
+
     /// Replace the policy; connections from now on are judged by it.
     pub fn set_policy(&self, policy: Egress) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
     }
 
     fn policy(&self) -> Egress {
+        if let Some(p) = self.source.as_ref().and_then(|f| f()) {
+            self.set_policy(p);
+        }
         self.policy
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -150,14 +204,9 @@ impl Proxy {
         }
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         if req.method() != Method::CONNECT {
-            return reply(
-                StatusCode::METHOD_NOT_ALLOWED,
-                None,
-                "berth: only CONNECT (HTTPS) goes through berth's egress proxy so far; \
-                 use an https:// address\n",
-            );
+            return self.forward(req).await;
         }
         let Some((host, port)) = req
             .uri()
@@ -223,6 +272,106 @@ impl Proxy {
             });
         });
         reply(StatusCode::OK, None, "")
+    }
+
+    /// A plain-HTTP request with an absolute URI: judged like a tunnel,
+    /// then sent on to the judged address, its answer streamed back.
+    async fn forward(self: Arc<Self>, mut req: Request<Incoming>) -> Response<Body> {
+        let uri = req.uri().clone();
+        if uri.scheme_str() != Some("http") {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                None,
+                "berth: a request through berth's egress proxy needs an absolute http:// \
+                 address; https goes through CONNECT\n",
+            );
+        }
+        let Some(host) = uri.host().map(|h| h.trim_matches(['[', ']']).to_string()) else {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                None,
+                "berth: the address names no host\n",
+            );
+        };
+        let port = uri.port_u16().unwrap_or(80);
+        let (addr, verdict) = match self.choose(&host, port).await {
+            Ok(chosen) => chosen,
+            Err(record) => {
+                let body = refusal_text(&record);
+                let rule = record.verdict.rule.clone();
+                (self.report)(record);
+                return reply(StatusCode::FORBIDDEN, Some(&rule), &body);
+            }
+        };
+        let tally = Arc::new(Tally {
+            proxy: self.clone(),
+            record: std::sync::Mutex::new(Some(Record {
+                host: host.clone(),
+                port,
+                addr: Some(addr),
+                verdict,
+                bytes_up: 0,
+                bytes_down: 0,
+                error: None,
+            })),
+            down: AtomicU64::new(0),
+        });
+        let fail = |tally: &Tally, e: String| {
+            let text = format!("berth: could not reach {host}:{port} at {addr}: {e}\n");
+            tally.fail(e);
+            reply(StatusCode::BAD_GATEWAY, None, &text)
+        };
+        let upstream = match TcpStream::connect(addr).await {
+            Ok(s) => s,
+            Err(e) => return fail(&tally, e.to_string()),
+        };
+        let (mut sender, conn) =
+            match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+                Ok(pair) => pair,
+                Err(e) => return fail(&tally, e.to_string()),
+            };
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "egress upstream connection ended with an error");
+            }
+        });
+        // The origin sees the path only, and none of the proxy's own headers.
+        let path = uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_else(|| "/".into());
+        *req.uri_mut() = match path.parse() {
+            Ok(u) => u,
+            Err(e) => return fail(&tally, e.to_string()),
+        };
+        for h in ["proxy-connection", "proxy-authorization", "keep-alive"] {
+            req.headers_mut().remove(h);
+        }
+        let up = req
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        if let Ok(mut r) = tally.record.lock()
+            && let Some(r) = r.as_mut()
+        {
+            r.bytes_up = up;
+        }
+        let resp = match sender.send_request(req).await {
+            Ok(r) => r,
+            Err(e) => return fail(&tally, e.to_string()),
+        };
+        // The record goes out when the answer's body is done (or dropped).
+        let counter = tally.clone();
+        resp.map(move |body| {
+            body.map_frame(move |f| {
+                if let Some(d) = f.data_ref() {
+                    counter.down.fetch_add(d.len() as u64, Ordering::Relaxed);
+                }
+                f
+            })
+            .boxed()
+        })
     }
 
     /// The address to connect to and the verdict that allowed it, or the
@@ -307,6 +456,37 @@ impl Proxy {
     }
 }
 
+/// A response body as the proxy sends it: its own text, or an origin's
+/// answer streamed through.
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Counts a forwarded answer's bytes and reports its record once, when the
+/// last holder (the answer's body) lets go.
+struct Tally {
+    proxy: Arc<Proxy>,
+    record: std::sync::Mutex<Option<Record>>,
+    down: AtomicU64,
+}
+
+impl Tally {
+    fn fail(&self, e: String) {
+        if let Some(mut r) = self.record.lock().ok().and_then(|mut r| r.take()) {
+            r.error = Some(e);
+            r.bytes_up = 0;
+            (self.proxy.report)(r);
+        }
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.record.get_mut().ok().and_then(Option::take) {
+            r.bytes_down = self.down.load(Ordering::Relaxed);
+            (self.proxy.report)(r);
+        }
+    }
+}
+
 /// What a refused client reads.
 fn refusal_text(r: &Record) -> String {
     format!(
@@ -315,8 +495,9 @@ fn refusal_text(r: &Record) -> String {
     )
 }
 
-fn reply(status: StatusCode, rule: Option<&str>, body: &str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+fn reply(status: StatusCode, rule: Option<&str>, body: &str) -> Response<Body> {
+    let full = Full::new(Bytes::from(body.to_string())).map_err(|never| match never {});
+    let mut r = Response::new(full.boxed());
     *r.status_mut() = status;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -427,6 +608,21 @@ mod tests {
             Ok((text, s))
         }
 
+        /// A plain-HTTP GET of `url` through the proxy: the whole answer.
+        async fn get(&self, url: &str) -> io::Result<String> {
+            let mut s = UnixStream::connect(&self.socket).await?;
+            s.write_all(
+                format!(
+                    "GET {url} HTTP/1.1\r\nHost: x\r\nProxy-Connection: keep-alive\r\nConnection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).await?;
+            Ok(text)
+        }
+
         /// The records, once `n` have come (each is reported as its
         /// connection ends).
         async fn records(&self, n: usize) -> Vec<Record> {
@@ -520,21 +716,89 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn off_looks_nothing_up_and_plain_http_is_refused_with_why() -> TestResult {
+    async fn off_looks_nothing_up_for_a_tunnel_or_a_plain_request() -> TestResult {
         let rig = rig(Egress::default(), &[("pypi.test", "151.101.0.223")]).await?;
         let (head, _) = rig.connect("pypi.test:443").await?;
         assert!(head.contains("x-berth-refused: mode off"), "{head}");
-        let recs = rig.records(1).await;
-        assert_eq!(recs[0].addr, None, "a name was resolved under mode off");
-        let mut s = UnixStream::connect(&rig.socket).await?;
-        s.write_all(
-            b"GET http://pypi.test/ HTTP/1.1\r\nHost: pypi.test\r\nConnection: close\r\n\r\n",
+        let text = rig.get("http://pypi.test/simple/").await?;
+        assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+        assert!(text.contains("x-berth-refused: mode off"), "{text}");
+        let recs = rig.records(2).await;
+        assert_eq!(recs.len(), 2, "{recs:?}");
+        assert!(
+            recs.iter().all(|r| r.addr.is_none()),
+            "a name was resolved under mode off: {recs:?}"
+        );
+        Ok(())
+    }
+
+    /// An HTTP server on loopback that answers every request with `body`
+    /// and the path it was asked for, then closes.
+    async fn web(body: &'static str) -> io::Result<u16> {
+        let l = TcpListener::bind("127.0.0.1:0").await?;
+        let port = l.local_addr()?.port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match s.read(&mut byte).await {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    let line = text.lines().next().unwrap_or("").to_string();
+                    let proxied = text.to_ascii_lowercase().contains("proxy-connection");
+                    let out = format!("{body} {line} proxy-header:{proxied}");
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
+                        out.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        Ok(port)
+    }
+
+    #[tokio::test]
+    async fn a_plain_request_is_judged_then_forwarded_with_the_path_only() -> TestResult {
+        let port = web("hello").await?;
+        // Allowed by address; a server reached by a name that resolves to
+        // loopback is refused (the address connected to is what is judged).
+        let rig = rig(
+            allowing(&[&format!("127.0.0.1:{port}"), "pypi.test"])?,
+            &[("pypi.test", "127.0.0.1")],
         )
         .await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        assert!(text.starts_with("HTTP/1.1 405"), "{text}");
-        assert!(text.contains("only CONNECT"), "{text}");
+        let text = rig
+            .get(&format!("http://127.0.0.1:{port}/simple/pip/"))
+            .await?;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(
+            text.contains("hello GET /simple/pip/ HTTP/1.1 proxy-header:false"),
+            "{text}"
+        );
+        // (Another port: the address rule above names the first one.)
+        let other = web("other").await?;
+        let text = rig.get(&format!("http://pypi.test:{other}/")).await?;
+        assert!(
+            text.contains("x-berth-refused: guarded: loopback"),
+            "{text}"
+        );
+        let recs = rig.records(2).await;
+        assert_eq!(recs.len(), 2, "{recs:?}");
+        let ok = recs
+            .iter()
+            .find(|r| r.verdict.action == Action::Allow)
+            .ok_or("no allowed record")?;
+        assert_eq!(
+            ok.bytes_down,
+            "hello GET /simple/pip/ HTTP/1.1 proxy-header:false".len() as u64
+        );
+        assert_eq!(ok.error, None);
         Ok(())
     }
 

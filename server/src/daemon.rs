@@ -672,6 +672,19 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
     // SAFETY: geteuid has no preconditions and cannot fail.
     let owner_uid = unsafe { libc::geteuid() };
     let rt = Arc::new(rt);
+    // Sandboxes whose way out is berth's egress proxy: their doors open
+    // now, not at their next call, so a background job's connections go
+    // through again after a restart.
+    {
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            match rt.open_doors().await {
+                Ok(0) => {}
+                Ok(n) => info!(doors = n, "opened sandboxes' network doors"),
+                Err(e) => tracing::warn!(error = %e, "could not open sandboxes' network doors"),
+            }
+        });
+    }
     let shared = Arc::new(Shared {
         registry: berth_tools::Registry::new(&rt)
             .with_history(std::sync::Arc::new(berth_agent::history::Journal)),

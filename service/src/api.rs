@@ -182,13 +182,14 @@ impl Sandboxes for Api {
             name: name.clone(),
             image: r.image,
             env: r.env.into_iter().collect(),
-            network: r.network,
+            network: crate::convert::network(r.network, r.network_rules),
             limits: Limits {
                 memory_mb: r.memory_mb,
                 milli_cpu: r.milli_cpu,
                 pids: r.pids,
             },
             options: r.options.into_iter().collect(),
+            door: None,
         };
         let made = self
             .svc
@@ -342,6 +343,25 @@ impl Sandboxes for Api {
         let (backend, name) = target(Some(req.get_ref()))?;
         let i = self.svc.inspect(backend, &name).await.map_err(status)?;
         Ok(Response::new(convert::inspection(backend, &name, i)))
+    }
+
+    async fn set_network(
+        &self,
+        req: Request<proto::NetworkChange>,
+    ) -> Result<Response<proto::NetworkRules>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let (backend, name) = target(r.sandbox.as_ref())?;
+        let rules = self
+            .svc
+            .runtime()
+            .set_network_rule(backend, &name, r.allow, &r.host)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::NetworkRules {
+            allow: rules.allow,
+            deny: rules.deny,
+        }))
     }
 
     async fn reap(

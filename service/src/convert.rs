@@ -326,7 +326,11 @@ pub fn sandbox_status_row(s: proto::Sandbox) -> berth_core::runtime::SandboxStat
 pub fn settings(spec: &berth_core::backend::SandboxSpec) -> proto::SandboxSettings {
     proto::SandboxSettings {
         image: spec.image.clone(),
-        network: spec.network,
+        network: spec.network.is_open(),
+        network_rules: spec.network.rules().map(|r| proto::NetworkRules {
+            allow: r.allow.clone(),
+            deny: r.deny.clone(),
+        }),
         memory_mb: spec.limits.memory_mb,
         milli_cpu: spec.limits.milli_cpu,
         pids: spec.limits.pids,
@@ -566,5 +570,19 @@ pub fn event_row(e: proto::Event) -> berth_core::store::Event {
             serde_json::Value::String(s) => s,
             v => v.to_string(),
         }),
+    }
+}
+
+/// A sandbox's network from the API's two fields: rules, when given, make
+/// it berth's egress proxy; else the flag says open or off.
+pub fn network(open: bool, rules: Option<proto::NetworkRules>) -> berth_core::backend::Network {
+    use berth_core::backend::{NetRules, Network};
+    match rules {
+        Some(r) => Network::Allow(NetRules {
+            allow: r.allow,
+            deny: r.deny,
+        }),
+        None if open => Network::Open,
+        None => Network::Off,
     }
 }

@@ -37,6 +37,27 @@ pub enum SandboxCmd {
     /// Make a new sandbox with another's files and session, as they are now
     /// or at a checkpoint.
     Clone(CloneArgs),
+    /// Allow or deny a host for a sandbox made with `--network allow:…`,
+    /// while it runs: its next connection is judged by the new rules.
+    Network(NetworkArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct NetworkArgs {
+    /// The sandbox.
+    pub name: String,
+    /// `allow` or `deny`.
+    #[arg(value_parser = ["allow", "deny"])]
+    pub verdict: String,
+    /// A host (`pypi.org`), its subdomains (`*.github.com`), an address or
+    /// a network (`10.1.2.3`, `10.0.0.0/8`), with an optional port.
+    pub host: String,
+    /// Its backend.
+    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
+    pub backend: BackendKind,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -85,9 +106,14 @@ pub struct CreateArgs {
     /// Image or template (docker).
     #[arg(long)]
     pub image: Option<String>,
-    /// Allow network access (off by default where the backend can enforce it).
-    #[arg(long)]
-    pub network: bool,
+    /// The sandbox's network: `off` (the default where the backend can
+    /// enforce it), `on` (the host's network, unfiltered; also the bare
+    /// flag), or `allow:HOST,HOST…` (no route of its own, only berth's
+    /// egress proxy, letting through the hosts named: `pypi.org`,
+    /// `*.github.com`, `10.1.2.3:5432`; docker). Fixed when the sandbox is
+    /// made; `berth sandbox network` changes an `allow:` list later.
+    #[arg(long, num_args = 0..=1, default_missing_value = "on", value_name = "off|on|allow:HOST,…", value_parser = crate::api_client::parse_network)]
+    pub network: Option<berth_core::backend::Network>,
     /// Memory limit in MiB.
     #[arg(long, value_name = "MIB")]
     pub memory_mb: Option<u64>,

@@ -6,7 +6,12 @@
 //! - berth's own seccomp profile ([`super::seccomp`]): socket families an
 //!   allow-list, no namespaces, no io_uring, no setuid/setgid mode bits;
 //! - pids, memory and CPU limits (`spec.limits`);
-//! - network mode `none` unless `spec.network`;
+//! - network mode `none` unless `spec.network` is open; with `allow:`
+//!   rules, still `none`, and one door: the egress proxy's socket directory
+//!   bind-mounted at [`DOOR_MOUNT`], a relay (socat, in berth's image) on
+//!   `127.0.0.1:3128` as the container's main process, and the proxy
+//!   variables set, so pip, git and curl go through it. A program that
+//!   ignores them finds no route;
 //! - a non-root user (`user` option, default uid:gid 1000:1000, `berth` in our
 //!   image); `user=root` adds [`ROOT_CAPS`] unless `cap_add` is given;
 //! - optional read-only root filesystem with a tmpfs `/tmp` (`read_only` option).
@@ -46,6 +51,36 @@ pub const ROOT_CAPS: &[&str] = &[
     "SETGID",
     "SETUID",
 ];
+
+/// Where a `--network allow:` sandbox sees its door (the proxy's socket
+/// directory, read-only).
+pub const DOOR_MOUNT: &str = "/run/berth-egress";
+/// The relay's address inside the sandbox, as the proxy variables name it.
+pub const RELAY: &str = "127.0.0.1:3128";
+
+/// The container's main process when it has a door: the relay, started
+/// again if it ends (a sandboxed program may kill it; the network is then
+/// shut until it is back, never open).
+fn relay_cmd() -> Vec<String> {
+    let sock = format!("{DOOR_MOUNT}/{}", berth_core::backend::DOOR_SOCKET);
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "while :; do socat TCP-LISTEN:3128,bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{sock}; sleep 1; done"
+        ),
+    ]
+}
+
+/// The variables that send programs through the door (both cases: curl
+/// reads `http_proxy` only in lower case, others read upper case).
+pub fn door_env() -> Vec<String> {
+    let url = format!("http://{RELAY}");
+    ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
+        .iter()
+        .flat_map(|k| [format!("{k}={url}"), format!("{}={url}", k.to_lowercase())])
+        .collect()
+}
 
 /// The options a docker sandbox understands in `SandboxSpec::options`.
 pub const OPTIONS: &[&str] = &["read_only", "cap_add", "user"];
@@ -186,18 +221,35 @@ pub fn container_body(
             format!("rw,nosuid,nodev,size={TMPFS_MB}m,mode=1777"),
         )])
     });
+    let mut binds = vec![
+        format!("{}:{WORKDIR}", names.workspace_volume(&spec.name)),
+        format!("{}:{BERTH_DIR}", names.state_volume(&spec.name)),
+    ];
+    let mut env = base_env();
+    let mut cmd = vec!["sleep".to_string(), "infinity".to_string()];
+    if let Some(door) = &spec.door {
+        binds.push(format!("{}:{DOOR_MOUNT}:ro", door.display()));
+        env.extend(door_env());
+        cmd = relay_cmd();
+    }
     let host_config = HostConfig {
-        binds: Some(vec![
-            format!("{}:{WORKDIR}", names.workspace_volume(&spec.name)),
-            format!("{}:{BERTH_DIR}", names.state_volume(&spec.name)),
-        ]),
+        binds: Some(binds),
         cap_drop: Some(vec!["ALL".to_string()]),
         cap_add: (!plan.cap_add.is_empty()).then(|| plan.cap_add.clone()),
         security_opt: Some(vec![
             "no-new-privileges".to_string(),
-            super::seccomp::security_opt(spec.network),
+            // INET sockets with any network: with a door the container has
+            // only `lo`, and the relay on it is the one way out.
+            super::seccomp::security_opt(spec.network.any()),
         ]),
-        network_mode: Some(if spec.network { "bridge" } else { "none" }.to_string()),
+        network_mode: Some(
+            if spec.network.is_open() {
+                "bridge"
+            } else {
+                "none"
+            }
+            .to_string(),
+        ),
         memory: Some(memory),
         // Same as memory: no swap on top.
         memory_swap: Some(memory),
@@ -212,12 +264,13 @@ pub fn container_body(
     ContainerCreateBody {
         image: Some(image.to_string()),
         // tini (from the image) is PID 1 and reaps the zombies that exec'd
-        // processes leave behind; `sleep infinity` just keeps the container up.
+        // processes leave behind; `sleep infinity` just keeps the container
+        // up (the relay does, when there is a door).
         entrypoint: Some(vec!["/usr/bin/tini".to_string(), "--".to_string()]),
-        cmd: Some(vec!["sleep".to_string(), "infinity".to_string()]),
+        cmd: Some(cmd),
         user: Some(plan.user.spec.clone()),
         working_dir: Some(WORKDIR.to_string()),
-        env: Some(base_env()),
+        env: Some(env),
         labels: Some(labels),
         hostname: Some(hostname(&spec.name)),
         stop_signal: Some("SIGTERM".to_string()),

@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn planned_settings_read_like_inspected_ones() -> Result<()> {
         let mut spec = SandboxSpec::named("t");
-        spec.network = true;
+        spec.network = berth_core::backend::Network::Open;
         spec.limits.memory_mb = Some(300);
         spec.limits.milli_cpu = Some(500);
         spec.limits.pids = Some(64);

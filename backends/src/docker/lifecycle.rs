@@ -305,6 +305,12 @@ impl Backend for DockerBackend {
         berth_core::backend::BackendKind::Docker
     }
 
+    fn network_door(&self) -> std::result::Result<(), String> {
+        // `network_mode: none`, the door's directory bind-mounted, and a
+        // relay inside on 127.0.0.1:3128 (`config::container_body`).
+        Ok(())
+    }
+
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
         config::check_name(&spec.name)?;
         let plan = ContainerPlan::from_spec(spec)?;

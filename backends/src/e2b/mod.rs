@@ -354,6 +354,10 @@ impl Backend for E2bBackend {
         berth_core::backend::BackendKind::E2b
     }
 
+    fn network_door(&self) -> std::result::Result<(), String> {
+        Err("berth does not map `--network allow:` onto E2B's own network settings yet. Even then, E2B judges names by SNI and Host on ports 80 and 443 only, not by the address connected to, so a private address reached by name could not be refused, nor a connection asked about or reported. Use --network on or off, or a docker sandbox (`-b docker --network allow:…`)".into())
+    }
+
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
         check_sandbox_name(&spec.name)?;
         let mut recreated = None;
@@ -391,7 +395,7 @@ impl Backend for E2bBackend {
                 timeout,
                 metadata,
                 env_vars: spec.env.clone(),
-                allow_internet_access: spec.network,
+                allow_internet_access: spec.network.is_open(),
             })
             .await?;
         debug!(sandbox = %spec.name, id = %rec.sandbox_id, "created an e2b sandbox");

@@ -377,7 +377,7 @@ impl ModalBackend {
             }),
             timeout_secs: num("timeout")?.unwrap_or(DEFAULT_TIMEOUT_SECS),
             workdir: None,
-            block_network: !spec.network,
+            block_network: !spec.network.is_open(),
             name: Some(spec.name.clone()),
             idle_timeout_secs: num("idle_timeout")?,
             environment_variables: Some(StringMap {
@@ -490,6 +490,10 @@ pub(crate) async fn terminate(cp: &ControlPlane, id: &str) -> Result<()> {
 impl Backend for ModalBackend {
     fn kind(&self) -> berth_core::backend::BackendKind {
         berth_core::backend::BackendKind::Modal
+    }
+
+    fn network_door(&self) -> std::result::Result<(), String> {
+        Err("berth does not map `--network allow:` onto Modal's outbound allow-list yet, and Modal cannot ask about or report each connection. Use --network on or off, or a docker sandbox (`-b docker --network allow:…`)".into())
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {

@@ -203,6 +203,10 @@ impl Backend for SshBackend {
         berth_core::backend::BackendKind::Ssh
     }
 
+    fn network_door(&self) -> std::result::Result<(), String> {
+        Err("an ssh sandbox is a shell on a host berth does not own: that host's own network and firewall apply, and berth cannot stand between it and the network. Filter on the host, or run the work in a docker sandbox (`-b docker --network allow:…`)".into())
+    }
+
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
         check_sandbox_name(&spec.name)?;
         let (_, link) = self.link_for(spec)?;

@@ -36,7 +36,7 @@ pub(super) fn network_hint(
     exit_code: i32,
     output: &Output,
 ) -> Option<String> {
-    if exit_code == 0 || spec.network || !NETWORK_ENFORCED.contains(&backend) {
+    if exit_code == 0 || spec.network.any() || !NETWORK_ENFORCED.contains(&backend) {
         return None;
     }
     let seen = |bytes: &[u8]| {
@@ -78,7 +78,7 @@ mod tests {
         assert!(network_hint(BackendKind::Docker, &spec, 0, &curl).is_none());
         assert!(network_hint(BackendKind::Ssh, &spec, 6, &curl).is_none());
         let mut on = spec.clone();
-        on.network = true;
+        on.network = crate::backend::Network::Open;
         assert!(network_hint(BackendKind::Docker, &on, 6, &curl).is_none());
         assert!(
             network_hint(

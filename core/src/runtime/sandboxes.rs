@@ -31,6 +31,14 @@ impl Runtime {
     ) -> Result<(Arc<dyn Sandbox>, bool, Option<String>)> {
         let b = self.backend(backend).await?;
         let mut spec = spec;
+        if spec.network.rules().is_some()
+            && let Err(why) = b.network_door()
+        {
+            return Err(Error::InvalidInput(format!(
+                "sandbox `{}`: {why}",
+                spec.name
+            )));
+        }
         // The settings that belong to the sandbox (ssh's host) are recorded
         // with it, and must agree with those an existing one keeps.
         let stored = self.store.sandbox(backend, &spec.name)?;
@@ -52,6 +60,7 @@ impl Runtime {
         // Written first: if berth dies mid-provision, `ls` still shows the sandbox
         // and `rm` can clean up whatever the backend made.
         self.store.put_sandbox(backend, &spec)?;
+        self.open_door(backend, &mut spec).await?;
         let p = b.provision(&spec).await?;
         self.store.append(&Event {
             kind: if p.created {
@@ -107,6 +116,7 @@ impl Runtime {
             Err(e) => return Err(e),
         };
         self.store.delete_sandbox(backend, name)?;
+        self.close_door(backend, name).await;
         crate::checkpoint::record::forget_sandbox(&self.store, backend, name)?;
         if known.is_none() && !removed {
             return Err(Error::NotFound {

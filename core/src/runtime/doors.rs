@@ -1,0 +1,231 @@
+//! Each `--network allow:` sandbox's one door out: berth's egress proxy
+//! serving a unix socket in `STATE/egress/BACKEND-NAME/`, which the backend
+//! puts in the sandbox (docker bind-mounts the directory; a relay inside
+//! listens on `127.0.0.1:3128`). The sandbox itself has no route: what does
+//! not go through the door goes nowhere.
+//!
+//! The proxy runs in the process that holds the runtime, normally `berth
+//! serve`. A process finds a door already served by another (the socket
+//! answers) and leaves it; a dead one's socket is bound again. While no
+//! berth process serves it, the door is shut, never open. The proxy reads
+//! the sandbox's rules from the store for each connection, so `berth
+//! sandbox network` changes them at once, whichever process serves.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use berth_egress::{Proxy, Record, Resolve, TableResolver};
+use berth_policies::egress::Action;
+
+use super::*;
+use crate::backend::{DOOR_SOCKET, NetRules, Network};
+
+/// Names for the proxy to resolve from a table instead of DNS
+/// (`name=addr,…`): for tests, which must not look anything up outside the
+/// machine.
+pub const HOSTS_ENV: &str = "BERTH_EGRESS_HOSTS";
+
+/// A door this process serves.
+pub(super) struct Door {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Runtime {
+    /// Where `name`'s door is on the host.
+    pub fn door_dir(&self, backend: BackendKind, name: &str) -> PathBuf {
+        self.cfg
+            .state_dir
+            .join("egress")
+            .join(format!("{backend}-{name}"))
+    }
+
+    /// Give `spec` its door when its network is berth's proxy: the proxy
+    /// serving (here, unless another berth process already does), and
+    /// `spec.door` naming the directory. Nothing for any other network.
+    pub(super) async fn open_door(
+        &self,
+        backend: BackendKind,
+        spec: &mut SandboxSpec,
+    ) -> Result<()> {
+        let Some(policy) = spec.network.egress().map_err(|e| {
+            Error::InvalidInput(format!(
+                "sandbox `{}`: its network rule {e}; set the rules again with `berth sandbox network`",
+                spec.name
+            ))
+        })?
+        else {
+            return Ok(());
+        };
+        let dir = self.door_dir(backend, &spec.name);
+        let key = (backend, spec.name.clone());
+        let mut doors = self.doors.lock().await;
+        let ours = doors.get(&key).is_some_and(|d| !d.task.is_finished());
+        let sock = dir.join(DOOR_SOCKET);
+        if !ours && !answers(&sock) {
+            let listener = bind(&dir, &sock).map_err(|source| Error::Io {
+                context: "cannot open the sandbox's network door (berth's egress proxy) at",
+                path: sock.clone(),
+                source,
+            })?;
+            let store = self.store.clone();
+            let name = spec.name.clone();
+            let report = Arc::new(move |r: Record| {
+                if let Err(e) = store.append(&net_event(backend, &name, r)) {
+                    warn!(error = %e, "could not record a connection");
+                }
+            });
+            let store = self.store.clone();
+            let name = spec.name.clone();
+            // The stored rules, read for each connection; a row that is gone
+            // (the sandbox removed) shuts the door.
+            let source = Arc::new(move || match store.sandbox(backend, &name) {
+                Ok(Some(row)) => row.spec.network.egress().ok().flatten(),
+                Ok(None) => Some(berth_policies::egress::Egress::default()),
+                Err(_) => None,
+            });
+            let mut proxy = Proxy::new(policy, report).with_source(source);
+            if let Some(table) = std::env::var(HOSTS_ENV).ok().filter(|t| !t.is_empty()) {
+                let r = TableResolver::parse(&table)
+                    .map_err(|e| Error::InvalidInput(format!("{HOSTS_ENV}: {e}")))?;
+                proxy = proxy.with_resolver(Arc::new(r) as Arc<dyn Resolve>);
+            }
+            let proxy = Arc::new(proxy);
+            let task = tokio::spawn(async move {
+                if let Err(e) = proxy.serve(listener).await {
+                    warn!(error = %e, "a sandbox's network door stopped");
+                }
+            });
+            doors.insert(key, Door { task });
+        }
+        spec.door = Some(dir);
+        Ok(())
+    }
+
+    /// Open the door of every sandbox whose network is berth's proxy, so
+    /// background jobs reach their hosts again after a restart (the server
+    /// calls it when it starts). A door that cannot open is logged.
+    pub async fn open_doors(&self) -> Result<usize> {
+        let mut n = 0;
+        for row in self.store.sandboxes(None)? {
+            if row.spec.network.rules().is_none() {
+                continue;
+            }
+            let mut spec = row.spec.clone();
+            match self.open_door(row.backend, &mut spec).await {
+                Ok(()) => n += 1,
+                Err(e) => warn!(sandbox = %row.name, error = %e, "network door not opened"),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Stop serving a removed sandbox's door and remove its directory.
+    pub(super) async fn close_door(&self, backend: BackendKind, name: &str) {
+        self.doors.lock().await.remove(&(backend, name.to_string()));
+        let dir = self.door_dir(backend, name);
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(dir = %dir.display(), error = %e, "could not remove a network door");
+        }
+    }
+
+    /// Change a `--network allow:` sandbox's rules while it runs: `allow`
+    /// or `deny` `host` (added; a rule already there is not repeated;
+    /// `allow` takes the host off the deny list and the other way round).
+    /// The next connection is judged by the new rules. Returns them.
+    pub async fn set_network_rule(
+        &self,
+        backend: BackendKind,
+        name: &str,
+        allow: bool,
+        host: &str,
+    ) -> Result<NetRules> {
+        let rule = berth_policies::egress::Rule::parse(host).map_err(Error::InvalidInput)?;
+        let text = rule.text().to_string();
+        let Some(mut row) = self.store.sandbox(backend, name)? else {
+            return Err(Error::NotFound {
+                what: "sandbox",
+                name: name.into(),
+                hint: format!("list them with `berth sandbox ls --backend {backend}`"),
+            });
+        };
+        let Network::Allow(rules) = &mut row.spec.network else {
+            return Err(Error::InvalidInput(format!(
+                "sandbox `{name}` has network {}: its rules can change only when its way out is berth's proxy (made with `--network allow:HOST,…`). A sandbox's kind of network is fixed when it is made; make another with `berth sandbox create NAME -b {backend} --network allow:{text}`",
+                row.spec.network
+            )));
+        };
+        let (add, take) = if allow {
+            (&mut rules.allow, &mut rules.deny)
+        } else {
+            (&mut rules.deny, &mut rules.allow)
+        };
+        take.retain(|r| *r != text);
+        if !add.contains(&text) {
+            add.push(text);
+        }
+        let out = rules.clone();
+        self.store.put_sandbox(backend, &row.spec)?;
+        Ok(out)
+    }
+}
+
+/// True when something serves the socket (another berth process's proxy).
+fn answers(sock: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(sock).is_ok()
+}
+
+/// Bind the door's socket afresh. The directory holds the socket alone
+/// (the backend shows the whole directory to the sandbox); the socket is
+/// open to every user, since the sandbox's user is not berth's, and the
+/// state directory above it keeps other users of the host out.
+fn bind(dir: &Path, sock: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    match std::fs::remove_file(sock) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let l = tokio::net::UnixListener::bind(sock)?;
+    std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// The event for one connection the proxy saw.
+fn net_event(backend: BackendKind, name: &str, r: Record) -> Event {
+    let allowed = r.verdict.action == Action::Allow;
+    Event {
+        kind: if allowed {
+            EventKind::NetConnect
+        } else {
+            EventKind::NetRefused
+        },
+        backend: Some(backend),
+        sandbox: Some(name.to_string()),
+        command: Some(format!("connect {}:{}", r.host, r.port)),
+        verdict: Some(if allowed { "allow" } else { "deny" }.to_string()),
+        bytes_out: Some(r.bytes_down.min(i64::MAX as u64) as i64),
+        detail: Some(
+            serde_json::json!({
+                "host": r.host,
+                "port": r.port,
+                "addr": r.addr.map(|a| a.ip().to_string()),
+                "rule": r.verdict.rule,
+                "reason": r.verdict.reason,
+                "bytes_up": r.bytes_up,
+                "bytes_down": r.bytes_down,
+                "error": r.error,
+            })
+            .to_string(),
+        ),
+        ..Default::default()
+    }
+}

