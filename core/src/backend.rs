@@ -61,6 +61,23 @@ pub struct SandboxSpec {
 
 /// The name of the egress proxy's socket in [`SandboxSpec::door`].
 pub const DOOR_SOCKET: &str = "proxy.sock";
+/// Where a sandbox with a door reaches it: the relay inside the sandbox.
+pub const DOOR_RELAY: &str = "127.0.0.1:3128";
+
+/// The variables that send a sandbox's programs through its door (both
+/// cases: curl reads `http_proxy` only in lower case, others upper case).
+pub fn door_env() -> Vec<(String, String)> {
+    let url = format!("http://{DOOR_RELAY}");
+    ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
+        .iter()
+        .flat_map(|k| {
+            [
+                (k.to_string(), url.clone()),
+                (k.to_lowercase(), url.clone()),
+            ]
+        })
+        .collect()
+}
 
 /// Where a sandbox's connections may go. A setting of the sandbox: clone,
 /// recreate and restart keep it.

@@ -347,6 +347,12 @@ impl Proxy {
         for h in ["proxy-connection", "proxy-authorization", "keep-alive"] {
             req.headers_mut().remove(h);
         }
+        // The host judged is the host asked: a `Host` header naming another
+        // site on the same address (domain fronting through a CDN an allowed
+        // name lives on) is replaced by the address's own authority.
+        if let Some(a) = uri.authority().and_then(|a| a.as_str().parse().ok()) {
+            req.headers_mut().insert(hyper::header::HOST, a);
+        }
         let up = req
             .headers()
             .get(hyper::header::CONTENT_LENGTH)
@@ -399,14 +405,10 @@ impl Proxy {
         let addrs = match host.parse::<IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
             Err(_) => {
-                // Off refuses before a name is looked up: a lookup is itself
-                // a message out (DNS exfiltration).
-                if policy.mode == berth_policies::egress::Mode::Off {
-                    let v = policy.judge(Target {
-                        host,
-                        addr: IpAddr::from([0, 0, 0, 0]),
-                        port,
-                    });
+                // A name no rule could let through is refused before it is
+                // looked up: a lookup is itself a message out (DNS
+                // exfiltration through the proxy's own resolver).
+                if let Some(v) = policy.before_lookup(host, port) {
                     return Err(refused(None, v, None));
                 }
                 match self.resolver.resolve(host.to_string(), port).await {
@@ -750,8 +752,10 @@ mod tests {
                     }
                     let text = String::from_utf8_lossy(&head).into_owned();
                     let line = text.lines().next().unwrap_or("").to_string();
-                    let proxied = text.to_ascii_lowercase().contains("proxy-connection");
-                    let out = format!("{body} {line} proxy-header:{proxied}");
+                    let lower = text.to_ascii_lowercase();
+                    let proxied = lower.contains("proxy-connection");
+                    let fronted = lower.contains("host: x\r\n");
+                    let out = format!("{body} {line} proxy-header:{proxied} fronted:{fronted}");
                     let reply = format!(
                         "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
                         out.len()
@@ -778,7 +782,7 @@ mod tests {
             .await?;
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         assert!(
-            text.contains("hello GET /simple/pip/ HTTP/1.1 proxy-header:false"),
+            text.contains("hello GET /simple/pip/ HTTP/1.1 proxy-header:false fronted:false"),
             "{text}"
         );
         // (Another port: the address rule above names the first one.)
@@ -796,9 +800,29 @@ mod tests {
             .ok_or("no allowed record")?;
         assert_eq!(
             ok.bytes_down,
-            "hello GET /simple/pip/ HTTP/1.1 proxy-header:false".len() as u64
+            "hello GET /simple/pip/ HTTP/1.1 proxy-header:false fronted:false".len() as u64
         );
         assert_eq!(ok.error, None);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_name_no_rule_names_is_never_looked_up() -> TestResult {
+        let rig = rig(
+            allowing(&["pypi.test"])?,
+            &[("secret.attacker.test", "151.101.0.223")],
+        )
+        .await?;
+        let (head, _) = rig.connect("secret.attacker.test:443").await?;
+        assert!(head.contains("x-berth-refused: mode allow"), "{head}");
+        assert!(head.contains("not looked up"), "{head}");
+        let text = rig.get("http://secret.attacker.test/").await?;
+        assert!(text.contains("not looked up"), "{text}");
+        let recs = rig.records(2).await;
+        assert!(
+            recs.iter().all(|r| r.addr.is_none()),
+            "a name in no rule was resolved: {recs:?}"
+        );
         Ok(())
     }
 

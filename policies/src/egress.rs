@@ -232,6 +232,43 @@ impl Egress {
         })
     }
 
+    /// The verdict on a *name*, reached before it is looked up, when no
+    /// address it could have would change it: a deny rule names it, or (in
+    /// `allow` mode without `ask`) no allow rule names it. A lookup is
+    /// itself a message out: a proxy that resolved every name a sandbox
+    /// asked for would carry `SECRET.attacker.example` to the attacker's
+    /// DNS server. So in `allow` mode a name is looked up only when a rule
+    /// names it; an address rule is reached by connecting to the address.
+    /// `None`: look the name up and judge each address.
+    pub fn before_lookup(&self, host: &str, port: u16) -> Option<Verdict> {
+        let host = normal_host(host);
+        if self.mode == Mode::Off {
+            return Some(Verdict {
+                action: Action::Deny,
+                rule: "mode off".into(),
+                reason: "this sandbox has no network".into(),
+            });
+        }
+        if let Some(r) = self.deny.iter().find(|r| r.names(&host, port)) {
+            return Some(Verdict {
+                action: Action::Deny,
+                rule: format!("deny: {r}"),
+                reason: format!("{host}:{port} is denied by a rule"),
+            });
+        }
+        if self.mode == Mode::Allow && !self.ask && !self.allow.iter().any(|r| r.names(&host, port))
+        {
+            return Some(Verdict {
+                action: Action::Deny,
+                rule: "mode allow".into(),
+                reason: format!(
+                    "{host}:{port} is in no allow rule (not looked up: a lookup is itself a message out)"
+                ),
+            });
+        }
+        None
+    }
+
     /// Judge one connection.
     pub fn judge(&self, t: Target<'_>) -> Verdict {
         let addr = canonical(t.addr);
@@ -592,6 +629,50 @@ mod tests {
             Ok(e) => panic!("`sometimes` read as {e:?}"),
             Err(err) => assert!(err.contains("allow:HOST"), "{err}"),
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_name_no_rule_could_let_through_is_refused_before_any_lookup() -> Result<(), String> {
+        let e = Egress {
+            mode: Mode::Allow,
+            allow: vec![Rule::parse("pypi.org")?, Rule::parse("10.1.2.3")?],
+            deny: vec![Rule::parse("*.evil.test")?],
+            ask: false,
+        };
+        let refused = |h: &str, port| e.before_lookup(h, port).map(|v| v.rule);
+        assert_eq!(refused("pypi.org", 443), None);
+        assert_eq!(refused("PyPI.org.", 443), None);
+        assert_eq!(
+            refused("secret.attacker.test", 80).as_deref(),
+            Some("mode allow")
+        );
+        assert_eq!(refused("db.internal", 5432).as_deref(), Some("mode allow"));
+        assert_eq!(
+            refused("x.evil.test", 80).as_deref(),
+            Some("deny: *.evil.test")
+        );
+        let open = Egress {
+            mode: Mode::Open,
+            ..e.clone()
+        };
+        assert_eq!(
+            open.before_lookup("anything.test", 80).map(|v| v.rule),
+            None
+        );
+        assert_eq!(
+            open.before_lookup("x.evil.test", 80)
+                .map(|v| v.rule)
+                .as_deref(),
+            Some("deny: *.evil.test")
+        );
+        let off = Egress::default();
+        assert_eq!(
+            off.before_lookup("pypi.org", 443)
+                .map(|v| v.rule)
+                .as_deref(),
+            Some("mode off")
+        );
         Ok(())
     }
 }

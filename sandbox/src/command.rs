@@ -35,6 +35,8 @@ pub struct SpawnTarget<'a> {
     /// Run the program from a private copy, not dumpable (see
     /// [`crate::private`]): a session's shell.
     pub nondumpable: bool,
+    /// The network door's directory (`--network allow:`), if it has one.
+    pub door: Option<&'a Path>,
 }
 
 impl WrapperCommand {
@@ -106,6 +108,10 @@ impl WrapperCommand {
         if t.nondumpable {
             v.push("--nondumpable".into());
         }
+        if let Some(d) = t.door {
+            v.push("--door".into());
+            v.push(d.into());
+        }
         v.push("--".into());
         v
     }
@@ -137,6 +143,7 @@ mod tests {
             name: "d",
             network: true,
             nondumpable: true,
+            door: None,
         };
         let argv = w.argv(&t);
         assert_eq!(argv[1], SUBCOMMAND);
@@ -172,6 +179,7 @@ mod tests {
                 name,
                 network: false,
                 nondumpable: false,
+                door: None,
             };
             let mut full: Vec<OsString> = w.argv(&t)[2..].to_vec();
             full.push("true".into());

@@ -98,6 +98,11 @@ pub(crate) struct Args {
     /// not dumpable (see [`crate::private`]): a session's shell.
     #[arg(long)]
     pub nondumpable: bool,
+    /// The network door (`--network allow:`): the directory of berth's
+    /// egress proxy socket. The sandbox then gets a network namespace of
+    /// its own, and a relay on 127.0.0.1:3128 as its only way out.
+    #[arg(long)]
+    pub door: Option<PathBuf>,
     /// Kill what is left of the sandbox and remove its pids cgroup, then exit.
     #[arg(long)]
     pub remove_cgroup: bool,
@@ -143,11 +148,25 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     }
     crate::env::close_inherited_fds()?;
     let env = program_env()?;
+    // Opened while berth's state is in reach; the relay connects through it.
+    let door = args
+        .door
+        .as_deref()
+        .map(crate::door::DoorDir::open)
+        .transpose()?;
     // Read now, while every file is still in reach.
     let copy = args
         .nondumpable
         .then(|| private_copy(&args.argv[0], env.as_ref()))
         .flatten();
+    if door.is_some() && (args.unrestricted || !args.policy.restricted) {
+        return Err(Error::Unsupported(format!(
+            "sandbox `{}` has `--network allow:` rules, which only a restricted sandbox can be held to \
+             (its own network namespace, berth's proxy its one door); unset BERTH_UNRESTRICTED or \
+             `restricted = false`, or make the sandbox with --network on or off",
+            args.name
+        )));
+    }
     if args.unrestricted || !args.policy.restricted {
         eprintln!(
             "berth: WARNING: sandbox `{}` runs WITHOUT kernel restrictions (no Landlock, no seccomp, no rlimits): \
@@ -159,6 +178,11 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     let mut profile = args
         .policy
         .profile(&args.name, &args.sandbox_dir, |p: &Path| p.exists());
+    if door.is_some() {
+        // TCP is allowed, in a namespace whose only interface is `lo` and
+        // whose only listener is the relay: the namespace is the boundary.
+        profile.network = true;
+    }
     let abi = crate::landlock::abi();
     check_support(&profile, abi)?;
     crate::cgroup::join_for(&profile, &args.sandbox_dir)?;
@@ -190,6 +214,10 @@ fn run(args: Vec<OsString>) -> Result<Never> {
         }
         crate::mounts::View::Unavailable(_) => {}
     }
+    if door.is_some() {
+        // With the capabilities the view's namespace (or root) still gives.
+        crate::door::isolate()?;
+    }
     if view == (crate::mounts::View::Made { terminals: true }) {
         // Its own devpts instance: the host's terminals are not in it.
         profile.read_write.extend(
@@ -215,6 +243,10 @@ fn run(args: Vec<OsString>) -> Result<Never> {
     }
     crate::caps::drop_all()?;
     set_no_new_privs()?;
+    if let Some(d) = &door {
+        // As the sandbox's uid, without capabilities, before the filters.
+        crate::door::start_relay(d)?;
+    }
     // Every process of the sandbox, berth's helpers too, may signal only its
     // own tree: a helper acts on pids the sandbox wrote into its files, and
     // unscoped, a `1` there would have it signal the whole host. What must

@@ -21,6 +21,7 @@
 pub mod caps;
 pub mod cgroup;
 mod command;
+pub mod door;
 pub mod env;
 mod error;
 pub mod exec;

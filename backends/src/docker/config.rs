@@ -55,9 +55,6 @@ pub const ROOT_CAPS: &[&str] = &[
 /// Where a `--network allow:` sandbox sees its door (the proxy's socket
 /// directory, read-only).
 pub const DOOR_MOUNT: &str = "/run/berth-egress";
-/// The relay's address inside the sandbox, as the proxy variables name it.
-pub const RELAY: &str = "127.0.0.1:3128";
-
 /// The container's main process when it has a door: the relay, started
 /// again if it ends (a sandboxed program may kill it; the network is then
 /// shut until it is back, never open).
@@ -70,16 +67,6 @@ fn relay_cmd() -> Vec<String> {
             "while :; do socat TCP-LISTEN:3128,bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{sock}; sleep 1; done"
         ),
     ]
-}
-
-/// The variables that send programs through the door (both cases: curl
-/// reads `http_proxy` only in lower case, others read upper case).
-pub fn door_env() -> Vec<String> {
-    let url = format!("http://{RELAY}");
-    ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
-        .iter()
-        .flat_map(|k| [format!("{k}={url}"), format!("{}={url}", k.to_lowercase())])
-        .collect()
 }
 
 /// The options a docker sandbox understands in `SandboxSpec::options`.
@@ -229,7 +216,11 @@ pub fn container_body(
     let mut cmd = vec!["sleep".to_string(), "infinity".to_string()];
     if let Some(door) = &spec.door {
         binds.push(format!("{}:{DOOR_MOUNT}:ro", door.display()));
-        env.extend(door_env());
+        env.extend(
+            berth_core::backend::door_env()
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}")),
+        );
         cmd = relay_cmd();
     }
     let host_config = HostConfig {

@@ -39,6 +39,11 @@ impl Runtime {
                 spec.name
             )));
         }
+        // Rules are read once here, so a bad one (from the API, which the
+        // CLI's parser did not see) fails the create, not a later connection.
+        spec.network
+            .egress()
+            .map_err(|e| Error::InvalidInput(format!("--network allow: {e}")))?;
         // The settings that belong to the sandbox (ssh's host) are recorded
         // with it, and must agree with those an existing one keeps.
         let stored = self.store.sandbox(backend, &spec.name)?;

@@ -319,7 +319,7 @@ class Sandbox:
         name: str = "default",
         backend: str = "local",
         *,
-        network: bool = False,
+        network: Union[bool, str] = False,
         image: Optional[str] = None,
         env: Optional[dict] = None,
         memory_mb: Optional[int] = None,
@@ -329,14 +329,34 @@ class Sandbox:
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Make sandbox `name` on `backend`, or attach to the one of that name
-        (whose settings must then agree)."""
+        (whose settings must then agree).
+
+        `network`: False or "off", True or "on" (the host's network), or
+        "allow:HOST,HOST" (no route of its own, only berth's egress proxy,
+        letting through the hosts named; docker)."""
         c = _client(client)
+        rules = None
+        if isinstance(network, str):
+            mode, _, hosts = network.partition(":")
+            if mode == "allow":
+                rules = pb.NetworkRules(allow=[h.strip() for h in hosts.split(",") if h.strip()])
+                network = False
+            elif mode in ("on", "open") and not hosts:
+                network = True
+            elif mode in ("off", "none") and not hosts:
+                network = False
+            else:
+                raise ValueError(
+                    f"network {network!r}: use False, True, 'off', 'on' or 'allow:HOST,HOST'"
+                )
         req = pb.CreateSandbox(
             sandbox=pb.SandboxRef(backend=_backend(backend), name=name),
-            network=network,
+            network=bool(network),
             env=env or {},
             options=options or {},
         )
+        if rules is not None:
+            req.network_rules.CopyFrom(rules)
         if image is not None:
             req.image = image
         if memory_mb is not None:
@@ -451,6 +471,23 @@ class Sandbox:
             pb.RestoreCheckpoint(sandbox=self._ref, checkpoint=ref, force=force),
         )
         return Checkpoint._of(r.checkpoint)
+
+    def allow_host(self, host: str) -> dict:
+        """Let `host` through a sandbox made with network="allow:...",
+        while it runs. Returns the rules: {"allow": [...], "deny": [...]}."""
+        return self._set_network(True, host)
+
+    def deny_host(self, host: str) -> dict:
+        """Refuse `host` for a sandbox made with network="allow:...", while
+        it runs. Returns the rules."""
+        return self._set_network(False, host)
+
+    def _set_network(self, allow: bool, host: str) -> dict:
+        r = _call(
+            self.client.sandboxes.SetNetwork,
+            pb.NetworkChange(sandbox=self._ref, allow=allow, host=host),
+        )
+        return {"allow": list(r.allow), "deny": list(r.deny)}
 
     def remove(self, keep_workspace: bool = False):
         _call(

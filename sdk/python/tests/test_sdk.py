@@ -197,6 +197,13 @@ def test_bad_input_gets_an_error_that_says_what_to_do(client):
     with pytest.raises(BerthError) as e:
         berth.Approval(client, berth._client.pb.Approval(id=999999)).allow()
     assert e.value.code.name == "NOT_FOUND", e.value
+    # Allow rules on a backend that cannot put berth's proxy in front of
+    # the sandbox: refused, saying why, never a sandbox with the network on.
+    with pytest.raises(BerthError) as e:
+        Sandbox.create("x-net", "local", network="allow:pypi.org", client=client)
+    assert "cannot have `--network allow:`" in str(e.value), e.value
+    with pytest.raises(ValueError):
+        Sandbox.create("x-net", "local", network="sometimes", client=client)
     # A hung command ends at its timeout; the session stays usable.
     r = sb.exec("sleep 30", timeout=0.5)
     assert (r.exit_code, r.timed_out) == (124, True)
@@ -256,3 +263,25 @@ def test_a_terminal_job_is_typed_into_read_and_killed(client):
     with pytest.raises(BerthError) as e:
         job.send("more")
     assert "no stdin" in str(e.value)
+
+
+def test_a_sandboxs_network_rules_change_while_it_runs(client):
+    name = "sdk-net-" + uuid.uuid4().hex[:8]
+    sb = Sandbox.create(name, "docker", network="allow:pypi.org", client=client)
+    client.made.append(sb)
+    assert sb.allow_host("*.github.com") == {"allow": ["pypi.org", "*.github.com"], "deny": []}
+    assert sb.deny_host("pypi.org") == {"allow": ["*.github.com"], "deny": ["pypi.org"]}
+    with pytest.raises(BerthError) as e:
+        sb.allow_host("not a host")
+    assert e.value.code.name == "INVALID_ARGUMENT", e.value
+    # A sandbox made without rules has none to change.
+    plain = _sandbox(client, "local")
+    with pytest.raises(BerthError) as e:
+        plain.allow_host("pypi.org")
+    assert "has network off" in str(e.value), e.value
+
+
+def test_a_bad_network_rule_fails_the_create(client):
+    with pytest.raises(BerthError) as e:
+        Sandbox.create("sdk-badnet", "docker", network="allow:bad host", client=client)
+    assert e.value.code.name == "INVALID_ARGUMENT", e.value
