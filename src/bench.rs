@@ -47,9 +47,15 @@ pub struct BenchArgs {
     /// workspace (and a shadow git repository, where the sandbox has git).
     #[arg(long, conflicts_with_all = ["cli", "mcp"])]
     pub checkpoint: bool,
-    /// With --checkpoint: the workspace's size in MiB.
-    #[arg(long, default_value_t = 1024, value_name = "MIB")]
-    pub size_mb: u64,
+    /// Measure berth's egress proxy instead (`--network allow:`): a request
+    /// per connection and a --size-mb download, through the proxy and
+    /// directly, to one origin on loopback.
+    #[arg(long, conflicts_with_all = ["cli", "mcp", "checkpoint"])]
+    pub egress: bool,
+    /// With --checkpoint: the workspace's size in MiB (1024 when not
+    /// given); with --egress, the download's (100 when not given).
+    #[arg(long, value_name = "MIB")]
+    pub size_mb: Option<u64>,
 }
 
 /// One measured series.

@@ -22,6 +22,8 @@ use crate::context;
 use crate::io::outln;
 
 const SANDBOX: &str = "berth-bench-checkpoint";
+/// The workspace's size when --size-mb is not given.
+const DEFAULT_MB: u64 = 1024;
 /// Bytes per file of the generated workspace.
 const FILE: u64 = 512 * 1024;
 /// Small files beside the data: a project's sources, 4 KiB each.
@@ -53,8 +55,9 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// `berth bench --checkpoint`.
-pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
-    if a.size_mb == 0 {
+pub async fn run(state_dir: Option<PathBuf>, mut a: BenchArgs) -> Result<u8> {
+    let size_mb = *a.size_mb.get_or_insert(DEFAULT_MB);
+    if size_mb == 0 {
         bail!("--size-mb must be at least 1");
     }
     let backend = crate::api_client::backend_kind(&a.backend)?;
@@ -82,7 +85,7 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         outln!(
             "checkpoint cost on {} ({} MiB in {} files; ratios against `cp -a` of the same tree, this run):",
             a.backend,
-            a.size_mb,
+            size_mb,
             out["files"]
         );
         let row = |label: &str, key: &str| {
@@ -113,11 +116,11 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
 
 async fn measure(rt: &Runtime, sb: &dyn Sandbox, a: &BenchArgs) -> Result<serde_json::Value> {
     let backend = crate::api_client::backend_kind(&a.backend)?;
-    let files = (a.size_mb * 1024 * 1024).div_ceil(FILE);
+    let files = (a.size_mb.unwrap_or(DEFAULT_MB) * 1024 * 1024).div_ceil(FILE);
     let dirs = files.div_ceil(64);
     eprintln!(
         "berth: bench: writing {} MiB of random data in {files} files…",
-        a.size_mb
+        a.size_mb.unwrap_or(DEFAULT_MB)
     );
     // Data in 512 KiB files, and a source tree of small files beside it.
     timed(
@@ -170,7 +173,7 @@ async fn measure(rt: &Runtime, sb: &dyn Sandbox, a: &BenchArgs) -> Result<serde_
     };
     Ok(json!({
         "backend": a.backend,
-        "size_mb": a.size_mb,
+        "size_mb": a.size_mb.unwrap_or(DEFAULT_MB),
         "files": files + SOURCES,
         "spawn_ms": ms(spawn),
         "cp_a_ms": ms(cp_a),

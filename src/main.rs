@@ -8,6 +8,7 @@ mod api_client;
 mod bench;
 mod bench_checkpoint;
 mod bench_cli;
+mod bench_egress;
 mod bench_jobs;
 mod cmd_approvals;
 mod cmd_attach;
@@ -174,6 +175,7 @@ fn main() -> ExitCode {
             Command::Cp(a) => cp::run(state_dir, a).await,
             Command::Bench(a) if a.cli => bench_cli::run(state_dir, &a).await,
             Command::Bench(a) if a.checkpoint => bench_checkpoint::run(state_dir, a).await,
+            Command::Bench(a) if a.egress => bench_egress::run(a).await,
             Command::Bench(a) => bench::run(state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),
             Command::Image(c) => cmd_image::run(c).await,

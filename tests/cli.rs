@@ -538,6 +538,42 @@ fn exec_background_starts_a_job_with_the_session_state() -> TestResult {
     Ok(())
 }
 
+/// `bench --egress`: the proxy against a direct connection, in one run,
+/// with its ratios computed from the numbers it reports.
+#[test]
+fn bench_egress_reports_the_proxy_against_a_direct_connection() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let o = berth(
+        dir.path(),
+        &["bench", "--egress", "-n", "20", "--size-mb", "4", "--json"],
+    )?;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout)?;
+    let num = |k: &str| v[k].as_f64().ok_or(format!("{k} missing in {v}"));
+    let (d, p) = (num("direct_request_us")?, num("proxied_request_us")?);
+    assert!(d > 0.0 && p > 0.0, "{v}");
+    assert!(
+        (num("request_ratio")? - p / d).abs() < 1e-6 * (p / d),
+        "{v}"
+    );
+    let (dm, pm) = (num("direct_mib_per_s")?, num("proxied_mib_per_s")?);
+    assert!(dm > 0.0 && pm > 0.0, "{v}");
+    assert!(
+        (num("throughput_ratio")? - pm / dm).abs() < 1e-6 * (pm / dm),
+        "{v}"
+    );
+    assert_eq!(v["download_mib"], 4);
+    assert_eq!(v["requests"], 20);
+    let o = berth(dir.path(), &["bench", "--egress", "--size-mb", "0"])?;
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("--size-mb must be at least 1"),
+        "{}",
+        stderr(&o)
+    );
+    Ok(())
+}
+
 #[test]
 fn bench_reports_both_series_and_their_ratio() -> TestResult {
     let dir = tempfile::tempdir()?;

@@ -58,6 +58,11 @@ impl State {
         })
     }
 
+    /// The state directory (its `policy.toml` is the policy file).
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
     pub(crate) fn run(&self, args: &[&str]) -> std::io::Result<Output> {
         berth_in(self.dir.path(), self.server, &self.env, args)
     }

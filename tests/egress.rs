@@ -595,6 +595,30 @@ fn a_bad_network_flag_or_a_backend_without_a_door_is_refused_with_why() -> TestR
     // Nothing was recorded for the refused sandbox.
     let ls = st.ok(&["sandbox", "ls", "--all", "--json"])?;
     assert!(!ls.contains("\"x\""), "{ls}");
+    // The policy file's [network]: a ceiling, and rules every door has.
+    std::fs::write(
+        st.path().join("policy.toml"),
+        "[network]\nmost = \"allow\"\ndeny = [\"blocked.test\"]\n",
+    )?;
+    let o = st.run(&["sandbox", "create", "wide", "--network"])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("most = \"allow\""), "{}", text(&o));
+    st.ok(&[
+        "sandbox",
+        "create",
+        "narrow",
+        "--network",
+        "allow:blocked.test",
+    ])?;
+    let o = st.run(&[
+        "exec",
+        "-s",
+        "narrow",
+        "--",
+        "curl -sS http://blocked.test/",
+    ])?;
+    assert!(text(&o).contains("(deny: blocked.test)"), "{}", text(&o));
+    std::fs::write(st.path().join("policy.toml"), "")?;
     // Rules change only on a sandbox whose way out is the proxy.
     st.ok(&["sandbox", "create", "plain"])?;
     let o = st.run(&["sandbox", "network", "plain", "allow", "pypi.org"])?;

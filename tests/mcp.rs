@@ -82,6 +82,11 @@ static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Env {
     pub(crate) fn new(backend: &'static str) -> Result<Env, BoxError> {
+        Self::made_with(backend, &[])
+    }
+
+    /// [`Env::new`], the sandbox made with `flags` too.
+    pub(crate) fn made_with(backend: &'static str, flags: &[&str]) -> Result<Env, BoxError> {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("policy.toml"), POLICY)?;
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -94,6 +99,7 @@ impl Env {
         let o = env
             .berth()
             .args(["sandbox", "create", &env.sandbox, "--backend", backend])
+            .args(flags)
             .stdin(Stdio::null())
             .output()?;
         if !o.status.success() {
@@ -854,6 +860,39 @@ fn bad_stdin_never_kills_or_bloats_the_server() -> TestResult {
         r["result"]["content"][0]["text"], "alive\n[exit code 0]",
         "{r}"
     );
+    Ok(())
+}
+
+/// A connection the sandbox's network rules refuse reaches the MCP client
+/// as a warning that names the host and the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_announced() -> TestResult {
+    let env = Env::made_with("local", &["--network", "allow:pypi.test"])?;
+    let c = env.stdio().await?;
+    let r = c.run("curl -sS http://blocked.test/").await?;
+    assert!(
+        text(&r).contains("refused by the sandbox's network policy (mode allow)"),
+        "{}",
+        text(&r)
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let logs = c.seen.logs.lock().map(|l| l.clone()).unwrap_or_default();
+        if let Some(n) = logs.iter().find(|l| l["event"] == "net.refused") {
+            let m = n["message"].as_str().unwrap_or("");
+            assert!(
+                m.contains("blocked.test:80") && m.contains("mode allow"),
+                "{n}"
+            );
+            assert_eq!(n["detail"]["rule"], "mode allow", "{n}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no notification of the refusal: {logs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Ok(())
 }
 

@@ -152,6 +152,16 @@ impl Network {
         })
     }
 
+    /// Its mode, as the egress policy names them.
+    pub fn mode(&self) -> berth_policies::egress::Mode {
+        use berth_policies::egress::Mode;
+        match self {
+            Network::Off => Mode::Off,
+            Network::Open => Mode::Open,
+            Network::Allow(_) => Mode::Allow,
+        }
+    }
+
     /// True when the sandbox reaches anything at all.
     pub fn any(&self) -> bool {
         !matches!(self, Network::Off)

@@ -1,4 +1,5 @@
-//! Job completions and watch matches as MCP logging notifications.
+//! Job completions, watch matches and refused connections (the sandbox's
+//! network rules, `net.refused`) as MCP logging notifications.
 //!
 //! Nothing of a job lives in berth's process, so a job's end is seen when its
 //! sandbox is asked: while this sandbox has unfinished jobs, they are brought up
@@ -111,6 +112,7 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
                 EventKind::Job(
                     JobState::Exited | JobState::Killed | JobState::Lost | JobState::Failed
                 ) | EventKind::JobWatch
+                    | EventKind::NetRefused
             );
             if !wanted || !own(&e.backend, &e.sandbox) {
                 continue;
@@ -121,7 +123,20 @@ pub(crate) async fn watch_jobs(shared: Arc<Shared>) {
                 .and_then(|d| serde_json::from_str(d).ok())
                 .unwrap_or(Value::Null);
             let job = e.call_id.clone().unwrap_or_default();
-            let (level, message) = if kind == EventKind::JobWatch {
+            let (level, message) = if kind == EventKind::NetRefused {
+                (
+                    LoggingLevel::Warning,
+                    format!(
+                        "{} refused by the sandbox's network policy ({}): {}",
+                        e.command
+                            .as_deref()
+                            .unwrap_or("")
+                            .trim_start_matches("connect "),
+                        detail["rule"].as_str().unwrap_or(""),
+                        detail["reason"].as_str().unwrap_or("")
+                    ),
+                )
+            } else if kind == EventKind::JobWatch {
                 (
                     LoggingLevel::Notice,
                     format!(

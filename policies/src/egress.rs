@@ -151,6 +151,118 @@ pub struct Egress {
     pub ask: bool,
 }
 
+/// The policy file's `[network]`: what every sandbox's network is held to.
+///
+/// ```toml
+/// [network]
+/// most = "allow"                 # the most a sandbox may have: off, allow, open
+/// allow = ["pypi.org"]           # added to every `--network allow:` sandbox's rules
+/// deny = ["*.corp.example"]      # refused for every such sandbox, before its own rules
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkPolicy {
+    /// The most a sandbox may be made with (`open` when not said).
+    pub most: Mode,
+    /// Allow rules every proxied sandbox has.
+    pub allow: Vec<Rule>,
+    /// Deny rules every proxied sandbox has, read before its own.
+    pub deny: Vec<Rule>,
+}
+
+impl Default for NetworkPolicy {
+    fn default() -> Self {
+        NetworkPolicy {
+            most: Mode::Open,
+            allow: Vec::new(),
+            deny: Vec::new(),
+        }
+    }
+}
+
+/// `[network]` as written.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNetworkPolicy {
+    most: Option<String>,
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+    ask: Option<bool>,
+}
+
+impl RawNetworkPolicy {
+    /// Read it, or say what is wrong.
+    pub fn build(self) -> Result<NetworkPolicy, String> {
+        let most = match self.most.as_deref() {
+            None | Some("open") => Mode::Open,
+            Some("allow") => Mode::Allow,
+            Some("off") => Mode::Off,
+            Some(other) => {
+                return Err(format!(
+                    "[network] most = `{other}`: use `off`, `allow` or `open`"
+                ));
+            }
+        };
+        if self.ask == Some(true) {
+            return Err(
+                "[network] ask = true: asking a person about an unknown host is not built yet; \
+                 list the hosts under `allow`, or add them while the sandbox runs with \
+                 `berth sandbox network NAME allow HOST`"
+                    .into(),
+            );
+        }
+        let read = |list: Vec<String>, what: &str| -> Result<Vec<Rule>, String> {
+            list.iter()
+                .map(|t| Rule::parse(t).map_err(|e| format!("[network] {what}: {e}")))
+                .collect()
+        };
+        Ok(NetworkPolicy {
+            most,
+            allow: read(self.allow, "allow")?,
+            deny: read(self.deny, "deny")?,
+        })
+    }
+}
+
+impl NetworkPolicy {
+    /// Whether a sandbox may be made with `mode`; `Err` says why not and
+    /// what is allowed.
+    pub fn admits(&self, mode: Mode) -> Result<(), String> {
+        let rank = |m: Mode| match m {
+            Mode::Off => 0,
+            Mode::Allow => 1,
+            Mode::Open => 2,
+        };
+        if rank(mode) <= rank(self.most) {
+            return Ok(());
+        }
+        let can = match self.most {
+            Mode::Off => "--network off",
+            Mode::Allow => "--network allow:HOST,… or off",
+            Mode::Open => "any network",
+        };
+        Err(format!(
+            "the policy's [network] most = \"{}\" does not let a sandbox have network {}; make it with {can}",
+            self.most.as_str(),
+            match mode {
+                Mode::Open => "on",
+                m => m.as_str(),
+            }
+        ))
+    }
+
+    /// A sandbox's own policy with these rules added: the policy's deny
+    /// rules first, its allow rules after the sandbox's.
+    pub fn applied_to(&self, mut e: Egress) -> Egress {
+        let mut deny = self.deny.clone();
+        deny.append(&mut e.deny);
+        e.deny = deny;
+        e.allow.extend(self.allow.iter().cloned());
+        e
+    }
+}
+
 /// One connection to judge.
 #[derive(Clone, Copy, Debug)]
 pub struct Target<'a> {
@@ -673,6 +785,39 @@ mod tests {
                 .as_deref(),
             Some("mode off")
         );
+        Ok(())
+    }
+
+    #[test]
+    fn the_policy_files_network_section_caps_and_adds_rules() -> Result<(), String> {
+        let raw: RawNetworkPolicy =
+            toml::from_str("most = \"allow\"\nallow = [\"pypi.org\"]\ndeny = [\"*.corp.test\"]\n")
+                .map_err(|e| e.to_string())?;
+        let p = raw.build()?;
+        assert!(p.admits(Mode::Allow).is_ok() && p.admits(Mode::Off).is_ok());
+        let why = p.admits(Mode::Open).err().unwrap_or_default();
+        assert!(
+            why.contains("most = \"allow\"") && why.contains("network on"),
+            "{why}"
+        );
+        let own = Egress {
+            mode: Mode::Allow,
+            allow: vec![Rule::parse("x.corp.test")?],
+            ..Egress::default()
+        };
+        let e = p.applied_to(own);
+        // The policy's deny is read before the sandbox's own allow.
+        assert_eq!(
+            e.before_lookup("x.corp.test", 443)
+                .map(|v| v.rule)
+                .as_deref(),
+            Some("deny: *.corp.test")
+        );
+        assert_eq!(e.before_lookup("pypi.org", 443), None);
+        let bad: RawNetworkPolicy = toml::from_str("ask = true").map_err(|e| e.to_string())?;
+        assert!(bad.build().is_err_and(|e| e.contains("not built yet")));
+        let bad: RawNetworkPolicy = toml::from_str("most = \"some\"").map_err(|e| e.to_string())?;
+        assert!(bad.build().is_err());
         Ok(())
     }
 }

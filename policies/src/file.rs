@@ -104,6 +104,7 @@ struct RawFile {
     tools: Option<ToolSwitches>,
     agent: Option<AgentPolicy>,
     checkpoints: Option<CheckpointPolicy>,
+    network: Option<crate::egress::RawNetworkPolicy>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +179,8 @@ pub struct Policy {
     pub agent: AgentPolicy,
     /// What sandbox checkpoints hold and how many are kept.
     pub checkpoints: CheckpointPolicy,
+    /// What every sandbox's network is held to (`[network]`).
+    pub network: crate::egress::NetworkPolicy,
 }
 
 impl Policy {
@@ -281,6 +284,7 @@ impl Policy {
             tools: raw.tools.unwrap_or_default(),
             agent: raw.agent.unwrap_or_default(),
             checkpoints: raw.checkpoints.unwrap_or_default(),
+            network: raw.network.unwrap_or_default().build().map_err(invalid)?,
         })
     }
 }

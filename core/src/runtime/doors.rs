@@ -53,6 +53,11 @@ impl Runtime {
         backend: BackendKind,
         spec: &mut SandboxSpec,
     ) -> Result<()> {
+        let file = self
+            .gate
+            .as_ref()
+            .map(|g| g.policy().network.clone())
+            .unwrap_or_default();
         let Some(policy) = spec.network.egress().map_err(|e| {
             Error::InvalidInput(format!(
                 "sandbox `{}`: its network rule {e}; set the rules again with `berth sandbox network`",
@@ -62,6 +67,7 @@ impl Runtime {
         else {
             return Ok(());
         };
+        let policy = file.applied_to(policy);
         let dir = self.door_dir(backend, &spec.name);
         let key = (backend, spec.name.clone());
         let mut doors = self.doors.lock().await;
@@ -85,7 +91,13 @@ impl Runtime {
             // The stored rules, read for each connection; a row that is gone
             // (the sandbox removed) shuts the door.
             let source = Arc::new(move || match store.sandbox(backend, &name) {
-                Ok(Some(row)) => row.spec.network.egress().ok().flatten(),
+                Ok(Some(row)) => row
+                    .spec
+                    .network
+                    .egress()
+                    .ok()
+                    .flatten()
+                    .map(|e| file.applied_to(e)),
                 Ok(None) => Some(berth_policies::egress::Egress::default()),
                 Err(_) => None,
             });

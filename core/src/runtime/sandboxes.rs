@@ -39,6 +39,15 @@ impl Runtime {
                 spec.name
             )));
         }
+        // The policy file's `[network] most` caps what any sandbox may have.
+        if let Some(g) = &self.gate
+            && let Err(why) = g.policy().network.admits(spec.network.mode())
+        {
+            return Err(Error::InvalidInput(format!(
+                "sandbox `{}`: {why}",
+                spec.name
+            )));
+        }
         // Rules are read once here, so a bad one (from the API, which the
         // CLI's parser did not see) fails the create, not a later connection.
         spec.network
