@@ -48,6 +48,26 @@ struct Inet {
     addr: String,
     servers: Vec<Child>,
     _www: tempfile::TempDir,
+    /// The locked slot file: the subnet is this Inet's while it is open.
+    _slot: std::fs::File,
+}
+
+/// The first free /30 of 198.51.100.0/24 (of 60), locked with `flock` on a
+/// file of its own; the lock goes when the file is closed.
+fn claim_slot() -> Result<(std::fs::File, u32), BoxError> {
+    use std::os::fd::AsRawFd;
+    for slot in 0..60u32 {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(std::env::temp_dir().join(format!("berth-inet-slot-{slot}.lock")))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok((f, slot * 4));
+        }
+    }
+    Err("all 60 test-internet subnets are in use".into())
 }
 
 impl Drop for Inet {
@@ -112,12 +132,13 @@ impl Inet {
         if !nix::unistd::geteuid().is_root() {
             return Err("the egress test makes a network namespace, which needs root".into());
         }
-        // A /30 and names of its own per process and test, so runs side by
-        // side do not meet.
+        // A /30 and names of its own, so tests side by side (in one
+        // process or several) never share a subnet: a slot is claimed with
+        // a lock held for the Inet's life.
+        let (slot, k) = claim_slot()?;
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tag = format!("{}x{n}", std::process::id());
-        let k = ((std::process::id() * 7 + n) % 60) * 4;
         let (host_ip, addr) = (
             format!("198.51.100.{}", k + 1),
             format!("198.51.100.{}", k + 2),
@@ -132,6 +153,7 @@ impl Inet {
             addr: addr.clone(),
             servers: Vec::new(),
             _www: tempfile::tempdir()?,
+            _slot: slot,
         };
         run(
             "ip",
