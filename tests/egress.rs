@@ -187,7 +187,13 @@ impl Inet {
             ],
         )?;
         make_repo(root)?;
-        let cert = root.join("cert.pem");
+        // Key and certificate in two files, joined: some openssl versions
+        // refuse one file for both.
+        let (cert, key, crt) = (
+            root.join("cert.pem"),
+            root.join("key.pem"),
+            root.join("c.pem"),
+        );
         run(
             "openssl",
             &[
@@ -201,37 +207,15 @@ impl Inet {
                 "-subj",
                 "/CN=secure.test",
                 "-keyout",
-                &cert.display().to_string(),
+                &key.display().to_string(),
                 "-out",
-                &cert.display().to_string(),
+                &crt.display().to_string(),
             ],
-        )
-        .or_else(|_| {
-            // Some openssl versions refuse one file for both: write two, join.
-            let key = root.join("key.pem");
-            run(
-                "openssl",
-                &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-days",
-                    "1",
-                    "-subj",
-                    "/CN=secure.test",
-                    "-keyout",
-                    &key.display().to_string(),
-                    "-out",
-                    &root.join("c.pem").display().to_string(),
-                ],
-            )?;
-            let joined =
-                std::fs::read_to_string(&key)? + &std::fs::read_to_string(root.join("c.pem"))?;
-            std::fs::write(&cert, joined)?;
-            Ok::<String, BoxError>(String::new())
-        })?;
+        )?;
+        std::fs::write(
+            &cert,
+            std::fs::read_to_string(&key)? + &std::fs::read_to_string(&crt)?,
+        )?;
         let serve = root.join("serve.py");
         std::fs::write(&serve, SERVE)?;
         for (port, tls) in [("8080", false), ("8443", true)] {

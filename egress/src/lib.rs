@@ -225,12 +225,7 @@ impl Proxy {
             .to_string();
         let (addr, verdict) = match self.choose(&host, port).await {
             Ok(chosen) => chosen,
-            Err(record) => {
-                let body = refusal_text(&record);
-                let rule = record.verdict.rule.clone();
-                (self.report)(record);
-                return reply(StatusCode::FORBIDDEN, Some(&rule), &body);
-            }
+            Err(record) => return self.refuse(record),
         };
         let upstream = match TcpStream::connect(addr).await {
             Ok(s) => s,
@@ -304,12 +299,7 @@ impl Proxy {
         let port = uri.port_u16().unwrap_or(80);
         let (addr, verdict) = match self.choose(&host, port).await {
             Ok(chosen) => chosen,
-            Err(record) => {
-                let body = refusal_text(&record);
-                let rule = record.verdict.rule.clone();
-                (self.report)(record);
-                return reply(StatusCode::FORBIDDEN, Some(&rule), &body);
-            }
+            Err(record) => return self.refuse(record),
         };
         let tally = Arc::new(Tally {
             proxy: self.clone(),
@@ -386,6 +376,14 @@ impl Proxy {
             })
             .boxed()
         })
+    }
+
+    /// Report a refusal and answer it: a `403` naming the rule.
+    fn refuse(&self, record: Record) -> Response<Body> {
+        let body = refusal_text(&record);
+        let rule = record.verdict.rule.clone();
+        (self.report)(record);
+        reply(StatusCode::FORBIDDEN, Some(&rule), &body)
     }
 
     /// The address to connect to and the verdict that allowed it, or the
