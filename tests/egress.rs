@@ -70,6 +70,13 @@ fn claim_slot() -> Result<(std::fs::File, u32), BoxError> {
     Err("all 60 test-internet subnets are in use".into())
 }
 
+impl Inet {
+    /// The HTTPS server's certificate (for a trust store).
+    fn cert(&self) -> std::path::PathBuf {
+        self._www.path().join("c.pem")
+    }
+}
+
 impl Drop for Inet {
     fn drop(&mut self) {
         for s in &mut self.servers {
@@ -117,6 +124,17 @@ class H(http.server.SimpleHTTPRequestHandler):
             self.send_header("Location", "http://meta.test/latest/meta-data/")
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if self.path == "/headers":
+            body = "".join(f"{k.lower()}: {v}\n" for k, v in self.headers.items()).encode()
+            # Kept on the server's side too: berth masks secrets in what a
+            # command prints, so the test reads what the server saw here.
+            with open(f"{root}/seen-headers.txt", "ab") as f:
+                f.write(body)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
             return
         return super().do_GET()
 s = http.server.ThreadingHTTPServer((addr, port), functools.partial(H, directory=root))
@@ -206,6 +224,14 @@ impl Inet {
                 "1",
                 "-subj",
                 "/CN=secure.test",
+                // A server's certificate, as rustls (berth's proxy, when it
+                // adds a credential) will check it: named by SAN, not a CA.
+                "-addext",
+                "subjectAltName=DNS:secure.test",
+                "-addext",
+                "basicConstraints=critical,CA:FALSE",
+                "-addext",
+                "extendedKeyUsage=serverAuth",
                 "-keyout",
                 &key.display().to_string(),
                 "-out",
@@ -325,6 +351,18 @@ fn allow_list_on(backend: &'static str) -> TestResult {
     let mut st = State::new("auto")?;
     st.backend = backend;
     st.env.push(("BERTH_EGRESS_HOSTS".into(), inet.hosts()));
+    // A key for secure.test that the sandbox must never hold: berth's
+    // server reads it from its environment (the CLI's, which starts it),
+    // and trusts the test internet's certificate as a root.
+    const SECRET: &str = "s3cret-b2e7f1";
+    st.env.push(("TEST_TOKEN".into(), SECRET.into()));
+    st.env
+        .push(("SSL_CERT_FILE".into(), inet.cert().display().to_string()));
+    std::fs::write(
+        st.path().join("policy.toml"),
+        "[[network.credentials]]\nhost = \"secure.test\"\nheader = \"Authorization\"\n\
+         value_env = \"TEST_TOKEN\"\nprefix = \"Bearer \"\n",
+    )?;
     let name = unique("egress");
     st.create(
         &name,
@@ -369,6 +407,51 @@ fn allow_list_on(backend: &'static str) -> TestResult {
         text(&o).contains("hello from the test internet"),
         "https through CONNECT: {}",
         text(&o)
+    );
+
+    // The credential: the host's server sees the real key, put on by the
+    // proxy (the sandbox sent its placeholder); curl, Python and pip check
+    // the certificate the sandbox's CA signed, through the bundle berth
+    // points them at (no -k).
+    let o = st.exec(
+        &name,
+        "curl -sS https://secure.test:8443/headers -H \"Authorization: Bearer $TEST_TOKEN\"; \
+         python3 -c 'import urllib.request as u; print(u.urlopen(\"https://secure.test:8443/index.txt\").read().decode())'",
+    )?;
+    let seen =
+        std::fs::read_to_string(inet._www.path().join("seen-headers.txt")).unwrap_or_default();
+    assert!(
+        seen.contains(&format!("authorization: Bearer {SECRET}"))
+            && text(&o).contains("hello from the test internet"),
+        "the credential through the proxy: the server saw {seen:?}; the sandbox printed {}",
+        text(&o)
+    );
+    // ...and it is nowhere in the sandbox: its environment (a placeholder
+    // there), any process's environment or command line it can read, its
+    // files, and the CA's key is not there either (only certificates).
+    let o = st.exec(
+        &name,
+        // The pattern is put together in a file, so no command line holds it.
+        "echo \"token=$TEST_TOKEN\"; p=\"${TMPDIR:-/tmp}/pat\"; printf '%s%s' s3cret -b2e7f1 > \"$p\"; \
+         grep -ls -f \"$p\" /proc/*/environ /proc/*/cmdline 2>/dev/null; \
+         grep -rls --exclude=pat -f \"$p\" \"$HOME\" /tmp \"${TMPDIR:-/tmp}\" /etc /run \"$(dirname \"$SSL_CERT_FILE\")\" 2>/dev/null; \
+         grep -c 'BEGIN CERTIFICATE' \"$SSL_CERT_FILE\"; \
+         grep -rls 'PRIVATE KEY' \"$(dirname \"$SSL_CERT_FILE\")\" 2>/dev/null; \
+         echo end",
+    )?;
+    let t = text(&o);
+    assert!(
+        t.contains("token=berth-placeholder-TEST_TOKEN") && !t.contains(SECRET),
+        "the secret reached the sandbox: {t}"
+    );
+    assert!(
+        !t.contains("PRIVATE") && !t.lines().any(|l| l.starts_with('/')),
+        "a file in the sandbox holds the secret or a private key: {t}"
+    );
+    assert!(
+        t.lines()
+            .any(|l| l.trim().parse::<u32>().is_ok_and(|n| n >= 2)),
+        "the bundle holds the proxy's roots and the sandbox's CA: {t}"
     );
 
     // Refusals, each naming its rule: a host in no rule, a port the rule
@@ -440,6 +523,16 @@ fn allow_list_on(backend: &'static str) -> TestResult {
             && detail(e)["host"] == "pypi.test"
             && detail(e)["bytes_down"].as_u64().is_some_and(|b| b > 0)
             && detail(e)["rule"] == "allow: pypi.test"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e["kind"] == "net.connect"
+            && detail(e)["host"] == "secure.test"
+            && detail(e)["credential"] == "authorization"),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.to_string().contains(SECRET)),
         "{events:?}"
     );
     assert!(
@@ -561,6 +654,112 @@ fn allow_list_on(backend: &'static str) -> TestResult {
 }
 
 #[test]
+fn docker_ask_puts_an_unknown_host_to_a_person() -> TestResult {
+    ask_on("docker")
+}
+
+#[test]
+fn local_ask_puts_an_unknown_host_to_a_person() -> TestResult {
+    ask_on("local")
+}
+
+/// The pending approval for `command` in `st`, once it shows.
+fn pending(st: &State, command: &str) -> Result<i64, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = st.ok(&["approvals", "ls", "--json"])?;
+        let found = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .flat_map(|v| match v {
+                Value::Array(a) => a,
+                v => vec![v],
+            })
+            .find(|a| a["command"] == command)
+            .and_then(|a| a["id"].as_i64());
+        if let Some(id) = found {
+            return Ok(id);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no approval for `{command}` in 60 s: {out}").into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `[network] ask = true`: a host in no rule holds its connection until a
+/// person answers; "always" adds it to the sandbox's rules, so the next
+/// connection goes through unasked; a "no" is a refusal naming the
+/// approval.
+fn ask_on(backend: &'static str) -> TestResult {
+    let inet = Inet::up()?;
+    let mut st = State::new("auto")?;
+    st.backend = backend;
+    st.env.push(("BERTH_EGRESS_HOSTS".into(), inet.hosts()));
+    std::fs::write(
+        st.path().join("policy.toml"),
+        "[network]\nask = true\n[approvals]\ntimeout_secs = 120\n",
+    )?;
+    let name = unique("egress-ask");
+    st.create(&name, &["--network", "allow:pypi.test"])?;
+    let o = st.exec(&name, "curl -sS http://pypi.test:8080/index.txt")?;
+    assert!(
+        text(&o).contains("hello from the test internet"),
+        "{}",
+        text(&o)
+    );
+    std::thread::scope(|scope| -> TestResult {
+        let held = scope.spawn(|| st.exec(&name, "curl -sS http://other.test:8080/index.txt"));
+        let id = pending(&st, "connect other.test:8080")?;
+        let out = st.ok(&["approve", &id.to_string(), "--always"])?;
+        assert!(
+            out.contains("other.test:8080") && out.contains("network rules"),
+            "{out}"
+        );
+        let o = held.join().map_err(|_| "the held exec panicked")??;
+        assert!(
+            text(&o).contains("hello from the test internet"),
+            "after approval: {}",
+            text(&o)
+        );
+        Ok(())
+    })?;
+    // "Always": in the sandbox's rules now, and let through unasked.
+    let v: Value =
+        serde_json::from_str(&st.ok(&["sandbox", "inspect", &name, "-b", backend, "--json"])?)?;
+    assert!(v.to_string().contains("other.test:8080"), "{v}");
+    let o = st.exec(&name, "curl -sS http://other.test:8080/index.txt")?;
+    assert!(
+        text(&o).contains("hello from the test internet"),
+        "{}",
+        text(&o)
+    );
+    // A "no": refused, naming the approval; the name was never looked up
+    // while it waited (the refusal's event has no address).
+    std::thread::scope(|scope| -> TestResult {
+        let held = scope.spawn(|| st.exec(&name, "curl -sS http://git.test:8080/repo.git/HEAD"));
+        let id = pending(&st, "connect git.test:8080")?;
+        st.ok(&["deny", &id.to_string()])?;
+        let o = held.join().map_err(|_| "the held exec panicked")??;
+        assert!(
+            text(&o).contains(&format!("approval #{id} was denied by")),
+            "after a no: {}",
+            text(&o)
+        );
+        Ok(())
+    })?;
+    let events = net_events(&st, &name)?;
+    assert!(
+        events.iter().any(|e| e["kind"] == "net.refused"
+            && e["detail"].as_str().is_some_and(
+                |d| d.contains("\"host\":\"git.test\"") && d.contains("\"addr\":null")
+            )),
+        "{events:?}"
+    );
+    Ok(())
+}
+
+#[test]
 fn a_bad_network_flag_or_a_backend_without_a_door_is_refused_with_why() -> TestResult {
     let st = State::new("off")?;
     let o = st.run(&["sandbox", "create", "x", "--network", "allow:bad host"])?;
@@ -639,4 +838,251 @@ fn berth_unrestricted(st: &State, args: &[&str]) -> Result<std::process::Output,
     st2.env = st.env.clone();
     st2.env.push(("BERTH_UNRESTRICTED".into(), "1".into()));
     Ok(st2.run(args)?)
+}
+
+/// The official SDK's network calls against the E2B stand-in: create with
+/// an allow-list, read it back, replace it, and a deny rule naming a host
+/// refused as E2B refuses it.
+const E2B_SDK_NETWORK: &str = r#"
+from e2b import Sandbox
+from e2b.sandbox.network import ALL_TRAFFIC
+sb = Sandbox.create(timeout=60, network={"allow_out": ["pypi.org", "10.1.0.0/16"], "deny_out": [ALL_TRAFFIC]})
+n = sb.get_info().network
+print("created:", sorted(n["allow_out"]), list(n["deny_out"]))
+sb.update_network({"allow_out": ["github.com"], "deny_out": [ALL_TRAFFIC]})
+n = sb.get_info().network
+print("updated:", list(n["allow_out"]), list(n["deny_out"]))
+try:
+    Sandbox.create(timeout=60, network={"deny_out": ["evil.example"]})
+    print("deny-by-name: accepted")
+except Exception as e:
+    print("deny-by-name: refused", "not supported" in str(e))
+sb.kill()
+"#;
+
+/// E2B holds `--network allow:` with its own allow-list: berth sends
+/// `network {allowOut, denyOut: [0.0.0.0/0]}` on create and `PUT
+/// /sandboxes/{id}/network` on `berth sandbox network`, and refuses what
+/// the list cannot hold (a port, an approval, a deny rule that meets an
+/// allow rule), saying why, with nothing changed.
+#[test]
+fn e2b_holds_allow_rules_with_its_own_allow_list() -> TestResult {
+    let rt = tokio::runtime::Runtime::new()?;
+    let standin = rt.block_on(berth_standins::e2b::E2bStandin::start(0))?;
+    let mut st = State::new("off")?;
+    st.backend = "e2b";
+    st.env.extend(standin.env());
+    let name = unique("e2b-allow");
+    st.create(
+        &name,
+        &["--network", "allow:pypi.test,*.github.test,10.1.0.0/16"],
+    )?;
+    let ids = standin.sandbox_ids();
+    let [id] = ids.as_slice() else {
+        return Err(format!("expected one E2B sandbox, found {ids:?}").into());
+    };
+    let net = || standin.network_of(id).ok_or("the sandbox is gone");
+    let (open, filter) = net()?;
+    assert!(
+        open,
+        "allow_internet_access must be on for the filter to let anything out"
+    );
+    assert_eq!(
+        filter,
+        Some(serde_json::json!({
+            "allowOut": ["pypi.test", "*.github.test", "10.1.0.0/16"],
+            "denyOut": ["0.0.0.0/0"],
+        }))
+    );
+    let o = st.exec(&name, "echo still-works")?;
+    assert!(text(&o).contains("still-works"), "{}", text(&o));
+
+    // Changed while it runs: the platform's list changes with the rules.
+    st.ok(&[
+        "sandbox",
+        "network",
+        &name,
+        "allow",
+        "other.test",
+        "-b",
+        "e2b",
+    ])?;
+    let (_, filter) = net()?;
+    assert!(
+        filter.as_ref().is_some_and(|f| f["allowOut"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|h| h == "other.test"))),
+        "{filter:?}"
+    );
+    // What the list cannot hold is refused, and nothing changes.
+    let o = st.run(&[
+        "sandbox",
+        "network",
+        &name,
+        "allow",
+        "db.test:5432",
+        "-b",
+        "e2b",
+    ])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("has no ports"), "{}", text(&o));
+    let v = st.ok(&["sandbox", "inspect", &name, "-b", "e2b", "--json"])?;
+    assert!(!v.contains("db.test:5432"), "a refused rule was kept: {v}");
+    assert_eq!(net()?.1, filter, "a refused rule reached E2B");
+    let o = st.run(&[
+        "sandbox",
+        "create",
+        "ports",
+        "-b",
+        "e2b",
+        "--network",
+        "allow:db.test:5432",
+    ])?;
+    assert!(text(&o).contains("has no ports"), "{}", text(&o));
+    std::fs::write(st.path().join("policy.toml"), "[network]\nask = true\n")?;
+    let o = st.run(&[
+        "sandbox",
+        "create",
+        "asks",
+        "-b",
+        "e2b",
+        "--network",
+        "allow:pypi.test",
+    ])?;
+    assert!(text(&o).contains("a person decides"), "{}", text(&o));
+    std::fs::write(
+        st.path().join("policy.toml"),
+        "[network]\ndeny = [\"gist.github.test\"]\n",
+    )?;
+    let o = st.run(&[
+        "sandbox",
+        "create",
+        "meets",
+        "-b",
+        "e2b",
+        "--network",
+        "allow:*.github.test",
+    ])?;
+    assert!(text(&o).contains("`gist.github.test`"), "{}", text(&o));
+    assert_eq!(standin.sandbox_ids().len(), 1, "a refused sandbox was made");
+
+    // The official SDK against the same stand-in.
+    let dir = tempfile::tempdir()?;
+    let script = dir.path().join("net.py");
+    std::fs::write(&script, E2B_SDK_NETWORK)?;
+    let out = Command::new("python3")
+        .arg(&script)
+        .envs(standin.env())
+        .output()?;
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for line in [
+        "created: ['10.1.0.0/16', 'pypi.org'] ['0.0.0.0/0']",
+        "updated: ['github.com'] ['0.0.0.0/0']",
+        "deny-by-name: refused True",
+    ] {
+        assert!(t.lines().any(|l| l == line), "missing {line:?} in {t}");
+    }
+    Ok(())
+}
+
+/// The official Modal SDK makes a sandbox with an outbound allow-list on
+/// the stand-in; it prints the sandbox's id.
+const MODAL_SDK_NETWORK: &str = r#"
+import modal
+app = modal.App.lookup("berth-net-check", create_if_missing=True)
+image = modal.Image.from_registry("debian:bookworm-slim")
+sb = modal.Sandbox.create("sleep", "infinity", app=app, image=image, timeout=300,
+    outbound_domain_allowlist=["pypi.org", "*.github.com"], outbound_cidr_allowlist=["10.0.0.0/8"])
+print(sb.object_id)
+"#;
+
+/// Modal holds `--network allow:` with its own allow-list (`network_access`
+/// ALLOWLIST, field 22 of the sandbox's definition); the list is fixed
+/// when the sandbox is made, so a change is refused, saying so.
+#[test]
+fn modal_holds_allow_rules_with_its_own_allow_list() -> TestResult {
+    let rt = tokio::runtime::Runtime::new()?;
+    let standin = rt.block_on(berth_standins::modal::ModalStandin::start(0))?;
+    let mut st = State::new("off")?;
+    st.backend = "modal";
+    st.env.extend(standin.env());
+    let name = unique("modal-allow");
+    st.create(
+        &name,
+        &["--network", "allow:pypi.test,*.github.test,10.1.0.0/16"],
+    )?;
+    let ids = standin.running();
+    let [id] = ids.as_slice() else {
+        return Err(format!("expected one Modal sandbox, found {ids:?}").into());
+    };
+    const ALLOWLIST: i32 = 3;
+    assert_eq!(
+        standin.network_of(id),
+        Some((
+            false,
+            Some((
+                ALLOWLIST,
+                vec!["10.1.0.0/16".to_string()],
+                vec!["pypi.test".to_string(), "*.github.test".to_string()]
+            ))
+        ))
+    );
+    let o = st.exec(&name, "echo still-works")?;
+    assert!(text(&o).contains("still-works"), "{}", text(&o));
+    let o = st.run(&[
+        "sandbox",
+        "network",
+        &name,
+        "allow",
+        "other.test",
+        "-b",
+        "modal",
+    ])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("when the sandbox is made"),
+        "{}",
+        text(&o)
+    );
+    let v = st.ok(&["sandbox", "inspect", &name, "-b", "modal", "--json"])?;
+    assert!(!v.contains("other.test"), "a refused rule was kept: {v}");
+    let o = st.run(&[
+        "sandbox",
+        "create",
+        "ports",
+        "-b",
+        "modal",
+        "--network",
+        "allow:db.test:5432",
+    ])?;
+    assert!(text(&o).contains("has no ports"), "{}", text(&o));
+
+    // The official SDK's allow-list reaches the stand-in as the same field.
+    let home = tempfile::tempdir()?;
+    let script = home.path().join("net.py");
+    std::fs::write(&script, MODAL_SDK_NETWORK)?;
+    let out = Command::new("python3")
+        .arg(&script)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .envs(standin.env())
+        .output()?;
+    assert!(out.status.success(), "{}", text(&out));
+    let sdk_id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(
+        standin.network_of(&sdk_id),
+        Some((
+            false,
+            Some((
+                ALLOWLIST,
+                vec!["10.0.0.0/8".to_string()],
+                vec!["pypi.org".to_string(), "*.github.com".to_string()]
+            ))
+        )),
+        "{}",
+        text(&out)
+    );
+    Ok(())
 }

@@ -145,10 +145,12 @@ impl Backend for LocalBackend {
                 }
             }
         }
+        let mut env = record.spec.env.clone();
+        env.extend(spec.door_env.iter().cloned());
         let sandbox = LocalSandbox::new(
             spec.name.clone(),
             dir,
-            record.spec.env.clone(),
+            env,
             self.wrapper.clone(),
             record.spec.network.is_open(),
             spec.door.clone(),
@@ -254,6 +256,35 @@ fn write_atomic(path: &Path, data: &[u8], replace: bool) -> Result<bool> {
     })
 }
 
+/// Write `data` at `path`, a path in a directory the sandbox can write:
+/// into a new file (never through a link the sandbox left at the name),
+/// renamed over whatever is there.
+fn place_in_sandbox(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut n = 0u32;
+    loop {
+        let tmp = path.with_extension(format!("new.{}.{n}", std::process::id()));
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o644)
+            .open(&tmp);
+        match opened {
+            Ok(mut f) => {
+                let written = f.write_all(data).and_then(|()| std::fs::rename(&tmp, path));
+                if written.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                return written;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 16 => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A local sandbox.
 pub struct LocalSandbox {
     name: String,
@@ -298,8 +329,23 @@ impl LocalSandbox {
             ("LANG".into(), "C.UTF-8".into()),
             ("BERTH_SANDBOX".into(), name.clone()),
         ];
-        if door.is_some() {
-            env.extend(berth_core::backend::door_env());
+        if let Some(door) = &door {
+            // The sandbox reads its own copy: the door directory is berth's
+            // state, out of its reach.
+            let bundle = dir.join(".berth").join(berth_core::backend::DOOR_BUNDLE);
+            let placed = std::fs::read(door.join(berth_core::backend::DOOR_BUNDLE))
+                .and_then(|b| place_in_sandbox(&bundle, &b));
+            if let Err(e) = placed {
+                warn_once(
+                    &name,
+                    &format!(
+                        "the sandbox's certificate bundle could not be copied to {} ({e}); \
+                         HTTPS to a host carrying a credential will fail its certificate check",
+                        bundle.display()
+                    ),
+                );
+            }
+            env.extend(berth_core::backend::door_env(&bundle.display().to_string()));
         }
         for (k, v) in spec_env {
             env.retain(|(ek, _)| *ek != k);

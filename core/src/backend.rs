@@ -57,6 +57,16 @@ pub struct SandboxSpec {
     /// by the runtime for each provision, never stored.
     #[serde(skip)]
     pub door: Option<std::path::PathBuf>,
+    /// Variables the runtime gives a sandbox with a door beyond
+    /// [`door_env`]: each credential's placeholder (the proxy holds the
+    /// value). Filled in by the runtime, never stored.
+    #[serde(skip)]
+    pub door_env: Vec<(String, String)>,
+    /// The `--network allow:` rules as the platform's own allow-list, for
+    /// a backend that holds them itself ([`Backend::native_allow_list`]).
+    /// Filled in by the runtime, never stored.
+    #[serde(skip)]
+    pub allow_list: Option<berth_policies::egress::AllowList>,
 }
 
 /// The name of the egress proxy's socket in [`SandboxSpec::door`].
@@ -64,11 +74,18 @@ pub const DOOR_SOCKET: &str = "proxy.sock";
 /// Where a sandbox with a door reaches it: the relay inside the sandbox.
 pub const DOOR_RELAY: &str = "127.0.0.1:3128";
 
+/// The certificates a sandbox with a door trusts, in the door directory:
+/// the roots berth's proxy trusts and the sandbox's own CA (which signs
+/// what the sandbox is shown for a host carrying a credential).
+pub const DOOR_BUNDLE: &str = "ca-bundle.pem";
+
 /// The variables that send a sandbox's programs through its door (both
-/// cases: curl reads `http_proxy` only in lower case, others upper case).
-pub fn door_env() -> Vec<(String, String)> {
+/// cases: curl reads `http_proxy` only in lower case, others upper case),
+/// and those that have them trust `bundle` (the sandbox's path of
+/// [`DOOR_BUNDLE`]): OpenSSL, curl, Python's requests, pip, git, Node.
+pub fn door_env(bundle: &str) -> Vec<(String, String)> {
     let url = format!("http://{DOOR_RELAY}");
-    ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
+    let mut out: Vec<(String, String)> = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
         .iter()
         .flat_map(|k| {
             [
@@ -76,7 +93,20 @@ pub fn door_env() -> Vec<(String, String)> {
                 (k.to_lowercase(), url.clone()),
             ]
         })
-        .collect()
+        .collect();
+    out.extend(
+        [
+            "SSL_CERT_FILE",
+            "CURL_CA_BUNDLE",
+            "REQUESTS_CA_BUNDLE",
+            "PIP_CERT",
+            "GIT_SSL_CAINFO",
+            "NODE_EXTRA_CA_CERTS",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), bundle.to_string())),
+    );
+    out
 }
 
 /// Where a sandbox's connections may go. A setting of the sandbox: clone,
@@ -445,6 +475,26 @@ pub trait Backend: Send + Sync {
             "{} sandboxes cannot have `--network allow:` yet; use --network on or off",
             self.kind()
         ))
+    }
+
+    /// For a platform that holds `--network allow:` rules with an
+    /// allow-list of its own (E2B, Modal): its name, and what its list
+    /// cannot promise that berth's proxy does (shown to the person). The
+    /// runtime fills [`SandboxSpec::allow_list`] for it.
+    fn native_allow_list(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+
+    /// Give the running sandbox `spec.name` the allow-list in
+    /// `spec.allow_list` (`berth sandbox network` on a platform that holds
+    /// the list itself).
+    async fn set_allow_list(&self, spec: &SandboxSpec) -> Result<()> {
+        Err(Error::Unsupported(format!(
+            "{} sets a sandbox's allow-list when the sandbox is made, and berth cannot change it while it runs; \
+             make sandbox `{}` again (`berth sandbox rm`, then `sandbox create --network allow:…`) with the rules it needs",
+            self.kind(),
+            spec.name
+        )))
     }
 
     /// [`Backend::remove`] for a sandbox whose recorded spec is known: a

@@ -23,6 +23,7 @@ mod spool;
 
 pub use checkpoints::RestoreReport;
 pub use doors::HOSTS_ENV as EGRESS_HOSTS_ENV;
+pub use doors::{NET_ASK_RULE, add_network_rule};
 pub use sandboxes::SandboxStatus;
 
 use async_trait::async_trait;

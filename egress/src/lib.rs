@@ -15,6 +15,12 @@
 //! (`GET http://host/path`), forwarded to the judged address with the
 //! proxy's own headers taken off. The proxy follows no redirect itself:
 //! the client's next request is judged like the first.
+//!
+//! One exception to "uninspected": a `CONNECT` to a host that carries a
+//! credential ([`Credentials`]). There the proxy ends the sandbox's TLS
+//! with a certificate the sandbox's own CA signs ([`tls::Ca`]), opens its
+//! own TLS to the host (checked against this machine's roots), and sets the
+//! credential's header on each request, which the sandbox never holds.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +28,11 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use berth_policies::egress::{Action, Egress, Target, Verdict};
+pub mod tls;
+/// The TLS crate the proxy speaks, for callers that hold its setups.
+pub use rustls;
+
+use berth_policies::egress::{Action, Credential, Egress, Target, Verdict};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -95,8 +105,16 @@ impl Resolve for TableResolver {
 /// Decides an *ask* verdict: a person (an approval) lets the connection
 /// through or not. Without one, an ask is a refusal that says so.
 pub trait Ask: Send + Sync {
-    /// Whether to let `host:port` (at `addr`) through.
-    fn ask(&self, host: String, addr: SocketAddr, verdict: Verdict) -> Hook<bool>;
+    /// Whether to let `host:port` through: `Ok(())`, or `Err(why not)`. A
+    /// name is asked about before it is looked up (`addr` is `None`); an
+    /// address the client named, with it.
+    fn ask(
+        &self,
+        host: String,
+        port: u16,
+        addr: Option<SocketAddr>,
+        verdict: Verdict,
+    ) -> Hook<Result<(), String>>;
 }
 
 /// One connection the proxy saw, reported when it ended.
@@ -117,6 +135,25 @@ pub struct Record {
     pub bytes_down: u64,
     /// Why a connection that was let through failed, if it did.
     pub error: Option<String>,
+    /// The header of the credential the proxy put on its requests, when
+    /// it carried one (the value is never recorded).
+    pub credential: Option<String>,
+}
+
+/// Reads a credential's value by its variable's name.
+pub type Secrets = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The keys the proxy puts on requests, and what it needs to: the
+/// sandbox's CA, its own TLS client, and where values are read.
+pub struct Credentials {
+    /// The credentials, each for its host.
+    pub list: Vec<Credential>,
+    /// The sandbox's CA, which signs the certificates the sandbox is shown.
+    pub ca: Arc<tls::Ca>,
+    /// The proxy's TLS to the real hosts.
+    pub client: Arc<rustls::ClientConfig>,
+    /// A credential's value by its variable's name (berth's environment).
+    pub secret: Secrets,
 }
 
 /// The proxy for one sandbox: its policy (which may change while it runs)
@@ -126,6 +163,7 @@ pub struct Proxy {
     source: Option<Arc<dyn Fn() -> Option<Egress> + Send + Sync>>,
     resolver: Arc<dyn Resolve>,
     asker: Option<Arc<dyn Ask>>,
+    credentials: Option<Arc<Credentials>>,
     report: Arc<dyn Fn(Record) + Send + Sync>,
 }
 
@@ -137,8 +175,15 @@ impl Proxy {
             source: None,
             resolver: Arc::new(SystemResolver),
             asker: None,
+            credentials: None,
             report,
         }
+    }
+
+    /// Put these credentials on requests to their hosts.
+    pub fn with_credentials(mut self, c: Credentials) -> Proxy {
+        self.credentials = Some(Arc::new(c));
+        self
     }
 
     /// Resolve names through `r` instead of the system.
@@ -239,13 +284,27 @@ impl Proxy {
                     bytes_up: 0,
                     bytes_down: 0,
                     error: Some(e.to_string()),
+                    credential: None,
                 });
                 return reply(StatusCode::BAD_GATEWAY, None, &text);
             }
         };
+        let credential = self.credentials.as_ref().and_then(|c| {
+            c.list
+                .iter()
+                .find(|k| k.is_for(&host, port))
+                .map(|k| (c.clone(), k.clone()))
+        });
         let me = self.clone();
         tokio::spawn(async move {
+            let header = credential.as_ref().map(|(_, k)| k.header.clone());
             let (up, down, error) = match hyper::upgrade::on(req).await {
+                Ok(upgraded) if credential.is_some() => {
+                    let Some((c, k)) = credential else {
+                        return;
+                    };
+                    intercept(upgraded, upstream, &host, port, c, k).await
+                }
                 Ok(upgraded) => {
                     let mut client = TokioIo::new(upgraded);
                     let mut upstream = upstream;
@@ -272,6 +331,7 @@ impl Proxy {
                 bytes_up: up,
                 bytes_down: down,
                 error,
+                credential: header,
             });
         });
         reply(StatusCode::OK, None, "")
@@ -311,6 +371,7 @@ impl Proxy {
                 bytes_up: 0,
                 bytes_down: 0,
                 error: None,
+                credential: None,
             })),
             down: AtomicU64::new(0),
         });
@@ -399,6 +460,7 @@ impl Proxy {
             bytes_up: 0,
             bytes_down: 0,
             error,
+            credential: None,
         };
         let no_address = || {
             let v = Verdict {
@@ -408,14 +470,29 @@ impl Proxy {
             };
             refused(None, v, None)
         };
+        let mut policy = policy;
+        let mut approved = false;
         let addrs = match host.parse::<IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
             Err(_) => {
                 // A name no rule could let through is refused before it is
                 // looked up: a lookup is itself a message out (DNS
-                // exfiltration through the proxy's own resolver).
+                // exfiltration through the proxy's own resolver). Under
+                // `ask`, a person decides first.
                 if let Some(v) = policy.before_lookup(host, port) {
-                    return Err(refused(None, v, None));
+                    if v.action != Action::Ask {
+                        return Err(refused(None, v, None));
+                    }
+                    if let Err(v) = self.put_to_person(host, port, None, v).await {
+                        return Err(refused(None, v, None));
+                    }
+                    // Let through by name, for this connection: the
+                    // addresses it has are judged as for any allowed name.
+                    if let Ok(rule) = berth_policies::egress::Rule::parse(&format!("{host}:{port}"))
+                    {
+                        policy.allow.push(rule);
+                    }
+                    approved = true;
                 }
                 match self.resolver.resolve(host.to_string(), port).await {
                     Ok(a) if !a.is_empty() => a,
@@ -431,29 +508,14 @@ impl Proxy {
                 port,
             });
             match v.action {
+                Action::Allow if approved => return Ok((addr, approval(host, port))),
                 Action::Allow => return Ok((addr, v)),
-                Action::Ask => {
-                    if let Some(a) = &self.asker
-                        && a.ask(host.to_string(), addr, v.clone()).await
-                    {
-                        let v = Verdict {
-                            action: Action::Allow,
-                            rule: "approved".into(),
-                            reason: format!("a person let {host}:{port} through"),
-                        };
-                        return Ok((addr, v));
+                Action::Ask => match self.put_to_person(host, port, Some(addr), v).await {
+                    Ok(v) => return Ok((addr, v)),
+                    Err(v) => {
+                        first_refusal.get_or_insert((addr, v));
                     }
-                    let v = Verdict {
-                        action: Action::Deny,
-                        reason: if self.asker.is_some() {
-                            format!("{} and was refused", v.reason)
-                        } else {
-                            format!("{}, but no one can be asked here", v.reason)
-                        },
-                        ..v
-                    };
-                    first_refusal.get_or_insert((addr, v));
-                }
+                },
                 Action::Deny => {
                     first_refusal.get_or_insert((addr, v));
                 }
@@ -461,6 +523,234 @@ impl Proxy {
         }
         let (addr, v) = first_refusal.ok_or_else(no_address)?;
         Err(refused(Some(addr), v, None))
+    }
+
+    /// An *ask* verdict put to the asker: the verdict that lets the
+    /// connection through, or the refusal (saying who refused, or that no
+    /// one can be asked).
+    async fn put_to_person(
+        &self,
+        host: &str,
+        port: u16,
+        addr: Option<SocketAddr>,
+        v: Verdict,
+    ) -> Result<Verdict, Verdict> {
+        let Some(a) = &self.asker else {
+            return Err(Verdict {
+                action: Action::Deny,
+                reason: format!("{}, but no one can be asked here", v.reason),
+                ..v
+            });
+        };
+        match a.ask(host.to_string(), port, addr, v.clone()).await {
+            Ok(()) => Ok(approval(host, port)),
+            Err(why) => Err(Verdict {
+                action: Action::Deny,
+                reason: format!("{}: {why}", v.reason),
+                ..v
+            }),
+        }
+    }
+}
+
+/// The verdict of a connection a person let through.
+fn approval(host: &str, port: u16) -> Verdict {
+    Verdict {
+        action: Action::Allow,
+        rule: "approved".into(),
+        reason: format!("a person let {host}:{port} through"),
+    }
+}
+
+/// A tunnel to a host carrying a credential: the sandbox's TLS ended here
+/// with a certificate its CA signed, the proxy's own TLS to the host, and
+/// each request sent on with the credential's header set. Returns the
+/// bytes each way (as they crossed the wire to the host) and what failed.
+async fn intercept(
+    upgraded: hyper::upgrade::Upgraded,
+    upstream: TcpStream,
+    host: &str,
+    port: u16,
+    creds: Arc<Credentials>,
+    cred: Credential,
+) -> (u64, u64, Option<String>) {
+    let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let done = |e: Option<String>| {
+        (
+            counts.0.load(Ordering::Relaxed),
+            counts.1.load(Ordering::Relaxed),
+            e,
+        )
+    };
+    let server = match creds.ca.server_for(host) {
+        Ok(s) => s,
+        Err(e) => return done(Some(format!("no certificate for {host}: {e}"))),
+    };
+    let client = match tokio_rustls::TlsAcceptor::from(server)
+        .accept(TokioIo::new(upgraded))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            return done(Some(format!(
+                "the sandbox's TLS to {host} failed ({e}); its programs must trust the sandbox's CA \
+                 (berth points SSL_CERT_FILE and the like at a bundle holding it)"
+            )));
+        }
+    };
+    let name = match rustls::pki_types::ServerName::try_from(host.to_string()) {
+        Ok(n) => n,
+        Err(e) => return done(Some(e.to_string())),
+    };
+    let wire = Counted {
+        inner: upstream,
+        counts: counts.clone(),
+    };
+    let upstream = tokio_rustls::TlsConnector::from(creds.client.clone())
+        .connect(name, wire)
+        .await;
+    let sender = match upstream {
+        Ok(tls) => match hyper::client::conn::http1::handshake(TokioIo::new(tls)).await {
+            Ok((sender, conn)) => {
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "egress upstream connection ended with an error");
+                    }
+                });
+                Ok(sender)
+            }
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(format!("berth's TLS to {host}:{port} failed: {e}")),
+    };
+    let failed = sender.as_ref().err().cloned();
+    let sender = Arc::new(tokio::sync::Mutex::new(sender.ok()));
+    let authority = if port == 443 {
+        host.to_string()
+    } else {
+        format!("{host}:{port}")
+    };
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        let sender = sender.clone();
+        let creds = creds.clone();
+        let cred = cred.clone();
+        let authority = authority.clone();
+        async move {
+            let mut guard = sender.lock().await;
+            let Some(sender) = guard.as_mut() else {
+                return Ok::<_, std::convert::Infallible>(reply(
+                    StatusCode::BAD_GATEWAY,
+                    None,
+                    &format!("berth: could not reach {authority} with TLS\n"),
+                ));
+            };
+            let Some(value) = (creds.secret)(&cred.value_env) else {
+                return Ok(reply(
+                    StatusCode::BAD_GATEWAY,
+                    None,
+                    &format!(
+                        "berth: the credential for {authority} is read from {} in berth's server's \
+                         environment, which does not have it; set it where `berth serve` starts \
+                         (or before the first berth command starts the server) and restart the server\n",
+                        cred.value_env
+                    ),
+                ));
+            };
+            let value = format!("{}{value}", cred.prefix);
+            let Ok(mut value) = hyper::header::HeaderValue::from_str(&value) else {
+                return Ok(reply(
+                    StatusCode::BAD_GATEWAY,
+                    None,
+                    &format!(
+                        "berth: {} holds a value no HTTP header can carry\n",
+                        cred.value_env
+                    ),
+                ));
+            };
+            value.set_sensitive(true);
+            let Ok(name) = hyper::header::HeaderName::from_bytes(cred.header.as_bytes()) else {
+                return Ok(reply(
+                    StatusCode::BAD_GATEWAY,
+                    None,
+                    "berth: a bad header name\n",
+                ));
+            };
+            req.headers_mut().insert(name, value);
+            // The host that carries the credential is the host it goes to.
+            if let Ok(a) = authority.parse() {
+                req.headers_mut().insert(hyper::header::HOST, a);
+            }
+            for h in ["proxy-connection", "proxy-authorization"] {
+                req.headers_mut().remove(h);
+            }
+            if sender.ready().await.is_err() {
+                return Ok(reply(
+                    StatusCode::BAD_GATEWAY,
+                    None,
+                    &format!("berth: {authority} closed the connection; send the request again\n"),
+                ));
+            }
+            Ok(match sender.send_request(req).await {
+                Ok(resp) => resp.map(|b| b.boxed()),
+                Err(e) => reply(
+                    StatusCode::BAD_GATEWAY,
+                    None,
+                    &format!("berth: {authority} did not answer: {e}\n"),
+                ),
+            })
+        }
+    });
+    let served = http1::Builder::new()
+        .serve_connection(TokioIo::new(client), svc)
+        .await;
+    done(failed.or(served.err().map(|e| e.to_string())))
+}
+
+/// A stream whose bytes are counted: read into `.1`, written into `.0`.
+struct Counted<S> {
+    inner: S,
+    counts: Arc<(AtomicU64, AtomicU64)>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len().saturating_sub(before) as u64;
+        self.counts.1.fetch_add(n, Ordering::Relaxed);
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &r {
+            self.counts.0.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -849,5 +1139,279 @@ mod tests {
         proxy.set_policy(allowing(&[&target])?);
         assert!(rig.connect(&target).await?.0.starts_with("HTTP/1.1 200"));
         Ok(())
+    }
+
+    /// A TLS server on loopback, its certificate for `name` signed by a
+    /// root of its own, answering with the `authorization` header it saw.
+    async fn tls_web(
+        name: &str,
+    ) -> Result<(u16, rustls::pki_types::CertificateDer<'static>), Box<dyn std::error::Error>> {
+        let root_key = rcgen::KeyPair::generate()?;
+        let mut root = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        root.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let root_cert = root.self_signed(&root_key)?;
+        let issuer = rcgen::Issuer::new(root, root_key);
+        let leaf_key = rcgen::KeyPair::generate()?;
+        let leaf =
+            rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&leaf_key, &issuer)?;
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let l = TcpListener::bind("127.0.0.1:0").await?;
+        let port = l.local_addr()?.port();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut s) = acceptor.accept(s).await else {
+                        return;
+                    };
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match s.read(&mut byte).await {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                    let auth = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("authorization: "))
+                        .unwrap_or("none")
+                        .to_string();
+                    let host = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("host: "))
+                        .unwrap_or("none")
+                        .to_string();
+                    let out = format!("auth={auth} host={host}");
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
+                        out.len()
+                    );
+                    let _ = s.write_all(reply.as_bytes()).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+        Ok((port, root_cert.der().clone()))
+    }
+
+    /// Speak TLS to `name` through a tunnel, trusting `root`; send one GET
+    /// with `authorization: placeholder`, return the answer.
+    async fn https_get(
+        s: UnixStream,
+        name: &str,
+        root: rustls::pki_types::CertificateDer<'static>,
+    ) -> Result<String, Box<dyn std::error::Error>> {
+        let mut store = rustls::RootCertStore::empty();
+        store.add(root)?;
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(store)
+        .with_no_client_auth();
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(
+                rustls::pki_types::ServerName::try_from(name.to_string())?,
+                s,
+            )
+            .await?;
+        tls.write_all(
+            b"GET /h HTTP/1.1\r\nHost: other.test\r\nAuthorization: berth-placeholder-T\r\nConnection: close\r\n\r\n",
+        )
+        .await?;
+        let mut out = Vec::new();
+        let _ = tls.read_to_end(&mut out).await;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_credential_is_put_on_requests_to_its_host_and_nowhere_else() -> TestResult {
+        let (port, root) = tls_web("api.test").await?;
+        let dir = tempfile::tempdir()?;
+        let ca = Arc::new(tls::Ca::load_or_make(&dir.path().join("ca.key"), "t")?);
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let sink = records.clone();
+        let mut map = HashMap::new();
+        map.insert("api.test".to_string(), "127.0.0.1".parse()?);
+        map.insert("plain.test".to_string(), "127.0.0.1".parse()?);
+        let file: berth_policies::egress::RawNetworkPolicy = toml_like("api.test", "T");
+        let credentials = file.build()?.credentials;
+        let with_secret = |secret: Option<&'static str>| Credentials {
+            list: credentials.clone(),
+            ca: ca.clone(),
+            client: tls::client(std::slice::from_ref(&root)).unwrap_or_else(|e| panic!("{e}")),
+            secret: Arc::new(move |k| (k == "T").then_some(secret).flatten().map(String::from)),
+        };
+        let policy = allowing(&["api.test", "plain.test", &format!("127.0.0.1:{port}")])?;
+        let proxy = Proxy::new(
+            policy.clone(),
+            Arc::new(move |r| sink.lock().unwrap_or_else(|p| p.into_inner()).push(r)),
+        )
+        .with_resolver(Arc::new(Names(map.clone())))
+        .with_credentials(with_secret(Some("s3cret")));
+        let socket = dir.path().join("p.sock");
+        tokio::spawn(Arc::new(proxy).serve(UnixListener::bind(&socket)?));
+        let rig = Rig {
+            socket,
+            records,
+            _dir: dir,
+        };
+        // The sandbox trusts its CA; the host sees the real key, and the
+        // Host the tunnel was judged for, not the one the client wrote.
+        let ca_root = {
+            let pem = ca.cert_pem().to_string();
+            let der = pem::parse(pem)?.into_contents();
+            rustls::pki_types::CertificateDer::from(der)
+        };
+        let (head, s) = rig.connect(&format!("api.test:{port}")).await?;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let text = https_get(s, "api.test", ca_root.clone()).await?;
+        assert!(
+            text.contains(&format!("auth=bearer s3cret host=api.test:{port}")),
+            "{text}"
+        );
+        // A host with no credential is passed through: the sandbox sees the
+        // host's own certificate (its root, not the sandbox's CA) and the
+        // placeholder it sent goes as it was.
+        let (_, s) = rig.connect(&format!("plain.test:{port}")).await?;
+        assert!(https_get(s, "plain.test", ca_root.clone()).await.is_err());
+        let recs = rig.records(2).await;
+        let carried: Vec<_> = recs.iter().map(|r| r.credential.clone()).collect();
+        assert!(
+            carried.contains(&Some("authorization".into())) && carried.contains(&None),
+            "{recs:?}"
+        );
+        let with = recs
+            .iter()
+            .find(|r| r.credential.is_some())
+            .ok_or("no record")?;
+        assert!(
+            with.bytes_up > 0 && with.bytes_down > 0 && with.error.is_none(),
+            "{with:?}"
+        );
+        // No value in berth's environment: the request is answered with why,
+        // and nothing goes to the host.
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("p.sock");
+        let proxy = Proxy::new(policy, Arc::new(|_| {}))
+            .with_resolver(Arc::new(Names(map)))
+            .with_credentials(with_secret(None));
+        tokio::spawn(Arc::new(proxy).serve(UnixListener::bind(&socket)?));
+        let rig = Rig {
+            socket,
+            records: Arc::default(),
+            _dir: dir,
+        };
+        let (_, s) = rig.connect(&format!("api.test:{port}")).await?;
+        let text = https_get(s, "api.test", ca_root).await?;
+        assert!(text.starts_with("HTTP/1.1 502"), "{text}");
+        assert!(text.contains("read from T in berth's server's"), "{text}");
+        Ok(())
+    }
+
+    /// Says yes to `yes.test` only, and counts what it was asked.
+    type Asked = Arc<Mutex<Vec<(String, Option<SocketAddr>)>>>;
+    struct Person(Asked);
+
+    impl Ask for Person {
+        fn ask(
+            &self,
+            host: String,
+            _port: u16,
+            addr: Option<SocketAddr>,
+            _v: Verdict,
+        ) -> Hook<Result<(), String>> {
+            let yes = host == "yes.test";
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((host, addr));
+            Box::pin(async move {
+                if yes {
+                    Ok(())
+                } else {
+                    Err("approval #7 was denied by cli".into())
+                }
+            })
+        }
+    }
+
+    /// Resolves every name to `to`, counting the lookups.
+    struct Counting(IpAddr, Arc<AtomicU64>);
+
+    impl Resolve for Counting {
+        fn resolve(&self, _host: String, port: u16) -> Hook<io::Result<Vec<SocketAddr>>> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            let a = vec![SocketAddr::new(self.0, port)];
+            Box::pin(async move { Ok(a) })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unknown_name_is_put_to_a_person_before_it_is_looked_up() -> TestResult {
+        let port = echo().await?;
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("p.sock");
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let lookups = Arc::new(AtomicU64::new(0));
+        let mut policy = allowing(&[&format!("127.0.0.1:{port}")])?;
+        policy.ask = true;
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let sink = records.clone();
+        let proxy = Proxy::new(
+            policy,
+            Arc::new(move |r| sink.lock().unwrap_or_else(|p| p.into_inner()).push(r)),
+        )
+        .with_resolver(Arc::new(Counting([127, 0, 0, 1].into(), lookups.clone())))
+        .with_asker(Arc::new(Person(asked.clone())));
+        tokio::spawn(Arc::new(proxy).serve(UnixListener::bind(&socket)?));
+        let rig = Rig {
+            socket,
+            records,
+            _dir: dir,
+        };
+        let (head, _) = rig.connect(&format!("no.test:{port}")).await?;
+        assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+        assert!(head.contains("approval #7 was denied by cli"), "{head}");
+        assert_eq!(
+            lookups.load(Ordering::Relaxed),
+            0,
+            "a refused name was looked up"
+        );
+        let (head, _) = rig.connect(&format!("yes.test:{port}")).await?;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(lookups.load(Ordering::Relaxed), 1);
+        let asked = asked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert_eq!(
+            asked,
+            vec![
+                ("no.test".to_string(), None),
+                ("yes.test".to_string(), None)
+            ]
+        );
+        let recs = rig.records(2).await;
+        assert!(
+            recs.iter().any(|r| r.verdict.rule == "approved"),
+            "{recs:?}"
+        );
+        Ok(())
+    }
+
+    fn toml_like(host: &str, env: &str) -> berth_policies::egress::RawNetworkPolicy {
+        let text = format!(
+            "[[credentials]]\nhost = \"{host}\"\nheader = \"Authorization\"\nvalue_env = \"{env}\"\nprefix = \"Bearer \"\n"
+        );
+        toml::from_str(&text).unwrap_or_else(|e| panic!("{e}"))
     }
 }

@@ -110,7 +110,7 @@ impl Rule {
     }
 
     /// The rule names the host by name (or under a suffix).
-    fn names(&self, host: &str, port: u16) -> bool {
+    pub fn names(&self, host: &str, port: u16) -> bool {
         self.port_matches(port)
             && match &self.pattern {
                 Pattern::Name(n) => *n == host,
@@ -151,6 +151,84 @@ pub struct Egress {
     pub ask: bool,
 }
 
+/// A policy as a platform's own allow-list (E2B's `allowOut`, Modal's
+/// allowed domains and CIDRs): names and networks let out, everything else
+/// refused by the platform.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllowList {
+    /// Host names and `*.domain` patterns.
+    pub names: Vec<String>,
+    /// Addresses and networks, as `ADDR/BITS`.
+    pub nets: Vec<String>,
+}
+
+impl Egress {
+    /// This policy as a platform's allow-list, or why it cannot be one
+    /// (`who` names the platform in the message). A platform list has no
+    /// ports and no approvals, and lets an allowed entry win over a denied
+    /// one; a deny rule that could overlap an allow rule would be lost, so
+    /// it is refused. A deny rule that overlaps none is what the list does
+    /// anyway.
+    pub fn allow_list(&self, who: &str) -> Result<AllowList, String> {
+        if self.mode != Mode::Allow {
+            return Err(format!(
+                "{who}: only `--network allow:` rules make an allow-list"
+            ));
+        }
+        if self.ask {
+            return Err(format!(
+                "{who} cannot hold a connection while a person decides (the policy's [network] ask = true); \
+                 list the hosts, or use a docker or local sandbox"
+            ));
+        }
+        let mut out = AllowList::default();
+        for r in &self.allow {
+            if r.port.is_some() {
+                return Err(format!(
+                    "{who}'s allow-list has no ports: `{r}` cannot be held to its port; write it without \
+                     the port (every port of that host), or use a docker or local sandbox"
+                ));
+            }
+            match &r.pattern {
+                Pattern::Name(n) => out.names.push(n.clone()),
+                Pattern::Under(d) => out.names.push(format!("*.{d}")),
+                Pattern::Net(ip, bits) => out.nets.push(format!("{ip}/{bits}")),
+            }
+        }
+        for d in &self.deny {
+            let overlaps = self.allow.iter().any(|a| match (&d.pattern, &a.pattern) {
+                (Pattern::Net(dn, db), Pattern::Net(an, ab)) => {
+                    in_net(*dn, *an, *ab) || in_net(*an, *dn, *db)
+                }
+                (Pattern::Net(..), _) => false,
+                // A name may resolve into any allowed network.
+                (_, Pattern::Net(..)) => true,
+                (Pattern::Name(n), _) => a.names(n, 0),
+                (Pattern::Under(dd), Pattern::Name(an)) => an
+                    .strip_suffix(dd.as_str())
+                    .is_some_and(|h| h.ends_with('.')),
+                (Pattern::Under(dd), Pattern::Under(ad)) => {
+                    dd == ad
+                        || dd
+                            .strip_suffix(ad.as_str())
+                            .is_some_and(|h| h.ends_with('.'))
+                        || ad
+                            .strip_suffix(dd.as_str())
+                            .is_some_and(|h| h.ends_with('.'))
+                }
+            });
+            if overlaps {
+                return Err(format!(
+                    "{who}'s allow-list lets an allowed entry win over a denied one, so the deny rule `{d}` \
+                     (which could meet an allow rule) would not hold; drop one of them, or use a docker or \
+                     local sandbox"
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// The policy file's `[network]`: what every sandbox's network is held to.
 ///
 /// ```toml
@@ -158,6 +236,12 @@ pub struct Egress {
 /// most = "allow"                 # the most a sandbox may have: off, allow, open
 /// allow = ["pypi.org"]           # added to every `--network allow:` sandbox's rules
 /// deny = ["*.corp.example"]      # refused for every such sandbox, before its own rules
+///
+/// [[network.credentials]]        # a key the proxy adds; the sandbox never holds it
+/// host = "api.github.com"
+/// header = "Authorization"
+/// value_env = "GITHUB_TOKEN"     # read from berth serve's environment
+/// prefix = "Bearer "             # put before the value (optional)
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetworkPolicy {
@@ -167,6 +251,11 @@ pub struct NetworkPolicy {
     pub allow: Vec<Rule>,
     /// Deny rules every proxied sandbox has, read before its own.
     pub deny: Vec<Rule>,
+    /// Keys the proxy puts on requests to their hosts.
+    pub credentials: Vec<Credential>,
+    /// A host no rule names becomes an approval (in every `--network
+    /// allow:` sandbox) instead of a refusal.
+    pub ask: bool,
 }
 
 impl Default for NetworkPolicy {
@@ -175,7 +264,87 @@ impl Default for NetworkPolicy {
             most: Mode::Open,
             allow: Vec::new(),
             deny: Vec::new(),
+            credentials: Vec::new(),
+            ask: false,
         }
+    }
+}
+
+/// A key the egress proxy puts on requests to one host (or every host
+/// under a domain): the sandbox holds only a placeholder. Only over HTTPS,
+/// where the proxy ends the sandbox's TLS with the sandbox's own CA and
+/// opens its own to the host; a plain-HTTP request never carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credential {
+    /// The host it is for: a name or `*.domain`, with an optional port.
+    pub host: Rule,
+    /// The header it sets (replacing one the sandbox sent).
+    pub header: String,
+    /// The environment variable of berth's server holding the value.
+    pub value_env: String,
+    /// Text put before the value (`Bearer `).
+    pub prefix: String,
+}
+
+impl Credential {
+    /// Whether it is for `host:port`.
+    pub fn is_for(&self, host: &str, port: u16) -> bool {
+        self.host
+            .names(&host.trim_end_matches('.').to_ascii_lowercase(), port)
+    }
+
+    /// What the sandbox holds in `value_env` instead of the value.
+    pub fn placeholder(&self) -> String {
+        format!("berth-placeholder-{}", self.value_env)
+    }
+}
+
+/// `[[network.credentials]]` as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCredential {
+    host: String,
+    header: String,
+    value_env: String,
+    #[serde(default)]
+    prefix: String,
+}
+
+impl RawCredential {
+    fn build(self) -> Result<Credential, String> {
+        let at = format!("[[network.credentials]] host = \"{}\"", self.host);
+        let host = Rule::parse(&self.host).map_err(|e| format!("{at}: {e}"))?;
+        if matches!(host.pattern, Pattern::Net(..)) {
+            return Err(format!(
+                "{at}: a credential is for a host name (or `*.domain`), which its TLS certificate names; not an address"
+            ));
+        }
+        let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+        if self.header.is_empty() || !self.header.chars().all(token) {
+            return Err(format!(
+                "{at}: header = \"{}\" is not an HTTP header name",
+                self.header
+            ));
+        }
+        let env_ok = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        if self.value_env.is_empty()
+            || !self.value_env.chars().all(env_ok)
+            || self.value_env.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return Err(format!(
+                "{at}: value_env = \"{}\" is not an environment variable's name",
+                self.value_env
+            ));
+        }
+        if self.prefix.chars().any(|c| c.is_control()) {
+            return Err(format!("{at}: prefix holds a control character"));
+        }
+        Ok(Credential {
+            host,
+            header: self.header.to_ascii_lowercase(),
+            value_env: self.value_env,
+            prefix: self.prefix,
+        })
     }
 }
 
@@ -189,6 +358,8 @@ pub struct RawNetworkPolicy {
     #[serde(default)]
     deny: Vec<String>,
     ask: Option<bool>,
+    #[serde(default)]
+    credentials: Vec<RawCredential>,
 }
 
 impl RawNetworkPolicy {
@@ -204,14 +375,6 @@ impl RawNetworkPolicy {
                 ));
             }
         };
-        if self.ask == Some(true) {
-            return Err(
-                "[network] ask = true: asking a person about an unknown host is not built yet; \
-                 list the hosts under `allow`, or add them while the sandbox runs with \
-                 `berth sandbox network NAME allow HOST`"
-                    .into(),
-            );
-        }
         let read = |list: Vec<String>, what: &str| -> Result<Vec<Rule>, String> {
             list.iter()
                 .map(|t| Rule::parse(t).map_err(|e| format!("[network] {what}: {e}")))
@@ -221,6 +384,12 @@ impl RawNetworkPolicy {
             most,
             allow: read(self.allow, "allow")?,
             deny: read(self.deny, "deny")?,
+            credentials: self
+                .credentials
+                .into_iter()
+                .map(RawCredential::build)
+                .collect::<Result<_, _>>()?,
+            ask: self.ask.unwrap_or(false),
         })
     }
 }
@@ -259,6 +428,7 @@ impl NetworkPolicy {
         deny.append(&mut e.deny);
         e.deny = deny;
         e.allow.extend(self.allow.iter().cloned());
+        e.ask |= self.ask && e.mode == Mode::Allow;
         e
     }
 }
@@ -368,8 +538,16 @@ impl Egress {
                 reason: format!("{host}:{port} is denied by a rule"),
             });
         }
-        if self.mode == Mode::Allow && !self.ask && !self.allow.iter().any(|r| r.names(&host, port))
-        {
+        if self.mode == Mode::Allow && !self.allow.iter().any(|r| r.names(&host, port)) {
+            if self.ask {
+                // A person decides before the name is looked up: the lookup
+                // is itself a message out.
+                return Some(Verdict {
+                    action: Action::Ask,
+                    rule: "ask".into(),
+                    reason: format!("{host}:{port} is in no rule; a person decides"),
+                });
+            }
             return Some(Verdict {
                 action: Action::Deny,
                 rule: "mode allow".into(),
@@ -814,10 +992,115 @@ mod tests {
             Some("deny: *.corp.test")
         );
         assert_eq!(e.before_lookup("pypi.org", 443), None);
-        let bad: RawNetworkPolicy = toml::from_str("ask = true").map_err(|e| e.to_string())?;
-        assert!(bad.build().is_err_and(|e| e.contains("not built yet")));
+        // `ask`: a name in no rule is put to a person, before any lookup;
+        // a denied one and an open sandbox are as they were.
+        let asking: RawNetworkPolicy =
+            toml::from_str("ask = true\ndeny = [\"bad.test\"]").map_err(|e| e.to_string())?;
+        let asking = asking.build()?;
+        let e = asking.applied_to(allow(&["pypi.org"]));
+        assert_eq!(
+            e.before_lookup("example.com", 443).map(|v| v.action),
+            Some(Action::Ask)
+        );
+        assert_eq!(e.before_lookup("pypi.org", 443), None);
+        assert_eq!(
+            e.before_lookup("bad.test", 443).map(|v| v.action),
+            Some(Action::Deny)
+        );
+        assert!(!asking.applied_to(Egress::default()).ask);
         let bad: RawNetworkPolicy = toml::from_str("most = \"some\"").map_err(|e| e.to_string())?;
         assert!(bad.build().is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_credential_is_for_its_host_alone_and_is_checked_when_read() -> Result<(), String> {
+        let raw: RawNetworkPolicy = toml::from_str(
+            "[[credentials]]\nhost = \"api.github.com\"\nheader = \"Authorization\"\n\
+             value_env = \"GITHUB_TOKEN\"\nprefix = \"Bearer \"\n\
+             [[credentials]]\nhost = \"*.corp.test:8443\"\nheader = \"X-Key\"\nvalue_env = \"K\"\n",
+        )
+        .map_err(|e| e.to_string())?;
+        let p = raw.build()?;
+        let [gh, corp] = p.credentials.as_slice() else {
+            return Err(format!("{:?}", p.credentials));
+        };
+        assert_eq!(gh.header, "authorization");
+        assert_eq!(gh.placeholder(), "berth-placeholder-GITHUB_TOKEN");
+        assert!(gh.is_for("api.github.com", 443) && gh.is_for("API.GitHub.com.", 443));
+        assert!(!gh.is_for("github.com", 443) && !gh.is_for("evil-api.github.com", 443));
+        assert!(corp.is_for("a.corp.test", 8443) && !corp.is_for("a.corp.test", 443));
+        assert!(!corp.is_for("corp.test", 8443));
+        for (bad, why) in [
+            (
+                "host = \"10.0.0.1\"\nheader = \"X\"\nvalue_env = \"K\"",
+                "not an address",
+            ),
+            (
+                "host = \"a.test\"\nheader = \"X Y\"\nvalue_env = \"K\"",
+                "not an HTTP header",
+            ),
+            (
+                "host = \"a.test\"\nheader = \"X\"\nvalue_env = \"1K\"",
+                "environment variable",
+            ),
+            (
+                "host = \"a.test\"\nheader = \"X\"\nvalue_env = \"K\"\nprefix = \"a\\nb\"",
+                "control",
+            ),
+            (
+                "host = \"a.test\"\nheader = \"X\"\nvalue = \"K\"",
+                "unknown field",
+            ),
+        ] {
+            let text = format!("[[credentials]]\n{bad}\n");
+            let got = toml::from_str::<RawNetworkPolicy>(&text)
+                .map_err(|e| e.to_string())
+                .and_then(RawNetworkPolicy::build);
+            assert!(
+                got.as_ref().is_err_and(|e| e.contains(why)),
+                "{bad}: {got:?}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_policy_becomes_a_platform_allow_list_or_says_why_not() -> Result<(), String> {
+        let e = allow(&["pypi.org", "*.github.com", "10.1.0.0/16"]);
+        let l = e.allow_list("E2B")?;
+        assert_eq!(l.names, vec!["pypi.org", "*.github.com"]);
+        assert_eq!(l.nets, vec!["10.1.0.0/16"]);
+        let why = allow(&["db.test:5432"])
+            .allow_list("E2B")
+            .err()
+            .unwrap_or_default();
+        assert!(
+            why.contains("has no ports") && why.contains("db.test:5432"),
+            "{why}"
+        );
+        let mut asking = allow(&["pypi.org"]);
+        asking.ask = true;
+        assert!(
+            asking
+                .allow_list("Modal")
+                .is_err_and(|w| w.contains("a person decides"))
+        );
+        // A deny the list implies is fine; one that meets an allow is not.
+        let mut d = allow(&["*.github.com"]);
+        d.deny = vec![Rule::parse("evil.test")?];
+        assert!(d.allow_list("E2B").is_ok());
+        d.deny = vec![Rule::parse("gist.github.com")?];
+        assert!(
+            d.allow_list("E2B")
+                .is_err_and(|w| w.contains("`gist.github.com`"))
+        );
+        let mut n = allow(&["10.0.0.0/8"]);
+        n.deny = vec![Rule::parse("10.1.2.3")?];
+        assert!(n.allow_list("E2B").is_err());
+        n.deny = vec![Rule::parse("192.168.0.0/16")?];
+        assert!(n.allow_list("E2B").is_ok());
+        assert!(Egress::default().allow_list("E2B").is_err());
         Ok(())
     }
 }

@@ -34,7 +34,21 @@ pub fn answer(
     }
     let ap: Approval = store.decide_approval(id, approve, always, by)?;
     let mut rule_added = None;
-    if approve && always {
+    if approve && always && ap.rule == berth_core::runtime::NET_ASK_RULE {
+        // A connection: the host joins the sandbox's own allow rules.
+        let host = ap.argv.first().cloned().unwrap_or_default();
+        berth_core::runtime::add_network_rule(store, ap.backend, &ap.sandbox, true, &host)
+            .with_context(|| {
+                format!(
+                    "approval #{} is approved, but {host} was not added to sandbox `{}`'s rules",
+                    ap.id, ap.sandbox
+                )
+            })?;
+        rule_added = Some((
+            host,
+            PathBuf::from(format!("sandbox `{}`'s network rules", ap.sandbox)),
+        ));
+    } else if approve && always {
         let path = policy.context("no policy file to add the allow rule to; set BERTH_POLICY")?;
         let name = format!("approved-{}", ap.id);
         berth_policies::append_allow_rule(

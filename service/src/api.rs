@@ -189,7 +189,7 @@ impl Sandboxes for Api {
                 pids: r.pids,
             },
             options: r.options.into_iter().collect(),
-            door: None,
+            ..Default::default()
         };
         let made = self
             .svc

@@ -216,9 +216,11 @@ pub fn container_body(
     let mut cmd = vec!["sleep".to_string(), "infinity".to_string()];
     if let Some(door) = &spec.door {
         binds.push(format!("{}:{DOOR_MOUNT}:ro", door.display()));
+        let bundle = format!("{DOOR_MOUNT}/{}", berth_core::backend::DOOR_BUNDLE);
         env.extend(
-            berth_core::backend::door_env()
+            berth_core::backend::door_env(&bundle)
                 .into_iter()
+                .chain(spec.door_env.iter().cloned())
                 .map(|(k, v)| format!("{k}={v}")),
         );
         cmd = relay_cmd();

@@ -72,6 +72,31 @@ pub struct NewSandbox {
     pub env_vars: BTreeMap<String, String>,
     /// Whether it may reach the internet.
     pub allow_internet_access: bool,
+    /// Its egress allow-list (`--network allow:`), E2B's `network`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkConfig>,
+}
+
+/// E2B's egress filter: `allowOut` wins over `denyOut`; with `denyOut`
+/// every address, only what `allowOut` names gets out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkConfig {
+    /// Names (`*.domain` too), addresses and CIDR blocks let out.
+    #[serde(rename = "allowOut", default)]
+    pub allow_out: Vec<String>,
+    /// Addresses and CIDR blocks kept in.
+    #[serde(rename = "denyOut", default)]
+    pub deny_out: Vec<String>,
+}
+
+impl NetworkConfig {
+    /// An allow-list as E2B's filter: the list let out, all else denied.
+    pub fn only(list: &berth_policies::egress::AllowList) -> NetworkConfig {
+        NetworkConfig {
+            allow_out: list.names.iter().chain(&list.nets).cloned().collect(),
+            deny_out: vec!["0.0.0.0/0".into()],
+        }
+    }
 }
 
 /// The control-plane client.
@@ -242,6 +267,24 @@ impl Api {
             .await?;
         match a.status {
             200 | 201 => Ok((parse(&a.body, doing)?, a.status == 201)),
+            _ => Err(self.fail(&a, doing, Some(name))),
+        }
+    }
+
+    /// `PUT /sandboxes/{id}/network`: a running sandbox's filter, changed.
+    pub async fn set_network(&self, id: &str, name: &str, net: &NetworkConfig) -> Result<()> {
+        let doing = "changing the sandbox's network";
+        let body = json!({ "allowOut": net.allow_out, "denyOut": net.deny_out });
+        let a = self
+            .call(
+                reqwest::Method::PUT,
+                &format!("/sandboxes/{id}/network"),
+                Some(body),
+                doing,
+            )
+            .await?;
+        match a.status {
+            200 | 204 => Ok(()),
             _ => Err(self.fail(&a, doing, Some(name))),
         }
     }

@@ -348,6 +348,13 @@ fn check_envd_version(v: &str) -> Result<()> {
     Ok(())
 }
 
+/// What E2B's allow-list cannot promise that berth's proxy does.
+pub const NATIVE_LIMITS: &str = "E2B filters names by the TLS SNI and HTTP Host a program sends on \
+ports 80 and 443, not by the address connected to: a name allowed here that resolves to a private \
+or metadata address is not refused by address; lookups through E2B's resolver (8.8.8.8) stay open, \
+so a lookup can carry data out; connections are not asked about, not reported as berth events, and \
+get no credentials from berth";
+
 #[async_trait]
 impl Backend for E2bBackend {
     fn kind(&self) -> berth_core::backend::BackendKind {
@@ -355,7 +362,30 @@ impl Backend for E2bBackend {
     }
 
     fn network_door(&self) -> std::result::Result<(), String> {
-        Err("berth does not map `--network allow:` onto E2B's own network settings yet. Even then, E2B judges names by SNI and Host on ports 80 and 443 only, not by the address connected to, so a private address reached by name could not be refused, nor a connection asked about or reported. Use --network on or off, or a docker sandbox (`-b docker --network allow:…`)".into())
+        Err("E2B holds `--network allow:` rules with its own allow-list, not berth's proxy".into())
+    }
+
+    fn native_allow_list(&self) -> Option<(&'static str, &'static str)> {
+        Some(("E2B", NATIVE_LIMITS))
+    }
+
+    async fn set_allow_list(&self, spec: &SandboxSpec) -> Result<()> {
+        let list = spec.allow_list.as_ref().ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "sandbox `{}` has no allow-list to give E2B",
+                spec.name
+            ))
+        })?;
+        let Some(id) = self.sandbox_id(&spec.name).await? else {
+            return Err(gone(
+                &spec.name,
+                "E2B has no such sandbox; its rules change when it is made again",
+            ));
+        };
+        self.shared
+            .api
+            .set_network(&id, &spec.name, &api::NetworkConfig::only(list))
+            .await
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {
@@ -395,7 +425,10 @@ impl Backend for E2bBackend {
                 timeout,
                 metadata,
                 env_vars: spec.env.clone(),
-                allow_internet_access: spec.network.is_open(),
+                // With an allow-list, E2B's filter decides; without, the
+                // sandbox is open or closed.
+                allow_internet_access: spec.network.is_open() || spec.allow_list.is_some(),
+                network: spec.allow_list.as_ref().map(api::NetworkConfig::only),
             })
             .await?;
         debug!(sandbox = %spec.name, id = %rec.sandbox_id, "created an e2b sandbox");

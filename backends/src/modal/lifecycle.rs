@@ -368,6 +368,7 @@ impl ModalBackend {
                 .transpose()
         };
         let clamp = |v: Option<u64>| v.map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+        use super::proto::client::{NetworkAccess, network_access};
         let def = SandboxDef {
             entrypoint_args: vec!["sleep".into(), "infinity".into()],
             image_id,
@@ -377,7 +378,14 @@ impl ModalBackend {
             }),
             timeout_secs: num("timeout")?.unwrap_or(DEFAULT_TIMEOUT_SECS),
             workdir: None,
-            block_network: !spec.network.is_open(),
+            // With an allow-list, Modal's list decides; without, the
+            // sandbox is open or blocked.
+            block_network: !spec.network.is_open() && spec.allow_list.is_none(),
+            network_access: spec.allow_list.as_ref().map(|l| NetworkAccess {
+                network_access_type: network_access::NetworkAccessType::Allowlist as i32,
+                allowed_cidrs: l.nets.clone(),
+                allowed_domains: l.names.clone(),
+            }),
             name: Some(spec.name.clone()),
             idle_timeout_secs: num("idle_timeout")?,
             environment_variables: Some(StringMap {
@@ -486,6 +494,12 @@ pub(crate) async fn terminate(cp: &ControlPlane, id: &str) -> Result<()> {
     }
 }
 
+/// What Modal's allow-list cannot promise that berth's proxy does.
+pub const NATIVE_LIMITS: &str = "Modal filters by its own outbound allow-list (domains and CIDR \
+blocks, no ports): a name allowed here is judged by name, not by the address connected to; the \
+list is fixed when the sandbox is made (berth does not change it while it runs); connections are \
+not asked about, not reported as berth events, and get no credentials from berth";
+
 #[async_trait]
 impl Backend for ModalBackend {
     fn kind(&self) -> berth_core::backend::BackendKind {
@@ -493,7 +507,14 @@ impl Backend for ModalBackend {
     }
 
     fn network_door(&self) -> std::result::Result<(), String> {
-        Err("berth does not map `--network allow:` onto Modal's outbound allow-list yet, and Modal cannot ask about or report each connection. Use --network on or off, or a docker sandbox (`-b docker --network allow:…`)".into())
+        Err(
+            "Modal holds `--network allow:` rules with its own allow-list, not berth's proxy"
+                .into(),
+        )
+    }
+
+    fn native_allow_list(&self) -> Option<(&'static str, &'static str)> {
+        Some(("Modal", NATIVE_LIMITS))
     }
 
     async fn provision(&self, spec: &SandboxSpec) -> Result<Provisioned> {

@@ -14,11 +14,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use berth_egress::{Proxy, Record, Resolve, TableResolver};
-use berth_policies::egress::Action;
+use berth_egress::{Ask, Credentials, Hook, Proxy, Record, Resolve, TableResolver, tls};
+use berth_policies::egress::{Action, Verdict};
 
 use super::*;
-use crate::backend::{DOOR_SOCKET, NetRules, Network};
+use crate::backend::{DOOR_BUNDLE, DOOR_SOCKET, NetRules, Network};
 
 /// Names for the proxy to resolve from a table instead of DNS
 /// (`name=addr,…`): for tests, which must not look anything up outside the
@@ -45,6 +45,15 @@ impl Runtime {
             .join(format!("{backend}-{name}"))
     }
 
+    /// Where the key of `name`'s CA is: berth's state, never in the door
+    /// directory the sandbox sees.
+    fn door_key(&self, backend: BackendKind, name: &str) -> PathBuf {
+        self.cfg
+            .state_dir
+            .join("egress-keys")
+            .join(format!("{backend}-{name}.key"))
+    }
+
     /// Give `spec` its door when its network is berth's proxy: the proxy
     /// serving (here, unless another berth process already does), and
     /// `spec.door` naming the directory. Nothing for any other network.
@@ -68,7 +77,20 @@ impl Runtime {
             return Ok(());
         };
         let policy = file.applied_to(policy);
+        if let Some((who, _)) = self.backend(backend).await?.native_allow_list() {
+            // The platform holds the rules with its own list; no door.
+            let list = policy
+                .allow_list(who)
+                .map_err(|e| Error::InvalidInput(format!("sandbox `{}`: {e}", spec.name)))?;
+            spec.allow_list = Some(list);
+            return Ok(());
+        }
         let dir = self.door_dir(backend, &spec.name);
+        spec.door_env = file
+            .credentials
+            .iter()
+            .map(|c| (c.value_env.clone(), c.placeholder()))
+            .collect();
         let key = (backend, spec.name.clone());
         let mut doors = self.doors.lock().await;
         let ours = doors.get(&key).is_some_and(|d| !d.task.is_finished());
@@ -79,6 +101,7 @@ impl Runtime {
                 path: sock.clone(),
                 source,
             })?;
+            let ca = self.door_ca(backend, &spec.name, &dir)?;
             let store = self.store.clone();
             let name = spec.name.clone();
             let report = Arc::new(move |r: Record| {
@@ -88,6 +111,7 @@ impl Runtime {
             });
             let store = self.store.clone();
             let name = spec.name.clone();
+            let credentials = file.credentials.clone();
             // The stored rules, read for each connection; a row that is gone
             // (the sandbox removed) shuts the door.
             let source = Arc::new(move || match store.sandbox(backend, &name) {
@@ -101,7 +125,29 @@ impl Runtime {
                 Ok(None) => Some(berth_policies::egress::Egress::default()),
                 Err(_) => None,
             });
-            let mut proxy = Proxy::new(policy, report).with_source(source);
+            let timeout = Duration::from_secs(
+                self.gate
+                    .as_ref()
+                    .map(|g| g.policy().approvals.timeout_secs)
+                    .unwrap_or(600),
+            );
+            let asker = Arc::new(NetAsk {
+                store: self.store.clone(),
+                backend,
+                name: spec.name.clone(),
+                timeout,
+            });
+            let mut proxy = Proxy::new(policy, report)
+                .with_source(source)
+                .with_asker(asker);
+            if !credentials.is_empty() {
+                proxy = proxy.with_credentials(Credentials {
+                    list: credentials,
+                    ca,
+                    client: tls_client()?,
+                    secret: Arc::new(|k: &str| std::env::var(k).ok()),
+                });
+            }
             if let Some(table) = std::env::var(HOSTS_ENV).ok().filter(|t| !t.is_empty()) {
                 let r = TableResolver::parse(&table)
                     .map_err(|e| Error::InvalidInput(format!("{HOSTS_ENV}: {e}")))?;
@@ -117,6 +163,36 @@ impl Runtime {
         }
         spec.door = Some(dir);
         Ok(())
+    }
+
+    /// The sandbox's CA (made the first time), with its certificate and
+    /// the bundle the sandbox trusts written into the door directory.
+    fn door_ca(&self, backend: BackendKind, name: &str, dir: &Path) -> Result<Arc<tls::Ca>> {
+        let key = self.door_key(backend, name);
+        let ca = tls::Ca::load_or_make(&key, &format!("{backend}-{name}")).map_err(|source| {
+            Error::Io {
+                context: "cannot make or read the sandbox's CA (for HTTPS credentials) at",
+                path: key.clone(),
+                source,
+            }
+        })?;
+        let bundle = dir.join(DOOR_BUNDLE);
+        let write = |path: &Path, text: &str| {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, text)
+                .and_then(|()| {
+                    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+                })
+                .and_then(|()| std::fs::rename(&tmp, path))
+                .map_err(|source| Error::Io {
+                    context: "cannot write the sandbox's certificates at",
+                    path: path.to_path_buf(),
+                    source,
+                })
+        };
+        write(&bundle, &ca.bundle(roots()))?;
+        write(&dir.join("ca.pem"), ca.cert_pem())?;
+        Ok(Arc::new(ca))
     }
 
     /// Open the door of every sandbox whose network is berth's proxy, so
@@ -140,6 +216,12 @@ impl Runtime {
     /// Stop serving a removed sandbox's door and remove its directory.
     pub(super) async fn close_door(&self, backend: BackendKind, name: &str) {
         self.doors.lock().await.remove(&(backend, name.to_string()));
+        let key = self.door_key(backend, name);
+        if let Err(e) = std::fs::remove_file(&key)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(key = %key.display(), error = %e, "could not remove a sandbox's CA key");
+        }
         let dir = self.door_dir(backend, name);
         if let Err(e) = std::fs::remove_dir_all(&dir)
             && e.kind() != std::io::ErrorKind::NotFound
@@ -159,34 +241,182 @@ impl Runtime {
         allow: bool,
         host: &str,
     ) -> Result<NetRules> {
-        let rule = berth_policies::egress::Rule::parse(host).map_err(Error::InvalidInput)?;
-        let text = rule.text().to_string();
-        let Some(mut row) = self.store.sandbox(backend, name)? else {
-            return Err(Error::NotFound {
-                what: "sandbox",
-                name: name.into(),
-                hint: format!("list them with `berth sandbox ls --backend {backend}`"),
-            });
-        };
-        let Network::Allow(rules) = &mut row.spec.network else {
-            return Err(Error::InvalidInput(format!(
-                "sandbox `{name}` has network {}: its rules can change only when its way out is berth's proxy (made with `--network allow:HOST,…`). A sandbox's kind of network is fixed when it is made; make another with `berth sandbox create NAME -b {backend} --network allow:{text}`",
-                row.spec.network
-            )));
-        };
-        let (add, take) = if allow {
-            (&mut rules.allow, &mut rules.deny)
-        } else {
-            (&mut rules.deny, &mut rules.allow)
-        };
-        take.retain(|r| *r != text);
-        if !add.contains(&text) {
-            add.push(text);
+        let before = self.store.sandbox(backend, name)?;
+        let rules = add_network_rule(&self.store, backend, name, allow, host)?;
+        let b = self.backend(backend).await?;
+        if b.native_allow_list().is_some()
+            && let Some(mut row) = self.store.sandbox(backend, name)?
+        {
+            // The platform's list changes too, or nothing does.
+            let changed = match self.open_door(backend, &mut row.spec).await {
+                Ok(()) => b.set_allow_list(&row.spec).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = changed {
+                if let Some(old) = before {
+                    self.store.put_sandbox(backend, &old.spec)?;
+                }
+                return Err(e);
+            }
         }
-        let out = rules.clone();
-        self.store.put_sandbox(backend, &row.spec)?;
-        Ok(out)
+        Ok(rules)
     }
+}
+
+/// `allow` or `deny` `host` in the stored rules of sandbox `name` (a
+/// `--network allow:` one): added once; `allow` takes the host off the deny
+/// list and the other way round. What [`Runtime::set_network_rule`] and an
+/// approval answered "always" both do. Returns the rules.
+pub fn add_network_rule(
+    store: &Store,
+    backend: BackendKind,
+    name: &str,
+    allow: bool,
+    host: &str,
+) -> Result<NetRules> {
+    let rule = berth_policies::egress::Rule::parse(host).map_err(Error::InvalidInput)?;
+    let text = rule.text().to_string();
+    let Some(mut row) = store.sandbox(backend, name)? else {
+        return Err(Error::NotFound {
+            what: "sandbox",
+            name: name.into(),
+            hint: format!("list them with `berth sandbox ls --backend {backend}`"),
+        });
+    };
+    let Network::Allow(rules) = &mut row.spec.network else {
+        return Err(Error::InvalidInput(format!(
+            "sandbox `{name}` has network {}: its rules can change only when its way out is berth's proxy (made with `--network allow:HOST,…`). A sandbox's kind of network is fixed when it is made; make another with `berth sandbox create NAME -b {backend} --network allow:{text}`",
+            row.spec.network
+        )));
+    };
+    let (add, take) = if allow {
+        (&mut rules.allow, &mut rules.deny)
+    } else {
+        (&mut rules.deny, &mut rules.allow)
+    };
+    take.retain(|r| *r != text);
+    if !add.contains(&text) {
+        add.push(text);
+    }
+    let out = rules.clone();
+    store.put_sandbox(backend, &row.spec)?;
+    Ok(out)
+}
+
+/// The rule under which an approval is a network one (`connect HOST:PORT`).
+pub const NET_ASK_RULE: &str = "network: ask";
+
+/// Puts a host no rule names to a person: an approval (`berth approve N`,
+/// the dashboard, a webhook on `approval.requested`), waited on like a
+/// command's. "Always" is answered by adding the host to the sandbox's
+/// allow rules ([`add_network_rule`], done by whoever answers).
+struct NetAsk {
+    store: Arc<Store>,
+    backend: BackendKind,
+    name: String,
+    timeout: Duration,
+}
+
+impl Ask for NetAsk {
+    fn ask(
+        &self,
+        host: String,
+        port: u16,
+        addr: Option<std::net::SocketAddr>,
+        verdict: Verdict,
+    ) -> Hook<std::result::Result<(), String>> {
+        let (store, backend, name, timeout) = (
+            self.store.clone(),
+            self.backend,
+            self.name.clone(),
+            self.timeout,
+        );
+        Box::pin(async move {
+            let target = match host.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V6(_)) => format!("[{host}]:{port}"),
+                _ => format!("{host}:{port}"),
+            };
+            let command = format!("connect {target}");
+            let asked = async {
+                let event = |kind, detail: serde_json::Value| Event {
+                    kind,
+                    backend: Some(backend),
+                    sandbox: Some(name.clone()),
+                    command: Some(command.clone()),
+                    verdict: Some("ask (rule network: ask)".into()),
+                    detail: Some(detail.to_string()),
+                    ..Default::default()
+                };
+                let pending = match store.reusable_approval(&name, backend, &command)? {
+                    Some(a) => a,
+                    None => {
+                        let a = store.create_approval(&crate::approvals::NewApproval {
+                            sandbox: name.clone(),
+                            backend,
+                            command: command.clone(),
+                            part: command.clone(),
+                            // What "always" adds: the host (and port) as a rule.
+                            argv: vec![target.clone()],
+                            rule: NET_ASK_RULE.into(),
+                            reason: verdict.reason.clone(),
+                        })?;
+                        store.append(&event(
+                            EventKind::ApprovalRequested,
+                            serde_json::json!({
+                                "approval": a.id, "rule": NET_ASK_RULE, "reason": verdict.reason,
+                                "part": command, "addr": addr.map(|a| a.ip().to_string()),
+                            }),
+                        ))?;
+                        a
+                    }
+                };
+                let decided = if pending.state == crate::approvals::ApprovalState::Pending {
+                    crate::approvals::wait(&store, pending.id, timeout, Duration::from_millis(200))
+                        .await?
+                } else {
+                    pending
+                };
+                Ok::<_, Error>(decided)
+            };
+            let decided = asked
+                .await
+                .map_err(|e| format!("the approval could not be asked: {e}"))?;
+            let id = decided.id;
+            match decided.state {
+                crate::approvals::ApprovalState::Approved => {
+                    let _ = store.mark_approval_used(id);
+                    Ok(())
+                }
+                crate::approvals::ApprovalState::Expired => Err(format!(
+                    "nobody answered approval #{id} within {}s, so it was refused (berth fails closed)",
+                    timeout.as_secs()
+                )),
+                _ => Err(format!(
+                    "approval #{id} was denied by {}",
+                    decided.decided_by.as_deref().unwrap_or("someone")
+                )),
+            }
+        })
+    }
+}
+
+/// The roots this machine trusts, read once.
+fn roots() -> &'static [berth_egress::rustls::pki_types::CertificateDer<'static>] {
+    static ROOTS: std::sync::OnceLock<
+        Vec<berth_egress::rustls::pki_types::CertificateDer<'static>>,
+    > = std::sync::OnceLock::new();
+    ROOTS.get_or_init(tls::roots)
+}
+
+/// The proxy's TLS client, made once.
+fn tls_client() -> Result<Arc<berth_egress::rustls::ClientConfig>> {
+    static CLIENT: std::sync::OnceLock<
+        std::result::Result<Arc<berth_egress::rustls::ClientConfig>, String>,
+    > = std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| tls::client(roots()))
+        .clone()
+        .map_err(|e| Error::InvalidInput(format!("berth's TLS client could not be made: {e}")))
 }
 
 /// True when something serves the socket (another berth process's proxy).
@@ -235,6 +465,7 @@ fn net_event(backend: BackendKind, name: &str, r: Record) -> Event {
                 "bytes_up": r.bytes_up,
                 "bytes_down": r.bytes_down,
                 "error": r.error,
+                "credential": r.credential,
             })
             .to_string(),
         ),

@@ -32,6 +32,7 @@ impl Runtime {
         let b = self.backend(backend).await?;
         let mut spec = spec;
         if spec.network.rules().is_some()
+            && b.native_allow_list().is_none()
             && let Err(why) = b.network_door()
         {
             return Err(Error::InvalidInput(format!(

@@ -75,6 +75,57 @@ pub struct NewSandbox {
     timeout: Option<u64>,
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    network: Option<NetworkBody>,
+}
+
+/// The egress part of `network` (create) or the body of `PUT
+/// /sandboxes/{id}/network`: `allowOut` (names, `*.domain`, addresses,
+/// CIDR blocks) wins over `denyOut` (addresses and CIDR blocks only).
+#[derive(Deserialize, Default, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkBody {
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+}
+
+impl NetworkBody {
+    /// Check it as E2B does; the stored form.
+    fn checked(&self) -> Result<Value, Response> {
+        let is_net = |t: &str| {
+            let (addr, bits) = t.split_once('/').unwrap_or((t, "32"));
+            addr.parse::<std::net::IpAddr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 128)
+        };
+        for d in self.deny_out.iter().flatten() {
+            if !is_net(d) {
+                return Err(api_error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "invalid denyOut entry `{d}`: domain names are not supported for deny rules"
+                    ),
+                ));
+            }
+        }
+        for a in self.allow_out.iter().flatten() {
+            let name_ok = a
+                .trim_start_matches("*.")
+                .split('.')
+                .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+            if a == "*" || !(is_net(a) || name_ok) {
+                return Err(api_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid allowOut entry `{a}`"),
+                ));
+            }
+        }
+        Ok(json!({
+            "allowOut": self.allow_out.clone().unwrap_or_default(),
+            "denyOut": self.deny_out.clone().unwrap_or_default(),
+        }))
+    }
 }
 
 fn sandbox_json(sb: &Sandbox) -> Value {
@@ -107,6 +158,8 @@ fn detail_json(sb: &Sandbox) -> Value {
         "state": state,
         "metadata": sb.metadata,
         "domain": null,
+        "allowInternetAccess": *lock(&sb.allow_internet_access),
+        "network": lock(&sb.network).clone(),
     })
 }
 
@@ -133,6 +186,10 @@ pub async fn create(
             format!("timeout cannot be greater than {MAX_TIMEOUT} seconds"),
         );
     }
+    let network = match req.network.as_ref().map(NetworkBody::checked).transpose() {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
     let dir = match tempfile::Builder::new().prefix("e2b-standin-").tempdir() {
         Ok(d) => d,
         Err(e) => {
@@ -156,6 +213,8 @@ pub async fn create(
         dir,
         procs: Mutex::new(HashMap::new()),
         killed: tokio::sync::watch::channel(false).0,
+        allow_internet_access: Mutex::new(req.allow_internet_access.unwrap_or(true)),
+        network: Mutex::new(network),
     });
     sb.set_timeout(timeout);
     lock(&shared.sandboxes).insert(id, sb.clone());
@@ -221,6 +280,37 @@ pub async fn kill(
         StatusCode::NO_CONTENT.into_response()
     } else {
         not_found(&id)
+    }
+}
+
+/// `PUT /sandboxes/{id}/network`: the running sandbox's egress filter,
+/// replaced.
+pub async fn set_network(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = gate(&shared, &headers) {
+        return r;
+    }
+    let req: NetworkBody = match parse_body(&body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let checked = match req.checked() {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    match shared.get(&id) {
+        Some(sb) => {
+            *lock(&sb.network) = Some(checked);
+            if let Some(open) = req.allow_internet_access {
+                *lock(&sb.allow_internet_access) = open;
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => not_found(&id),
     }
 }
 

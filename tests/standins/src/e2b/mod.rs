@@ -218,6 +218,15 @@ impl E2bStandin {
         lock(&self.shared.sandboxes).keys().cloned().collect()
     }
 
+    /// A sandbox's network as last set: whether it may reach the internet,
+    /// and its egress filter (`{allowOut, denyOut}`), if it has one.
+    pub fn network_of(&self, id: &str) -> Option<(bool, Option<serde_json::Value>)> {
+        let sb = self.shared.get(id)?;
+        let open = *lock(&sb.allow_internet_access);
+        let net = lock(&sb.network).clone();
+        Some((open, net))
+    }
+
     /// The seconds left before a sandbox times out.
     pub fn seconds_left(&self, id: &str) -> Option<u64> {
         let sb = self.shared.get(id)?;
@@ -268,6 +277,10 @@ fn router(shared: Arc<Shared>) -> Router {
             get(control::get_one).delete(control::kill),
         )
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(control::set_network),
+        )
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))

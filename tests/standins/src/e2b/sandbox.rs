@@ -189,6 +189,12 @@ pub struct Sandbox {
     /// Flips to true when the sandbox is killed: its streams are cut, as when
     /// a real sandbox's VM goes away.
     pub killed: tokio::sync::watch::Sender<bool>,
+    /// Whether it may reach the internet at all.
+    pub allow_internet_access: Mutex<bool>,
+    /// Its egress filter (`allowOut`, `denyOut`) as last set. The stand-in
+    /// records it and shows it back; it runs processes on this machine and
+    /// holds them to no network filter.
+    pub network: Mutex<Option<serde_json::Value>>,
 }
 
 impl Sandbox {

@@ -101,6 +101,15 @@ impl Control {
                 "Sandbox with name '{name}' already exists in this app"
             )));
         }
+        // As Modal refuses it: an allow-list on a sandbox with no network.
+        let allowlist = def.network_access.as_ref().is_some_and(|n| {
+            n.network_access_type == network_access::NetworkAccessType::Allowlist as i32
+        });
+        if def.block_network && allowlist {
+            return Err(Status::invalid_argument(
+                "an outbound allow-list cannot be used when block_network is enabled",
+            ));
+        }
         let dir = tempfile::Builder::new()
             .prefix("modal-standin-sb-")
             .tempdir()
@@ -136,6 +145,8 @@ impl Control {
             dir,
             env,
             workdir: def.workdir.clone(),
+            block_network: def.block_network,
+            network_access: def.network_access.clone(),
             result,
             execs: std::sync::Mutex::new(Default::default()),
         });

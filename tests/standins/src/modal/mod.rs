@@ -34,6 +34,10 @@ use self::sandbox::Sandbox;
 
 /// Generated protocol code.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
+/// A sandbox's `network_access` as recorded: its type, allowed CIDRs and
+/// allowed domains.
+pub type AllowList = (i32, Vec<String>, Vec<String>);
+
 pub mod pb {
     /// `modal.client`.
     pub mod client {
@@ -366,6 +370,23 @@ impl ModalStandin {
     /// [`end_sandbox`](Self::end_sandbox) with TERMINATED.
     pub fn terminate(&self, name: &str) -> bool {
         self.end_sandbox(name, GenericStatus::Terminated)
+    }
+
+    /// The network the running sandbox `id` was made with: `block_network`,
+    /// and its `network_access` (type, allowed CIDRs, allowed domains).
+    pub fn network_of(&self, id: &str) -> Option<(bool, Option<AllowList>)> {
+        let s = self.state.sandboxes.lock().ok()?;
+        let sb = s.iter().find(|s| s.id == id)?;
+        Some((
+            sb.block_network,
+            sb.network_access.as_ref().map(|n| {
+                (
+                    n.network_access_type,
+                    n.allowed_cidrs.clone(),
+                    n.allowed_domains.clone(),
+                )
+            }),
+        ))
     }
 
     /// Ids of the sandboxes that still run.

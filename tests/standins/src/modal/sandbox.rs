@@ -79,6 +79,11 @@ pub struct Sandbox {
     pub dir: tempfile::TempDir,
     pub env: BTreeMap<String, String>,
     pub workdir: Option<String>,
+    /// Its network as asked for: `block_network` and the `network_access`
+    /// it was made with. The stand-in records them and shows them back; its
+    /// processes run on this machine, held to no network filter.
+    pub block_network: bool,
+    pub network_access: Option<crate::modal::pb::client::NetworkAccess>,
     /// Set once, when the sandbox ends.
     pub result: watch::Sender<Option<GenericResult>>,
     pub execs: Mutex<HashMap<String, Arc<Exec>>>,
