@@ -564,6 +564,16 @@ fn bench_egress_reports_the_proxy_against_a_direct_connection() -> TestResult {
     );
     assert_eq!(v["download_mib"], 4);
     assert_eq!(v["requests"], 20);
+    // The credential path: two TLS handshakes against one.
+    let (dt, pt) = (
+        num("direct_https_request_us")?,
+        num("credential_https_request_us")?,
+    );
+    assert!(dt > 0.0 && pt > 0.0, "{v}");
+    assert!(
+        (num("credential_request_ratio")? - pt / dt).abs() < 1e-6 * (pt / dt),
+        "{v}"
+    );
     let o = berth(dir.path(), &["bench", "--egress", "--size-mb", "0"])?;
     assert_ne!(o.status.code(), Some(0));
     assert!(

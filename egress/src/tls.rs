@@ -87,6 +87,11 @@ impl Ca {
         })
     }
 
+    /// The CA's certificate, DER (for a trust store).
+    pub fn cert_der(&self) -> &CertificateDer<'static> {
+        &self.cert
+    }
+
     /// The CA's certificate, PEM.
     pub fn cert_pem(&self) -> &str {
         &self.pem

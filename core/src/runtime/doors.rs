@@ -141,6 +141,16 @@ impl Runtime {
                 .with_source(source)
                 .with_asker(asker);
             if !credentials.is_empty() {
+                // This process holds the values (its environment) and puts
+                // them on requests: made not dumpable, its /proc files
+                // (environ, mem) are closed to processes of the same uid
+                // without CAP_SYS_PTRACE, such as a local sandbox of an
+                // ordinary user, which runs under that user's uid.
+                // SAFETY: prctl with constant arguments changes only this
+                // process's dumpable flag.
+                unsafe {
+                    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+                }
                 proxy = proxy.with_credentials(Credentials {
                     list: credentials,
                     ca,
