@@ -83,16 +83,9 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, big: u64) {
 
 /// Read up to the blank line that ends an HTTP head.
 async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Result<String> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if s.read(&mut byte).await? == 0 {
-            bail!("the connection ended inside a head");
-        }
-        head.push(byte[0]);
-        if head.len() > 16 * 1024 {
-            bail!("a head of more than 16 KiB");
-        }
+    let head = berth_egress::read_head(s).await?;
+    if !head.ends_with(b"\r\n\r\n") {
+        bail!("the connection ended inside a head");
     }
     Ok(String::from_utf8_lossy(&head).into_owned())
 }

@@ -860,6 +860,31 @@ except Exception as e:
 sb.kill()
 "#;
 
+/// berth's CLI on a cloud backend's stand-in (its settings in `env`), and
+/// one sandbox made there under the allow rules both cloud tests use.
+fn cloud_sandbox(
+    backend: &'static str,
+    env: Vec<(String, String)>,
+) -> Result<(State, String), BoxError> {
+    let mut st = State::new("off")?;
+    st.backend = backend;
+    st.env.extend(env);
+    let name = unique(&format!("{backend}-allow"));
+    st.create(
+        &name,
+        &["--network", "allow:pypi.test,*.github.test,10.1.0.0/16"],
+    )?;
+    Ok((st, name))
+}
+
+/// The one item of `items`, or an error naming what was found.
+fn only(items: Vec<String>, what: &str) -> Result<String, BoxError> {
+    match <[String; 1]>::try_from(items) {
+        Ok([one]) => Ok(one),
+        Err(items) => Err(format!("expected one {what}, found {items:?}").into()),
+    }
+}
+
 /// E2B holds `--network allow:` with its own allow-list: berth sends
 /// `network {allowOut, denyOut: [0.0.0.0/0]}` on create and `PUT
 /// /sandboxes/{id}/network` on `berth sandbox network`, and refuses what
@@ -869,18 +894,8 @@ sb.kill()
 fn e2b_holds_allow_rules_with_its_own_allow_list() -> TestResult {
     let rt = tokio::runtime::Runtime::new()?;
     let standin = rt.block_on(berth_standins::e2b::E2bStandin::start(0))?;
-    let mut st = State::new("off")?;
-    st.backend = "e2b";
-    st.env.extend(standin.env());
-    let name = unique("e2b-allow");
-    st.create(
-        &name,
-        &["--network", "allow:pypi.test,*.github.test,10.1.0.0/16"],
-    )?;
-    let ids = standin.sandbox_ids();
-    let [id] = ids.as_slice() else {
-        return Err(format!("expected one E2B sandbox, found {ids:?}").into());
-    };
+    let (st, name) = cloud_sandbox("e2b", standin.env())?;
+    let id = &only(standin.sandbox_ids(), "E2B sandbox")?;
     let net = || standin.network_of(id).ok_or("the sandbox is gone");
     let (open, filter) = net()?;
     assert!(
@@ -1004,18 +1019,8 @@ print(sb.object_id)
 fn modal_holds_allow_rules_with_its_own_allow_list() -> TestResult {
     let rt = tokio::runtime::Runtime::new()?;
     let standin = rt.block_on(berth_standins::modal::ModalStandin::start(0))?;
-    let mut st = State::new("off")?;
-    st.backend = "modal";
-    st.env.extend(standin.env());
-    let name = unique("modal-allow");
-    st.create(
-        &name,
-        &["--network", "allow:pypi.test,*.github.test,10.1.0.0/16"],
-    )?;
-    let ids = standin.running();
-    let [id] = ids.as_slice() else {
-        return Err(format!("expected one Modal sandbox, found {ids:?}").into());
-    };
+    let (st, name) = cloud_sandbox("modal", standin.env())?;
+    let id = &only(standin.running(), "Modal sandbox")?;
     const ALLOWLIST: i32 = 3;
     assert_eq!(
         standin.network_of(id),

@@ -45,6 +45,31 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixListener};
 
+/// The most an HTTP head read by [`read_head`] may hold.
+pub const HEAD_LIMIT: usize = 16 * 1024;
+
+/// Read an HTTP head byte by byte, so nothing past it is consumed: up to
+/// and including the blank line, or what came before the stream ended (the
+/// caller checks for the blank line). A head past [`HEAD_LIMIT`] is an error.
+pub async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await? == 0 {
+            break;
+        }
+        head.push(byte[0]);
+        if head.len() > HEAD_LIMIT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("an HTTP head of more than {HEAD_LIMIT} bytes"),
+            ));
+        }
+    }
+    Ok(head)
+}
+
 /// A future the proxy's hooks return.
 pub type Hook<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -897,14 +922,7 @@ mod tests {
             let mut s = UnixStream::connect(&self.socket).await?;
             s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
                 .await?;
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                if s.read(&mut byte).await? == 0 {
-                    break;
-                }
-                head.push(byte[0]);
-            }
+            let head = super::read_head(&mut s).await?;
             let mut text = String::from_utf8_lossy(&head).into_owned();
             let length = text
                 .lines()
@@ -1049,14 +1067,10 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        match s.read(&mut byte).await {
-                            Ok(1) => head.push(byte[0]),
-                            _ => return,
-                        }
-                    }
+                    let head = match super::read_head(&mut s).await {
+                        Ok(h) if h.ends_with(b"\r\n\r\n") => h,
+                        _ => return,
+                    };
                     let text = String::from_utf8_lossy(&head).into_owned();
                     let line = text.lines().next().unwrap_or("").to_string();
                     let lower = text.to_ascii_lowercase();
@@ -1184,14 +1198,10 @@ mod tests {
                     let Ok(mut s) = acceptor.accept(s).await else {
                         return;
                     };
-                    let mut head = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        match s.read(&mut byte).await {
-                            Ok(1) => head.push(byte[0]),
-                            _ => return,
-                        }
-                    }
+                    let head = match super::read_head(&mut s).await {
+                        Ok(h) if h.ends_with(b"\r\n\r\n") => h,
+                        _ => return,
+                    };
                     let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
                     let auth = text
                         .lines()

@@ -55,6 +55,18 @@ fn gate(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
     }
 }
 
+/// The gate, then the body: the prologue of every call that takes one.
+fn gated<T: for<'de> Deserialize<'de> + Default>(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<T, Response> {
+    match gate(shared, headers) {
+        Some(r) => Err(r),
+        None => parse_body(body),
+    }
+}
+
 fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, Response> {
     if body.is_empty() {
         return Ok(T::default());
@@ -169,10 +181,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = gate(&shared, &headers) {
-        return r;
-    }
-    let req: NewSandbox = match parse_body(&body) {
+    let req: NewSandbox = match gated(&shared, &headers, &body) {
         Ok(r) => r,
         Err(r) => return r,
     };
@@ -291,10 +300,7 @@ pub async fn set_network(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = gate(&shared, &headers) {
-        return r;
-    }
-    let req: NetworkBody = match parse_body(&body) {
+    let req: NetworkBody = match gated(&shared, &headers, &body) {
         Ok(r) => r,
         Err(r) => return r,
     };
@@ -327,10 +333,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = gate(&shared, &headers) {
-        return r;
-    }
-    let req: TimeoutBody = match parse_body(&body) {
+    let req: TimeoutBody = match gated(&shared, &headers, &body) {
         Ok(r) => r,
         Err(r) => return r,
     };
