@@ -5,6 +5,8 @@
 //! - `jobs`: background jobs through the runtime, likewise per backend.
 //! - `e2b_backend`: the e2b backend's faults, recovery and keep-alive against the
 //!   stand-in, and the official Python SDK against the same stand-in.
+//! - `k8s_standin`: the Kubernetes stand-in checked with `kubectl` and the
+//!   official Python client (pods on the real Docker engine).
 //! - `agent`, `context`: `berth run` against the model provider stand-in;
 //!   `context` keeps a run inside a small context window.
 //! - `memory`: notes across runs and the search over past transcripts.
@@ -37,6 +39,8 @@ mod docker_settings;
 mod e2b_backend;
 mod egress;
 mod follow;
+#[cfg(feature = "docker")]
+mod k8s_standin;
 mod mcp;
 mod mcp_tools;
 mod memory;

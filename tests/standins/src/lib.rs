@@ -7,6 +7,7 @@
 //! not berth's client.
 
 pub mod e2b;
+pub mod k8s;
 #[cfg(feature = "modal")]
 pub mod modal;
 pub mod provider;
