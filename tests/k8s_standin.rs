@@ -345,3 +345,86 @@ async fn the_standin_binary_serves_and_cleans_up_on_sigterm() -> TestResult {
     );
     Ok(())
 }
+
+/// agent-sandbox's warm pool through kubectl: a `SandboxWarmPool` keeps
+/// its sandboxes ready, a `SandboxClaim` adopts one at once (the claim's
+/// sandbox is a pool member's, already running), the pool makes a
+/// replacement, and deleting the claim removes what it adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_adopts_a_ready_sandbox_of_a_warm_pool() -> TestResult {
+    let image = image().await?;
+    let standin = K8sStandin::start().await?;
+    let pool = standin.dir().join("pool.yaml");
+    std::fs::write(
+        &pool,
+        format!(
+            "apiVersion: extensions.agents.x-k8s.io/v1alpha1\nkind: SandboxTemplate\nmetadata:\n  name: tpl\nspec:\n  podTemplate:\n    spec:\n      containers:\n      - name: main\n        image: {image}\n        command: [\"sleep\", \"infinity\"]\n---\napiVersion: extensions.agents.x-k8s.io/v1alpha1\nkind: SandboxWarmPool\nmetadata:\n  name: warm\nspec:\n  replicas: 2\n  sandboxTemplateRef:\n    name: tpl\n"
+        ),
+    )?;
+    let made = kubectl(&standin, &["apply", "-f", &pool.to_string_lossy()], "").await?;
+    assert!(made.status.success(), "{}", text(&made));
+    let ready = |n: i64| {
+        standin
+            .object(
+                "sandboxwarmpools.extensions.agents.x-k8s.io",
+                "default",
+                "warm",
+            )
+            .is_some_and(|p| p["status"]["readyReplicas"] == n && p["status"]["replicas"] == n)
+    };
+    wait_for("two ready sandboxes in the pool", || ready(2)).await?;
+
+    let claim = standin.dir().join("claim.yaml");
+    std::fs::write(
+        &claim,
+        "apiVersion: extensions.agents.x-k8s.io/v1alpha1\nkind: SandboxClaim\nmetadata:\n  name: mine\nspec:\n  sandboxTemplateRef:\n    name: tpl\n",
+    )?;
+    let claimed = kubectl(&standin, &["apply", "-f", &claim.to_string_lossy()], "").await?;
+    assert!(claimed.status.success(), "{}", text(&claimed));
+    let waited = kubectl(
+        &standin,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "sandboxclaim/mine",
+            "--timeout=30s",
+        ],
+        "",
+    )
+    .await?;
+    assert!(waited.status.success(), "{}", text(&waited));
+    let name = standin
+        .object(
+            "sandboxclaims.extensions.agents.x-k8s.io",
+            "default",
+            "mine",
+        )
+        .and_then(|c| c["status"]["sandbox"]["name"].as_str().map(str::to_string))
+        .ok_or("the claim names no sandbox")?;
+    assert!(
+        name.starts_with("warm-"),
+        "the claim made {name} instead of adopting a pool member"
+    );
+    let sb = standin
+        .object("sandboxes.agents.x-k8s.io", "default", &name)
+        .ok_or("the adopted sandbox is gone")?;
+    assert_eq!(sb["metadata"]["ownerReferences"][0]["kind"], "SandboxClaim");
+    let ran = kubectl(&standin, &["exec", &name, "--", "echo", "adopted"], "").await?;
+    assert_eq!(stdout(&ran), "adopted\n", "{}", text(&ran));
+    wait_for("the pool making a replacement", || ready(2)).await?;
+
+    let gone = kubectl(&standin, &["delete", "sandboxclaim", "mine"], "").await?;
+    assert!(gone.status.success(), "{}", text(&gone));
+    wait_for(
+        "the adopted sandbox and its pod going with the claim",
+        || {
+            standin
+                .object("sandboxes.agents.x-k8s.io", "default", &name)
+                .is_none()
+                && standin.object("pods", "default", &name).is_none()
+        },
+    )
+    .await?;
+    assert!(ready(2), "the pool's own sandboxes must stay");
+    Ok(())
+}

@@ -11,8 +11,17 @@
 //! - `status`: `replicas`, `selector`, `podIPs`, and a `Ready` condition
 //!   that follows the pod's.
 //!
+//! And its extensions (extensions.agents.x-k8s.io/v1alpha1):
+//! - `SandboxWarmPool` keeps `spec.replicas` sandboxes made from its
+//!   `sandboxTemplateRef`, owned by the pool, named `POOL-xxxxx`;
+//! - `SandboxClaim` adopts a ready sandbox of a pool made from its template
+//!   (its `warmpool` policy: `default` any such pool, `none` never, or one
+//!   pool by name): the sandbox's owner becomes the claim and the pool
+//!   makes a replacement. With none to adopt it makes a sandbox named as
+//!   the claim. `status.sandbox.name` names the sandbox either way.
+//!
 //! It runs as a real controller does: it reads the change log and
-//! reconciles the sandbox each change concerns.
+//! reconciles what each change concerns.
 
 use std::sync::{Arc, Weak};
 
@@ -73,6 +82,19 @@ pub async fn run(k: Weak<K8s>, mut changes: broadcast::Receiver<Change>) {
 
 async fn handle(k: &Arc<K8s>, c: &Change) {
     let name = c.object["metadata"]["name"].as_str().unwrap_or("");
+    let extension = [
+        resources::warm_pools().id,
+        resources::sandbox_claims().id,
+        resources::sandbox_templates().id,
+    ]
+    .contains(&c.resource);
+    if c.kind == "DELETED" && extension {
+        let uid = c.object["metadata"]["uid"].as_str().unwrap_or("");
+        collect_owned(k, &c.namespace, uid).await;
+    }
+    if extension || c.resource == resources::sandboxes().id {
+        reconcile_extensions(k, &c.namespace).await;
+    }
     if c.resource == resources::sandboxes().id {
         if c.kind == "DELETED" {
             let uid = c.object["metadata"]["uid"].as_str().unwrap_or("");
@@ -89,7 +111,7 @@ async fn handle(k: &Arc<K8s>, c: &Change) {
 
 /// Delete what a deleted sandbox owned: its pod and its claims.
 async fn collect_owned(k: &Arc<K8s>, ns: &str, uid: &str) {
-    for r in [resources::pods(), resources::pvcs()] {
+    for r in [resources::sandboxes(), resources::pods(), resources::pvcs()] {
         let (items, _) = k.store.list(r, Some(ns));
         for o in items {
             let owned = o["metadata"]["ownerReferences"]
@@ -209,6 +231,199 @@ async fn reconcile(k: &Arc<K8s>, ns: &str, name: &str) {
             "podIPs": ips,
             "conditions": [cond],
         });
+        Ok(())
+    });
+}
+
+fn owner_ref(obj: &Value, kind: &str) -> Value {
+    json!([{
+        "apiVersion": obj["apiVersion"], "kind": kind,
+        "name": obj["metadata"]["name"], "uid": obj["metadata"]["uid"],
+        "controller": true, "blockOwnerDeletion": true,
+    }])
+}
+
+/// The uid of the controller that owns `obj`, if it is of `kind`.
+fn owner_uid<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
+    obj["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["kind"] == kind && o["controller"] == json!(true))
+        .and_then(|o| o["uid"].as_str())
+}
+
+fn is_ready(sandbox: &Value) -> bool {
+    sandbox["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// A new sandbox from `template`, owned by `owner`.
+fn sandbox_from(template: &Value, name: Value, owner: Value) -> Value {
+    let mut meta = json!({"ownerReferences": owner});
+    match name {
+        Value::String(n) if n.ends_with('-') => meta["generateName"] = json!(n),
+        n => meta["name"] = n,
+    }
+    json!({
+        "apiVersion": format!("{AGENTS}/v1alpha1"), "kind": "Sandbox",
+        "metadata": meta,
+        "spec": {
+            "podTemplate": template["spec"]["podTemplate"],
+            "volumeClaimTemplates": template["spec"]["volumeClaimTemplates"],
+        },
+    })
+}
+
+/// Every warm pool and claim of namespace `ns`, brought to its spec.
+async fn reconcile_extensions(k: &Arc<K8s>, ns: &str) {
+    let (pools, _) = k.store.list(resources::warm_pools(), Some(ns));
+    let (claims, _) = k.store.list(resources::sandbox_claims(), Some(ns));
+    for claim in &claims {
+        reconcile_claim(k, ns, claim, &pools);
+    }
+    for pool in &pools {
+        reconcile_pool(k, ns, pool).await;
+    }
+}
+
+async fn reconcile_pool(k: &Arc<K8s>, ns: &str, pool: &Value) {
+    let name = pool["metadata"]["name"].as_str().unwrap_or("");
+    let uid = pool["metadata"]["uid"].as_str().unwrap_or("");
+    let want = pool["spec"]["replicas"].as_u64().unwrap_or(0) as usize;
+    let (all, _) = k.store.list(resources::sandboxes(), Some(ns));
+    let mut members: Vec<&Value> = all
+        .iter()
+        .filter(|s| owner_uid(s, "SandboxWarmPool") == Some(uid))
+        .collect();
+    let template_name = pool["spec"]["sandboxTemplateRef"]["name"]
+        .as_str()
+        .unwrap_or("");
+    if members.len() < want
+        && let Ok(template) = k
+            .store
+            .get(resources::sandbox_templates(), ns, template_name)
+    {
+        for _ in members.len()..want {
+            let mut sb = sandbox_from(
+                &template,
+                json!(format!("{name}-")),
+                owner_ref(pool, "SandboxWarmPool"),
+            );
+            if k.admit(resources::sandboxes(), ns, &mut sb).is_ok() {
+                let _ = k.store.create(resources::sandboxes(), ns, sb);
+            }
+        }
+    }
+    // Too many: the newest go first.
+    members.sort_by_key(|s| {
+        std::cmp::Reverse(
+            s["metadata"]["creationTimestamp"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    });
+    for extra in members.iter().take(members.len().saturating_sub(want)) {
+        let n = extra["metadata"]["name"].as_str().unwrap_or("");
+        let _ = k.delete(resources::sandboxes(), ns, n).await;
+    }
+    let (all, _) = k.store.list(resources::sandboxes(), Some(ns));
+    let members: Vec<&Value> = all
+        .iter()
+        .filter(|s| owner_uid(s, "SandboxWarmPool") == Some(uid))
+        .collect();
+    let ready = members.iter().filter(|s| is_ready(s)).count();
+    let _ = k.store.update(resources::warm_pools(), ns, name, |p| {
+        p["status"] = json!({"replicas": members.len(), "readyReplicas": ready});
+        Ok(())
+    });
+}
+
+fn reconcile_claim(k: &Arc<K8s>, ns: &str, claim: &Value, pools: &[Value]) {
+    let name = claim["metadata"]["name"].as_str().unwrap_or("");
+    let uid = claim["metadata"]["uid"].as_str().unwrap_or("");
+    let (all, _) = k.store.list(resources::sandboxes(), Some(ns));
+    let mine = all
+        .iter()
+        .find(|s| owner_uid(s, "SandboxClaim") == Some(uid));
+    let sandbox = match mine {
+        Some(s) => Some(s.clone()),
+        None => {
+            let template_name = claim["spec"]["sandboxTemplateRef"]["name"]
+                .as_str()
+                .unwrap_or("");
+            let policy = claim["spec"]["warmpool"].as_str().unwrap_or("default");
+            let from_pools: Vec<&str> = pools
+                .iter()
+                .filter(|p| p["spec"]["sandboxTemplateRef"]["name"] == template_name)
+                .filter(|p| policy == "default" || p["metadata"]["name"] == policy)
+                .filter_map(|p| p["metadata"]["uid"].as_str())
+                .collect();
+            let mut candidates: Vec<&Value> = if policy == "none" {
+                Vec::new()
+            } else {
+                all.iter()
+                    .filter(|s| {
+                        owner_uid(s, "SandboxWarmPool").is_some_and(|u| from_pools.contains(&u))
+                    })
+                    .collect()
+            };
+            // Ready first, then the oldest.
+            candidates.sort_by_key(|s| {
+                (
+                    !is_ready(s),
+                    s["metadata"]["creationTimestamp"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                )
+            });
+            match candidates.first() {
+                Some(s) => {
+                    let sname = s["metadata"]["name"].as_str().unwrap_or("");
+                    k.store
+                        .update(resources::sandboxes(), ns, sname, |sb| {
+                            sb["metadata"]["ownerReferences"] = owner_ref(claim, "SandboxClaim");
+                            Ok(())
+                        })
+                        .ok()
+                }
+                None => match k
+                    .store
+                    .get(resources::sandbox_templates(), ns, template_name)
+                {
+                    Ok(template) => {
+                        let mut sb =
+                            sandbox_from(&template, json!(name), owner_ref(claim, "SandboxClaim"));
+                        if k.admit(resources::sandboxes(), ns, &mut sb).is_ok() {
+                            k.store.create(resources::sandboxes(), ns, sb).ok()
+                        } else {
+                            None
+                        }
+                    }
+                    Err(_) => None,
+                },
+            }
+        }
+    };
+    let _ = k.store.update(resources::sandbox_claims(), ns, name, |c| {
+        c["status"] = match &sandbox {
+            Some(s) => json!({
+                "sandbox": {"name": s["metadata"]["name"], "podIPs": s["status"]["podIPs"]},
+                "conditions": [{
+                    "type": "Ready",
+                    "status": if is_ready(s) { "True" } else { "False" },
+                    "reason": if is_ready(s) { "SandboxReady" } else { "SandboxNotReady" },
+                    "message": "",
+                }],
+            }),
+            None => json!({"conditions": [{
+                "type": "Ready", "status": "False", "reason": "TemplateNotFound",
+                "message": format!("SandboxTemplate {:?} not found", claim["spec"]["sandboxTemplateRef"]["name"]),
+            }]}),
+        };
         Ok(())
     });
 }

@@ -203,6 +203,18 @@ pub fn sandboxes() -> &'static Resource {
     &RESOURCES[5]
 }
 
+pub fn sandbox_templates() -> &'static Resource {
+    &RESOURCES[6]
+}
+
+pub fn sandbox_claims() -> &'static Resource {
+    &RESOURCES[7]
+}
+
+pub fn warm_pools() -> &'static Resource {
+    &RESOURCES[8]
+}
+
 /// `(group, version)` pairs served, core first.
 fn group_versions(with_crds: bool) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
