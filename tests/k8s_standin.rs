@@ -428,3 +428,74 @@ async fn a_claim_adopts_a_ready_sandbox_of_a_warm_pool() -> TestResult {
     assert!(ready(2), "the pool's own sandboxes must stay");
     Ok(())
 }
+
+/// An API server outage as a client meets it: an exec session open at the
+/// time is cut (no exit status), calls during it fail to connect, and
+/// after it the same server, state and all, answers again on the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_cuts_sessions_and_refuses_calls_until_it_ends() -> TestResult {
+    let image = image().await?;
+    let standin = K8sStandin::start().await?;
+    let pod = standin.dir().join("pod.yaml");
+    std::fs::write(
+        &pod,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p1\nspec:\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"infinity\"]\n"
+        ),
+    )?;
+    let made = kubectl(&standin, &["apply", "-f", &pod.to_string_lossy()], "").await?;
+    assert!(made.status.success(), "{}", text(&made));
+    let up = kubectl(
+        &standin,
+        &["wait", "--for=condition=Ready", "pod/p1", "--timeout=60s"],
+        "",
+    )
+    .await?;
+    assert!(up.status.success(), "{}", text(&up));
+
+    // A long exec, cut in the middle.
+    let long = {
+        let mut cmd = tokio::process::Command::new("kubectl");
+        cmd.args([
+            "exec",
+            "p1",
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 30; echo finished",
+        ])
+        .env("KUBECONFIG", standin.kubeconfig())
+        .env("HOME", standin.dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+        cmd.spawn()?
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    standin.outage(Duration::from_secs(2)).await?;
+    let during = reqwest::Client::new()
+        .get(format!("{}/api/v1/namespaces", standin.url()))
+        .send()
+        .await;
+    assert!(
+        during.is_err(),
+        "a call during the outage was answered: {during:?}"
+    );
+    let cut = tokio::time::timeout(Duration::from_secs(20), long.wait_with_output())
+        .await
+        .map_err(|_| "the exec was not cut by the outage")??;
+    assert!(!cut.status.success(), "{}", text(&cut));
+    assert!(
+        stdout(&cut).contains("started") && !stdout(&cut).contains("finished"),
+        "{}",
+        text(&cut)
+    );
+
+    wait_for("the server answering again", || {
+        std::net::TcpStream::connect(standin.url().trim_start_matches("http://")).is_ok()
+    })
+    .await?;
+    let after = kubectl(&standin, &["exec", "p1", "--", "echo", "back"], "").await?;
+    assert_eq!(stdout(&after), "back\n", "{}", text(&after));
+    Ok(())
+}

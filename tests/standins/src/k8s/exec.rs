@@ -226,7 +226,17 @@ async fn session(
             }
         }
     });
-    while let Some(item) = output.next().await {
+    let mut cut = k.cuts.subscribe();
+    loop {
+        let item = tokio::select! {
+            item = output.next() => item,
+            // The API server is cut off: the session ends with no status.
+            _ = cut.recv() => {
+                reader.abort();
+                return;
+            }
+        };
+        let Some(item) = item else { break };
         let msg = match item {
             Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
                 framed(STDOUT, &message)

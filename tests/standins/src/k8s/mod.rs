@@ -15,8 +15,10 @@
 //! - [`kubelet`] runs each pod as a Docker container on one of the nodes.
 //! - [`controller`] is agent-sandbox's controller for `Sandbox`: a pod (and
 //!   claims) per sandbox, recreated when the pod is evicted or deleted.
-//! - Faults a test asks for: a node lost ([`K8sStandin::lose_node`]); a
-//!   drain is `kubectl drain`, which cordons and evicts through the API.
+//! - Faults a test asks for: a node lost ([`K8sStandin::lose_node`]), the
+//!   API server gone for a while ([`K8sStandin::outage`]: connections,
+//!   watches and exec sessions cut, the port refusing); a drain is
+//!   `kubectl drain`, which cordons and evicts through the API.
 
 // Handlers return the error answer itself; its size does not matter here.
 #![allow(clippy::result_large_err)]
@@ -80,6 +82,9 @@ pub struct K8s {
     next_ip: AtomicU32,
     /// emptyDir volumes by pod uid, removed with the pod.
     empty_dirs: Mutex<HashMap<String, Vec<String>>>,
+    /// Fires when a test cuts the API server off: every connection, watch
+    /// and exec session ends at once.
+    pub(crate) cuts: tokio::sync::broadcast::Sender<()>,
     me: Weak<K8s>,
 }
 
@@ -218,6 +223,7 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
 /// container and volume it made.
 pub struct K8sStandin {
     addr: SocketAddr,
+    outages: tokio::sync::mpsc::Sender<std::time::Duration>,
     k: Arc<K8s>,
     server: tokio::task::JoinHandle<()>,
     controller: tokio::task::JoinHandle<()>,
@@ -249,6 +255,7 @@ impl K8sStandin {
             token: crate::e2b::random_hex(16),
             next_ip: AtomicU32::new(2),
             empty_dirs: Mutex::new(HashMap::new()),
+            cuts: tokio::sync::broadcast::channel(4).0,
             me: me.clone(),
         });
         seed(&k, opts.nodes).map_err(|e| std::io::Error::other(e.message))?;
@@ -256,13 +263,13 @@ impl K8sStandin {
             .fallback(api::handle)
             .layer(middleware::from_fn_with_state(k.clone(), auth))
             .with_state(k.clone());
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (outage_tx, outage_rx) = tokio::sync::mpsc::channel(4);
+        let server = tokio::spawn(serve(listener, app, k.clone(), outage_rx));
         let controller = tokio::spawn(controller::run(Arc::downgrade(&k), k.store.changes()));
         let dir = tempfile::tempdir()?;
         let standin = K8sStandin {
             addr,
+            outages: outage_tx,
             k,
             server,
             controller,
@@ -320,6 +327,25 @@ impl K8sStandin {
         self.k.store.get(r, ns, name).ok()
     }
 
+    /// The API server goes away for `how_long`: every open connection,
+    /// watch and exec session is cut at once and the port refuses
+    /// connections, then it listens again on the same port with the same
+    /// state. Returns once the outage has begun.
+    pub async fn outage(&self, how_long: std::time::Duration) -> Result<(), String> {
+        self.outages
+            .send(how_long)
+            .await
+            .map_err(|_| "the stand-in's server has stopped".to_string())?;
+        // The server answers by cutting; wait until the port refuses.
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(self.addr).await.is_err() {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Err("the port still answers".into())
+    }
+
     /// Node `name` stops answering: it turns NotReady and its pods are
     /// deleted, as the node lifecycle controller evicts them once the node
     /// is given up on (here at once). Controllers bring replacements on the
@@ -349,6 +375,50 @@ impl K8sStandin {
             }
         }
         Ok(gone)
+    }
+}
+
+/// Accept and serve connections (HTTP/1.1 with upgrades, for exec) until
+/// an outage is asked for: then close the port, cut every connection and
+/// session, wait, and listen again on the same address.
+async fn serve(
+    mut listener: tokio::net::TcpListener,
+    app: Router,
+    k: Arc<K8s>,
+    mut outages: tokio::sync::mpsc::Receiver<std::time::Duration>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((sock, _)) = accepted else { continue };
+                let svc = TowerToHyperService::new(app.clone());
+                let mut cut = k.cuts.subscribe();
+                tokio::spawn(async move {
+                    let builder = Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(sock), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = cut.recv() => {}
+                    }
+                });
+            }
+            outage = outages.recv() => {
+                let Some(how_long) = outage else { return };
+                let Ok(addr) = listener.local_addr() else { return };
+                drop(listener);
+                let _ = k.cuts.send(());
+                tokio::time::sleep(how_long).await;
+                listener = loop {
+                    match tokio::net::TcpListener::bind(addr).await {
+                        Ok(l) => break l,
+                        Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                    }
+                };
+            }
+        }
     }
 }
 
