@@ -499,3 +499,99 @@ async fn an_outage_cuts_sessions_and_refuses_calls_until_it_ends() -> TestResult
     assert_eq!(stdout(&after), "back\n", "{}", text(&after));
     Ok(())
 }
+
+/// kube-rs, the client berth's k8s backend is built on, against the
+/// stand-in: create, list by label, a watch from version 0, and an exec
+/// over WebSocket with stdin, stdout, stderr and the exit status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_rs_creates_watches_and_execs() -> TestResult {
+    use futures::{StreamExt, TryStreamExt};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{AttachParams, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let image = image().await?;
+    let standin = K8sStandin::start().await?;
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(standin.kubeconfig())?,
+        &KubeConfigOptions::default(),
+    )
+    .await?;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(kube::Client::try_from(config)?, "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "k1", "labels": {"made-by": "kube-rs"}},
+        "spec": {"containers": [{"name": "main", "image": image, "command": ["sleep", "infinity"]}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let listed = pods
+        .list(&ListParams::default().labels("made-by=kube-rs"))
+        .await?;
+    assert_eq!(listed.items.len(), 1);
+    let mut events = pods
+        .watch(&WatchParams::default().fields("metadata.name=k1"), "0")
+        .await?
+        .boxed();
+    let running = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(ev) = events.try_next().await? {
+            if let WatchEvent::Added(p) | WatchEvent::Modified(p) = ev
+                && p.status.and_then(|s| s.phase).as_deref() == Some("Running")
+            {
+                return Ok::<bool, kube::Error>(true);
+            }
+        }
+        Ok(false)
+    })
+    .await
+    .map_err(|_| "the watch never showed k1 Running")??;
+    assert!(running, "the watch ended before k1 ran");
+
+    let mut proc = pods
+        .exec(
+            "k1",
+            vec!["sh", "-c", "read x; echo got:$x; echo oops >&2; exit 4"],
+            &AttachParams::default()
+                .stdin(true)
+                .stdout(true)
+                .stderr(true),
+        )
+        .await?;
+    let mut stdin = proc.stdin().ok_or("no stdin")?;
+    stdin.write_all(b"via kube\n").await?;
+    drop(stdin);
+    let mut out = String::new();
+    proc.stdout()
+        .ok_or("no stdout")?
+        .read_to_string(&mut out)
+        .await?;
+    let mut err = String::new();
+    proc.stderr()
+        .ok_or("no stderr")?
+        .read_to_string(&mut err)
+        .await?;
+    let status = proc
+        .take_status()
+        .ok_or("no status")?
+        .await
+        .ok_or("the status never came")?;
+    assert_eq!(out, "got:via kube\n");
+    assert_eq!(err, "oops\n");
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("NonZeroExitCode"),
+        "{status:?}"
+    );
+    let code = status
+        .details
+        .and_then(|d| d.causes)
+        .and_then(|c| {
+            c.into_iter()
+                .find(|c| c.reason.as_deref() == Some("ExitCode"))
+        })
+        .and_then(|c| c.message);
+    assert_eq!(code.as_deref(), Some("4"));
+
+    pods.delete("k1", &DeleteParams::default()).await?;
+    assert!(pods.get_opt("k1").await?.is_none());
+    Ok(())
+}
