@@ -62,6 +62,18 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> TestResult {
     Ok(())
 }
 
+/// A plain pod `name` that sleeps, from `image`, written to `dir`.
+fn pod_yaml(dir: &Path, name: &str, image: &str) -> std::io::Result<std::path::PathBuf> {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"infinity\"]\n"
+        ),
+    )?;
+    Ok(path)
+}
+
 fn sandbox_yaml(dir: &Path, name: &str, image: &str) -> std::io::Result<std::path::PathBuf> {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(
@@ -298,13 +310,7 @@ async fn the_standin_binary_serves_and_cleans_up_on_sigterm() -> TestResult {
         .strip_prefix("KUBECONFIG=")
         .ok_or(format!("not KUBECONFIG=: {line}"))?;
     let home = tempfile::tempdir()?;
-    let pod = home.path().join("pod.yaml");
-    std::fs::write(
-        &pod,
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p1\nspec:\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"infinity\"]\n"
-        ),
-    )?;
+    let pod = pod_yaml(home.path(), "p1", &image)?;
     let kubectl = |args: &[&str]| {
         std::process::Command::new("kubectl")
             .args(args)
@@ -436,13 +442,7 @@ async fn a_claim_adopts_a_ready_sandbox_of_a_warm_pool() -> TestResult {
 async fn an_outage_cuts_sessions_and_refuses_calls_until_it_ends() -> TestResult {
     let image = image().await?;
     let standin = K8sStandin::start().await?;
-    let pod = standin.dir().join("pod.yaml");
-    std::fs::write(
-        &pod,
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p1\nspec:\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"infinity\"]\n"
-        ),
-    )?;
+    let pod = pod_yaml(standin.dir(), "p1", &image)?;
     let made = kubectl(&standin, &["apply", "-f", &pod.to_string_lossy()], "").await?;
     assert!(made.status.success(), "{}", text(&made));
     let up = kubectl(

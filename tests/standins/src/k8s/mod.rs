@@ -453,35 +453,28 @@ impl Drop for K8sStandin {
         self.controller.abort();
         // Containers and volumes by label, through the CLI: Drop cannot await.
         let filter = format!("label={}={}", kubelet::LABEL, self.k.instance);
-        let ids = std::process::Command::new("docker")
-            .args(["ps", "-aq", "--filter", &filter])
+        docker_remove_listed(&["ps", "-aq", "--filter", &filter], &["rm", "-f", "-v"]);
+        docker_remove_listed(
+            &["volume", "ls", "-q", "--filter", &filter],
+            &["volume", "rm", "-f"],
+        );
+    }
+}
+
+/// Run `docker LIST…`, then `docker REMOVE… ID…` on what it printed, if
+/// anything. Best effort: this is cleanup on drop.
+fn docker_remove_listed(list: &[&str], remove: &[&str]) {
+    let Ok(out) = std::process::Command::new("docker").args(list).output() else {
+        return;
+    };
+    let listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if !listed.is_empty() {
+        let _ = std::process::Command::new("docker")
+            .args(remove)
+            .args(&listed)
             .output();
-        if let Ok(out) = ids {
-            let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            if !ids.is_empty() {
-                let _ = std::process::Command::new("docker")
-                    .args(["rm", "-f", "-v"])
-                    .args(&ids)
-                    .output();
-            }
-        }
-        let vols = std::process::Command::new("docker")
-            .args(["volume", "ls", "-q", "--filter", &filter])
-            .output();
-        if let Ok(out) = vols {
-            let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            if !names.is_empty() {
-                let _ = std::process::Command::new("docker")
-                    .args(["volume", "rm", "-f"])
-                    .args(&names)
-                    .output();
-            }
-        }
     }
 }
