@@ -586,8 +586,8 @@ async fn floor_series(
             })
         }
         // No CLI to compare with: the same sandbox, one fresh exec (through the
-        // task command router) per command.
-        BackendKind::Modal => {
+        // task command router, or `pods/exec`) per command.
+        BackendKind::Modal | BackendKind::K8s => {
             let t = Instant::now();
             for _ in 0..n {
                 let argv = ["bash", "-c", PROBE].map(String::from);
@@ -607,7 +607,11 @@ async fn floor_series(
                 }
             }
             Ok(Series {
-                label: "a fresh exec per command (router)",
+                label: if backend == BackendKind::K8s {
+                    "a fresh exec per command (pods/exec, as kubectl exec)"
+                } else {
+                    "a fresh exec per command (router)"
+                },
                 per_cmd: t.elapsed() / n as u32,
             })
         }

@@ -98,6 +98,7 @@ pub fn runtime(flag: Option<PathBuf>) -> Result<Runtime> {
         ),
         ssh: ssh_options(),
         modal: berth_backends::ModalSettings::from_env(),
+        k8s: berth_backends::K8sSettings::from_env(),
         // A first docker sandbox builds its image: say what is happening.
         progress: Some(Arc::new(|line: &str| {
             crate::io::errln!("berth: image: {line}")

@@ -5,6 +5,9 @@
 //! - `jobs`: background jobs through the runtime, likewise per backend.
 //! - `e2b_backend`: the e2b backend's faults, recovery and keep-alive against the
 //!   stand-in, and the official Python SDK against the same stand-in.
+//! - `k8s_backend`: the k8s backend's faults against the stand-in: an
+//!   evicted or deleted pod, a drained or lost node, a lost API server, a
+//!   job in a pod that is gone; plain pods where agent-sandbox is missing.
 //! - `k8s_standin`: the Kubernetes stand-in checked with `kubectl` and the
 //!   official Python client (pods on the real Docker engine).
 //! - `agent`, `context`: `berth run` against the model provider stand-in;
@@ -39,6 +42,8 @@ mod docker_settings;
 mod e2b_backend;
 mod egress;
 mod follow;
+#[cfg(feature = "docker")]
+mod k8s_backend;
 #[cfg(feature = "docker")]
 mod k8s_standin;
 mod mcp;
@@ -75,6 +80,8 @@ conformance_suite!(ssh, crate::support::ssh_harness);
 conformance_suite!(docker, crate::support::docker_harness);
 conformance_suite!(e2b, crate::support::e2b_harness);
 conformance_suite!(modal, crate::support::modal_harness);
+#[cfg(feature = "docker")]
+conformance_suite!(k8s, crate::support::k8s_harness);
 jobs_suite!(local_jobs, crate::support::local_harness);
 #[cfg(feature = "ssh")]
 jobs_suite!(ssh_jobs, crate::support::ssh_harness);
@@ -82,6 +89,8 @@ jobs_suite!(ssh_jobs, crate::support::ssh_harness);
 jobs_suite!(docker_jobs, crate::support::docker_harness);
 jobs_suite!(e2b_jobs, crate::support::e2b_harness);
 jobs_suite!(modal_jobs, crate::support::modal_harness);
+#[cfg(feature = "docker")]
+jobs_suite!(k8s_jobs, crate::support::k8s_pods_harness);
 terminal_suite!(local_terminal, crate::support::local_harness);
 #[cfg(feature = "ssh")]
 terminal_suite!(ssh_terminal, crate::support::ssh_harness);
@@ -89,3 +98,5 @@ terminal_suite!(ssh_terminal, crate::support::ssh_harness);
 terminal_suite!(docker_terminal, crate::support::docker_harness);
 terminal_suite!(e2b_terminal, crate::support::e2b_harness);
 terminal_suite!(modal_terminal, crate::support::modal_harness);
+#[cfg(feature = "docker")]
+terminal_suite!(k8s_terminal, crate::support::k8s_harness);

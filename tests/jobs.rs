@@ -552,6 +552,32 @@ pub async fn a_vanished_job_is_lost_not_exited(h: &Harness) -> TestResult {
     r.finish().await
 }
 
+/// A job whose sandbox's machine was taken away under it (a pod deleted):
+/// `replace` does that to the named sandbox. Once berth has looked, the job
+/// is `lost`, never `running`, and the sandbox runs commands again.
+pub async fn a_job_whose_sandbox_was_replaced_is_lost<F, Fut>(h: &Harness, replace: F) -> TestResult
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = TestResult>,
+{
+    let r = Rig::new(h, "job-replaced").await?;
+    let id = r.start("echo up; sleep 300").await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !r.logs(&id).await?.contains("up") {
+        if tokio::time::Instant::now() > deadline {
+            return Err("the job never started".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    replace(r.sandbox.clone()).await?;
+    let job = r.rt.wait_job(&id, WAIT).await?;
+    assert_eq!(job.state, JobState::Lost, "{job:?}");
+    assert_eq!(job.exit_code, None);
+    assert!(job.reason.is_some(), "{job:?}");
+    assert_eq!(r.exec("echo back").await?.trim(), "back");
+    r.finish().await
+}
+
 pub async fn watch_patterns_become_rate_limited_events(h: &Harness) -> TestResult {
     let r = Rig::new(h, "job-watch").await?;
     let job =

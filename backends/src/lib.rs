@@ -9,12 +9,23 @@ use std::sync::Arc;
 use berth_core::backend::{Backend, BackendKind};
 use berth_core::error::{BackendFailure, Error, Result};
 
-#[cfg(any(feature = "docker", feature = "ssh", feature = "modal"))]
+#[cfg(any(
+    feature = "docker",
+    feature = "ssh",
+    feature = "modal",
+    feature = "k8s"
+))]
 mod chan_reader;
 #[cfg(feature = "docker")]
 pub mod docker;
 #[cfg(feature = "e2b")]
 pub mod e2b;
+#[cfg(any(feature = "modal", feature = "k8s"))]
+mod exec_files;
+#[cfg(feature = "k8s")]
+pub mod k8s;
+#[cfg(any(feature = "ssh", feature = "k8s"))]
+mod launcher;
 #[cfg(feature = "local")]
 pub mod local;
 #[cfg(feature = "local")]
@@ -25,7 +36,13 @@ mod local_pty;
 pub mod modal;
 #[cfg(feature = "ssh")]
 pub mod ssh;
-#[cfg(any(feature = "ssh", feature = "e2b", feature = "modal"))]
+#[cfg(any(
+    feature = "docker",
+    feature = "ssh",
+    feature = "e2b",
+    feature = "modal",
+    feature = "k8s"
+))]
 mod subreaper;
 
 /// The file in the state dir that holds the installation id.
@@ -101,6 +118,8 @@ pub struct BackendContext {
     pub ssh: SshOptions,
     /// Settings for the modal backend.
     pub modal: ModalSettings,
+    /// Settings for the k8s backend.
+    pub k8s: K8sSettings,
 }
 
 impl std::fmt::Debug for BackendContext {
@@ -112,7 +131,46 @@ impl std::fmt::Debug for BackendContext {
         d.field("progress", &self.progress.is_some())
             .field("ssh", &self.ssh)
             .field("modal", &self.modal)
+            .field("k8s", &self.k8s)
             .finish()
+    }
+}
+
+/// Settings for the k8s backend, read once from the environment by
+/// [`K8sSettings::from_env`] so the backend never consults it. A sandbox
+/// keeps the context and namespace it was made in (its `context` and
+/// `namespace` options); these are only the defaults for a new one.
+#[derive(Clone, Debug, Default)]
+pub struct K8sSettings {
+    /// The kubeconfig (`KUBECONFIG`'s first file, else `~/.kube/config`);
+    /// `None` with no such file: the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// The context a new sandbox is made in (`BERTH_K8S_CONTEXT`); the
+    /// kubeconfig's current context when unset.
+    pub context: Option<String>,
+    /// The namespace (`BERTH_K8S_NAMESPACE`); the context's own, else
+    /// `default`, when unset.
+    pub namespace: Option<String>,
+    /// The image a sandbox runs when it names none (`BERTH_K8S_IMAGE`);
+    /// `berth-sandbox:latest` when unset, which a cluster must be able to
+    /// pull (build it from `images/Dockerfile` and push it to a registry).
+    pub image: Option<String>,
+}
+
+impl K8sSettings {
+    /// Settings from this process's environment.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let kubeconfig = var("KUBECONFIG")
+            .and_then(|v| std::env::split_paths(&v).next())
+            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".kube/config")))
+            .filter(|p| p.exists());
+        Self {
+            kubeconfig,
+            context: var("BERTH_K8S_CONTEXT"),
+            namespace: var("BERTH_K8S_NAMESPACE"),
+            image: var("BERTH_K8S_IMAGE"),
+        }
     }
 }
 
@@ -291,6 +349,7 @@ pub fn available() -> Vec<BackendKind> {
             BackendKind::Docker => cfg!(feature = "docker"),
             BackendKind::E2b => cfg!(feature = "e2b"),
             BackendKind::Modal => cfg!(feature = "modal"),
+            BackendKind::K8s => cfg!(feature = "k8s"),
         })
         .collect()
 }
@@ -341,6 +400,11 @@ pub async fn open(kind: BackendKind, ctx: &BackendContext) -> Result<Arc<dyn Bac
         BackendKind::E2b => Ok(Arc::new(e2b::E2bBackend::from_env()?)),
         #[cfg(feature = "modal")]
         BackendKind::Modal => Ok(Arc::new(modal::ModalBackend::new(ctx.modal.clone()))),
+        #[cfg(feature = "k8s")]
+        BackendKind::K8s => Ok(Arc::new(k8s::K8sBackend::new(
+            ctx.k8s.clone(),
+            &installation_id(&ctx.state_dir)?,
+        ))),
         #[allow(unreachable_patterns)]
         other => Err(Error::InvalidInput(format!(
             "backend `{other}` is not in this build; it has: {}",

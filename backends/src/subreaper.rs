@@ -1,10 +1,40 @@
 //! A session's shell as a child subreaper, on the backends whose sandboxes
 //! berth starts no process of its own in (ssh, E2B, Modal): the local
-//! backend's wrapper and docker's `tini -s` do the same there.
+//! backend's wrapper does the same there, and on berth's own image (docker,
+//! k8s) [`under_tini`] does it with the image's `tini -s`.
+
+/// berth's image's copy of bash that its user may execute but not read (see
+/// `images/setup.sh`): a process running it is not dumpable.
+pub(crate) const PRIVATE_BASH: &str = "/usr/local/libexec/berth/bash";
+
+/// berth's image's tini (also its entrypoint).
+pub(crate) const TINI: &str = "/usr/bin/tini";
+
+/// A session's shell `argv` (`bash ARGS`) as it runs on berth's image: under
+/// a `tini -s` of its own, a child subreaper, so a process a command
+/// detaches (`(setsid sleep 1000 &)`) is adopted by it, not by the
+/// container's PID 1, and the tree kill finds it there; from the image's
+/// execute-only copy of bash, which leaves it non-dumpable, so the processes
+/// its commands start cannot read its memory or open its descriptors. An
+/// image without tini or the copy runs without them.
+#[cfg(any(feature = "docker", feature = "k8s"))]
+pub(crate) fn under_tini(argv: &[String]) -> Vec<String> {
+    let mut cmd = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!(
+            r#"p={PRIVATE_BASH}; [ -x "$p" ] || p=bash; if [ -x {TINI} ]; then exec {TINI} -s -- setsid -w "$p" "$@"; fi; exec setsid -w "$p" "$@""#
+        ),
+        "bash".to_string(),
+    ];
+    cmd.extend(argv.iter().skip(1).cloned());
+    cmd
+}
 
 /// Whether `argv` spawned with `opts` starts a session's shell (the session
 /// engine names its spawns `berth-shell:...`), not a job, a helper or a
 /// terminal. Takes the two fields, so a caller may have moved the others.
+#[cfg(any(feature = "ssh", feature = "e2b", feature = "modal", feature = "k8s"))]
 pub(crate) fn is_shell(argv: &[String], replaces: Option<&str>, tty: bool) -> bool {
     replaces.is_some_and(|r| r.starts_with("berth-shell:"))
         && argv.first().is_some_and(|p| p == "bash")
@@ -19,6 +49,7 @@ pub(crate) fn is_shell(argv: &[String], replaces: Option<&str>, tty: bool) -> bo
 /// memory (issue 49, item 8; `berth_sandbox::private` does the same on
 /// local). Any failure of either step is ignored, so the program runs either
 /// way.
+#[cfg(any(feature = "ssh", feature = "e2b", feature = "modal"))]
 const SUBREAPER_PY: &str = r#"import ctypes, os, shutil, sys
 try:
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
@@ -51,6 +82,7 @@ os.execvp(sys.argv[1], sys.argv[1:])"#;
 /// becomes the shell by exec (one pid: on ssh the shell stays the session
 /// leader sshd made). A sandbox without python3 runs the shell as before,
 /// and such a process survives a timeout there (docs/POLICIES.md says so).
+#[cfg(any(feature = "ssh", feature = "e2b", feature = "modal"))]
 pub(crate) fn as_subreaper(argv: &[String]) -> Vec<String> {
     let mut out: Vec<String> = [
         "sh",
@@ -68,6 +100,7 @@ pub(crate) fn as_subreaper(argv: &[String]) -> Vec<String> {
 
 /// `argv` as a spawn should run it: a session's shell wrapped by
 /// [`as_subreaper`], anything else as given.
+#[cfg(any(feature = "ssh", feature = "e2b", feature = "modal"))]
 pub(crate) fn wrap<'a>(
     argv: &'a [String],
     replaces: Option<&str>,
@@ -80,7 +113,7 @@ pub(crate) fn wrap<'a>(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "ssh", feature = "e2b", feature = "modal"))]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;

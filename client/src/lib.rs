@@ -274,7 +274,7 @@ pub fn exe_id() -> String {
 
 /// The variables that change what a server does, by name or as `PREFIX*`:
 /// berth's own settings; the backends' (the docker daemon, the ssh agent,
-/// E2B and Modal); where berth's files are; the proxies and CA files its
+/// E2B, Modal and the kubeconfig); where berth's files are; the proxies and CA files its
 /// HTTP clients follow; the locale and time zone a sandbox is given; the
 /// browser the dashboard opens. Besides these, every variable whose name
 /// marks a secret (see [`SECRET_PARTS`]) and every variable the policy's
@@ -287,6 +287,7 @@ pub const KEY_ENV: &[&str] = &[
     "SSH_ASKPASS",
     "E2B_*",
     "MODAL_*",
+    "KUBECONFIG",
     "HOME",
     "USER",
     "XDG_CONFIG_HOME",

@@ -325,19 +325,23 @@ pub enum BackendKind {
     E2b,
     /// A Modal sandbox.
     Modal,
+    /// A pod on a Kubernetes cluster (an agent-sandbox `Sandbox` where its
+    /// CRDs are installed).
+    K8s,
 }
 
 impl BackendKind {
     /// Every kind, in the order berth lists them.
-    pub const ALL: [BackendKind; 5] = [
+    pub const ALL: [BackendKind; 6] = [
         BackendKind::Local,
         BackendKind::Ssh,
         BackendKind::Docker,
         BackendKind::E2b,
         BackendKind::Modal,
+        BackendKind::K8s,
     ];
 
-    /// Its name: `local`, `ssh`, `docker`, `e2b`, `modal`.
+    /// Its name: `local`, `ssh`, `docker`, `e2b`, `modal`, `k8s`.
     pub const fn as_str(self) -> &'static str {
         match self {
             BackendKind::Local => "local",
@@ -345,6 +349,7 @@ impl BackendKind {
             BackendKind::Docker => "docker",
             BackendKind::E2b => "e2b",
             BackendKind::Modal => "modal",
+            BackendKind::K8s => "k8s",
         }
     }
 

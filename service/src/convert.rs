@@ -20,9 +20,10 @@ pub fn backend(b: i32) -> Result<BackendKind, Status> {
         Ok(proto::Backend::Ssh) => BackendKind::Ssh,
         Ok(proto::Backend::E2b) => BackendKind::E2b,
         Ok(proto::Backend::Modal) => BackendKind::Modal,
+        Ok(proto::Backend::K8s) => BackendKind::K8s,
         Err(_) => {
             return Err(Status::invalid_argument(format!(
-                "backend {b} is not one berth knows: use BACKEND_LOCAL, BACKEND_DOCKER, BACKEND_SSH, BACKEND_E2B or BACKEND_MODAL"
+                "backend {b} is not one berth knows: use BACKEND_LOCAL, BACKEND_DOCKER, BACKEND_SSH, BACKEND_E2B, BACKEND_MODAL or BACKEND_K8S"
             )));
         }
     })
@@ -36,6 +37,7 @@ pub fn backend_out(b: BackendKind) -> proto::Backend {
         BackendKind::Ssh => proto::Backend::Ssh,
         BackendKind::E2b => proto::Backend::E2b,
         BackendKind::Modal => proto::Backend::Modal,
+        BackendKind::K8s => proto::Backend::K8s,
     }
 }
 

@@ -199,6 +199,65 @@ pub async fn modal_harness() -> Result<Harness, BoxError> {
     })
 }
 
+#[cfg(feature = "docker")]
+/// The k8s backend against the k8s stand-in (pods run as containers of
+/// berth's image on the real Docker engine), with agent-sandbox's CRDs
+/// installed: each sandbox is a `Sandbox`. Stopped, with its pods, on drop.
+pub async fn k8s_harness() -> Result<Harness, BoxError> {
+    k8s_harness_with(true).await
+}
+
+#[cfg(feature = "docker")]
+/// [`k8s_harness`] on a cluster without agent-sandbox: each sandbox is a
+/// plain pod with claims berth makes itself.
+pub async fn k8s_pods_harness() -> Result<Harness, BoxError> {
+    k8s_harness_with(false).await
+}
+
+#[cfg(feature = "docker")]
+async fn k8s_harness_with(agent_sandbox: bool) -> Result<Harness, BoxError> {
+    let (standin, backend, _image) = k8s_standin(agent_sandbox).await?;
+    Ok(Harness {
+        backend: Arc::new(backend),
+        cli: None,
+        _keep: vec![Box::new(standin)],
+        base: SandboxSpec::default(),
+    })
+}
+
+#[cfg(feature = "docker")]
+/// A fresh k8s stand-in (three nodes) and a backend reaching it through its
+/// kubeconfig, as a user's KUBECONFIG would, with berth's image as the
+/// sandboxes' image (built from `images/` when missing). Also the image.
+pub async fn k8s_standin(
+    agent_sandbox: bool,
+) -> Result<
+    (
+        berth_standins::k8s::K8sStandin,
+        berth_backends::k8s::K8sBackend,
+        String,
+    ),
+    BoxError,
+> {
+    let image = berth_backends::docker::DockerBackend::connect()
+        .await?
+        .ensure_image()
+        .await?;
+    let standin = berth_standins::k8s::K8sStandin::start_with(berth_standins::k8s::K8sOptions {
+        agent_sandbox,
+        ..Default::default()
+    })
+    .await?;
+    let settings = berth_backends::K8sSettings {
+        kubeconfig: Some(standin.kubeconfig()),
+        image: Some(image.clone()),
+        ..berth_backends::K8sSettings::default()
+    };
+    let backend =
+        berth_backends::k8s::K8sBackend::new(settings, &berth_backends::new_installation_id());
+    Ok((standin, backend, image))
+}
+
 /// A fresh E2B stand-in and a backend configured with its settings, exactly
 /// as a user would set them (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`).
 pub async fn e2b_standin() -> Result<

@@ -43,13 +43,6 @@ const STREAM_END_GRACE: Duration = Duration::from_secs(2);
 /// The size of the daemon-stream read buffer.
 const READ_CAPACITY: usize = 64 * 1024;
 
-/// The image's copy of bash that its user may execute but not read (see
-/// `images/setup.sh`): a process running it is not dumpable.
-pub(crate) const PRIVATE_BASH: &str = "/usr/local/libexec/berth/bash";
-
-/// The image's tini (also its entrypoint).
-const TINI: &str = "/usr/bin/tini";
-
 /// Start `argv` in the sandbox as an attached exec.
 pub(crate) async fn spawn(
     sb: &DockerSandbox,
@@ -67,23 +60,9 @@ pub(crate) async fn spawn(
         && !opts.tty;
     let mut cmd = Vec::new();
     if shell {
-        // A session's shell runs under a `tini -s` of its own, a child
-        // subreaper: a process a command detaches (`(setsid sleep 1000 &)`)
-        // is adopted by it, not by the container's PID 1, and the tree kill
-        // finds it there (see `KILL_TREE`'s anchor). It runs from the
-        // image's execute-only copy of bash (see `images/setup.sh`), which
-        // leaves it non-dumpable: the processes its commands start cannot
-        // read its memory or open its descriptors. An image without tini or
-        // the copy runs without them.
-        cmd.extend([
-            "sh".to_string(),
-            "-c".to_string(),
-            format!(
-                r#"p={PRIVATE_BASH}; [ -x "$p" ] || p=bash; if [ -x {TINI} ]; then exec {TINI} -s -- setsid -w "$p" "$@"; fi; exec setsid -w "$p" "$@""#
-            ),
-            "bash".to_string(),
-        ]);
-        cmd.extend(argv[1..].iter().cloned());
+        // Under a `tini -s` of its own, from the image's execute-only bash
+        // (see `under_tini`; the tree kill's anchor is that tini).
+        cmd.extend(crate::subreaper::under_tini(argv));
     } else if opts.tty {
         // An exec with a terminal already leads its own session, with that
         // terminal as its controlling one (the runtime sets both up), so no

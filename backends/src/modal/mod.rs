@@ -11,13 +11,12 @@
 //! - [`ModalSandbox::spawn`] is one exec through the task command router
 //!   ([`router`], [`process`]). The session engine runs one bash over one such
 //!   exec for the sandbox's whole life.
-//! - Files move through short execs (`head -c`, `cat >`), [`files`].
+//! - Files move through short execs (`head -c`, `cat >`), `crate::exec_files`.
 //! - `list` finds berth's sandboxes by their `berth.managed` tag, `remove`
 //!   terminates one.
 
 pub mod auth;
 pub mod client;
-mod files;
 mod lifecycle;
 mod process;
 pub mod proto;
@@ -237,11 +236,11 @@ impl Sandbox for ModalSandbox {
     }
 
     async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>> {
-        files::read_file(self, path, limit).await
+        crate::exec_files::read_file(self, KIND, path, limit).await
     }
 
     async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<()> {
-        files::write_file(self, path, data, mode).await
+        crate::exec_files::write_file(self, KIND, path, data, mode).await
     }
 
     async fn alive(&self) -> Result<bool> {

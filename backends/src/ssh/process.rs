@@ -34,27 +34,12 @@ use tracing::debug;
 
 use super::connection::{Connection, russh_failure};
 use crate::chan_reader::channel_reader;
+use crate::launcher::{LAUNCHER, READY, TERMINAL_LAUNCHER, env_block, refusal};
 
-/// The token the launcher prints once the program is about to start.
-const READY: &[u8] = b"berth-spawn-ready\n";
 /// How much output before the ready token is kept (login scripts may print).
 const PRE_READY_KEEP: usize = 64 * 1024;
 /// Chunks buffered per output pipe before the channel is back-pressured.
 const PIPE_DEPTH: usize = 256;
-
-/// The launcher run by `bash -c`: `$1` is the cwd, the rest is argv. Exit codes
-/// 121/122/123 before the ready token mean bad environment, bad cwd, not found;
-/// they differ from the shell's own 126/127 so a host without bash is told apart
-/// from a missing program.
-/// It holds no backslash, so any POSIX login shell passes it through unchanged.
-const LAUNCHER: &str = r#"while IFS= read -r -d '' __kv && [ -n "$__kv" ]; do export "$__kv" 2>/dev/null || exit 121; done; unset __kv; cd -- "$1" 2>/dev/null || exit 122; shift; command -v -- "$1" >/dev/null 2>&1 || exit 123; printf '%s\n' berth-spawn-ready; exec "$@""#;
-
-/// The launcher for a program on a terminal. The terminal starts raw and
-/// silent (see [`RAW_MODES`]) so the environment block is neither echoed
-/// back nor edited by the line discipline; once it is read, `stty sane` gives
-/// the program an ordinary terminal. The ready token is printed before, while
-/// output is still untranslated, so it arrives byte for byte.
-const TERMINAL_LAUNCHER: &str = r#"while IFS= read -r -d '' __kv && [ -n "$__kv" ]; do export "$__kv" 2>/dev/null || exit 121; done; unset __kv; cd -- "$1" 2>/dev/null || exit 122; shift; command -v -- "$1" >/dev/null 2>&1 || exit 123; printf '%s\n' berth-spawn-ready; stty sane 2>/dev/null; exec "$@""#;
 
 /// The modes a terminal is asked for: no echo, no line editing, no signals,
 /// no translation either way, until the launcher runs `stty sane`.
@@ -99,21 +84,7 @@ async fn launch(
     let Some(program) = argv.first().cloned() else {
         return Err(Error::InvalidInput("empty argv".into()));
     };
-    for (k, v) in env {
-        let valid = !k.is_empty()
-            && !k.starts_with(|c: char| c.is_ascii_digit())
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(Error::InvalidInput(format!(
-                "environment variable name {k:?} is not a valid shell name"
-            )));
-        }
-        if v.contains('\0') {
-            return Err(Error::InvalidInput(format!(
-                "environment variable {k} holds a NUL byte, which no environment can carry"
-            )));
-        }
-    }
+    let block = env_block(env)?;
     let mut command = String::from("exec bash --noprofile --norc -c ");
     command.push_str(&quote(if tty.is_some() {
         TERMINAL_LAUNCHER
@@ -126,15 +97,6 @@ async fn launch(
         command.push(' ');
         command.push_str(&quote(a));
     }
-    let mut block = Vec::new();
-    for (k, v) in env {
-        block.extend_from_slice(k.as_bytes());
-        block.push(b'=');
-        block.extend_from_slice(v.as_bytes());
-        block.push(0);
-    }
-    block.push(0);
-
     let (channel, generation) = conn.open_session().await?;
     let label = conn.target().label();
     let lost = |e: russh::Error| {
@@ -216,22 +178,12 @@ enum Launch {
 
 impl Launch {
     fn into_error(self, program: &str, cwd: &str, label: &str, conn: &Connection) -> Error {
+        if let Launch::Exited(Some(code), _) = &self
+            && let Some(e) = refusal(*code as i32, program, cwd, label)
+        {
+            return e;
+        }
         match self {
-            Launch::Exited(Some(122), _) => Error::Spawn {
-                kind: SpawnFailure::BadCwd,
-                program: program.into(),
-                detail: format!("working directory {cwd} does not exist on {label}"),
-            },
-            Launch::Exited(Some(123), _) => Error::Spawn {
-                kind: SpawnFailure::NotFound,
-                program: program.into(),
-                detail: format!("no such program on {label}"),
-            },
-            Launch::Exited(Some(121), _) => Error::Spawn {
-                kind: SpawnFailure::Other,
-                program: program.into(),
-                detail: "the remote shell rejected an environment variable".into(),
-            },
             Launch::Exited(code, stderr) => Error::Spawn {
                 kind: SpawnFailure::Other,
                 program: program.into(),

@@ -21,6 +21,7 @@ _BACKENDS = {
     "ssh": pb.BACKEND_SSH,
     "e2b": pb.BACKEND_E2B,
     "modal": pb.BACKEND_MODAL,
+    "k8s": pb.BACKEND_K8S,
 }
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 _JOB_STATES = {

@@ -1,5 +1,6 @@
-//! Files, moved through short execs: the router has no file API that every
-//! Modal sandbox offers, but every image berth runs has a shell and coreutils.
+//! Files, moved through short execs, on the backends with no file API
+//! every sandbox offers (Modal's router, Kubernetes' `pods/exec`): every
+//! image berth runs has a shell and coreutils.
 //!
 //! - read: `head -c LIMIT`, after telling a missing path (exit 44), a
 //!   directory (exit 21) and a FIFO, socket or device (exit 45) apart from a
@@ -13,8 +14,6 @@ use std::time::Duration;
 
 use berth_core::backend::{Sandbox, run_to_end};
 use berth_core::error::{BackendFailure, Error, Result};
-
-use super::{KIND, ModalSandbox};
 
 /// How long one file operation may take.
 const FILE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -51,10 +50,16 @@ fn argv(script: &str, path: &str, arg: String) -> Vec<String> {
     ]
 }
 
-pub(crate) async fn read_file(sb: &ModalSandbox, path: &str, limit: u64) -> Result<Vec<u8>> {
-    let full = sb.layout.resolve(path);
+/// Up to `limit` bytes of `path` in `sb`, a sandbox of backend `kind`.
+pub(crate) async fn read_file(
+    sb: &dyn Sandbox,
+    kind: &'static str,
+    path: &str,
+    limit: u64,
+) -> Result<Vec<u8>> {
+    let full = sb.layout().resolve(path);
     let c = run_to_end(
-        sb as &dyn Sandbox,
+        sb,
         &argv(READ, &full, limit.to_string()),
         None,
         usize::try_from(limit).unwrap_or(usize::MAX),
@@ -73,14 +78,14 @@ pub(crate) async fn read_file(sb: &ModalSandbox, path: &str, limit: u64) -> Resu
         ))),
         Some(NOT_REGULAR) => Err(Error::InvalidInput(format!(
             "`{path}` in sandbox `{}` is not a regular file (a FIFO, device or socket); berth reads only regular files",
-            sb.name
+            sb.name()
         ))),
         _ => Err(Error::backend(
-            KIND,
+            kind,
             BackendFailure::Rejected,
             format!(
                 "sandbox `{}`: reading `{path}` failed ({}): {}",
-                sb.name,
+                sb.name(),
                 c.status.shell_code(),
                 String::from_utf8_lossy(&c.stderr).trim()
             ),
@@ -88,15 +93,18 @@ pub(crate) async fn read_file(sb: &ModalSandbox, path: &str, limit: u64) -> Resu
     }
 }
 
+/// `path` in `sb`, a sandbox of backend `kind`, made to hold `data` with
+/// `mode`, replaced at once.
 pub(crate) async fn write_file(
-    sb: &ModalSandbox,
+    sb: &dyn Sandbox,
+    kind: &'static str,
     path: &str,
     data: &[u8],
     mode: u32,
 ) -> Result<()> {
-    let full = sb.layout.resolve(path);
+    let full = sb.layout().resolve(path);
     let c = run_to_end(
-        sb as &dyn Sandbox,
+        sb,
         &argv(WRITE, &full, format!("{:o}", mode & 0o7777)),
         Some(data),
         64 * 1024,
@@ -107,11 +115,11 @@ pub(crate) async fn write_file(
         return Ok(());
     }
     Err(Error::backend(
-        KIND,
+        kind,
         BackendFailure::Rejected,
         format!(
             "sandbox `{}`: writing `{path}` failed ({}): {}",
-            sb.name,
+            sb.name(),
             c.status.shell_code(),
             String::from_utf8_lossy(&c.stderr).trim()
         ),
