@@ -50,6 +50,20 @@ async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
             if a.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
                 bail!("--cpus must be a positive number of cores, e.g. --cpus 0.5");
             }
+            let mut options = pairs(&a.options, "--opt")?;
+            for (key, value) in [("context", &a.context), ("namespace", &a.namespace)] {
+                let Some(value) = value else { continue };
+                if a.backend != BackendKind::K8s {
+                    bail!("--{key} is for k8s sandboxes (--backend k8s)");
+                }
+                if options.get(key).is_some_and(|o| o != value) {
+                    bail!(
+                        "--{key} {value} and --opt {key}={} disagree; give one",
+                        options[key]
+                    );
+                }
+                options.insert(key.to_string(), value.clone());
+            }
             let req = proto::CreateSandbox {
                 sandbox: Some(sandbox_ref(a.backend, &a.name)?),
                 image: a.image.clone(),
@@ -64,7 +78,7 @@ async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
                 memory_mb: a.memory_mb,
                 milli_cpu: a.cpus.map(|c| (c * 1000.0).round() as u64),
                 pids: a.pids,
-                options: pairs(&a.options, "--opt")?.into_iter().collect(),
+                options: options.into_iter().collect(),
             };
             if a.backend == BackendKind::Docker
                 && a.image.is_none()

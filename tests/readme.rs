@@ -528,6 +528,38 @@ fn the_modal_block_runs_against_its_stand_in() -> TestResult {
     Ok(())
 }
 
+/// The Kubernetes block, against `k8s-standin` (pods run as containers of
+/// berth's image on the local Docker engine), with `BERTH_K8S_IMAGE`
+/// naming that image instead of the block's registry.
+#[cfg(all(feature = "k8s", feature = "docker"))]
+#[test]
+fn the_k8s_block_runs_against_its_stand_in() -> TestResult {
+    let image = tokio::runtime::Runtime::new()?.block_on(async {
+        berth_backends::docker::DockerBackend::connect()
+            .await?
+            .ensure_image()
+            .await
+    })?;
+    let standin = StandinBin::start("k8s-standin", 1)?;
+    let mut r = Reader::new()?;
+    r.env = standin.vars.clone();
+    r.env.push(("BERTH_K8S_IMAGE".into(), image));
+    let same = |_: &Reader, cmd: &str| Ok(cmd.to_string());
+    let ran = r.follow("### Kubernetes", &same)?;
+    assert_eq!(ran.len(), 4, "{ran:?}");
+    let out = r.stdout("berth exec --backend k8s --sandbox agent -- 'id -u; pwd'")?;
+    assert_eq!(out, "1000\n/workspace\n");
+    let ls = r.ok("berth sandbox ls --backend k8s --json")?;
+    let list: Value = serde_json::from_str(&ls)?;
+    assert!(
+        !list
+            .as_array()
+            .is_some_and(|l| l.iter().any(|s| s["name"] == "agent")),
+        "the block's last line removed its sandbox: {ls}"
+    );
+    Ok(())
+}
+
 /// The first `lang` block after the heading `heading`, whole.
 fn fenced(heading: &str, lang: &str) -> Result<String, BoxError> {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))?;

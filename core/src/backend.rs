@@ -407,8 +407,9 @@ impl rusqlite::types::FromSql for BackendKind {
 }
 
 impl std::fmt::Display for BackendKind {
+    /// Its name, padded as the format asks (`{:<8}` in a table).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -918,6 +919,12 @@ mod kind_tests {
         assert_eq!(normalize_path("/workspace/", "."), "/workspace");
         assert_eq!(normalize_path("/workspace", "/etc//x/"), "/etc/x");
         assert_eq!(normalize_path("/workspace", "../../../.."), "/");
+    }
+
+    #[test]
+    fn a_backend_kind_pads_in_a_table() {
+        assert_eq!(format!("{:<8}|", BackendKind::K8s), "k8s     |");
+        assert_eq!(format!("{}", BackendKind::Docker), "docker");
     }
 
     #[test]

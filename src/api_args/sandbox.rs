@@ -126,9 +126,18 @@ pub struct CreateArgs {
     /// Environment variable for every process in the sandbox (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
-    /// Backend-specific option (repeatable), e.g. `host=myserver` for ssh.
+    /// Backend-specific option (repeatable), e.g. `host=myserver` for ssh,
+    /// `runtime_class=gvisor` for k8s.
     #[arg(long = "opt", short = 'o', value_name = "KEY=VALUE")]
     pub options: Vec<String>,
+    /// k8s: the kubeconfig context to make it in [default:
+    /// BERTH_K8S_CONTEXT, else the current context]. The sandbox keeps it.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// k8s: the namespace [default: BERTH_K8S_NAMESPACE, else the
+    /// context's, else `default`]. The sandbox keeps it.
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -72,13 +72,13 @@ impl Settings {
             Network::Open => true,
             Network::Allow(_) => {
                 return Err(Error::Unsupported(
-                    "k8s sandboxes cannot hold `--network allow:` rules yet (berth's egress proxy is not put in a pod); use --network on or off".into(),
+                    "`--network allow:` on k8s (berth's egress proxy is not put in a pod yet; use --network on or off)".into(),
                 ));
             }
         };
         if spec.limits.pids.is_some() {
             return Err(Error::Unsupported(
-                "Kubernetes bounds processes per node (the kubelet's podPidsLimit), not per pod, so berth cannot give one sandbox --pids; ask the cluster's admin for a podPidsLimit, or leave --pids out".into(),
+                "`--pids` on k8s (Kubernetes bounds processes per node, with the kubelet's podPidsLimit, not per pod; ask the cluster's admin for one, or leave --pids out)".into(),
             ));
         }
         let runtime_class = spec.option("runtime_class").map(str::to_string);
