@@ -526,3 +526,32 @@ fn docker_clone_to_local_as_root_and_home_left_out_is_named() -> TestResult {
     assert_eq!(text(&o.stdout), "hello\n1\n", "{}", text(&o.stderr));
     Ok(())
 }
+
+/// A create the backend refuses for its settings (an option docker does
+/// not take) makes nothing, and leaves no row that `sandbox ls` would show
+/// as a missing sandbox; the name is free for a good create after.
+#[test]
+fn a_refused_create_leaves_no_sandbox_behind() -> TestResult {
+    let mut st = State::new("off")?;
+    let name = unique("refused");
+    let o = st.run(&[
+        "sandbox", "create", &name, "-b", "docker", "--opt", "bogus=1",
+    ])?;
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("unknown docker option `bogus`"),
+        "{}",
+        text(&o.stderr)
+    );
+    let ls = st.ok(&["sandbox", "ls", "-b", "docker", "--json"])?;
+    let list: Value = serde_json::from_str(&ls)?;
+    assert!(
+        !list
+            .as_array()
+            .is_some_and(|l| l.iter().any(|s| s["name"] == name.as_str())),
+        "{ls}"
+    );
+    st.create(&name, &[])?;
+    assert_eq!(text(&st.exec(&name, "echo made")?.stdout), "made\n");
+    Ok(())
+}

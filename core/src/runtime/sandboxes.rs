@@ -76,7 +76,18 @@ impl Runtime {
         // and `rm` can clean up whatever the backend made.
         self.store.put_sandbox(backend, &spec)?;
         self.open_door(backend, &mut spec).await?;
-        let p = b.provision(&spec).await?;
+        let p = match b.provision(&spec).await {
+            Ok(p) => p,
+            // A new sandbox the backend refused for its settings (an option
+            // it does not take, a limit it cannot set) was never made: no
+            // row is left behind for `ls` to show as missing.
+            Err(e @ (Error::InvalidInput(_) | Error::Unsupported(_))) if stored.is_none() => {
+                self.close_door(backend, &spec.name).await;
+                self.store.delete_sandbox(backend, &spec.name)?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         self.store.append(&Event {
             kind: if p.created {
                 EventKind::SandboxCreated

@@ -785,7 +785,7 @@ mod tests {
             )?;
             c.execute(
                 "INSERT INTO sandboxes (backend, name, spec, created_at, last_used)
-                 VALUES ('k8s', 'far', '{\"name\":\"far\"}', 1, 1)",
+                 VALUES ('nomad', 'far', '{\"name\":\"far\"}', 1, 1)",
                 [],
             )
         })?;
@@ -795,11 +795,11 @@ mod tests {
         assert_eq!(e[0].backend, Some(BackendKind::Docker));
         assert_eq!(s.events(0, 10, Some("pod."))?.len(), 1);
         let err = match s.sandboxes(None) {
-            Ok(rows) => panic!("a k8s row read as {rows:?}"),
+            Ok(rows) => panic!("a nomad row read as {rows:?}"),
             Err(e) => e.to_string(),
         };
         assert!(
-            err.contains("'k8s'") && err.contains("newer berth"),
+            err.contains("'nomad'") && err.contains("newer berth"),
             "{err}"
         );
         Ok(())
