@@ -497,14 +497,7 @@ fn the_e2b_block_runs_against_its_stand_in() -> TestResult {
     assert_eq!(ran.len(), 4, "{ran:?}");
     let py = r.stdout("berth exec --backend e2b --sandbox agent -- 'python3 --version'")?;
     assert!(py.starts_with("Python 3"), "{py}");
-    let ls = r.ok("berth sandbox ls --backend e2b --json")?;
-    let list: Value = serde_json::from_str(&ls)?;
-    assert!(
-        !list
-            .as_array()
-            .is_some_and(|l| l.iter().any(|s| s["name"] == "agent")),
-        "the block's last line removed its sandbox: {ls}"
-    );
+    removed(&r, "e2b", "agent")?;
     Ok(())
 }
 
@@ -549,12 +542,19 @@ fn the_k8s_block_runs_against_its_stand_in() -> TestResult {
     assert_eq!(ran.len(), 4, "{ran:?}");
     let out = r.stdout("berth exec --backend k8s --sandbox agent -- 'id -u; pwd'")?;
     assert_eq!(out, "1000\n/workspace\n");
-    let ls = r.ok("berth sandbox ls --backend k8s --json")?;
+    removed(&r, "k8s", "agent")?;
+    Ok(())
+}
+
+/// That the block's last line removed sandbox `name` of `backend`.
+#[cfg(any(feature = "e2b", all(feature = "k8s", feature = "docker")))]
+fn removed(r: &Reader, backend: &str, name: &str) -> TestResult {
+    let ls = r.ok(&format!("berth sandbox ls --backend {backend} --json"))?;
     let list: Value = serde_json::from_str(&ls)?;
     assert!(
         !list
             .as_array()
-            .is_some_and(|l| l.iter().any(|s| s["name"] == "agent")),
+            .is_some_and(|l| l.iter().any(|s| s["name"] == name)),
         "the block's last line removed its sandbox: {ls}"
     );
     Ok(())

@@ -100,20 +100,19 @@ mod tests {
         assert!(env_block(&[("A".into(), "a\0b".into())]).is_err());
     }
 
+    /// `bash -c LAUNCHER` in `cwd`, as a backend starts it.
+    fn launcher(cwd: &str) -> std::process::Command {
+        let mut c = std::process::Command::new("bash");
+        c.args(["--noprofile", "--norc", "-c", LAUNCHER, "berth-spawn", cwd]);
+        c
+    }
+
     /// The launcher as bash runs it: the environment from stdin, the cwd,
     /// the ready token, then the program with the rest of stdin.
     #[test]
     fn the_launcher_exports_the_block_and_leaves_the_rest_of_stdin() {
         use std::io::Write;
-        let mut child = std::process::Command::new("bash")
-            .args([
-                "--noprofile",
-                "--norc",
-                "-c",
-                LAUNCHER,
-                "berth-spawn",
-                "/tmp",
-            ])
+        let mut child = launcher("/tmp")
             .args(["sh", "-c", "pwd; printf '%s\\n' \"$GREETING\"; cat"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -128,16 +127,8 @@ mod tests {
             "berth-spawn-ready\n/tmp\nhello\nthere\nrest of stdin\n"
         );
         let code = |cwd: &str, program: &str| {
-            std::process::Command::new("bash")
-                .args([
-                    "--noprofile",
-                    "--norc",
-                    "-c",
-                    LAUNCHER,
-                    "berth-spawn",
-                    cwd,
-                    program,
-                ])
+            launcher(cwd)
+                .arg(program)
                 .stdin(std::process::Stdio::null())
                 .output()
                 .unwrap()

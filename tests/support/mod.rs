@@ -120,6 +120,17 @@ impl Drop for Fixture {
     }
 }
 
+/// A harness of `backend` reached through `standin`, which it keeps (and
+/// stops, with its sandboxes, on drop); the CLI cannot reach it.
+fn standin_harness(backend: impl Backend + 'static, standin: impl Any + Send + Sync) -> Harness {
+    Harness {
+        backend: Arc::new(backend),
+        cli: None,
+        _keep: vec![Box::new(standin)],
+        base: SandboxSpec::default(),
+    }
+}
+
 /// The local backend in a temp state dir.
 pub async fn local_harness() -> Result<Harness, BoxError> {
     let dir = tempfile::tempdir()?;
@@ -177,12 +188,7 @@ pub async fn docker_harness() -> Result<Harness, BoxError> {
 /// loopback port for this test and stopped (its sandboxes killed) on drop.
 pub async fn e2b_harness() -> Result<Harness, BoxError> {
     let (standin, backend) = e2b_standin().await?;
-    Ok(Harness {
-        backend: Arc::new(backend),
-        cli: None,
-        _keep: vec![Box::new(standin)],
-        base: SandboxSpec::default(),
-    })
+    Ok(standin_harness(backend, standin))
 }
 
 /// The modal backend against the Modal stand-in (`berth-standins`), started on
@@ -191,12 +197,7 @@ pub async fn e2b_harness() -> Result<Harness, BoxError> {
 pub async fn modal_harness() -> Result<Harness, BoxError> {
     let standin = berth_standins::modal::ModalStandin::start(0).await?;
     let backend = berth_backends::modal::ModalBackend::new(modal_settings(&standin));
-    Ok(Harness {
-        backend: Arc::new(backend),
-        cli: None,
-        _keep: vec![Box::new(standin)],
-        base: SandboxSpec::default(),
-    })
+    Ok(standin_harness(backend, standin))
 }
 
 #[cfg(feature = "docker")]
@@ -217,12 +218,7 @@ pub async fn k8s_pods_harness() -> Result<Harness, BoxError> {
 #[cfg(feature = "docker")]
 async fn k8s_harness_with(agent_sandbox: bool) -> Result<Harness, BoxError> {
     let (standin, backend, _image) = k8s_standin(agent_sandbox).await?;
-    Ok(Harness {
-        backend: Arc::new(backend),
-        cli: None,
-        _keep: vec![Box::new(standin)],
-        base: SandboxSpec::default(),
-    })
+    Ok(standin_harness(backend, standin))
 }
 
 #[cfg(feature = "docker")]

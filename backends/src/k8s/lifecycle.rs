@@ -264,108 +264,66 @@ impl K8sBackend {
 
     /// Wait until the pod is gone.
     async fn wait_gone(&self, p: &Place) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let pod = p
-                .pods
-                .get_opt(&p.object)
-                .await
-                .map_err(|e| p.err("reading its pod", e))?;
-            if pod.is_none() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(Error::backend(
-                    KIND,
-                    BackendFailure::Timeout,
-                    format!(
-                        "pod {}/{} was still there {}s after berth deleted it; see `kubectl -n {} describe pod {}`",
-                        p.namespace,
-                        p.object,
-                        GONE_TIMEOUT.as_secs(),
-                        p.namespace,
-                        p.object
-                    ),
-                ));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
+        until(
+            p,
+            GONE_TIMEOUT,
+            "was not gone after berth deleted it",
+            |pod| {
+                Ok(match pod {
+                    None => Step::Ready(()),
+                    Some(_) => Step::Waiting("still there".into()),
+                })
+            },
+        )
+        .await
     }
 
     /// Wait until the pod runs, or say why it will not.
     async fn wait_running(&self, p: &Place) -> Result<Pod> {
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-        let mut pause = Duration::from_millis(20);
-        let mut last = String::from("no pod yet");
-        loop {
-            let pod = p
-                .pods
-                .get_opt(&p.object)
-                .await
-                .map_err(|e| p.err("reading its pod", e))?;
-            if let Some(pod) = pod {
-                let status = pod.status.clone().unwrap_or_default();
-                let waiting = status
-                    .container_statuses
-                    .as_ref()
-                    .and_then(|c| c.first())
-                    .and_then(|c| c.state.as_ref())
-                    .and_then(|s| s.waiting.clone());
-                if let Some(w) = &waiting
-                    && let Some(reason) = w.reason.as_deref()
-                    && FATAL_WAITING.contains(&reason)
-                {
-                    return Err(Error::backend(
-                        KIND,
-                        BackendFailure::Rejected,
-                        format!(
-                            "pod {}/{} cannot start: {reason}: {}; check the image (`--image`, BERTH_K8S_IMAGE) and the pod's settings, then `berth sandbox rm` it and try again",
-                            p.namespace,
-                            p.object,
-                            w.message.as_deref().unwrap_or("")
-                        ),
-                    ));
-                }
-                let started = status
-                    .container_statuses
-                    .as_ref()
-                    .and_then(|c| c.first())
-                    .is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-                if pod.metadata.deletion_timestamp.is_none() && phase(&pod) == "Running" && started
-                {
-                    return Ok(pod);
-                }
-                last = phase(&pod).to_string();
-                if let Some(c) = status.conditions.as_ref().and_then(|cs| {
-                    cs.iter()
-                        .find(|c| c.status == "False" && c.message.is_some())
-                }) {
-                    last.push_str(&format!(
-                        " ({}: {})",
-                        c.reason.as_deref().unwrap_or(&c.type_),
-                        c.message.as_deref().unwrap_or("")
-                    ));
-                }
-            }
-            if tokio::time::Instant::now() > deadline {
+        until(p, START_TIMEOUT, "did not start", |pod| {
+            let Some(pod) = pod else {
+                return Ok(Step::Waiting("no pod yet".into()));
+            };
+            let status = pod.status.clone().unwrap_or_default();
+            let first = status.container_statuses.as_ref().and_then(|c| c.first());
+            let waiting = first
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.waiting.clone());
+            if let Some(w) = &waiting
+                && let Some(reason) = w.reason.as_deref()
+                && FATAL_WAITING.contains(&reason)
+            {
                 return Err(Error::backend(
                     KIND,
-                    BackendFailure::Timeout,
+                    BackendFailure::Rejected,
                     format!(
-                        "pod {}/{} did not start within {}s; last seen: {last}; see `kubectl -n {} describe pod {}`",
+                        "pod {}/{} cannot start: {reason}: {}; check the image (`--image`, BERTH_K8S_IMAGE) and the pod's settings, then `berth sandbox rm` it and try again",
                         p.namespace,
                         p.object,
-                        START_TIMEOUT.as_secs(),
-                        p.namespace,
-                        p.object
+                        w.message.as_deref().unwrap_or("")
                     ),
                 ));
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
+            let started =
+                first.is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+            if pod.metadata.deletion_timestamp.is_none() && phase(&pod) == "Running" && started {
+                return Ok(Step::Ready(pod));
+            }
+            let mut last = phase(&pod).to_string();
+            if let Some(c) = status
+                .conditions
+                .as_ref()
+                .and_then(|cs| cs.iter().find(|c| c.status == "False" && c.message.is_some()))
+            {
+                last.push_str(&format!(
+                    " ({}: {})",
+                    c.reason.as_deref().unwrap_or(&c.type_),
+                    c.message.as_deref().unwrap_or("")
+                ));
+            }
+            Ok(Step::Waiting(last))
+        })
+        .await
     }
 
     /// If the pod is not the one berth last used, why (from the node the
@@ -514,6 +472,52 @@ impl K8sBackend {
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+}
+
+/// What [`until`]'s judge makes of the pod.
+enum Step<T> {
+    /// Done, with this.
+    Ready(T),
+    /// Not yet: what was seen, for the timeout's message.
+    Waiting(String),
+}
+
+/// Read the pod (20 ms, doubling to 500 ms) until `judge` settles it, or
+/// `limit` passes: then a timeout error saying it `what`, what was last
+/// seen, and where to look.
+async fn until<T>(
+    p: &Place,
+    limit: Duration,
+    what: &str,
+    mut judge: impl FnMut(Option<Pod>) -> Result<Step<T>>,
+) -> Result<T> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let pod = p
+            .pods
+            .get_opt(&p.object)
+            .await
+            .map_err(|e| p.err("reading its pod", e))?;
+        let last = match judge(pod)? {
+            Step::Ready(t) => return Ok(t),
+            Step::Waiting(last) => last,
+        };
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::backend(
+                KIND,
+                BackendFailure::Timeout,
+                format!(
+                    "pod {ns}/{obj} {what} within {}s; last seen: {last}; see `kubectl -n {ns} describe pod {obj}`",
+                    limit.as_secs(),
+                    ns = p.namespace,
+                    obj = p.object,
+                ),
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
     }
 }
 
