@@ -477,7 +477,21 @@ impl StandinBin {
 }
 
 impl Drop for StandinBin {
+    /// SIGTERM first, so a stand-in that cleans up after itself (the k8s
+    /// one removes its containers and volumes) can; SIGKILL after 10 s.
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child's pid, which it still is
+            // until it has been waited for.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if matches!(self.child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -452,12 +452,19 @@ impl Drop for K8sStandin {
         self.server.abort();
         self.controller.abort();
         // Containers and volumes by label, through the CLI: Drop cannot await.
+        // A second pass takes what a kubelet task still running made after
+        // the first one listed.
         let filter = format!("label={}={}", kubelet::LABEL, self.k.instance);
-        docker_remove_listed(&["ps", "-aq", "--filter", &filter], &["rm", "-f", "-v"]);
-        docker_remove_listed(
-            &["volume", "ls", "-q", "--filter", &filter],
-            &["volume", "rm", "-f"],
-        );
+        for pass in 0..2 {
+            if pass > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            docker_remove_listed(&["ps", "-aq", "--filter", &filter], &["rm", "-f", "-v"]);
+            docker_remove_listed(
+                &["volume", "ls", "-q", "--filter", &filter],
+                &["volume", "rm", "-f"],
+            );
+        }
     }
 }
 
