@@ -418,6 +418,40 @@ fn a_stale_socket_is_replaced() -> TestResult {
     Ok(())
 }
 
+/// A call made the moment the server is killed (SIGKILL), while the dying
+/// process still holds its socket: the kernel takes the connection and then
+/// resets it. The client sees the server exiting, and the call goes to a
+/// new one; it never fails with a broken handshake. Ten kills, each
+/// followed at once by a `sandbox ls` and a `server status`.
+#[test]
+fn a_call_as_the_server_is_killed_goes_to_a_new_one() -> TestResult {
+    let s = Served::new()?;
+    for round in 0..10 {
+        let ls = s.run(&["sandbox", "ls"])?;
+        assert_eq!(ls.status.code(), Some(0), "round {round}: {}", text(&ls));
+        let pid = s.pid()?;
+        // SAFETY: SIGKILL to the server this test started.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+        let which = if round % 2 == 0 {
+            ["sandbox", "ls"].as_slice()
+        } else {
+            ["server", "status", "--json"].as_slice()
+        };
+        let o = s.run(which)?;
+        assert!(
+            matches!(o.status.code(), Some(0) | Some(3)),
+            "round {round}: {which:?}: {}",
+            text(&o)
+        );
+        assert!(
+            !text(&o).contains("handshake"),
+            "round {round}: {}",
+            text(&o)
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn a_server_of_another_version_is_replaced() -> TestResult {
     let s = Served::new()?;

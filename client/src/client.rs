@@ -64,31 +64,67 @@ struct Connected {
     pid: u32,
 }
 
+/// Whether process `pid` is exiting or gone: no longer there, or its
+/// leader a zombie. A server killed with SIGKILL keeps its listening socket
+/// until its last thread has exited, and a connection made meanwhile is
+/// accepted by the kernel and then reset; its leader is a zombie by then.
+fn exiting(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X')),
+    }
+}
+
+/// How long a server that is exiting may keep its socket before a client
+/// stops waiting for it to let go.
+const EXIT_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Connect to the socket and speak gRPC over that one connection.
 async fn connect_once(socket: &Path) -> std::result::Result<Connected, ConnectError> {
-    let stream = match UnixStream::connect(socket).await {
-        Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Err(ConnectError::NoServer);
+    let deadline = Instant::now() + EXIT_DEADLINE;
+    let (stream, pid) = loop {
+        let stream = match UnixStream::connect(socket).await {
+            Ok(s) => s,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                return Err(ConnectError::NoServer);
+            }
+            Err(e) => {
+                return Err(ConnectError::Other(anyhow!(e).context(format!(
+                    "cannot connect to the berth server at {}; set BERTH_SERVER=off to run without it",
+                    socket.display()
+                ))));
+            }
+        };
+        let pid = stream
+            .peer_cred()
+            .ok()
+            .and_then(|c| c.pid())
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0);
+        // A server killed a moment ago: wait until its socket refuses, then
+        // it is a stale one (and a new server is started).
+        if pid == 0 || !exiting(pid) {
+            break (stream, pid);
         }
-        Err(e) => {
-            return Err(ConnectError::Other(anyhow!(e).context(format!(
-                "cannot connect to the berth server at {}; set BERTH_SERVER=off to run without it",
-                socket.display()
-            ))));
+        if Instant::now() >= deadline {
+            return Err(ConnectError::Other(anyhow!(
+                "the berth server (pid {pid}) is exiting but its socket {} still takes connections after {}s; try again, or set BERTH_SERVER=off",
+                socket.display(),
+                EXIT_DEADLINE.as_secs()
+            )));
         }
+        drop(stream);
+        tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let pid = stream
-        .peer_cred()
-        .ok()
-        .and_then(|c| c.pid())
-        .and_then(|p| u32::try_from(p).ok())
-        .unwrap_or(0);
     // The connector hands over the stream connected above, once: a channel
     // that needs a second connection fails instead of reaching another server.
     let slot = Arc::new(Mutex::new(Some(stream)));
@@ -245,22 +281,30 @@ async fn wait_for_server(
 /// Connect to the running server of `state_dir` without starting one.
 pub async fn running(state_dir: &Path) -> Result<Option<Server>> {
     let socket = crate::socket_path(state_dir);
-    match connect_once(&socket).await {
-        Ok(Connected {
-            mut client,
-            channel,
-            ..
-        }) => {
-            let hello = hello(&mut client).await?;
-            Ok(Some(Server {
-                client,
+    for _ in 0..3 {
+        match connect_once(&socket).await {
+            Ok(Connected {
+                mut client,
                 channel,
-                hello,
-            }))
+                pid,
+            }) => {
+                let hello = match hello(&mut client).await {
+                    Ok(h) => h,
+                    // Killed as this client connected (see `connect`).
+                    Err(_) if pid != 0 && exiting(pid) => continue,
+                    Err(e) => return Err(e),
+                };
+                return Ok(Some(Server {
+                    client,
+                    channel,
+                    hello,
+                }));
+            }
+            Err(ConnectError::NoServer) => return Ok(None),
+            Err(ConnectError::Other(e)) => return Err(e),
         }
-        Err(ConnectError::NoServer) => Ok(None),
-        Err(ConnectError::Other(e)) => Err(e),
     }
+    Ok(None)
 }
 
 /// The server for `state_dir`, connected but not checked: the running one, or
@@ -351,13 +395,27 @@ where
 /// new one (`auto`); `require` fails when none runs.
 pub async fn connect(state_dir: &Path, mode: Mode) -> Result<Server> {
     // Twice at most: a mismatched server is replaced once.
-    for _ in 0..2 {
+    let mut dead = 0;
+    let mut replaced = 0;
+    while replaced < 2 {
         let Connected {
             mut client,
             channel,
-            ..
+            pid,
         } = open(state_dir, mode).await?;
-        let h = hello(&mut client).await?;
+        let h = match hello(&mut client).await {
+            Ok(h) => h,
+            // Connected to a server in the moment it was killed: the kernel
+            // took the connection, then reset it. Nothing ran; again, with
+            // the socket stale now.
+            Err(e) if pid != 0 && exiting(pid) && dead < 3 => {
+                tracing::debug!(pid, error = %e, "the berth server died as this client connected; connecting again");
+                dead += 1;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        replaced += 1;
         let Some(why) = mismatch(&h) else {
             return Ok(Server {
                 client,
