@@ -379,7 +379,9 @@ impl K8sBackend {
                 if !ready {
                     format!("its node {node} was lost (NotReady)")
                 } else if cordoned {
-                    format!("its node {node} was drained (cordoned, its pods evicted)")
+                    // Cordoned, and the pod gone from it: what a drain does.
+                    // Whether its other pods were evicted berth did not see.
+                    format!("its node {node} was drained (it is cordoned, and the old pod is gone)")
                 } else {
                     format!("the old pod on node {node} was evicted or deleted")
                 }
