@@ -16,6 +16,7 @@ pub mod identity;
 pub mod job_state;
 pub mod jobs;
 pub mod owner;
+pub mod pools;
 mod procfs;
 pub mod procs;
 pub mod session;

@@ -18,12 +18,14 @@ use std::time::Duration;
 mod checkpoints;
 mod doors;
 mod hints;
+mod pools;
 mod sandboxes;
 mod spool;
 
 pub use checkpoints::RestoreReport;
 pub use doors::HOSTS_ENV as EGRESS_HOSTS_ENV;
 pub use doors::{NET_ASK_RULE, add_network_rule};
+pub use pools::{FromPool, PoolStatus};
 pub use sandboxes::SandboxStatus;
 
 use async_trait::async_trait;
@@ -170,7 +172,9 @@ struct Inflight {
 /// sandbox is provisioned and its shell opened, so a slow docker create
 /// blocks only calls for that sandbox; the map's lock is held only to find
 /// the slot.
-type SessionSlot = Arc<Mutex<Option<Arc<Mutex<Session>>>>>;
+type SessionSlot = Arc<Mutex<Option<SharedSession>>>;
+/// A session several tasks take turns on.
+type SharedSession = Arc<Mutex<Session>>;
 
 /// The runtime.
 pub struct Runtime {
@@ -190,6 +194,11 @@ pub struct Runtime {
     spool_index: std::sync::Mutex<spool::SpoolIndex>,
     /// The network doors this process serves, by sandbox.
     doors: Mutex<HashMap<(BackendKind, String), doors::Door>>,
+    /// The open main shells of pool members not yet taken, by backend and
+    /// member (see `pools`).
+    warm: Mutex<HashMap<(BackendKind, String), SharedSession>>,
+    /// One fill at a time per pool.
+    pool_fills: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 impl Runtime {
@@ -207,6 +216,8 @@ impl Runtime {
             approval_notice: None,
             spool_index: Default::default(),
             doors: Mutex::new(HashMap::new()),
+            warm: Mutex::new(HashMap::new()),
+            pool_fills: Mutex::new(HashMap::new()),
         }
     }
 
@@ -344,7 +355,7 @@ impl Runtime {
         let b = self.backend(backend).await?;
         let mut row = self.sandbox_row(b.as_ref(), backend, sandbox, false)?;
         self.open_door(backend, &mut row.spec).await?;
-        let p = b.provision(&row.spec).await?;
+        let p = self.provision_row(b.as_ref(), &row.spec).await?;
         if p.created || p.recreated.is_some() {
             self.store.append(&Event {
                 kind: if p.created {
@@ -361,9 +372,24 @@ impl Runtime {
                 ..Default::default()
             })?;
         }
+        let cfg = self.session_config(backend, sandbox, name, &p.sandbox);
+        let session = Session::open(p.sandbox, cfg).await?;
+        let s = Arc::new(Mutex::new(session));
+        *slot = Some(s.clone());
+        Ok((s, p.recreated))
+    }
+
+    /// How a session of a sandbox is configured.
+    fn session_config(
+        &self,
+        backend: BackendKind,
+        sandbox: &str,
+        name: &str,
+        sb: &Arc<dyn Sandbox>,
+    ) -> SessionConfig {
         let mut cfg = SessionConfig::named(format!("{backend}/{sandbox}/{name}"));
         if name != MAIN_SESSION {
-            cfg.dir = Some(format!("{}/sessions/{name}", p.sandbox.layout().berth_dir));
+            cfg.dir = Some(format!("{}/sessions/{name}", sb.layout().berth_dir));
         }
         cfg.grace = self.cfg.grace;
         if let Some(g) = &self.gate {
@@ -371,10 +397,7 @@ impl Runtime {
             cfg.env
                 .extend(g.sandbox_env().iter().map(|(k, v)| (k.clone(), v.clone())));
         }
-        let session = Session::open(p.sandbox, cfg).await?;
-        let s = Arc::new(Mutex::new(session));
-        *slot = Some(s.clone());
-        Ok((s, p.recreated))
+        cfg
     }
 
     /// The slot of a sandbox's session, made on first use.
@@ -439,7 +462,7 @@ impl Runtime {
         let b = self.backend(backend).await?;
         let mut row = self.sandbox_row(b.as_ref(), backend, sandbox, true)?;
         self.open_door(backend, &mut row.spec).await?;
-        Ok(b.provision(&row.spec).await?.sandbox)
+        Ok(self.provision_row(b.as_ref(), &row.spec).await?.sandbox)
     }
 
     /// [`Runtime::attach`] for a call that gives the sandbox's settings on
@@ -806,6 +829,7 @@ impl Runtime {
 
     /// Close every session's shell.
     pub async fn shutdown(&self) {
+        self.close_warm().await;
         let helpers: Vec<_> = self.checkpoint_shells.lock().await.drain().collect();
         for (_, s) in helpers {
             if let Ok(s) = Arc::try_unwrap(s) {

@@ -685,6 +685,18 @@ pub async fn serve(state_dir: PathBuf, rt: Runtime, opts: Options) -> Result<u8>
             }
         });
     }
+    // Warm pools: their members' shells open now, so the first take after
+    // a restart is as quick as any.
+    {
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            match rt.fill_pools().await {
+                Ok(0) => {}
+                Ok(n) => info!(pools = n, "filled warm pools"),
+                Err(e) => tracing::warn!(error = %e, "could not fill warm pools"),
+            }
+        });
+    }
     let shared = Arc::new(Shared {
         registry: berth_tools::Registry::new(&rt)
             .with_history(std::sync::Arc::new(berth_agent::history::Journal)),

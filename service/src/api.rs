@@ -191,6 +191,28 @@ impl Sandboxes for Api {
             options: r.options.into_iter().collect(),
             ..Default::default()
         };
+        if let Some(pool) = r.from_pool {
+            // The pool names the backend; one given must be its.
+            let asked = r.sandbox.as_ref().map_or(0, |s| s.backend);
+            let backend = (asked != proto::Backend::Unspecified as i32).then_some(backend);
+            let got = self
+                .svc
+                .take_from_pool(&pool, backend, &spec)
+                .await
+                .map_err(status)?;
+            return Ok(Response::new(proto::Sandbox {
+                sandbox: Some(convert::sandbox_ref(got.backend, &name)),
+                workdir: got.workdir,
+                created: true,
+                recreated: None,
+                state: String::new(),
+                created_at_ms: None,
+                last_used_ms: None,
+                id: None,
+                orphan: false,
+                pool_member: got.instance,
+            }));
+        }
         let made = self
             .svc
             .create_sandbox(backend, spec)
@@ -207,7 +229,69 @@ impl Sandboxes for Api {
             last_used_ms: None,
             id: None,
             orphan: false,
+            pool_member: None,
         }))
+    }
+
+    async fn create_pool(
+        &self,
+        req: Request<proto::CreatePoolRequest>,
+    ) -> Result<Response<proto::Pool>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let settings = r.settings.unwrap_or_default();
+        let (backend, _) = target(settings.sandbox.as_ref())?;
+        let spec = SandboxSpec {
+            name: String::new(),
+            image: settings.image,
+            env: settings.env.into_iter().collect(),
+            network: crate::convert::network(settings.network, settings.network_rules),
+            limits: Limits {
+                memory_mb: settings.memory_mb,
+                milli_cpu: settings.milli_cpu,
+                pids: settings.pids,
+            },
+            options: settings.options.into_iter().collect(),
+            ..Default::default()
+        };
+        let pool = self
+            .svc
+            .create_pool(&r.name, backend, r.size, spec, r.wait)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::pool(pool)))
+    }
+
+    async fn pools(
+        &self,
+        req: Request<proto::ListPools>,
+    ) -> Result<Response<proto::PoolList>, Status> {
+        self.caller.check()?;
+        let _ = req.into_inner();
+        let pools = self.svc.pools().map_err(status)?;
+        Ok(Response::new(proto::PoolList {
+            pools: pools.into_iter().map(convert::pool).collect(),
+        }))
+    }
+
+    async fn fill_pool(
+        &self,
+        req: Request<proto::PoolRef>,
+    ) -> Result<Response<proto::Pool>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let pool = self.svc.fill_pool(&r.name).await.map_err(status)?;
+        Ok(Response::new(convert::pool(pool)))
+    }
+
+    async fn remove_pool(
+        &self,
+        req: Request<proto::PoolRef>,
+    ) -> Result<Response<proto::PoolRemoved>, Status> {
+        self.caller.check()?;
+        let r = req.into_inner();
+        let members = self.svc.remove_pool(&r.name).await.map_err(status)?;
+        Ok(Response::new(proto::PoolRemoved { members }))
     }
 
     async fn list(

@@ -307,6 +307,7 @@ pub fn sandbox_status(s: berth_core::runtime::SandboxStatus) -> proto::Sandbox {
         last_used_ms: s.last_used,
         id: s.id,
         orphan: s.orphan,
+        pool_member: None,
     }
 }
 
@@ -586,5 +587,24 @@ pub fn network(open: bool, rules: Option<proto::NetworkRules>) -> berth_core::ba
         }),
         None if open => Network::Open,
         None => Network::Off,
+    }
+}
+
+/// A pool as the API shows it.
+pub fn pool(p: berth_core::runtime::PoolStatus) -> proto::Pool {
+    let spec = p.row.spec;
+    proto::Pool {
+        name: p.row.name,
+        backend: backend_out(p.row.backend) as i32,
+        size: p.row.size,
+        ready: p.ready,
+        making: p.making,
+        image: spec.image,
+        network: spec.network.is_open(),
+        memory_mb: spec.limits.memory_mb,
+        milli_cpu: spec.limits.milli_cpu,
+        pids: spec.limits.pids,
+        options: spec.options.into_iter().collect(),
+        created_at_ms: p.row.created_at,
     }
 }

@@ -8,7 +8,9 @@ use berth_core::backend::{BackendKind, Sandbox, SandboxSpec, TermSize};
 use berth_core::checkpoint::record::CheckpointRow;
 use berth_core::error::{Error, Result};
 use berth_core::jobs::{Job, JobOptions, JobState};
-use berth_core::runtime::{RestoreReport, Runtime, SandboxStatus, new_call_id};
+use berth_core::runtime::{
+    FromPool, PoolStatus, RestoreReport, Runtime, SandboxStatus, new_call_id,
+};
 use berth_core::store::Event;
 use berth_policies::files::FileOp;
 
@@ -150,6 +152,89 @@ impl Service {
         })
     }
 
+    /// Make sandbox `asked.name` from pool `pool`, and refill the pool in
+    /// the background.
+    pub async fn take_from_pool(
+        &self,
+        pool: &str,
+        backend: Option<BackendKind>,
+        asked: &SandboxSpec,
+    ) -> Result<FromPool> {
+        if asked.name.trim().is_empty() {
+            return Err(Error::InvalidInput(
+                "a sandbox needs a name, e.g. `agent`".into(),
+            ));
+        }
+        let got = self.rt.take_from_pool(pool, backend, asked).await?;
+        self.refill(pool);
+        Ok(got)
+    }
+
+    /// Make the members pool `pool` lacks, in the background.
+    pub fn refill(&self, pool: &str) {
+        let rt = self.rt.clone();
+        let pool = pool.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = rt.fill_pool(&pool).await {
+                tracing::warn!(pool = %pool, error = %e.full_text(), "refilling a pool failed");
+            }
+        });
+    }
+
+    /// Record a pool and make its members: before returning with `wait`,
+    /// else in the background.
+    pub async fn create_pool(
+        &self,
+        name: &str,
+        backend: BackendKind,
+        size: u32,
+        spec: SandboxSpec,
+        wait: bool,
+    ) -> Result<PoolStatus> {
+        self.rt.create_pool(name, backend, size, spec).await?;
+        if wait {
+            if let Err(e) = self.rt.fill_pool(name).await {
+                // Nothing half made is kept: the pool goes with its members.
+                if let Err(rm) = self.rt.remove_pool(name).await {
+                    tracing::warn!(pool = %name, error = %rm.full_text(), "removing a pool that could not be filled");
+                }
+                return Err(e);
+            }
+        } else {
+            self.refill(name);
+        }
+        self.pool(name)
+    }
+
+    /// Fill a pool now; returns it as it then stands.
+    pub async fn fill_pool(&self, name: &str) -> Result<PoolStatus> {
+        self.rt.fill_pool(name).await?;
+        self.pool(name)
+    }
+
+    /// A pool as it stands.
+    pub fn pool(&self, name: &str) -> Result<PoolStatus> {
+        self.rt
+            .pools()?
+            .into_iter()
+            .find(|p| p.row.name == name)
+            .ok_or_else(|| Error::NotFound {
+                what: "pool",
+                name: name.to_string(),
+                hint: "list pools with `berth pool ls`".into(),
+            })
+    }
+
+    /// Every pool.
+    pub fn pools(&self) -> Result<Vec<PoolStatus>> {
+        self.rt.pools()
+    }
+
+    /// Remove a pool and its members not yet taken.
+    pub async fn remove_pool(&self, name: &str) -> Result<Vec<String>> {
+        self.rt.remove_pool(name).await
+    }
+
     /// One backend's sandboxes.
     pub async fn list_sandboxes(&self, backend: BackendKind) -> Result<Vec<SandboxStatus>> {
         self.rt.list_sandboxes(backend).await
@@ -279,14 +364,19 @@ exit 0"#;
         use berth_backends::docker::config::ContainerPlan;
         use berth_backends::docker::inspect::{ContainerSettings, differences};
         let backend = self.docker().await?;
-        let facts = backend.inspect_sandbox(name).await?;
+        // A sandbox taken from a pool is its member's container.
+        let on_engine = record
+            .as_ref()
+            .map_or(name, |spec| berth_core::pools::instance_of(spec));
+        let facts = backend.inspect_sandbox(on_engine).await?;
         if record.is_none() && facts.is_none() {
             return Err(not_found(BackendKind::Docker, name));
         }
         let differences = match (&record, &facts) {
             (Some(spec), Some(f)) => {
-                let plan = ContainerPlan::from_spec(spec)?;
-                differences(&ContainerSettings::planned(spec, &plan), &f.settings)
+                let spec = berth_core::pools::on_backend(spec);
+                let plan = ContainerPlan::from_spec(&spec)?;
+                differences(&ContainerSettings::planned(&spec, &plan), &f.settings)
             }
             _ => Vec::new(),
         };
@@ -369,12 +459,12 @@ exit 0"#;
         let report = backend.gc(older_than).await?;
         // Volumes of sandboxes still on record are how `sandbox create`
         // brings them back.
+        // Pool members are the pools' (and sandboxes taken from a pool are
+        // their member's name on the engine).
         let known: std::collections::HashSet<String> = self
             .rt
-            .store()
-            .sandboxes(Some(BackendKind::Docker))?
+            .backend_names(BackendKind::Docker)?
             .into_iter()
-            .map(|r| r.name)
             .collect();
         out.removed_volumes = backend
             .gc_volumes(|name| known.contains(name), workspaces)

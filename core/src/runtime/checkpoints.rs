@@ -348,6 +348,8 @@ impl Runtime {
         manifest.stamps.clear();
         let mut spec = src_row.spec.clone();
         spec.name = dst.to_string();
+        // A clone is a sandbox of its own, not the pool member the source is.
+        spec.options.remove(crate::pools::INSTANCE);
         if dst_backend != src_backend {
             // Backend settings do not carry over (a docker image, an ssh host).
             spec.image = None;

@@ -2,6 +2,7 @@
 //! what the backend sees (orphans too), and removed with their sessions.
 
 use super::*;
+use crate::pools::{INSTANCE, instance_of, on_backend};
 
 /// A sandbox as `ls` shows it: what the store knows and what the backend sees.
 #[derive(Clone, Debug, Serialize)]
@@ -57,6 +58,20 @@ impl Runtime {
         // The settings that belong to the sandbox (ssh's host) are recorded
         // with it, and must agree with those an existing one keeps.
         let stored = self.store.sandbox(backend, &spec.name)?;
+        // The member a sandbox was taken from is berth's to record, and is
+        // kept: a create that attaches to such a sandbox names it too.
+        match stored.as_ref().and_then(|r| r.spec.option(INSTANCE)) {
+            Some(instance) => {
+                spec.options.insert(INSTANCE.into(), instance.to_string());
+            }
+            None if spec.option(INSTANCE).is_some() => {
+                return Err(Error::InvalidInput(format!(
+                    "sandbox `{}`: `--opt {INSTANCE}=` is berth's own (the pool member a sandbox was taken from); leave it out",
+                    spec.name
+                )));
+            }
+            None => {}
+        }
         b.settle_spec(&mut spec, stored.as_ref().map(|r| &r.spec))?;
         // A sandbox's settings are fixed when it is made: asking for others
         // is an error naming each, never an attach that keeps the old ones
@@ -76,7 +91,7 @@ impl Runtime {
         // and `rm` can clean up whatever the backend made.
         self.store.put_sandbox(backend, &spec)?;
         self.open_door(backend, &mut spec).await?;
-        let p = match b.provision(&spec).await {
+        let p = match self.provision_row(b.as_ref(), &spec).await {
             Ok(p) => p,
             // A new sandbox the backend refused for its settings (an option
             // it does not take, a limit it cannot set) was never made: no
@@ -133,7 +148,7 @@ impl Runtime {
         let opts = RemoveOpts { volumes };
         let removal = match &known {
             // Where the record says it is (ssh: on its own host).
-            Some(row) => b.remove_spec(&row.spec, opts).await,
+            Some(row) => b.remove_spec(&on_backend(&row.spec), opts).await,
             None => b.remove(name, opts).await,
         };
         let removed = match removal {
@@ -163,8 +178,20 @@ impl Runtime {
     /// Sandboxes of one backend: the store's rows joined with the backend's view.
     pub async fn list_sandboxes(&self, backend: BackendKind) -> Result<Vec<SandboxStatus>> {
         let rows = self.store.sandboxes(Some(backend))?;
-        let specs: Vec<SandboxSpec> = rows.iter().map(|r| r.spec.clone()).collect();
-        let live: Vec<SandboxInfo> = self.backend(backend).await?.list_specs(&specs).await?;
+        let specs: Vec<SandboxSpec> = rows
+            .iter()
+            .map(|r| on_backend(&r.spec).into_owned())
+            .collect();
+        let mut live: Vec<SandboxInfo> = self.backend(backend).await?.list_specs(&specs).await?;
+        // The backend knows a sandbox taken from a pool by its member's
+        // name; a member not yet taken is the pool's, not an orphan.
+        let members = crate::pools::member_instances(&self.store, backend)?;
+        live.retain(|l| !members.contains(&l.name));
+        for l in &mut live {
+            if let Some(r) = rows.iter().find(|r| instance_of(&r.spec) == l.name) {
+                l.name = r.name.clone();
+            }
+        }
         let mut out: Vec<SandboxStatus> = rows
             .iter()
             .map(|r| {

@@ -219,6 +219,13 @@ impl Session {
     }
 
     /// The sandbox this session runs in.
+    /// Show this session as session `session` of sandbox `sandbox`: a pool
+    /// member's shell, handed to the sandbox taken from the pool.
+    pub fn rename(&mut self, session: String, sandbox: &str) {
+        self.cfg.name = session;
+        self.sandbox = crate::pools::Aliased::wrap(self.sandbox.clone(), sandbox);
+    }
+
     pub fn sandbox(&self) -> &Arc<dyn Sandbox> {
         &self.sandbox
     }
