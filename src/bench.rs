@@ -52,6 +52,12 @@ pub struct BenchArgs {
     /// directly, to one origin on loopback.
     #[arg(long, conflicts_with_all = ["cli", "mcp", "checkpoint"])]
     pub egress: bool,
+    /// Measure creating a sandbox instead: create and first command, made
+    /// cold and taken from a warm pool (`berth pool`), on docker and k8s
+    /// (`-b docker,k8s`; docker by default), against `docker run --rm` of
+    /// the same image (at most 10 runs each).
+    #[arg(long, conflicts_with_all = ["cli", "mcp", "checkpoint", "egress"])]
+    pub create: bool,
     /// With --checkpoint: the workspace's size in MiB (1024 when not
     /// given); with --egress, the download's (100 when not given).
     #[arg(long, value_name = "MIB")]

@@ -20,7 +20,7 @@ use serde_json::json;
 use crate::api_client::{Api, call, sandbox_ref};
 use crate::{context, server};
 
-use crate::api_args::sandbox::{GcArgs, LsArgs, ReapArgs, SandboxCmd};
+use crate::api_args::sandbox::{CreateArgs, GcArgs, LsArgs, ReapArgs, SandboxCmd, SettingsArgs};
 
 fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
@@ -36,6 +36,128 @@ fn pairs(items: &[String], flag: &str) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
+/// A create request with the settings given on the command line (the
+/// sandbox's name left empty): `sandbox create`'s and `pool create`'s.
+pub(crate) fn settings_request(
+    backend: BackendKind,
+    a: &SettingsArgs,
+) -> Result<proto::CreateSandbox> {
+    if a.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+        bail!("--cpus must be a positive number of cores, e.g. --cpus 0.5");
+    }
+    let mut options = pairs(&a.options, "--opt")?;
+    for (key, value) in [("context", &a.context), ("namespace", &a.namespace)] {
+        let Some(value) = value else { continue };
+        if backend != BackendKind::K8s {
+            bail!("--{key} is for k8s sandboxes (--backend k8s)");
+        }
+        if options.get(key).is_some_and(|o| o != value) {
+            bail!(
+                "--{key} {value} and --opt {key}={} disagree; give one",
+                options[key]
+            );
+        }
+        options.insert(key.to_string(), value.clone());
+    }
+    Ok(proto::CreateSandbox {
+        sandbox: Some(sandbox_ref(backend, "")?),
+        image: a.image.clone(),
+        env: pairs(&a.env, "--env")?.into_iter().collect(),
+        network: a.network.as_ref().is_some_and(|n| n.is_open()),
+        network_rules: a
+            .network
+            .as_ref()
+            .and_then(|n| n.rules())
+            .map(|r| proto::NetworkRules {
+                allow: r.allow.clone(),
+                deny: r.deny.clone(),
+            }),
+        memory_mb: a.memory_mb,
+        milli_cpu: a.cpus.map(|c| (c * 1000.0).round() as u64),
+        pids: a.pids,
+        options: options.into_iter().collect(),
+        from_pool: None,
+    })
+}
+
+async fn create(api: &Api, a: CreateArgs) -> Result<u8> {
+    if let Some(pool) = &a.from_pool {
+        return from_pool(api, &a, pool).await;
+    }
+    let backend = a.backend.unwrap_or(BackendKind::Local);
+    let mut req = settings_request(backend, &a.settings)?;
+    req.sandbox = Some(sandbox_ref(backend, &a.name)?);
+    if backend == BackendKind::Docker && a.settings.image.is_none() && matches!(api, Api::Served(_))
+    {
+        image_first().await?;
+    }
+    let sb = call!(api, SandboxesClient, Sandboxes, create, req)?;
+    if a.json {
+        context::print_json(&json!({
+            "name": a.name, "backend": backend, "created": sb.created,
+            "recreated": sb.recreated, "workdir": sb.workdir,
+        }));
+    } else {
+        let verb = if sb.created {
+            "created"
+        } else {
+            "attached to existing"
+        };
+        println!(
+            "{verb} sandbox {} ({backend}), workspace {}",
+            a.name, sb.workdir
+        );
+        if let Some(r) = sb.recreated {
+            println!("note: the sandbox was brought back: {r}");
+        }
+    }
+    Ok(0)
+}
+
+/// `sandbox create NAME --from-pool POOL`.
+async fn from_pool(api: &Api, a: &CreateArgs, pool: &str) -> Result<u8> {
+    let mut at = sandbox_ref(a.backend.unwrap_or(BackendKind::Local), &a.name)?;
+    if a.backend.is_none() {
+        // The pool's backend.
+        at.backend = proto::Backend::Unspecified as i32;
+    }
+    let req = proto::CreateSandbox {
+        sandbox: Some(at),
+        from_pool: Some(pool.to_string()),
+        ..Default::default()
+    };
+    let sb = call!(api, SandboxesClient, Sandboxes, create, req)?;
+    let (backend, _) = convert::place(sb.sandbox.clone());
+    if a.json {
+        context::print_json(&json!({
+            "name": a.name, "backend": backend, "created": true, "pool": pool,
+            "member": sb.pool_member, "workdir": sb.workdir,
+        }));
+    } else {
+        match &sb.pool_member {
+            Some(m) => println!(
+                "created sandbox {} ({backend}) from pool {pool} (member {m}), workspace {}",
+                a.name, sb.workdir
+            ),
+            None => println!(
+                "created sandbox {} ({backend}) with pool {pool}'s settings; the pool had none ready, so it was made now; workspace {}",
+                a.name, sb.workdir
+            ),
+        }
+    }
+    // Without a server nothing refills the pool after this process: do it
+    // before leaving.
+    if matches!(api, Api::Here(_)) {
+        let req = proto::PoolRef {
+            name: pool.to_string(),
+        };
+        if let Err(e) = call!(api, SandboxesClient, Sandboxes, fill_pool, req) {
+            eprintln!("warning: refilling pool {pool} failed: {e:#}");
+        }
+    }
+    Ok(0)
+}
+
 /// Run a sandbox subcommand against the state dir `dir`.
 pub async fn run(dir: &Path, mode: server::Mode, cmd: SandboxCmd) -> Result<u8> {
     let api = Api::open(dir, mode).await?;
@@ -46,68 +168,7 @@ pub async fn run(dir: &Path, mode: server::Mode, cmd: SandboxCmd) -> Result<u8> 
 
 async fn run_with(api: &Api, dir: &Path, cmd: SandboxCmd) -> Result<u8> {
     match cmd {
-        SandboxCmd::Create(a) => {
-            if a.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
-                bail!("--cpus must be a positive number of cores, e.g. --cpus 0.5");
-            }
-            let mut options = pairs(&a.options, "--opt")?;
-            for (key, value) in [("context", &a.context), ("namespace", &a.namespace)] {
-                let Some(value) = value else { continue };
-                if a.backend != BackendKind::K8s {
-                    bail!("--{key} is for k8s sandboxes (--backend k8s)");
-                }
-                if options.get(key).is_some_and(|o| o != value) {
-                    bail!(
-                        "--{key} {value} and --opt {key}={} disagree; give one",
-                        options[key]
-                    );
-                }
-                options.insert(key.to_string(), value.clone());
-            }
-            let req = proto::CreateSandbox {
-                sandbox: Some(sandbox_ref(a.backend, &a.name)?),
-                image: a.image.clone(),
-                env: pairs(&a.env, "--env")?.into_iter().collect(),
-                network: a.network.as_ref().is_some_and(|n| n.is_open()),
-                network_rules: a.network.as_ref().and_then(|n| n.rules()).map(|r| {
-                    proto::NetworkRules {
-                        allow: r.allow.clone(),
-                        deny: r.deny.clone(),
-                    }
-                }),
-                memory_mb: a.memory_mb,
-                milli_cpu: a.cpus.map(|c| (c * 1000.0).round() as u64),
-                pids: a.pids,
-                options: options.into_iter().collect(),
-            };
-            if a.backend == BackendKind::Docker
-                && a.image.is_none()
-                && matches!(api, Api::Served(_))
-            {
-                image_first().await?;
-            }
-            let sb = call!(api, SandboxesClient, Sandboxes, create, req)?;
-            if a.json {
-                context::print_json(&json!({
-                    "name": a.name, "backend": a.backend, "created": sb.created,
-                    "recreated": sb.recreated, "workdir": sb.workdir,
-                }));
-            } else {
-                let verb = if sb.created {
-                    "created"
-                } else {
-                    "attached to existing"
-                };
-                println!(
-                    "{verb} sandbox {} ({}), workspace {}",
-                    a.name, a.backend, sb.workdir
-                );
-                if let Some(r) = sb.recreated {
-                    println!("note: the sandbox was brought back: {r}");
-                }
-            }
-            Ok(0)
-        }
+        SandboxCmd::Create(a) => create(api, a).await,
         SandboxCmd::Ls(a) => ls(api, a).await,
         SandboxCmd::Inspect(a) => crate::cmd_inspect::run(api, a).await,
         SandboxCmd::Reap(a) => reap(api, a).await,

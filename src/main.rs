@@ -8,6 +8,7 @@ mod api_client;
 mod bench;
 mod bench_checkpoint;
 mod bench_cli;
+mod bench_create;
 mod bench_egress;
 mod bench_jobs;
 mod cmd_approvals;
@@ -21,6 +22,7 @@ mod cmd_job;
 mod cmd_mcp;
 mod cmd_memory;
 mod cmd_policy;
+mod cmd_pool;
 mod cmd_run;
 mod cmd_sandbox;
 mod cmd_schedule;
@@ -156,6 +158,7 @@ fn main() -> ExitCode {
                     Served::Events(a) => cmd_events::run(&dir, mode, a).await,
                     Served::Job(c) => cmd_job::run(&dir, mode, c).await,
                     Served::Sandbox(c) => cmd_sandbox::run(&dir, mode, c).await,
+                    Served::Pool(c) => cmd_pool::run(&dir, mode, c).await,
                 }
             }
             Command::Exec(a) if a.background => {
@@ -176,6 +179,7 @@ fn main() -> ExitCode {
             Command::Bench(a) if a.cli => bench_cli::run(state_dir, &a).await,
             Command::Bench(a) if a.checkpoint => bench_checkpoint::run(state_dir, a).await,
             Command::Bench(a) if a.egress => bench_egress::run(a).await,
+            Command::Bench(a) if a.create => bench_create::run(state_dir, a).await,
             Command::Bench(a) => bench::run(state_dir, a).await,
             Command::Policy(c) => cmd_policy::run(c),
             Command::Image(c) => cmd_image::run(c).await,

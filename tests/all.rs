@@ -13,6 +13,9 @@
 //! - `agent`, `context`: `berth run` against the model provider stand-in;
 //!   `context` keeps a run inside a small context window.
 //! - `memory`: notes across runs and the search over past transcripts.
+//! - `pools`: warm pools (`berth pool`, `sandbox create --from-pool`) on
+//!   docker and on the k8s stand-in, from the CLI: taken warm, refilled,
+//!   kept through a killed server, bad input refused; `bench --create`.
 //! - `schema`: each crate's own tables, on a new database and on one made
 //!   while all tables were one list.
 //! - `cli`: the `berth` binary from the outside, on the local backend.
@@ -57,6 +60,8 @@ mod listeners;
 mod modal_faults;
 mod modal_sdk;
 mod policy_cli;
+#[cfg(feature = "docker")]
+mod pools;
 mod readme;
 mod restricted_session;
 mod schedules;

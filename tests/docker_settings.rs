@@ -41,6 +41,8 @@ pub(crate) struct State {
     dir: tempfile::TempDir,
     server: &'static str,
     sandboxes: Vec<(String, String)>,
+    /// Warm pools to remove at the end.
+    pools: Vec<String>,
     /// Given to every berth this state runs (and so to its server).
     pub(crate) env: Vec<(String, String)>,
     /// The backend `create` and `exec` use (docker unless set).
@@ -53,9 +55,15 @@ impl State {
             dir: tempfile::tempdir()?,
             server,
             sandboxes: Vec::new(),
+            pools: Vec::new(),
             env: Vec::new(),
             backend: "docker",
         })
+    }
+
+    /// Run later calls with `BERTH_SERVER=server`.
+    pub(crate) fn set_server(&mut self, server: &'static str) {
+        self.server = server;
     }
 
     /// The state directory (its `policy.toml` is the policy file).
@@ -80,6 +88,11 @@ impl State {
             .into());
         }
         Ok(text(&o.stdout))
+    }
+
+    /// Remove pool `name` (and its members) when the test ends.
+    pub(crate) fn owns_pool(&mut self, name: &str) {
+        self.pools.push(name.to_string());
     }
 
     /// Remove `name` (on `backend`) too when the test ends (a clone, say).
@@ -113,7 +126,7 @@ impl State {
     }
 
     /// The docker backend of this state dir's installation.
-    fn engine(
+    pub(crate) fn engine(
         &self,
     ) -> Result<
         (
@@ -163,6 +176,9 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
+        for p in &self.pools {
+            let _ = self.run(&["pool", "rm", p]);
+        }
         for (s, b) in &self.sandboxes {
             let _ = self.run(&["sandbox", "rm", s, "-b", b]);
         }

@@ -410,6 +410,42 @@ fn the_docker_block_runs_as_shown() -> TestResult {
     Ok(())
 }
 
+/// "Warm pools": made, taken, used, measured (two runs a series, not ten)
+/// and removed.
+#[cfg(feature = "docker")]
+#[test]
+fn the_pools_block_runs_as_shown() -> TestResult {
+    let mut r = Reader::new()?;
+    let fewer = |_: &Reader, cmd: &str| {
+        Ok(if cmd.starts_with("berth bench --create") {
+            format!("{cmd} -n 2")
+        } else {
+            cmd.to_string()
+        })
+    };
+    let result = r.follow("### Warm pools", &fewer);
+    if result.is_err() {
+        let _ = r.sh("berth sandbox rm task-1 --backend docker");
+        let _ = r.sh("berth pool rm agents");
+    }
+    let ran = result?;
+    assert_eq!(ran.len(), 6, "{ran:?}");
+    let took = r.stdout("berth sandbox create task-1 --from-pool agents")?;
+    assert!(
+        took.contains("from pool agents (member pool-agents-"),
+        "{took}"
+    );
+    assert_eq!(
+        r.stdout("berth exec --backend docker --sandbox task-1 -- 'echo ready'")?,
+        "ready\n"
+    );
+    let bench = r.stdout("berth bench --create -b docker")?;
+    assert!(bench.contains("warm (from a pool)"), "{bench}");
+    let rm = r.stdout("berth pool rm agents")?;
+    assert!(rm.contains("removed pool agents and 3 sandboxes"), "{rm}");
+    Ok(())
+}
+
 /// "What a sandbox keeps", against a real sshd known as `box1`.
 #[cfg(feature = "ssh")]
 #[test]
@@ -437,13 +473,13 @@ fn the_ssh_block_runs_as_shown() -> TestResult {
 
 /// A stand-in binary (`e2b-standin`, `modal-standin`) started as the README
 /// says, `--port 0`, and the `KEY=VALUE` lines it prints; killed on drop.
-struct StandinBin {
+pub(crate) struct StandinBin {
     child: std::process::Child,
-    vars: Vec<(String, String)>,
+    pub(crate) vars: Vec<(String, String)>,
 }
 
 impl StandinBin {
-    fn start(name: &str, keys: usize) -> Result<StandinBin, BoxError> {
+    pub(crate) fn start(name: &str, keys: usize) -> Result<StandinBin, BoxError> {
         use std::io::BufRead;
         let bin = Path::new(BERTH).parent().ok_or("no target dir")?.join(name);
         if !bin.exists() {

@@ -8,6 +8,7 @@
 pub mod approvals;
 pub mod events;
 pub mod job;
+pub mod pool;
 pub mod sandbox;
 
 use clap::Subcommand;
@@ -22,6 +23,9 @@ pub enum Served {
     /// Create, list and remove sandboxes.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCmd),
+    /// Warm pools: sandboxes made ahead, taken at once with `sandbox create --from-pool`.
+    #[command(subcommand)]
+    Pool(pool::PoolCmd),
     /// Show the event log: every call with its exit code, duration and output size.
     Events(events::EventsArgs),
     /// List the commands waiting for a person's approval.

@@ -100,9 +100,26 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 pub struct CreateArgs {
     /// The sandbox's name: letters, digits, '-', '_', '.'.
     pub name: String,
-    /// Backend to create it on.
-    #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
-    pub backend: BackendKind,
+    /// Backend to create it on [default: local; with --from-pool, the
+    /// pool's].
+    #[arg(long, short = 'b', value_parser = crate::api_client::parse_backend)]
+    pub backend: Option<BackendKind>,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// Take the sandbox from this warm pool (`berth pool create`): one made
+    /// ahead, its shell already started, when one is ready; else one made
+    /// now with the pool's settings. The pool's settings are the sandbox's.
+    #[arg(long, value_name = "POOL", conflicts_with_all = ["image", "network", "memory_mb", "cpus", "pids", "env", "options", "context", "namespace"])]
+    pub from_pool: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A sandbox's settings on the command line: `sandbox create`'s and
+/// `pool create`'s.
+#[derive(Args, Debug)]
+pub struct SettingsArgs {
     /// Image or template (docker).
     #[arg(long)]
     pub image: Option<String>,
@@ -138,9 +155,6 @@ pub struct CreateArgs {
     /// context's, else `default`]. The sandbox keeps it.
     #[arg(long, value_name = "NS")]
     pub namespace: Option<String>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -101,6 +101,68 @@ def _backend(name: str) -> int:
         ) from None
 
 
+def _settings(
+    backend: str,
+    name: str,
+    *,
+    network: Union[bool, str] = False,
+    image: Optional[str] = None,
+    env: Optional[dict] = None,
+    memory_mb: Optional[int] = None,
+    cpus: Optional[float] = None,
+    pids: Optional[int] = None,
+    options: Optional[dict] = None,
+):
+    """A CreateSandbox request: a sandbox's settings, as `Sandbox.create`
+    and `Client.create_pool` take them."""
+    rules = None
+    if isinstance(network, str):
+        mode, _, hosts = network.partition(":")
+        if mode == "allow":
+            rules = pb.NetworkRules(allow=[h.strip() for h in hosts.split(",") if h.strip()])
+            network = False
+        elif mode in ("on", "open") and not hosts:
+            network = True
+        elif mode in ("off", "none") and not hosts:
+            network = False
+        else:
+            raise ValueError(
+                f"network {network!r}: use False, True, 'off', 'on' or 'allow:HOST,HOST'"
+            )
+    req = pb.CreateSandbox(
+        sandbox=pb.SandboxRef(backend=_backend(backend), name=name),
+        network=bool(network),
+        env=env or {},
+        options=options or {},
+    )
+    if rules is not None:
+        req.network_rules.CopyFrom(rules)
+    if image is not None:
+        req.image = image
+    if memory_mb is not None:
+        req.memory_mb = memory_mb
+    if cpus is not None:
+        req.milli_cpu = int(round(cpus * 1000))
+    if pids is not None:
+        req.pids = pids
+    return req
+
+
+def _pool(p) -> dict:
+    """A pool as a dict."""
+    return {
+        "name": p.name,
+        "backend": _BACKEND_NAMES.get(p.backend, ""),
+        "size": p.size,
+        "ready": p.ready,
+        "making": p.making,
+        "image": p.image if p.HasField("image") else None,
+        "network": p.network,
+        "memory_mb": p.memory_mb if p.HasField("memory_mb") else None,
+        "options": dict(p.options),
+    }
+
+
 class Client:
     """A connection to the user's `berth serve`."""
 
@@ -136,6 +198,21 @@ class Client:
             Sandbox(self, s.sandbox.name, _BACKEND_NAMES.get(s.sandbox.backend, backend), s.state)
             for s in r.sandboxes
         ]
+
+    def create_pool(self, name: str, backend: str = "docker", size: int = 2, wait: bool = True, **settings) -> dict:
+        """Keep `size` sandboxes of `backend` (docker or k8s) made ahead, with
+        `settings` as for `Sandbox.create`; `Sandbox.create(..., from_pool=name)`
+        takes one. Returns the pool (`ready`, `size`, ...)."""
+        req = pb.CreatePoolRequest(name=name, size=size, wait=wait)
+        req.settings.CopyFrom(_settings(backend, "", **settings))
+        return _pool(_call(self.sandboxes.CreatePool, req))
+
+    def pools(self) -> List[dict]:
+        return [_pool(p) for p in _call(self.sandboxes.Pools, pb.ListPools()).pools]
+
+    def remove_pool(self, name: str) -> List[str]:
+        """Remove a pool and its sandboxes not yet taken; returns those."""
+        return list(_call(self.sandboxes.RemovePool, pb.PoolRef(name=name)).members)
 
     def approvals(self, all: bool = False) -> List["Approval"]:
         """Approvals: the pending ones, or with `all` every one."""
@@ -306,6 +383,8 @@ class Sandbox:
         self.backend = backend
         self.state = state
         self.workdir = workdir
+        # The warm pool member it was taken from, if it was.
+        self.pool_member: Optional[str] = None
 
     def __repr__(self):
         return f"Sandbox({self.name!r}, backend={self.backend!r})"
@@ -327,6 +406,7 @@ class Sandbox:
         cpus: Optional[float] = None,
         pids: Optional[int] = None,
         options: Optional[dict] = None,
+        from_pool: Optional[str] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Make sandbox `name` on `backend`, or attach to the one of that name
@@ -334,38 +414,21 @@ class Sandbox:
 
         `network`: False or "off", True or "on" (the host's network), or
         "allow:HOST,HOST" (no route of its own, only berth's egress proxy,
-        letting through the hosts named; docker)."""
+        letting through the hosts named; docker).
+
+        `from_pool`: take it from this warm pool (`Client.create_pool`), on
+        the pool's backend with the pool's settings; `pool_member` then names
+        the member taken (None: none was ready, and it was made now)."""
         c = _client(client)
-        rules = None
-        if isinstance(network, str):
-            mode, _, hosts = network.partition(":")
-            if mode == "allow":
-                rules = pb.NetworkRules(allow=[h.strip() for h in hosts.split(",") if h.strip()])
-                network = False
-            elif mode in ("on", "open") and not hosts:
-                network = True
-            elif mode in ("off", "none") and not hosts:
-                network = False
-            else:
-                raise ValueError(
-                    f"network {network!r}: use False, True, 'off', 'on' or 'allow:HOST,HOST'"
-                )
-        req = pb.CreateSandbox(
-            sandbox=pb.SandboxRef(backend=_backend(backend), name=name),
-            network=bool(network),
-            env=env or {},
-            options=options or {},
-        )
-        if rules is not None:
-            req.network_rules.CopyFrom(rules)
-        if image is not None:
-            req.image = image
-        if memory_mb is not None:
-            req.memory_mb = memory_mb
-        if cpus is not None:
-            req.milli_cpu = int(round(cpus * 1000))
-        if pids is not None:
-            req.pids = pids
+        if from_pool is not None:
+            req = pb.CreateSandbox(sandbox=pb.SandboxRef(name=name), from_pool=from_pool)
+            r = _call(c.sandboxes.Create, req)
+            backend = _BACKEND_NAMES.get(r.sandbox.backend, backend)
+            sb = cls(c, name, backend, r.state, r.workdir)
+            sb.pool_member = r.pool_member if r.HasField("pool_member") else None
+            return sb
+        req = _settings(backend, name, network=network, image=image, env=env,
+                        memory_mb=memory_mb, cpus=cpus, pids=pids, options=options)
         r = _call(c.sandboxes.Create, req)
         return cls(c, name, backend, r.state, r.workdir)
 

@@ -285,3 +285,25 @@ def test_a_bad_network_rule_fails_the_create(client):
     with pytest.raises(BerthError) as e:
         Sandbox.create("sdk-badnet", "docker", network="allow:bad host", client=client)
     assert e.value.code.name == "INVALID_ARGUMENT", e.value
+
+
+def test_a_sandbox_is_taken_from_a_warm_pool(client):
+    name = "sdkpool-" + uuid.uuid4().hex[:6]
+    pool = client.create_pool(name, backend="docker", size=1, memory_mb=256)
+    try:
+        assert pool["ready"] == 1 and pool["backend"] == "docker", pool
+        assert [p["name"] for p in client.pools()] == [name]
+        sb = Sandbox.create("sdk-" + uuid.uuid4().hex[:8], from_pool=name, client=client)
+        client.made.append(sb)
+        assert sb.backend == "docker"
+        assert sb.pool_member and sb.pool_member.startswith("pool-" + name + "-"), sb.pool_member
+        assert sb.exec("echo warm").stdout == "warm\n"
+        # Its settings are the pool's: other ones are refused, by name.
+        from berth import _client as api
+        req = api.pb.CreateSandbox(sandbox=api.pb.SandboxRef(name="sdk-x"), from_pool=name, memory_mb=512)
+        with pytest.raises(BerthError) as e:
+            api._call(client.sandboxes.Create, req)
+        assert "memory" in str(e.value), e.value
+    finally:
+        client.remove_pool(name)
+    assert client.pools() == []
