@@ -119,18 +119,27 @@ pub async fn run(state_dir: Option<PathBuf>, a: BenchArgs) -> Result<u8> {
         "  floor: `docker run --rm {IMAGE} {PROBE}`  {:>9.1} ms",
         ms(floor)
     );
+    // How a series compares with the floor, in words that read either way.
+    let against = |d: Duration| {
+        let r = ratio(d);
+        if r >= 1.0 {
+            format!("{r:.1}x faster than the floor")
+        } else {
+            format!("{:.1}x the floor's time", 1.0 / r)
+        }
+    };
     for m in &measured {
         println!(
-            "  {:<6} cold (made now)              {:>9.1} ms  ({:.1}x the floor's speed)",
+            "  {:<6} cold (made now)              {:>9.1} ms  ({})",
             m.backend,
             ms(m.cold),
-            ratio(m.cold)
+            against(m.cold)
         );
         println!(
-            "  {:<6} warm (from a pool)           {:>9.1} ms  ({:.1}x){}",
+            "  {:<6} warm (from a pool)           {:>9.1} ms  ({}){}",
             m.backend,
             ms(m.warm),
-            ratio(m.warm),
+            against(m.warm),
             if m.warm_misses > 0 {
                 format!("; {} take(s) found the pool empty", m.warm_misses)
             } else {
