@@ -338,3 +338,34 @@ async fn without_a_kubeconfig_the_error_says_what_to_set() -> TestResult {
     assert!(e.to_string().contains("KUBECONFIG"), "{e}");
     Ok(())
 }
+
+/// `sandbox rm --keep-workspace` on a `Sandbox`: its claims are its own
+/// (volumeClaimTemplates), so berth deletes it with `propagationPolicy:
+/// Orphan`; the claims stay, and a sandbox of the same name made later
+/// mounts them. On plain pods the claims are berth's, and stay as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_that_keeps_the_workspace_keeps_it() -> TestResult {
+    for agent_sandbox in [true, false] {
+        let (standin, b) = setup(agent_sandbox).await?;
+        let s = busy_session(&b, "kept").await?;
+        s.close().await;
+        b.remove("kept", RemoveOpts { volumes: false }).await?;
+        let again = b.provision(&SandboxSpec::named("kept")).await?;
+        let mut s = Session::open(again.sandbox.clone(), SessionConfig::named("kept")).await?;
+        let r = s.exec("cat kept.txt", ExecOpts::default()).await?;
+        assert_eq!(
+            r.output.text(),
+            "the data\n",
+            "agent-sandbox {agent_sandbox}: the workspace did not survive"
+        );
+        s.close().await;
+        b.remove("kept", RemoveOpts { volumes: true }).await?;
+        // Removed with its volumes: no claim of it is left.
+        let (claims, _) = standin.state().store.list(resources::pvcs(), None);
+        assert!(
+            claims.is_empty(),
+            "agent-sandbox {agent_sandbox}: claims left: {claims:?}"
+        );
+    }
+    Ok(())
+}

@@ -190,8 +190,9 @@ pub struct RmArgs {
     /// Backend it lives on.
     #[arg(long, short = 'b', default_value = DEFAULT_BACKEND, value_parser = crate::api_client::parse_backend)]
     pub backend: BackendKind,
-    /// docker: keep the workspace volume (the container and berth's session
-    /// state volume go regardless). A later sandbox of the same name mounts it.
+    /// docker and k8s: keep the workspace (docker's volume, k8s's claim;
+    /// the container or pod and berth's session state go regardless). A
+    /// later sandbox of the same name mounts it.
     #[arg(long, conflicts_with = "volumes")]
     pub keep_workspace: bool,
     /// The default (delete the workspace too); kept for old scripts.

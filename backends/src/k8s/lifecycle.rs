@@ -628,12 +628,16 @@ impl Backend for K8sBackend {
         let p = self.place(spec).await?;
         let mut found = false;
         if p.cluster.agent_sandbox(&p.namespace).await? {
-            found |= deleted(
-                p.sandboxes()
-                    .delete(&p.object, &DeleteParams::default())
-                    .await,
-            )
-            .map_err(|e| p.err("deleting its Sandbox", e))?;
+            // Its claims are the Sandbox's (volumeClaimTemplates), so the
+            // garbage collector would take them with it: to keep them, its
+            // dependents are orphaned, and its pod deleted below.
+            let how = if opts.volumes {
+                DeleteParams::default()
+            } else {
+                DeleteParams::orphan()
+            };
+            found |= deleted(p.sandboxes().delete(&p.object, &how).await)
+                .map_err(|e| p.err("deleting its Sandbox", e))?;
         }
         found |= deleted(
             p.pods
@@ -654,7 +658,9 @@ impl Backend for K8sBackend {
         self.wait_gone(&p).await?;
         for volume in [WORKSPACE_VOLUME, BERTH_VOLUME] {
             let claim = claim_name(volume, &p.object);
-            if opts.volumes {
+            // As on docker, berth's own state goes regardless; only the
+            // workspace may be kept.
+            if opts.volumes || volume == BERTH_VOLUME {
                 found |= deleted(p.claims.delete(&claim, &DeleteParams::default()).await)
                     .map_err(|e| p.err("deleting its volume claims", e))?;
             } else {

@@ -345,6 +345,14 @@ async fn call(
             Ok(reply(StatusCode::OK, &obj))
         }
         ("DELETE", Some(name), None) => {
+            // `propagationPolicy: Orphan`, in the DeleteOptions body or the
+            // query: what the object owns stays, without its owner
+            // reference, as the garbage collector does it.
+            let body_says = !body.is_empty()
+                && parse_body(&body).is_ok_and(|o| o["propagationPolicy"] == "Orphan");
+            if body_says || q.get("propagationPolicy") == Some("Orphan") {
+                k.orphan_dependents(res, ns, name)?;
+            }
             let obj = k.delete(res, ns, name).await?;
             Ok(reply(StatusCode::OK, &obj))
         }

@@ -166,6 +166,34 @@ impl K8s {
         }
     }
 
+    /// Take the owner reference to `name` off everything in `ns` it owns,
+    /// before it is deleted with `propagationPolicy: Orphan`.
+    pub fn orphan_dependents(&self, res: &Resource, ns: &str, name: &str) -> ApiResult<()> {
+        let owner = self.store.get(res, ns, name)?;
+        let Some(uid) = owner["metadata"]["uid"].as_str() else {
+            return Ok(());
+        };
+        for r in resources::RESOURCES.iter().filter(|r| r.namespaced) {
+            let (items, _) = self.store.list(r, Some(ns));
+            for o in items {
+                let owned = o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|x| x["uid"] == uid));
+                if !owned {
+                    continue;
+                }
+                let n = o["metadata"]["name"].as_str().unwrap_or("");
+                self.store.update(r, ns, n, |o| {
+                    if let Some(refs) = o["metadata"]["ownerReferences"].as_array_mut() {
+                        refs.retain(|x| x["uid"] != uid);
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// `pods/eviction`: the pod goes as a deleted one does; a controller
     /// brings its replacement.
     async fn evict(self: &Arc<Self>, ns: &str, name: &str) -> ApiResult<()> {
